@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Collect SmolLM2-135M-Instruct activations (layer 20) for the bundled pools.
+# Usage: bash benchmarks/collect_smollm2.sh [OUT_DIR]   (default: artifacts/smollm2)
+# prompt_last: every safe prompt, every harmful prompt, seeded subsets of the others.
+# response_last: seeded subsets (64 greedy new tokens per prompt is slow on 2 CPU cores).
+set -euo pipefail
+out=${1:-artifacts/smollm2}
+layer=20
+collect() {  # position pool limit
+    local dir="$out/$1/$2"
+    [ -f "$dir/index.json" ] && return 0
+    hf-lsad collect --pool "$2" ${3:+--limit "$3"} --layer $layer --position "$1" --batch-size "$4" --out "$dir"
+}
+collect prompt_last safe "" 32
+collect prompt_last harmful "" 32
+collect prompt_last toxic 500 32
+collect prompt_last benign_ood 500 32
+collect prompt_last jailbreak 300 8
+collect response_last safe 2000 32
+collect response_last harmful 300 32
+collect response_last toxic 300 32
+collect response_last benign_ood 300 32
+collect response_last jailbreak 200 8

@@ -1,0 +1,31 @@
+"""hf-lsad: unsupervised safety detectors on the residual stream of Hugging Face causal LMs."""
+
+__version__ = "0.1.0"
+
+from .capture import HookPoint, collect_activations, generate_with_activations  # noqa: E402
+from .detectors import DETECTORS, Detector, FreqMaskConfig, FreqMaskKM, register_detector  # noqa: E402
+from .fitting import fit_guard  # noqa: E402
+from .guard import GuardConfig, SafetyGuard, SafetyReport  # noqa: E402
+from .modeling import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM  # noqa: E402
+from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, train_sae  # noqa: E402
+
+__all__ = [
+    "DETECTORS",
+    "Detector",
+    "FreqMaskConfig",
+    "FreqMaskKM",
+    "GuardConfig",
+    "GuardedGenerateDecoderOnlyOutput",
+    "GuardedModelForCausalLM",
+    "HookPoint",
+    "SAEConfig",
+    "SAETrainConfig",
+    "SafetyGuard",
+    "SafetyReport",
+    "SparseAutoencoder",
+    "collect_activations",
+    "fit_guard",
+    "generate_with_activations",
+    "register_detector",
+    "train_sae",
+]

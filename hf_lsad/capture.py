@@ -1,0 +1,304 @@
+"""Reading the residual stream of a causal LM while it generates.
+
+One function, :func:`generate_with_activations`, serves both activation
+collection (fitting) and guarded generation (deployment), so a detector scores
+exactly the activation it was fitted on.
+
+A forward hook on decoder layer ``L`` records the hidden state of the *last
+position* of every forward call: the last prompt token on the prefill call,
+then the newest token on each decoding call. With left padding the last
+position of every row is a real token, so a row's record does not depend on
+the rest of the batch.
+
+Positions (one activation per sequence):
+
+- ``prompt_last``: the last prompt token (from the prefill call), for
+  screening before any response exists.
+- ``response_last``: the *final response token*, defined as the last token
+  of the sequence that the model consumed: the token whose forward pass
+  produced the final generated token (the end-of-sequence token when the
+  model stopped by itself). With ``n`` generated tokens (counting the first
+  EOS, ignoring padding after it) that is the record of call ``n - 1``, and it
+  equals a fresh forward pass over ``prompt + response[:-1]`` at its last
+  position. The hidden state of the very last generated token is never
+  computed by ``generate`` (it would be fed back on the next step), so this
+  definition costs nothing: no extra forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+POSITIONS = ("response_last", "prompt_last")
+
+# Where transformers keeps the decoder blocks, by architecture family.
+_LAYER_PATHS = (
+    "model.layers",  # Llama, Mistral, Qwen2/3, Gemma, Phi-3, OLMo
+    "model.language_model.layers",  # multimodal wrappers (Gemma 3, Llava)
+    "transformer.h",  # GPT-2, GPT-J, Bloom, Falcon
+    "gpt_neox.layers",  # GPT-NeoX, Pythia
+    "model.decoder.layers",  # OPT
+    "transformer.blocks",  # MPT
+)
+
+
+def decoder_layers(model: PreTrainedModel) -> tuple[str, nn.ModuleList]:
+    """The dotted path and ``ModuleList`` of the model's decoder blocks."""
+    expected = model.config.get_text_config().num_hidden_layers
+    for path in _LAYER_PATHS:
+        module: Any = model
+        for part in path.split("."):
+            module = getattr(module, part, None)
+        if isinstance(module, nn.ModuleList) and len(module) == expected:
+            return path, module
+    raise ValueError(
+        f"cannot locate the decoder layers of {type(model).__name__} "
+        f"(model_type={model.config.model_type!r}); looked for a ModuleList of "
+        f"{expected} blocks at {', '.join(_LAYER_PATHS)}"
+    )
+
+
+def decoder_layer(model: PreTrainedModel, layer: int) -> tuple[str, nn.Module]:
+    """Module name and module of decoder block ``layer`` (0-based; negative counts from the end)."""
+    path, layers = decoder_layers(model)
+    if not -len(layers) <= layer < len(layers):
+        raise IndexError(f"layer {layer} is out of range: {type(model).__name__} has {len(layers)} decoder layers")
+    index = layer % len(layers)
+    return f"{path}.{index}", layers[index]
+
+
+@dataclass
+class HookPoint:
+    """Where a guard reads the model: which model, which block, which token."""
+
+    base_model: str
+    """Hub id or path of the model the activations came from."""
+
+    model_type: str
+    """``config.model_type`` of that model (``llama``, ``qwen2``, ...)."""
+
+    hidden_size: int
+    """Residual-stream width, the SAE's input width."""
+
+    num_hidden_layers: int
+    """Number of decoder blocks of that model."""
+
+    layer: int
+    """0-based index of the decoder block whose output is read."""
+
+    layer_module: str
+    """Dotted module name of that block, e.g. ``model.layers.20``."""
+
+    position: str
+    """``response_last`` or ``prompt_last`` (module docstring)."""
+
+    def __post_init__(self) -> None:
+        if self.position not in POSITIONS:
+            raise ValueError(f"unknown position {self.position!r}; choose one of {POSITIONS}")
+
+    @classmethod
+    def from_model(cls, model: PreTrainedModel, layer: int, position: str, base_model: str | None = None) -> HookPoint:
+        name, _ = decoder_layer(model, layer)
+        text_config = model.config.get_text_config()
+        return cls(
+            base_model=base_model or model.config.name_or_path,
+            model_type=model.config.model_type,
+            hidden_size=text_config.hidden_size,
+            num_hidden_layers=text_config.num_hidden_layers,
+            layer=layer % text_config.num_hidden_layers,
+            layer_module=name,
+            position=position,
+        )
+
+    def check_model(self, model: PreTrainedModel) -> None:
+        """Raise ``ValueError`` if ``model`` cannot be read at this hook point."""
+        text_config = model.config.get_text_config()
+        if text_config.hidden_size != self.hidden_size:
+            raise ValueError(
+                f"guard expects hidden size {self.hidden_size} (fitted on {self.base_model}), "
+                f"but {model.config.name_or_path or type(model).__name__} has hidden size {text_config.hidden_size}"
+            )
+        if text_config.num_hidden_layers != self.num_hidden_layers:
+            raise ValueError(
+                f"guard was fitted on a model with {self.num_hidden_layers} decoder layers (layer {self.layer}), "
+                f"but {model.config.name_or_path or type(model).__name__} has {text_config.num_hidden_layers}"
+            )
+        name, _ = decoder_layer(model, self.layer)
+        if name != self.layer_module:
+            raise ValueError(f"guard reads {self.layer_module!r}, but this model's block {self.layer} is {name!r}")
+
+
+class LastPositionRecorder:
+    """Forward hook that keeps ``output[:, -1, :]`` of a module for every call.
+
+    Use as a context manager; the hook is removed on exit, exceptions included.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.records: list[Tensor] = []
+        self._handle: Any = None
+
+    def _hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output  # older transformers return tuples
+        # clone: keep [batch, hidden], not a view pinning the whole prefill tensor.
+        self.records.append(hidden[:, -1, :].detach().clone())
+
+    def __enter__(self) -> LastPositionRecorder:
+        self.records = []
+        self._handle = self.module.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()
+        self._handle = None
+
+
+def final_call_index(new_tokens: Tensor, eos_token_ids: Sequence[int], position: str) -> Tensor:
+    """For each row, the forward call whose record is that row's activation (see module docstring)."""
+    if position == "prompt_last":
+        return torch.zeros(len(new_tokens), dtype=torch.long, device=new_tokens.device)
+    if position != "response_last":
+        raise ValueError(f"unknown position {position!r}; choose one of {POSITIONS}")
+    n_new = new_tokens.shape[1]
+    if not eos_token_ids:
+        return torch.full((len(new_tokens),), n_new - 1, dtype=torch.long, device=new_tokens.device)
+    is_eos = torch.isin(new_tokens, torch.tensor(list(eos_token_ids), device=new_tokens.device))
+    steps = torch.arange(n_new, device=new_tokens.device).expand_as(new_tokens)
+    first_eos = torch.where(is_eos, steps, n_new).min(dim=1).values  # n_new when the row never stopped
+    return first_eos.clamp(max=n_new - 1)
+
+
+def eos_token_ids(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> list[int]:
+    """EOS ids generate will stop on: from the call's kwargs, else the model's generation config."""
+    eos = generate_kwargs.get("eos_token_id")
+    if eos is None and generate_kwargs.get("generation_config") is not None:
+        eos = generate_kwargs["generation_config"].eos_token_id
+    if eos is None:
+        eos = model.generation_config.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def generate_with_activations(
+    model: PreTrainedModel, layer: int, position: str, **generate_kwargs: Any
+) -> tuple[Any, Tensor]:
+    """Run ``model.generate(**generate_kwargs)`` and return ``(its output, activations [batch, hidden])``.
+
+    The activation of each returned sequence is the residual stream after
+    decoder block ``layer`` at ``position`` (module docstring). Beam search and
+    assisted decoding reorder or batch positions and are refused.
+    """
+    if position not in POSITIONS:
+        raise ValueError(f"unknown position {position!r}; choose one of {POSITIONS}")
+    input_ids = generate_kwargs.get("input_ids")
+    if input_ids is None:
+        raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    if (generate_kwargs.get("num_beams") or config.num_beams or 1) != 1:
+        raise ValueError("beam search reorders hypotheses between steps; guarded generation needs num_beams=1")
+    if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
+        raise ValueError("assisted decoding is not supported by guarded generation")
+    _, module = decoder_layer(model, layer)
+    with LastPositionRecorder(module) as recorder:
+        output = model.generate(**generate_kwargs)
+    sequences = output if isinstance(output, Tensor) else output.sequences
+    new_tokens = sequences[:, input_ids.shape[1] :]
+    if len(recorder.records) != new_tokens.shape[1] or new_tokens.shape[1] == 0:
+        raise RuntimeError(
+            f"expected one forward call per generated token ({new_tokens.shape[1]}), "
+            f"saw {len(recorder.records)}; was prefill chunked or the cache disabled mid-way?"
+        )
+    index = final_call_index(new_tokens, eos_token_ids(model, generate_kwargs), position)
+    records = torch.stack(recorder.records)  # [calls, batch, hidden]
+    return output, records[index.to(records.device), torch.arange(len(index), device=records.device)]
+
+
+def check_prompts(prompts: Sequence[str]) -> None:
+    """Raise ``ValueError`` for an empty list or an empty/whitespace prompt."""
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a list of strings, not a single string")
+    if len(prompts) == 0:
+        raise ValueError("the prompt list is empty")
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"prompt {i} is empty: {prompt!r}")
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, chat_template: bool = True
+) -> dict[str, Tensor]:
+    """Tokenise prompts with left padding, as user turns of the chat template when it has one."""
+    check_prompts(prompts)
+    if chat_template and tokenizer.chat_template:
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            for p in prompts
+        ]
+        add_special_tokens = False  # the template already holds them
+    else:
+        texts, add_special_tokens = list(prompts), True
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        if tokenizer.pad_token is None:
+            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+        return dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens))
+    finally:
+        tokenizer.padding_side = padding_side
+
+
+class Collected(NamedTuple):
+    activations: Tensor
+    """``[n_prompts, hidden]`` float32 on the CPU, in prompt order."""
+    responses: list[str]
+    """The model's greedy responses (empty strings for ``prompt_last``)."""
+
+
+@torch.no_grad()
+def collect_activations(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    layer: int,
+    position: str = "response_last",
+    batch_size: int = 16,
+    max_new_tokens: int = 64,
+    chat_template: bool = True,
+    progress: bool = True,
+) -> Collected:
+    """Activations of ``prompts`` at decoder block ``layer``: greedy generation, batched, left-padded.
+
+    Prompts are batched by length to waste little compute on padding; results
+    come back in the input order. ``prompt_last`` generates a single token.
+    """
+    check_prompts(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    activations: list[Tensor] = [None] * len(prompts)  # type: ignore[list-item]
+    responses = [""] * len(prompts)
+    device = model.device
+    for start in tqdm(range(0, len(order), batch_size), desc=f"collect layer {layer} {position}", disable=not progress):
+        batch = order[start : start + batch_size]
+        inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
+        output, acts = generate_with_activations(
+            model,
+            layer,
+            position,
+            **{k: v.to(device) for k, v in inputs.items()},
+            max_new_tokens=max_new_tokens if position == "response_last" else 1,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        for row, i in enumerate(batch):
+            activations[i] = acts[row].float().cpu()
+            responses[i] = texts[row] if position == "response_last" else ""
+    return Collected(torch.stack(activations), responses)

@@ -1,0 +1,90 @@
+"""GuardedModelForCausalLM: ``generate`` as in transformers, plus a safety report per sequence.
+
+The guard's hook is registered on the target decoder block for the duration of
+each ``generate`` call only (and removed on the way out, exceptions included),
+so the wrapped model is untouched between calls and there is nothing to close.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.generation import GenerateDecoderOnlyOutput
+
+from .capture import generate_with_activations
+from .guard import SafetyGuard, SafetyReport
+
+
+@dataclass
+class GuardedGenerateDecoderOnlyOutput(GenerateDecoderOnlyOutput):
+    """transformers' decoder-only generate output with one :class:`SafetyReport` per sequence."""
+
+    safety: list[SafetyReport] | None = None
+
+
+class GuardedModelForCausalLM(nn.Module):
+    """A causal LM whose ``generate`` also scores every sequence with a :class:`SafetyGuard`.
+
+    ``generate`` takes and returns exactly what ``model.generate`` does (same
+    sequences for the same arguments). With ``return_dict_in_generate=True``
+    the output is a :class:`GuardedGenerateDecoderOnlyOutput` whose ``safety``
+    holds the reports; with a plain tensor return they are in
+    :attr:`last_safety` (also set in the dict case).
+    """
+
+    def __init__(self, model: PreTrainedModel, guard: SafetyGuard) -> None:
+        super().__init__()
+        guard.config.hook.check_model(model)
+        self.model = model
+        self.guard = guard.to(model.device)
+        self.last_safety: list[SafetyReport] | None = None
+        """Reports of the latest ``generate`` call, one per returned sequence."""
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        guard: str | os.PathLike | SafetyGuard,
+        guard_kwargs: dict[str, Any] | None = None,
+        **model_kwargs: Any,
+    ) -> GuardedModelForCausalLM:
+        """Load the model with ``AutoModelForCausalLM.from_pretrained(..., **model_kwargs)`` and the guard.
+
+        ``guard`` is a :class:`SafetyGuard`, a guard folder or a Hub repo id;
+        ``guard_kwargs`` go to :meth:`SafetyGuard.from_pretrained` (``revision``, ``subfolder``, ...).
+        """
+        if not isinstance(guard, SafetyGuard):
+            guard = SafetyGuard.from_pretrained(guard, **(guard_kwargs or {}))
+        model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, **model_kwargs)
+        return cls(model, guard)
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def generation_config(self) -> Any:
+        return self.model.generation_config
+
+    @property
+    def device(self) -> Any:
+        return self.model.device
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    def generate(self, input_ids: Tensor | None = None, **kwargs: Any) -> Tensor | GuardedGenerateDecoderOnlyOutput:
+        """``model.generate(input_ids, **kwargs)``, scoring each sequence at the guard's position."""
+        if input_ids is not None:
+            kwargs["input_ids"] = input_ids
+        hook = self.guard.config.hook
+        output, activations = generate_with_activations(self.model, hook.layer, hook.position, **kwargs)
+        self.last_safety = self.guard.reports(activations)
+        if isinstance(output, Tensor):
+            return output
+        return GuardedGenerateDecoderOnlyOutput(**output, safety=self.last_safety)

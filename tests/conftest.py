@@ -1,0 +1,61 @@
+"""Shared pytest fixtures.
+
+Hub round trips run against `tests/hub_server.py`, a local Hub-compatible server, with the
+real huggingface_hub client. huggingface_hub reads HF_ENDPOINT, HF_HUB_DISABLE_XET and the
+cache location when it is imported, so they are set here, at conftest import time, before
+any test module imports it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+HUB_PORT = _free_port()
+_HF_HOME = tempfile.mkdtemp(prefix="hf-lsad-tests-hf-home-")  # never touch the user's cache or token
+atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
+os.environ.update(
+    HF_ENDPOINT=f"http://127.0.0.1:{HUB_PORT}",
+    HF_HUB_DISABLE_XET="1",  # uploads take the plain LFS path, which the test server speaks
+    HF_HUB_DISABLE_TELEMETRY="1",
+    HF_HUB_DISABLE_PROGRESS_BARS="1",
+    HF_TOKEN="hf_test_token",  # any token: the server only checks that one is sent
+    HF_HOME=_HF_HOME,
+    HF_HUB_CACHE=os.path.join(_HF_HOME, "hub"),
+    NO_PROXY=",".join(filter(None, ["127.0.0.1,localhost", os.environ.get("NO_PROXY")])),
+)
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.pop(_name, None)
+
+sys.path.insert(0, str(Path(__file__).parent))  # works with any pytest import mode
+from hub_server import HubServer
+
+
+@pytest.fixture(scope="session")
+def hub_server(tmp_path_factory: pytest.TempPathFactory):
+    """A running Hub-compatible server at HF_ENDPOINT, shared by the whole session."""
+    server = HubServer(tmp_path_factory.mktemp("hub-server"), HUB_PORT).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hub_cache(tmp_path: Path) -> Path:
+    """A fresh, empty huggingface_hub cache dir (pass it as `cache_dir=`)."""
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    return cache

@@ -1,0 +1,131 @@
+"""SafetyGuard and SAE files: exact round trips and a clear error for each kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny import MIXED_BATCH, fresh_guard, tiny_guard
+
+from hf_lsad.capture import encode_prompts
+from hf_lsad.guard import SafetyGuard
+from hf_lsad.modeling import GuardedModelForCausalLM
+from hf_lsad.models import tiny_model
+from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
+from hf_lsad.serialization import GuardFormatError
+
+
+@pytest.fixture
+def saved_guard(tmp_path):
+    guard = fresh_guard()
+    guard.save_pretrained(tmp_path / "guard")
+    return guard, tmp_path / "guard"
+
+
+def test_round_trip_gives_identical_scores(saved_guard):
+    guard, path = saved_guard
+    assert sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()) == [
+        "config.json", "detector.safetensors", "sae/config.json", "sae/sae.safetensors",
+    ]
+    reloaded = SafetyGuard.from_pretrained(path)
+    activations = torch.randn(7, guard.config.hook.hidden_size)
+    assert torch.equal(reloaded(activations).scores, guard(activations).scores)
+    assert reloaded.config == guard.config
+
+
+def test_guarded_model_loads_a_guard_folder(saved_guard, tmp_path):
+    _, path = saved_guard
+    model, tokenizer, _ = tiny_guard()
+    model.save_pretrained(tmp_path / "model")
+    guarded = GuardedModelForCausalLM.from_pretrained(tmp_path / "model", guard=path)
+    guarded.generate(**encode_prompts(tokenizer, MIXED_BATCH), max_new_tokens=3, do_sample=False)
+    assert len(guarded.last_safety) == 3
+
+
+def test_guard_for_another_hidden_size_is_refused(saved_guard):
+    _, path = saved_guard
+    other, _ = tiny_model("qwen2")
+    other.config.hidden_size = 48
+    with pytest.raises(ValueError, match="hidden size 32.*has hidden size 48"):
+        GuardedModelForCausalLM(other, SafetyGuard.from_pretrained(path))
+
+
+def test_guard_for_a_deeper_model_is_refused(saved_guard):
+    guard, _ = saved_guard
+    guard.config.hook.num_hidden_layers = 12
+    model, _ = tiny_model("llama")
+    with pytest.raises(ValueError, match="12 decoder layers.*has 4"):
+        GuardedModelForCausalLM(model, guard)
+
+
+def test_truncated_safetensors_is_refused(saved_guard):
+    _, path = saved_guard
+    data = (path / "detector.safetensors").read_bytes()
+    (path / "detector.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(GuardFormatError, match="detector.safetensors is not a readable safetensors file"):
+        SafetyGuard.from_pretrained(path)
+
+
+def test_missing_config_key_is_refused(saved_guard):
+    _, path = saved_guard
+    config = json.loads((path / "config.json").read_text())
+    del config["guard"]["threshold"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(GuardFormatError, match=r"missing config key\(s\) \['threshold'\]"):
+        SafetyGuard.from_pretrained(path)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.update(format_version=99), "format_version 99"),
+        (lambda c: c["guard"].update(method="nope"), "unknown detector method 'nope'"),
+        (lambda c: c["detector"].update(mask_size=8), "mask_indices.*shape"),
+        (lambda c: c["guard"].update(surprise=1), "unknown config key"),
+    ],
+)
+def test_inconsistent_configs_are_refused(saved_guard, edit, message):
+    _, path = saved_guard
+    config = json.loads((path / "config.json").read_text())
+    edit(config)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message):
+        SafetyGuard.from_pretrained(path)
+
+
+def test_missing_files_are_refused(saved_guard):
+    _, path = saved_guard
+    (path / "sae" / "sae.safetensors").unlink()
+    with pytest.raises(GuardFormatError, match="missing file .*sae.safetensors"):
+        SafetyGuard.from_pretrained(path)
+    with pytest.raises(FileNotFoundError):
+        SafetyGuard.from_pretrained(path / "nowhere")
+
+
+def test_nan_and_misshaped_activations_are_refused():
+    guard = fresh_guard()
+    bad = torch.randn(3, 32)
+    bad[1, 4] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN or inf \(rows \[1\]"):
+        guard(bad)
+    with pytest.raises(ValueError, match="width 16, expected hidden size 32"):
+        guard(torch.randn(3, 16))
+    with pytest.raises(ValueError, match="empty"):
+        guard(torch.randn(0, 32))
+
+
+def test_sae_learns_a_sparse_code_and_round_trips(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    dictionary = torch.randn(40, 16, generator=g)
+    codes = torch.rand(2000, 40, generator=g) * (torch.rand(2000, 40, generator=g) < 0.1)
+    activations = codes @ dictionary
+    sae = train_sae(activations, 80, SAETrainConfig(epochs=100, l1_coefficient=3e-4), progress=False)
+    stats = sae_stats(sae, activations)
+    assert stats.fraction_variance_explained > 0.9
+    assert stats.l0 < 40
+    sae.save_pretrained(tmp_path / "sae")
+    reloaded = SparseAutoencoder.from_pretrained(tmp_path / "sae")
+    assert torch.equal(reloaded.encode(activations), sae.encode(activations))
+    with pytest.raises(ValueError, match="NaN"):
+        train_sae(torch.full((4, 16), float("nan")), 8, progress=False)

@@ -1,0 +1,51 @@
+"""Threshold at a target FPR and detection metrics, against hand-computed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hf_lsad.calibration import fpr_threshold
+from hf_lsad.metrics import auroc, tpr_at_fpr
+
+
+@pytest.mark.parametrize(
+    "scores, fpr, expected",
+    [
+        (list(range(1, 21)), 0.05, 19.0),  # F(19) = 0.95 >= 0.95: flags only 20, FPR 1/20
+        (list(range(1, 21)), 0.10, 18.0),
+        (list(range(1, 11)), 0.05, 10.0),  # m=10: ceil(9.5) = 10th order statistic, flags nothing
+        ([3.0, 1.0, 2.0, 2.0], 0.5, 2.0),  # ties: F(2) = 0.75 >= 0.5
+        ([5.0], 0.05, 5.0),
+    ],
+)
+def test_fpr_threshold_is_the_safe_quantile(scores, fpr, expected):
+    threshold = fpr_threshold(torch.tensor(scores), fpr)
+    assert threshold == expected
+    assert (torch.tensor(scores) > threshold).float().mean() <= fpr
+
+
+def test_fpr_threshold_rejects_bad_input():
+    with pytest.raises(ValueError, match="target_fpr"):
+        fpr_threshold(torch.ones(3), 0.0)
+    with pytest.raises(ValueError, match="at least one"):
+        fpr_threshold(torch.ones(0), 0.05)
+    with pytest.raises(ValueError, match="NaN"):
+        fpr_threshold(torch.tensor([1.0, float("nan")]), 0.05)
+
+
+def test_auroc_hand_computed_with_ties():
+    # pairs (neg, pos): 0.1<0.35 ok, 0.4>0.35 no, 0.1<0.8 ok, 0.4<0.8 ok, tie 0.4=0.4 counts 1/2
+    assert auroc([0.1, 0.4], [0.35, 0.8, 0.4]) == pytest.approx((1 + 0 + 1 + 1 + 1 + 0.5) / 6)
+    assert auroc([0, 0], [1, 1]) == 1.0
+    assert auroc([1, 1], [1, 1]) == 0.5
+
+
+def test_tpr_at_exact_five_percent_fpr():
+    negatives = np.arange(20.0)  # FPR steps of 5%
+    positives = np.array([18.5, 19.5, 25.0, 30.0, 5.0])
+    # threshold between 18 and 19: FPR = 1/20 exactly; positives above 18.5 (incl.): 18.5, 19.5, 25, 30 -> 4/5
+    assert tpr_at_fpr(negatives, positives, 0.05) == pytest.approx(0.8)
+    # at 0% FPR only scores above 19 count: 19.5, 25, 30 -> 3/5
+    assert tpr_at_fpr(negatives, positives, 0.0) == pytest.approx(0.6)

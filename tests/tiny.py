@@ -1,0 +1,50 @@
+"""A tiny seeded Llama with a guard fitted on its activations, shared by tests (built once)."""
+
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+
+import torch
+
+from hf_lsad.capture import HookPoint, collect_activations
+from hf_lsad.clustering import KMeansConfig
+from hf_lsad.detectors import FreqMaskConfig
+from hf_lsad.fitting import fit_guard
+from hf_lsad.guard import SafetyGuard
+from hf_lsad.models import tiny_model
+from hf_lsad.sae import SAETrainConfig, train_sae
+
+LAYER = 2
+PROMPTS = [f"question {i}: what is {i} plus {i * 3 % 7}?" for i in range(48)] + [
+    f"please write a short note number {i} about the weather" for i in range(48)
+]
+MIXED_BATCH = ["hi", "a much longer prompt about baking bread at home, step by step", "medium prompt here"]
+
+
+@lru_cache(maxsize=None)
+def tiny_guard(position: str = "response_last"):
+    """(model, tokenizer, guard) with the guard fitted on :data:`PROMPTS` at ``position``."""
+    model, tokenizer = tiny_model("llama", seed=0)
+    collected = collect_activations(
+        model, tokenizer, PROMPTS, layer=LAYER, position=position, batch_size=16, max_new_tokens=6, progress=False
+    )
+    sae = train_sae(collected.activations, 64, SAETrainConfig(epochs=20, batch_size=32, l1_coefficient=1e-3), progress=False)
+    config = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=16)
+    hook = HookPoint.from_model(model, LAYER, position, base_model="tiny-llama")
+    guard = fit_guard(collected.activations, hook, "freqmask-km", config, sae, progress=False).guard
+    return model, tokenizer, guard
+
+
+def fresh_guard(position: str = "response_last") -> SafetyGuard:
+    """A copy of the cached guard that a test may modify."""
+    _, _, guard = tiny_guard(position)
+    detector = type(guard.detector)(guard.detector.config, guard.detector.d_in, guard.detector.d_sae)
+    detector.load_state_dict(guard.detector.state_dict())
+    return SafetyGuard(copy.deepcopy(guard.config), detector, copy.deepcopy(guard.sae))
+
+
+def last_layer_output(model, sequence: torch.Tensor) -> torch.Tensor:
+    """Hidden state after decoder block LAYER at the last position of an unpadded sequence."""
+    with torch.no_grad():
+        return model(sequence[None], output_hidden_states=True).hidden_states[LAYER + 1][0, -1]
