@@ -25,7 +25,7 @@ from .fitting import fit_guard, split_safe
 from .guard import SafetyGuard
 from .metrics import auroc, tpr_at_fpr
 from .modeling import GuardedModelForCausalLM
-from .models import DEFAULT_MODEL, DEFAULT_MODEL_ALIASES, load_model
+from .models import load_model
 from .pretrained import DEFAULT_GUARD, resolve_guard
 from .sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
 from .store import load_activations, save_activations
@@ -34,7 +34,6 @@ from .store import load_activations, save_activations
 def _collect(args: argparse.Namespace) -> None:
     prompts = load_prompts(args.pool, limit=args.limit, seed=args.seed)
     model, tokenizer = load_model(args.model)
-    base_model = DEFAULT_MODEL if args.model in DEFAULT_MODEL_ALIASES else args.model
     collected = collect_activations(
         model,
         tokenizer,
@@ -47,7 +46,7 @@ def _collect(args: argparse.Namespace) -> None:
     records = [dict(p._asdict(), response=r) for p, r in zip(prompts, collected.responses)]
     for record in records:
         del record["text"]  # the prompt text stays in the pool; the store keeps ids
-    hook = HookPoint.from_model(model, args.layer, args.position, base_model=base_model)
+    hook = HookPoint.from_model(model, args.layer, args.position)
     save_activations(args.out, collected.activations, records, hook)
     print(f"wrote {len(records)} activations of {hook.layer_module} ({args.position}) to {args.out}")
 

