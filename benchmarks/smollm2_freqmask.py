@@ -1,0 +1,116 @@
+"""FreqMask-KM on SmolLM2-135M-Instruct with the bundled data: AUROC and TPR@5%FPR per unsafe category.
+
+Reads the activation stores written by ``benchmarks/collect_smollm2.sh`` (layer 20,
+``prompt_last`` and ``response_last``), and for each position: trains the SAE on
+the 0.8 fit split of the safe store, fits FreqMask-KM on the same split, sets
+the threshold at 5% FPR on the 0.2 held-out safe split, and scores every unsafe
+category with those held-out safe rows as negatives (the paper's protocol).
+Settings are fixed a priori (K=50, k=100, d_sae=2304), not tuned on these numbers.
+
+    python benchmarks/smollm2_freqmask.py [--stores artifacts/smollm2] [--save-guard POSITION]
+
+Writes ``benchmarks/results/smollm2_freqmask.{json,md}``; ``--save-guard`` also
+saves the guard of that position as the package's default guard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from hf_lsad.clustering import KMeansConfig
+from hf_lsad.data import UNSAFE_POOLS
+from hf_lsad.detectors import FreqMaskConfig
+from hf_lsad.fitting import fit_guard, split_safe
+from hf_lsad.metrics import auroc, tpr_at_fpr
+from hf_lsad.pretrained import DEFAULT_GUARD
+from hf_lsad.sae import SAETrainConfig, sae_stats, train_sae
+from hf_lsad.store import load_activations
+
+D_SAE = 2304
+SAE_TRAINING = SAETrainConfig(l1_coefficient=3e-3, epochs=30, seed=0)
+DETECTOR = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=50, seed=0), mask_size=100)
+RESULTS = Path(__file__).parent / "results"
+
+
+def run_position(stores: Path, position: str) -> tuple[dict, object]:
+    safe = load_activations(stores / position / "safe")
+    split = split_safe(len(safe.activations), 0.2, seed=0)
+    start = time.perf_counter()
+    sae = train_sae(safe.activations[split.fit], D_SAE, SAE_TRAINING)
+    sae_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    result = fit_guard(safe.activations, safe.hook, "freqmask-km", DETECTOR, sae, target_fpr=0.05, seed=0)
+    fit_seconds = time.perf_counter() - start
+    guard, negatives = result.guard, result.holdout_scores.numpy()
+    row = {
+        "n_safe_fit": len(split.fit),
+        "n_safe_holdout": len(split.holdout),
+        "sae_heldout": sae_stats(sae, safe.activations[split.holdout])._asdict(),
+        "sae_train_seconds": sae_seconds,
+        "fit_seconds": fit_seconds,
+        "threshold": guard.threshold,
+        "categories": {},
+    }
+    for pool in (*UNSAFE_POOLS, "benign_ood"):
+        folder = stores / position / pool
+        if not (folder / "index.json").is_file():
+            continue
+        scores = guard(load_activations(folder).activations).scores.numpy()
+        row["categories"][pool] = {
+            "n": len(scores),
+            "auroc": auroc(negatives, scores),
+            "tpr_at_5fpr": tpr_at_fpr(negatives, scores, 0.05),
+            "flagged_at_threshold": float((scores > guard.threshold).mean()),
+        }
+    unsafe = [row["categories"][p] for p in UNSAFE_POOLS if p in row["categories"]]
+    row["mean_auroc"] = sum(c["auroc"] for c in unsafe) / len(unsafe)
+    row["mean_tpr_at_5fpr"] = sum(c["tpr_at_5fpr"] for c in unsafe) / len(unsafe)
+    return row, guard
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        "| position | " + " | ".join(f"{p} AUROC / TPR@5%FPR" for p in UNSAFE_POOLS) + " | mean | benign-OOD flagged |",
+        "|---" * (len(UNSAFE_POOLS) + 3) + "|",
+    ]
+    for position, row in results.items():
+        cells = [
+            f"{row['categories'][p]['auroc']:.3f} / {row['categories'][p]['tpr_at_5fpr']:.3f}" if p in row["categories"] else "-"
+            for p in UNSAFE_POOLS
+        ]
+        ood = row["categories"].get("benign_ood", {}).get("flagged_at_threshold")
+        lines.append(
+            f"| {position} | " + " | ".join(cells) + f" | {row['mean_auroc']:.3f} / {row['mean_tpr_at_5fpr']:.3f} | "
+            + (f"{ood:.3f}" if ood is not None else "-") + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stores", type=Path, default=Path("artifacts/smollm2"))
+    parser.add_argument("--positions", nargs="+", default=["prompt_last", "response_last"])
+    parser.add_argument("--save-guard", choices=["prompt_last", "response_last"], default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(max(torch.get_num_threads(), 1))
+    results, guards = {}, {}
+    for position in args.positions:
+        results[position], guards[position] = run_position(args.stores, position)
+        print(position, json.dumps(results[position], indent=2))
+    RESULTS.mkdir(exist_ok=True)
+    settings = {"d_sae": D_SAE, "sae_training": SAE_TRAINING.__dict__, "detector": DETECTOR.__dict__ | {"kmeans": DETECTOR.kmeans.__dict__}}
+    (RESULTS / "smollm2_freqmask.json").write_text(json.dumps({"settings": settings, "results": results}, indent=2) + "\n")
+    (RESULTS / "smollm2_freqmask.md").write_text(markdown(results))
+    print(markdown(results))
+    if args.save_guard:
+        guards[args.save_guard].save_pretrained(DEFAULT_GUARD)
+        print(f"saved the {args.save_guard} guard to {DEFAULT_GUARD}")
+
+
+if __name__ == "__main__":
+    main()
