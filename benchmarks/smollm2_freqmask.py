@@ -20,19 +20,18 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.data import UNSAFE_POOLS
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.fitting import fit_guard, split_safe
 from hf_lsad.metrics import auroc, tpr_at_fpr
+from hf_lsad.model_card import describe_records
 from hf_lsad.pretrained import DEFAULT_GUARD
 from hf_lsad.sae import SAETrainConfig, sae_stats, train_sae
 from hf_lsad.store import load_activations
 
 D_SAE = 2304
-SAE_TRAINING = SAETrainConfig(l1_coefficient=3e-3, epochs=30, seed=0)
+SAE_TRAINING = SAETrainConfig(l1_coefficient=1.0, epochs=30, seed=0)
 DETECTOR = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=50, seed=0), mask_size=100)
 RESULTS = Path(__file__).parent / "results"
 
@@ -70,7 +69,7 @@ def run_position(stores: Path, position: str) -> tuple[dict, object]:
     unsafe = [row["categories"][p] for p in UNSAFE_POOLS if p in row["categories"]]
     row["mean_auroc"] = sum(c["auroc"] for c in unsafe) / len(unsafe)
     row["mean_tpr_at_5fpr"] = sum(c["tpr_at_5fpr"] for c in unsafe) / len(unsafe)
-    return row, guard
+    return row, (guard, safe.records)
 
 
 def markdown(results: dict) -> str:
@@ -97,18 +96,26 @@ def main() -> None:
     parser.add_argument("--positions", nargs="+", default=["prompt_last", "response_last"])
     parser.add_argument("--save-guard", choices=["prompt_last", "response_last"], default=None)
     args = parser.parse_args()
-    torch.set_num_threads(max(torch.get_num_threads(), 1))
     results, guards = {}, {}
     for position in args.positions:
         results[position], guards[position] = run_position(args.stores, position)
         print(position, json.dumps(results[position], indent=2))
     RESULTS.mkdir(exist_ok=True)
     settings = {"d_sae": D_SAE, "sae_training": SAE_TRAINING.__dict__, "detector": DETECTOR.__dict__ | {"kmeans": DETECTOR.kmeans.__dict__}}
-    (RESULTS / "smollm2_freqmask.json").write_text(json.dumps({"settings": settings, "results": results}, indent=2) + "\n")
+    path = RESULTS / "smollm2_freqmask.json"
+    if path.is_file():  # positions not run this time keep their earlier results
+        earlier = json.loads(path.read_text())
+        if earlier["settings"] == json.loads(json.dumps(settings)):
+            results = {**earlier["results"], **results}
+    path.write_text(json.dumps({"settings": settings, "results": results}, indent=2) + "\n")
     (RESULTS / "smollm2_freqmask.md").write_text(markdown(results))
     print(markdown(results))
     if args.save_guard:
-        guards[args.save_guard].save_pretrained(DEFAULT_GUARD)
+        guard, records = guards[args.save_guard]
+        row = results[args.save_guard]["categories"]
+        metrics = {pool: {k: row[pool][k] for k in ("auroc", "tpr_at_5fpr")} for pool in UNSAFE_POOLS if pool in row}
+        data = describe_records(records, what="safe prompts of the bundled pool (hf_lsad.data, `safe`)")
+        guard.save_pretrained(DEFAULT_GUARD, metrics=metrics, data=data, license="apache-2.0")
         print(f"saved the {args.save_guard} guard to {DEFAULT_GUARD}")
 
 

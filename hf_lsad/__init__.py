@@ -8,8 +8,10 @@ from .fitting import fit_guard  # noqa: E402
 from .guard import GuardConfig, SafetyGuard, SafetyReport  # noqa: E402
 from .modeling import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM  # noqa: E402
 from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, train_sae  # noqa: E402
+from .store import ActivationStore  # noqa: E402
 
 __all__ = [
+    "ActivationStore",
     "DETECTORS",
     "Detector",
     "FreqMaskConfig",

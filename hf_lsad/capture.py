@@ -27,6 +27,7 @@ Positions (one activation per sequence):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -117,8 +118,15 @@ class HookPoint:
             position=position,
         )
 
-    def check_model(self, model: PreTrainedModel) -> None:
-        """Raise ``ValueError`` if ``model`` cannot be read at this hook point."""
+    def check_model(self, model: PreTrainedModel, *, allow_base_model_mismatch: bool = False) -> None:
+        """Raise ``ValueError`` if ``model`` cannot be read at this hook point, or is not the guard's base model.
+
+        Hidden size, layer count and the hooked block's module name must match: always an error.
+        The model's name (``model.config.name_or_path``) must match :attr:`base_model` under
+        :func:`same_base_model`; a mismatch is an error unless ``allow_base_model_mismatch``,
+        which turns it into a ``UserWarning``. When either name is empty (a model built with
+        ``from_config``, or a guard fitted on one) there is nothing to compare and no check.
+        """
         text_config = model.config.get_text_config()
         if text_config.hidden_size != self.hidden_size:
             raise ValueError(
@@ -133,6 +141,52 @@ class HookPoint:
         name, _ = decoder_layer(model, self.layer)
         if name != self.layer_module:
             raise ValueError(f"guard reads {self.layer_module!r}, but this model's block {self.layer} is {name!r}")
+        model_name = str(model.config.name_or_path or "")
+        if same_base_model(self.base_model, model_name) is False:
+            message = (
+                f"guard was fitted on base model {self.base_model!r}, but the model to guard is {model_name!r} "
+                f"(config.name_or_path); its scores and threshold are only meaningful on the model it was fitted on"
+            )
+            if not allow_base_model_mismatch:
+                raise ValueError(
+                    f"{message}. If this is the same model under another name (e.g. a local copy), "
+                    "pass allow_base_model_mismatch=True."
+                )
+            warnings.warn(f"{message}; using it anyway (allow_base_model_mismatch=True).", UserWarning, stacklevel=3)
+
+
+def base_model_key(name_or_path: str) -> str:
+    """The comparable form of a model name: ``org/name`` (lower case) of a Hub id or local path.
+
+    - A Hub id is kept as it is: ``HuggingFaceTB/SmolLM2-135M-Instruct``, ``gpt2``.
+    - A huggingface_hub cache snapshot folder (``.../models--org--name/snapshots/<sha>``) is
+      its repo id ``org/name``.
+    - Any other path keeps its last two components: ``/data/HuggingFaceTB/SmolLM2-135M-Instruct``
+      -> ``huggingfacetb/smollm2-135m-instruct``; ``./tiny-llama`` -> ``tiny-llama``.
+
+    Returns ``""`` for an empty name.
+    """
+    parts = [part for part in str(name_or_path).strip().replace("\\", "/").split("/") if part not in ("", ".")]
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("models--") and parts[i + 1] == "snapshots":
+            return part[len("models--") :].replace("--", "/").lower()
+    return "/".join(parts[-2:]).lower()
+
+
+def same_base_model(a: str, b: str) -> bool | None:
+    """Whether two model names (Hub ids or local paths) name the same model; ``None`` if either is empty.
+
+    Names are compared as :func:`base_model_key` gives them (case-insensitive, as Hub ids are).
+    When one side has a single component (a Hub id without namespace such as ``gpt2``, or a
+    one-component relative path) only the last components are compared, so ``gpt2`` matches
+    ``openai-community/gpt2`` and ``tiny-llama`` matches ``/tmp/models/tiny-llama``.
+    """
+    key_a, key_b = base_model_key(a), base_model_key(b)
+    if not key_a or not key_b:
+        return None
+    if "/" not in key_a or "/" not in key_b:
+        return key_a.rsplit("/", 1)[-1] == key_b.rsplit("/", 1)[-1]
+    return key_a == key_b
 
 
 class LastPositionRecorder:

@@ -1,9 +1,11 @@
-"""The ``hf-lsad`` command: collect, train-sae, fit, evaluate, generate.
+"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, generate.
 
     hf-lsad collect   --model default --pool safe --layer 20 --position prompt_last --out acts/safe
     hf-lsad train-sae --activations acts/safe --d-sae 2304 --out sae
     hf-lsad fit       --activations acts/safe --sae sae --out guard
+    hf-lsad calibrate --guard guard --safe acts/safe --unsafe acts/harmful --benign-ood acts/ood --budget 0.01 --out g2
     hf-lsad evaluate  --guard guard --safe acts/safe --unsafe acts/harmful acts/toxic
+    hf-lsad evaluate  --safe acts/safe --unsafe acts/harmful acts/toxic --sae sae --grid grid.json --out report
     hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
 """
 
@@ -21,6 +23,8 @@ from .capture import POSITIONS, HookPoint, collect_activations, encode_prompts
 from .clustering import CLUSTER_METRICS, KMeansConfig
 from .data import POOLS, load_prompts
 from .detectors.freqmask import MASK_SCOPES, SCORE_METRICS, FreqMaskConfig
+from .detectors.learned_mask import MASK_TYPES, LearnedMaskConfig, LearnedMaskLoRA
+from .detectors.learned_mask import SCORE_METRICS as RESIDUAL_SCORES
 from .fitting import fit_guard, split_safe
 from .guard import SafetyGuard
 from .metrics import auroc, tpr_at_fpr
@@ -28,7 +32,7 @@ from .modeling import GuardedModelForCausalLM
 from .models import load_model
 from .pretrained import DEFAULT_GUARD, resolve_guard
 from .sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
-from .store import load_activations, save_activations
+from .store import ActivationStore, load_activations, save_activations
 
 
 def _collect(args: argparse.Namespace) -> None:
@@ -62,19 +66,32 @@ def _train_sae(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    data = load_activations(args.activations)
-    config = FreqMaskConfig(
-        kmeans=KMeansConfig(n_clusters=args.clusters, metric=args.cluster_metric, seed=args.seed),
-        mask_size=args.mask_size,
-        mask_scope=args.mask_scope,
-        score_metric=args.score_metric,
-        use_mask=not args.no_mask,
-        ridge=args.ridge,
-    )
+    data = ActivationStore(args.activations)  # FreqMask-KM streams it; other methods read their fit split
+    kmeans = KMeansConfig(n_clusters=args.clusters, metric=args.cluster_metric, seed=args.seed)
+    if args.method == LearnedMaskLoRA.method:
+        config = LearnedMaskConfig(
+            kmeans=kmeans,
+            mask_type=args.mask_type,
+            min_cluster_size=args.min_cluster_size,
+            stage1_only=args.stage1_only,
+            lora_min_cluster_size=args.lora_min_cluster_size,
+            score_metric=args.residual_score,
+            ridge=args.residual_ridge,
+            seed=args.seed,
+        )
+    else:
+        config = FreqMaskConfig(
+            kmeans=kmeans,
+            mask_size=args.mask_size,
+            mask_scope=args.mask_scope,
+            score_metric=args.score_metric,
+            use_mask=not args.no_mask,
+            ridge=args.ridge,
+        )
     result = fit_guard(
-        data.activations,
+        data,
         data.hook,
-        "freqmask-km",
+        args.method,
         config,
         SparseAutoencoder.from_pretrained(args.sae),
         target_fpr=args.target_fpr,
@@ -84,9 +101,63 @@ def _fit(args: argparse.Namespace) -> None:
     result.guard.save_pretrained(args.out)
     print(f"fitted {result.guard.config.method} on {len(result.split.fit)} safe rows; "
           f"threshold {result.guard.threshold:.4g} at {args.target_fpr:.0%} FPR on {len(result.split.holdout)} held-out rows")
+    if args.push_to_hub:
+        from .model_card import describe_records
+
+        commit = result.guard.push_to_hub(
+            args.push_to_hub, subfolder=args.subfolder, private=args.private or None,
+            data=describe_records(data.records, what=f"safe prompts (activation store `{Path(args.activations).name}`)"),
+        )  # fmt: skip
+        print(f"pushed to {commit.repo_url.repo_id}{'/' + args.subfolder if args.subfolder else ''} at {commit.oid}")
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    from .affine_calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
+
+    guard = SafetyGuard.from_pretrained(resolve_guard(args.guard))
+    kmeans = getattr(guard.detector.config, "kmeans", None)
+    if kmeans is None:
+        raise SystemExit(f"per-cluster calibration needs a clustered detector; {guard.config.method} has no clusters")
+    safe = load_activations(args.safe).activations
+    if len(safe) != guard.config.n_fit + guard.config.n_holdout:
+        n = guard.config.n_fit + guard.config.n_holdout
+        raise SystemExit(f"{args.safe} has {len(safe)} rows; the guard was fitted on {n}")
+    holdout = split_safe(len(safe), guard.config.n_holdout / len(safe), guard.config.seed).holdout
+    groups = {
+        "safe": safe[holdout],  # only held-out rows: the detector was fitted on the others
+        "unsafe": torch.cat([load_activations(folder).activations for folder in args.unsafe]),
+        "benign_ood": load_activations(args.benign_ood).activations,
+    }
+    split = coupled_budget_sample({g: len(a) for g, a in groups.items()}, args.budget, args.seed)
+    with torch.no_grad():
+        outputs = {g: guard(a[torch.from_numpy(split[g][0])]) for g, a in groups.items()}
+    names = [g for g, out in outputs.items() for _ in range(len(out.scores))]
+    calibration = fit_affine_calibration(
+        torch.cat([o.scores for o in outputs.values()]),
+        torch.cat([o.clusters for o in outputs.values()]),
+        torch.tensor([float(n == "unsafe") for n in names]),
+        importance_weights(names, args.budget),
+        kmeans.n_clusters,
+        seed=args.seed,
+        threshold=args.probability_threshold,
+    )
+    guard.set_calibration(calibration)
+    guard.save_pretrained(args.out)
+    labelled = ", ".join(f"{len(o.scores)} {g}" for g, o in outputs.items())
+    negative = sum(a < 0 for a in calibration.slopes)
+    print(f"calibrated {guard.config.method} on {labelled} labelled rows (budget {args.budget:g}); lambda "
+          f"{calibration.lam:g}, {negative} negative slopes, {calibration.labelled.count(0)} clusters on the anchor; "
+          f"wrote {args.out}")  # fmt: skip
 
 
 def _evaluate(args: argparse.Namespace) -> None:
+    if args.guard:
+        _evaluate_guard(args)
+    else:
+        _evaluate_grid(args)
+
+
+def _evaluate_guard(args: argparse.Namespace) -> None:
     guard = SafetyGuard.from_pretrained(resolve_guard(args.guard))
     safe = load_activations(args.safe)
     n = len(safe.activations)
@@ -105,6 +176,29 @@ def _evaluate(args: argparse.Namespace) -> None:
     print(json.dumps(rows, indent=2))
 
 
+def _evaluate_grid(args: argparse.Namespace) -> None:
+    import shlex
+
+    from .evaluation import GridConfig, default_grid, load_eval_data, load_or_train_sae, make_splits, run_grid, sae_summary, write_report
+
+    if not args.out:
+        raise SystemExit("a grid evaluation writes a report folder: give --out (or --guard to evaluate one guard)")
+    config = GridConfig.from_json(args.grid) if args.grid else default_grid()
+    if args.seeds:
+        config.seeds = args.seeds
+    data = load_eval_data(args.safe, args.unsafe, args.benign_ood)
+    splits = make_splits(len(data.safe), {c: len(x) for c, x in data.unsafe.items()}, config)
+    sae = sae_info = None
+    if args.sae:
+        training = SAETrainConfig(l1_coefficient=args.sae_l1, epochs=args.sae_epochs, seed=args.sae_seed)
+        sae, info = load_or_train_sae(args.sae, data.safe[splits.safe_fit], splits.safe_fit, d_sae=args.d_sae, training=training)
+        sae_info = sae_summary(sae, data, splits, info)
+    results = run_grid(data, config, sae, splits=splits)
+    command = args.command_line or "hf-lsad " + shlex.join(sys.argv[1:])
+    folder = write_report(args.out, results, data=data, config=config, command=command, title=args.title, sae_info=sae_info)
+    print(f"wrote {folder / 'report.md'} and {folder / 'results.json'}")
+
+
 def _generate(args: argparse.Namespace) -> None:
     model, tokenizer = load_model(args.model)
     guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(resolve_guard(args.guard)))
@@ -119,8 +213,9 @@ def _generate(args: argparse.Namespace) -> None:
           f"threshold {guarded.guard.threshold:.4g} at {guarded.guard.config.target_fpr:.0%} safe FPR\n")
     for prompt, response, report in zip(args.prompts, responses, output.safety):
         verdict = "FLAGGED" if report.flagged else "ok"
+        probability = f", P(unsafe) {report.probability:.3f}" if report.probability is not None else ""
         print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {verdict} "
-              f"(score {report.score:.4g}, threshold {report.threshold:.4g}, cluster {report.cluster})\n")
+              f"(score {report.score:.4g}, threshold {report.threshold:.4g}, cluster {report.cluster}{probability})\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,9 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     sae.add_argument("--out", required=True)
     sae.set_defaults(run=_train_sae)
 
-    fit = commands.add_parser("fit", help="fit a FreqMask-KM guard on safe activations")
+    fit = commands.add_parser("fit", help="fit a FreqMask-KM or LearnedMask-LoRA guard on safe activations")
     fit.add_argument("--activations", required=True)
     fit.add_argument("--sae", required=True)
+    fit.add_argument("--method", choices=["freqmask-km", LearnedMaskLoRA.method], default="freqmask-km")
     fit.add_argument("--clusters", type=int, default=50)
     fit.add_argument("--cluster-metric", choices=CLUSTER_METRICS, default="l2")
     fit.add_argument("--mask-size", type=int, default=100)
@@ -161,16 +257,56 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--score-metric", choices=SCORE_METRICS, default="l1")
     fit.add_argument("--no-mask", action="store_true", help="score on all SAE features (ablation)")
     fit.add_argument("--ridge", type=float, default=1e-3)
+    lm = LearnedMaskConfig()
+    # learned-mask-lora settings (the FreqMask-KM ones above are ignored by it, and these by FreqMask-KM)
+    fit.add_argument("--mask-type", choices=MASK_TYPES, default=lm.mask_type, help="Stage-1 mask parametrisation")
+    fit.add_argument("--min-cluster-size", type=int, default=lm.min_cluster_size, help="smaller clusters keep the base SAE")
+    fit.add_argument("--stage1-only", action="store_true", help="masks only, no LoRA adapters")
+    fit.add_argument("--lora-min-cluster-size", type=int, default=lm.lora_min_cluster_size, help="smaller: no adapter")
+    fit.add_argument("--residual-score", choices=RESIDUAL_SCORES, default=lm.score_metric, help="residual scoring")
+    fit.add_argument("--residual-ridge", type=float, default=lm.ridge, help="ridge of the mahalanobis residual score")
     fit.add_argument("--target-fpr", type=float, default=0.05)
     fit.add_argument("--holdout-fraction", type=float, default=0.2)
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--out", required=True)
+    fit.add_argument("--push-to-hub", metavar="REPO", help="also push the guard, with a model card, to this Hub repo")
+    fit.add_argument("--subfolder", default="", help="folder of the guard in the Hub repo (several guards per repo)")
+    fit.add_argument("--private", action="store_true", help="create the Hub repo private")
     fit.set_defaults(run=_fit)
 
-    evaluate = commands.add_parser("evaluate", help="AUROC and TPR@5%%FPR of a guard against unsafe activation sets")
-    evaluate.add_argument("--guard", required=True)
-    evaluate.add_argument("--safe", required=True, help="the safe store the guard was fitted on (its held-out split is used)")
-    evaluate.add_argument("--unsafe", required=True, nargs="+")
+    calibrate = commands.add_parser("calibrate", help="per-cluster affine calibration from a small labelled budget")
+    calibrate.add_argument("--guard", required=True)
+    calibrate.add_argument("--safe", required=True, help="the guard's safe store (half its held-out split is drawn)")
+    calibrate.add_argument("--unsafe", required=True, nargs="+", help="unsafe stores (pooled; --budget of them drawn)")
+    calibrate.add_argument("--benign-ood", required=True, help="benign out-of-distribution store (--budget drawn)")
+    calibrate.add_argument("--budget", type=float, default=0.01, help="coupled budget p")
+    calibrate.add_argument("--probability-threshold", type=float, default=0.5, help="flag rows above this probability")
+    calibrate.add_argument("--seed", type=int, default=0)
+    calibrate.add_argument("--out", required=True)
+    calibrate.set_defaults(run=_calibrate)
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="evaluate one guard (--guard), or run a method grid and write a report folder (--out)",
+        description="With --guard: AUROC, TPR@5%%FPR and flag rate of that guard against unsafe stores. "
+        "Without: fit every method of a grid (--grid JSON, default hf_lsad.evaluation.default_grid) on the safe store's "
+        "fit split, select hyperparameters on its validation split, and write report.md + results.json to --out "
+        "(protocol in hf_lsad.evaluation).",
+    )
+    evaluate.add_argument("--guard", help="a fitted guard: evaluate it alone (the simple mode)")
+    evaluate.add_argument("--safe", required=True, help="safe store (guard mode: the store the guard was fitted on)")
+    evaluate.add_argument("--unsafe", required=True, nargs="+", help="unsafe stores; the folder name is the category")
+    evaluate.add_argument("--benign-ood", help="grid mode: benign out-of-distribution store (test negatives)")
+    evaluate.add_argument("--grid", help="grid mode: grid JSON file (hf_lsad.evaluation.GridConfig fields)")
+    evaluate.add_argument("--seeds", type=int, nargs="+", help="grid mode: override the grid's seeds")
+    evaluate.add_argument("--sae", help="grid mode: SAE folder; trained on the safe fit split and saved there if absent")
+    evaluate.add_argument("--d-sae", type=int, default=2304, help="width of an SAE trained here")
+    evaluate.add_argument("--sae-l1", type=float, default=SAETrainConfig.l1_coefficient)
+    evaluate.add_argument("--sae-epochs", type=int, default=SAETrainConfig.epochs)
+    evaluate.add_argument("--sae-seed", type=int, default=0)
+    evaluate.add_argument("--out", help="grid mode: report folder")
+    evaluate.add_argument("--title", default="hf-lsad evaluation", help="grid mode: report title")
+    evaluate.add_argument("--command-line", help="grid mode: the command recorded in the report (default: this one)")
     evaluate.set_defaults(run=_evaluate)
 
     generate = commands.add_parser("generate", help="guarded generation with a safety report per prompt")

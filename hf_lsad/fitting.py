@@ -1,4 +1,9 @@
-"""Fitting a guard on safe activations: 0.8/0.2 split, detector fit, threshold on the held-out part."""
+"""Fitting a guard on safe activations: 0.8/0.2 split, detector fit, threshold on the held-out part.
+
+The safe activations are a tensor or an activation store read in batches
+(:class:`~hf_lsad.store.ActivationStore`), so a FreqMask-KM guard can be fitted
+on more rows than fit in memory.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,11 @@ from torch import Tensor
 
 from .calibration import fpr_threshold
 from .capture import HookPoint
-from .detectors import DetectorConfig, detector_class
+from .detectors import DetectorConfig, FreqMaskKM, detector_class
+from .detectors.freqmask import DEFAULT_BATCH_SIZE
 from .guard import GuardConfig, SafetyGuard
 from .sae import SparseAutoencoder
+from .store import ActivationStore, RowSource, TensorRows, row_batches
 from .validation import check_activations
 
 
@@ -41,7 +48,7 @@ def split_safe(n: int, holdout_fraction: float = 0.2, seed: int = 0) -> SafeSpli
 
 
 def fit_guard(
-    safe_activations: Tensor,
+    safe_activations: Tensor | ActivationStore,
     hook: HookPoint,
     method: str,
     detector_config: DetectorConfig,
@@ -51,16 +58,39 @@ def fit_guard(
     holdout_fraction: float = 0.2,
     seed: int = 0,
     progress: bool = True,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str | torch.device | None = None,
 ) -> FitResult:
-    """Fit ``method`` on the safe split, then set the threshold at ``target_fpr`` on the held-out safe rows."""
-    check_activations(safe_activations, hook.hidden_size, name="safe activations")
-    split = split_safe(len(safe_activations), holdout_fraction, seed)
-    data = safe_activations.float()
+    """Fit ``method`` on the safe split, then set the threshold at ``target_fpr`` on the held-out safe rows.
+
+    ``safe_activations`` is an ``[n, hidden_size]`` tensor or an :class:`~hf_lsad.store.ActivationStore`.
+    FreqMask-KM streams from either (:meth:`~hf_lsad.detectors.FreqMaskKM.fit_rows`), reading
+    ``batch_size`` rows at a time; other methods get their fit split as one tensor. The detector
+    lives on ``device`` (default: the tensor's device, the CPU for a store), where ``sae`` must
+    be too. The held-out rows are scored ``batch_size`` at a time.
+    """
+    if isinstance(safe_activations, ActivationStore):
+        if safe_activations.width != hook.hidden_size:
+            raise ValueError(
+                f"safe activations have width {safe_activations.width}, expected hidden size {hook.hidden_size}"
+            )
+        source: RowSource = safe_activations
+        device = torch.device(device or "cpu")
+    else:
+        check_activations(safe_activations, hook.hidden_size, name="safe activations")
+        source = TensorRows(safe_activations)
+        device = torch.device(device or safe_activations.device)
+    split = split_safe(len(source), holdout_fraction, seed)
     detector = detector_class(method)(detector_config, hook.hidden_size, sae.config.d_sae if sae else None)
-    detector.to(data.device)
-    detector.fit(data[split.fit], sae, progress=progress)
+    detector.to(device)
+    if isinstance(detector, FreqMaskKM):
+        detector.fit_rows(source, sae, rows=split.fit, progress=progress, batch_size=batch_size)
+    else:
+        detector.fit(source.take(split.fit).to(device), sae, progress=progress)
     with torch.no_grad():
-        holdout_scores = detector(data[split.holdout], sae).scores
+        holdout_scores = torch.cat(
+            [detector(batch.to(device), sae).scores for batch in row_batches(source, split.holdout, batch_size)]
+        )
     config = GuardConfig(
         hook=hook,
         method=method,

@@ -3,11 +3,12 @@
 A guard folder (locally or in a Hub repo, optionally under a subfolder)::
 
     config.json            format version, library versions, hook point, method,
-                           threshold and target FPR, detector settings
+                           threshold and target FPR, detector settings, and for a
+                           calibrated guard its per-cluster affine calibration
     detector.safetensors   the detector's tensors (centroids, masks, ...)
     sae/config.json        the SAE's shape (a folder loadable on its own)
     sae/sae.safetensors    the SAE's weights
-    README.md              model card (optional)
+    README.md              model card (:mod:`hf_lsad.model_card`; always on the Hub, optional locally)
 
 Loading is strict (see :mod:`hf_lsad.serialization`): nothing but JSON and
 safetensors is read, and every key and tensor must be there with its shape.
@@ -16,18 +17,23 @@ safetensors is read, and every key and tensor must be there with its shape.
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import faiss
 import torch
+from huggingface_hub import CommitInfo, ModelCard
 from torch import Tensor, nn
 
 from . import __version__
+from .affine_calibration import AffineCalibration
 from .capture import HookPoint
 from .detectors import Detector, detector_class
-from .hub import resolve_pretrained_dir
+from .hub import resolve_pretrained_dir, upload_pretrained_dir
+from .model_card import DEFAULT_LICENSE, guard_model_card
 from .sae import SparseAutoencoder
 from .serialization import (
     FORMAT_VERSION,
@@ -42,6 +48,7 @@ from .serialization import (
 from .validation import check_activations
 
 GUARD_CONFIG = "config.json"
+MODEL_CARD = "README.md"
 DETECTOR_WEIGHTS = "detector.safetensors"
 SAE_SUBFOLDER = "sae"
 
@@ -86,6 +93,7 @@ class SafetyReport(NamedTuple):
 
     score: float
     threshold: float
+    """The score threshold; for a calibrated guard, the probability threshold that ``flagged`` used."""
     flagged: bool
     cluster: int
     probability: float | None
@@ -106,6 +114,22 @@ class SafetyGuard(nn.Module):
         self.config = config
         self.detector = detector
         self.sae = sae
+        self.calibration: AffineCalibration | None = None
+        """Per-cluster affine calibration (:meth:`set_calibration`); when set, rows are flagged by probability."""
+
+    def set_calibration(self, calibration: AffineCalibration | None) -> None:
+        """Calibrate the guard (``None`` removes it).
+
+        A calibrated guard reports ``sigmoid(a_c s + b_c)`` and flags rows above ``calibration.threshold``.
+        """
+        if calibration is not None:
+            kmeans = getattr(self.detector.config, "kmeans", None)
+            n_clusters = kmeans.n_clusters if kmeans is not None else 0
+            if calibration.n_clusters != n_clusters:
+                raise ValueError(
+                    f"calibration has {calibration.n_clusters} clusters, the {self.config.method} detector {n_clusters}"
+                )
+        self.calibration = calibration
 
     @property
     def threshold(self) -> float:
@@ -116,19 +140,45 @@ class SafetyGuard(nn.Module):
         """Score ``[batch, hidden_size]`` activations (any float dtype, any device of the guard)."""
         check_activations(activations, self.config.hook.hidden_size)
         scores, clusters = self.detector(activations.float(), self.sae)
+        if self.calibration is not None:
+            probabilities = self.calibration.probabilities(scores, clusters)
+            return GuardOutput(scores, clusters, probabilities > self.calibration.threshold)
         return GuardOutput(scores, clusters, scores > self.config.threshold)
 
     def reports(self, activations: Tensor) -> list[SafetyReport]:
         """One :class:`SafetyReport` per row of ``activations``."""
         output = self(activations)
-        return [
-            SafetyReport(score=s, threshold=self.config.threshold, flagged=f, cluster=c, probability=None)
-            for s, c, f in zip(output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist())
-        ]
+        if self.calibration is None:
+            threshold, probabilities = self.config.threshold, [None] * len(output.scores)
+        else:
+            threshold = self.calibration.threshold
+            probabilities = self.calibration.probabilities(output.scores, output.clusters).tolist()
+        rows = zip(output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist(), probabilities)
+        return [SafetyReport(score=s, threshold=threshold, flagged=f, cluster=c, probability=p) for s, c, f, p in rows]
 
-    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """Write the guard folder described in the module docstring."""
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        *,
+        metrics: Mapping[str, Mapping[str, float]] | None = None,
+        data: str | None = None,
+        datasets: str | list[str] | None = None,
+        license: str = DEFAULT_LICENSE,
+    ) -> None:
+        """Write the guard folder described in the module docstring.
+
+        With ``metrics`` or ``data`` given, also write a ``README.md`` model card
+        (:func:`hf_lsad.model_card.guard_model_card`): ``metrics`` maps each unsafe category to
+        its measured ``{"auroc": ..., "tpr_at_5fpr": ...}`` (as ``hf-lsad evaluate`` prints),
+        ``data`` describes the prompts the guard was fitted on, ``datasets`` and ``license``
+        go to the card metadata.
+        """
         path = Path(save_directory)
+        self._save_files(path)
+        if metrics is not None or data is not None:
+            self.model_card(metrics=metrics, data=data, datasets=datasets, license=license).save(path / MODEL_CARD)
+
+    def _save_files(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         write_json(
             path / GUARD_CONFIG,
@@ -138,11 +188,76 @@ class SafetyGuard(nn.Module):
                 "guard": config_to_dict(self.config),
                 "detector": config_to_dict(self.detector.config),
                 "d_sae": self.sae.config.d_sae if self.sae is not None else None,
-            },
+            }
+            # Only calibrated guards carry the key, so uncalibrated folders are unchanged.
+            | ({"calibration": config_to_dict(self.calibration)} if self.calibration is not None else {}),
         )
         save_module(self.detector, path / DETECTOR_WEIGHTS)
         if self.sae is not None:
             self.sae.save_pretrained(path / SAE_SUBFOLDER)
+
+    def model_card(self, **kwargs: Any) -> ModelCard:
+        """This guard's :class:`huggingface_hub.ModelCard`; ``kwargs`` as in :func:`hf_lsad.model_card.guard_model_card`."""
+        return guard_model_card(self, **kwargs)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        subfolder: str = "",
+        commit_message: str = "Upload hf-lsad guard",
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        metrics: Mapping[str, Mapping[str, float]] | None = None,
+        data: str | None = None,
+        datasets: str | list[str] | None = None,
+        license: str = DEFAULT_LICENSE,
+    ) -> CommitInfo:
+        """Upload the guard, with its model card, to a Hub repo in one commit (creating the repo if needed).
+
+        Args:
+            repo_id: ``"org/name"``, or ``"name"`` for the token owner's namespace.
+            subfolder: Folder in the repo for this guard (``""``: the root). Several guards for one
+                base model (other layers or methods) can share a repo, one per subfolder.
+            commit_message: Commit summary.
+            private: Visibility if the repo is created (``None``: the Hub default).
+            token: Hub token (``None``: the saved or ``HF_TOKEN`` token).
+            revision: Branch to push to (default ``main``; created if missing).
+            create_pr: Open a pull request instead of committing to the branch.
+            metrics, data, datasets, license: Model card content, as in :meth:`save_pretrained`.
+                Without ``metrics`` the card says that none were measured.
+
+        Returns:
+            The :class:`huggingface_hub.CommitInfo`; ``.oid`` is the commit sha to pin as
+            ``revision`` when loading.
+
+        Files already in the repo folder that this guard does not write are left as they are.
+        """
+        card = self.model_card(
+            metrics=metrics,
+            data=data,
+            datasets=datasets,
+            license=license,
+            repo_id=repo_id,
+            subfolder=subfolder,
+            revision=revision,
+        )
+        with tempfile.TemporaryDirectory(prefix="hf-lsad-push-") as tmp:
+            folder = Path(tmp)
+            self._save_files(folder)
+            card.save(folder / MODEL_CARD)
+            return upload_pretrained_dir(
+                folder,
+                repo_id,
+                subfolder=subfolder,
+                commit_message=commit_message,
+                revision=revision,
+                private=private,
+                token=token,
+                create_pr=create_pr,
+            )
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, **hub_kwargs: Any) -> SafetyGuard:
@@ -167,4 +282,11 @@ class SafetyGuard(nn.Module):
             raise GuardFormatError(f"{source}: d_sae {raw['d_sae']} but the SAE has {sae.config.d_sae} features")
         detector = method(detector_config, config.hook.hidden_size, raw["d_sae"])
         load_module(detector, path / DETECTOR_WEIGHTS)
-        return cls(config, detector, sae).eval()
+        guard = cls(config, detector, sae).eval()
+        if "calibration" in raw:
+            calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")
+            try:
+                guard.set_calibration(calibration)
+            except ValueError as err:
+                raise GuardFormatError(f"{source}: {err}") from err
+        return guard

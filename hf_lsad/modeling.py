@@ -34,11 +34,17 @@ class GuardedModelForCausalLM(nn.Module):
     the output is a :class:`GuardedGenerateDecoderOnlyOutput` whose ``safety``
     holds the reports; with a plain tensor return they are in
     :attr:`last_safety` (also set in the dict case).
+
+    The guard must fit the model: same hidden size, layer count and hooked block (always an
+    error otherwise), and the same base model (``guard.config.hook.base_model`` against
+    ``model.config.name_or_path``, compared as in :func:`hf_lsad.capture.same_base_model`:
+    Hub ids, or the last two components of a local path). A base-model mismatch is refused
+    unless ``allow_base_model_mismatch=True``, which warns instead.
     """
 
-    def __init__(self, model: PreTrainedModel, guard: SafetyGuard) -> None:
+    def __init__(self, model: PreTrainedModel, guard: SafetyGuard, *, allow_base_model_mismatch: bool = False) -> None:
         super().__init__()
-        guard.config.hook.check_model(model)
+        guard.config.hook.check_model(model, allow_base_model_mismatch=allow_base_model_mismatch)
         self.model = model
         self.guard = guard.to(model.device)
         self.last_safety: list[SafetyReport] | None = None
@@ -51,17 +57,25 @@ class GuardedModelForCausalLM(nn.Module):
         *,
         guard: str | os.PathLike | SafetyGuard,
         guard_kwargs: dict[str, Any] | None = None,
+        allow_base_model_mismatch: bool = False,
         **model_kwargs: Any,
     ) -> GuardedModelForCausalLM:
         """Load the model with ``AutoModelForCausalLM.from_pretrained(..., **model_kwargs)`` and the guard.
 
         ``guard`` is a :class:`SafetyGuard`, a guard folder or a Hub repo id;
-        ``guard_kwargs`` go to :meth:`SafetyGuard.from_pretrained` (``revision``, ``subfolder``, ...).
+        ``guard_kwargs`` go to :meth:`SafetyGuard.from_pretrained` (``revision``, ``subfolder``,
+        ``token``, ``cache_dir``, ``local_files_only``, ``force_download``), e.g.::
+
+            GuardedModelForCausalLM.from_pretrained(
+                "HuggingFaceTB/SmolLM2-135M-Instruct", guard="org/smollm2-lsad", guard_kwargs={"revision": "v1"}
+            )
+
+        ``allow_base_model_mismatch`` as in the class docstring.
         """
         if not isinstance(guard, SafetyGuard):
             guard = SafetyGuard.from_pretrained(guard, **(guard_kwargs or {}))
         model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, **model_kwargs)
-        return cls(model, guard)
+        return cls(model, guard, allow_base_model_mismatch=allow_base_model_mismatch)
 
     @property
     def config(self) -> Any:

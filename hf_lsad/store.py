@@ -5,16 +5,20 @@ A store folder::
     index.json                   hook point, row records (id, source, category, ...), shard list
     shard-00000.safetensors      {"activations": [rows, hidden_size]}
     ...
+
+:func:`load_activations` reads a store whole; :class:`ActivationStore` reads rows
+of it in batches (for fits that stream, see :func:`hf_lsad.fitting.fit_guard`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple, Protocol
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -63,13 +67,7 @@ def save_activations(
 def load_activations(directory: str | os.PathLike) -> ActivationSet:
     """Read a store folder written by :func:`save_activations` (activations as float32)."""
     path = Path(directory)
-    index = read_json(path / INDEX)
-    for key in ("format_version", "hook", "shards", "records"):
-        if key not in index:
-            raise GuardFormatError(f"{path / INDEX}: missing key {key!r}")
-    if index["format_version"] != FORMAT_VERSION:
-        raise GuardFormatError(f"{path / INDEX}: format_version {index['format_version']!r}, expected {FORMAT_VERSION}")
-    hook = config_from_dict(HookPoint, index["hook"], source=str(path / INDEX))
+    index, hook = _read_index(path)
     parts = []
     for shard in index["shards"]:
         try:
@@ -84,3 +82,118 @@ def load_activations(directory: str | os.PathLike) -> ActivationSet:
         raise GuardFormatError(f"{path}: {len(activations)} rows but {len(index['records'])} records")
     check_activations(activations, hook.hidden_size)
     return ActivationSet(activations, index["records"], hook)
+
+
+def _read_index(path: Path) -> tuple[dict[str, Any], HookPoint]:
+    """The checked ``index.json`` of a store folder and its hook point."""
+    index = read_json(path / INDEX)
+    for key in ("format_version", "hook", "shards", "records"):
+        if key not in index:
+            raise GuardFormatError(f"{path / INDEX}: missing key {key!r}")
+    if index["format_version"] != FORMAT_VERSION:
+        raise GuardFormatError(f"{path / INDEX}: format_version {index['format_version']!r}, expected {FORMAT_VERSION}")
+    return index, config_from_dict(HookPoint, index["hook"], source=str(path / INDEX))
+
+
+class RowSource(Protocol):
+    """Activation rows that a fit reads in batches: :class:`TensorRows` or :class:`ActivationStore`."""
+
+    @property
+    def width(self) -> int:
+        """Row width (the hidden size)."""
+
+    def __len__(self) -> int:
+        """Number of rows."""
+
+    def take(self, rows: Tensor) -> Tensor:
+        """The rows at ascending indices ``rows`` as a float32 ``[len(rows), width]`` tensor."""
+
+
+class TensorRows:
+    """A :class:`RowSource` over an in-memory ``[n, width]`` tensor; rows are checked as they are read."""
+
+    def __init__(self, activations: Tensor) -> None:
+        if activations.ndim != 2 or len(activations) == 0:
+            raise ValueError(f"activations must be a non-empty [n, hidden_size] tensor, got {tuple(activations.shape)}")
+        self.activations = activations
+
+    @property
+    def width(self) -> int:
+        return self.activations.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.activations)
+
+    def take(self, rows: Tensor) -> Tensor:
+        batch = self.activations[rows.to(self.activations.device)].float()
+        check_activations(batch, self.width)
+        return batch
+
+
+class ActivationStore:
+    """A store folder opened for reading rows in batches, never loading it whole.
+
+    Each :meth:`take` opens the shards it needs, copies the contiguous span of
+    rows it asks for and closes them again, so the memory a read holds is that
+    span, whatever the size of the store. Rows are checked (finite, right width)
+    as they are read.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.path = Path(directory)
+        index, self.hook = _read_index(self.path)
+        self.records: list[dict[str, Any]] = index["records"]
+        """One JSON record per row."""
+        self.shards: list[str] = [shard["file"] for shard in index["shards"]]
+        starts = [0]
+        for shard in index["shards"]:
+            with _open_shard(self.path / shard["file"]) as handle:
+                shape = tuple(handle.get_slice("activations").get_shape())
+            if shape != (shard["rows"], self.hook.hidden_size):
+                raise GuardFormatError(
+                    f"{self.path / shard['file']}: shape {shape}, "
+                    f"index expects {(shard['rows'], self.hook.hidden_size)}"
+                )
+            starts.append(starts[-1] + shard["rows"])
+        self.shard_starts = torch.tensor(starts)
+        """Row offset of each shard, and the total row count last."""
+        if starts[-1] != len(self.records):
+            raise GuardFormatError(f"{self.path}: {starts[-1]} rows but {len(self.records)} records")
+
+    @property
+    def width(self) -> int:
+        return self.hook.hidden_size
+
+    def __len__(self) -> int:
+        return int(self.shard_starts[-1])
+
+    def take(self, rows: Tensor) -> Tensor:
+        rows = rows.cpu()
+        if len(rows) and (rows[0] < 0 or rows[-1] >= len(self) or (rows[1:] < rows[:-1]).any()):
+            raise IndexError(f"rows must be ascending indices in [0, {len(self)})")
+        shard_of = torch.searchsorted(self.shard_starts, rows, right=True) - 1
+        parts = []
+        for shard in shard_of.unique().tolist():
+            local = rows[shard_of == shard] - self.shard_starts[shard]
+            low, high = int(local[0]), int(local[-1]) + 1
+            with _open_shard(self.path / self.shards[shard]) as handle:
+                span = handle.get_slice("activations")[low:high]
+            parts.append(span[local - low].float())
+        batch = torch.cat(parts) if parts else torch.empty(0, self.width)
+        check_activations(batch, self.width, name=f"activations read from {self.path}")
+        return batch
+
+
+def _open_shard(file: Path) -> Any:
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise GuardFormatError(f"{file}: unreadable activation shard ({err})") from err
+
+
+def row_batches(source: RowSource, rows: Tensor, batch_size: int) -> Iterator[Tensor]:
+    """``source.take`` of consecutive chunks of ``batch_size`` indices of ``rows`` (ascending)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for start in range(0, len(rows), batch_size):
+        yield source.take(rows[start : start + batch_size])

@@ -37,8 +37,9 @@ def test_round_trip_gives_identical_scores(saved_guard):
 def test_guarded_model_loads_a_guard_folder(saved_guard, tmp_path):
     _, path = saved_guard
     model, tokenizer, _ = tiny_guard()
-    model.save_pretrained(tmp_path / "model")
-    guarded = GuardedModelForCausalLM.from_pretrained(tmp_path / "model", guard=path)
+    # saved under the name the guard records as its base model ("tiny-llama"), so the base-model check passes
+    model.save_pretrained(tmp_path / "tiny-llama")
+    guarded = GuardedModelForCausalLM.from_pretrained(tmp_path / "tiny-llama", guard=path)
     guarded.generate(**encode_prompts(tokenizer, MIXED_BATCH), max_new_tokens=3, do_sample=False)
     assert len(guarded.last_safety) == 3
 

@@ -1,15 +1,36 @@
 """Detector registry. Importing a method's module registers it: one line per method."""
 
 from .base import DETECTORS, Detector, DetectorConfig, DetectorOutput, detector_class, register_detector
+from .cvdd import CVDD, CVDDConfig
+from .deep_svdd import DeepSVDD, DeepSVDDConfig
 from .freqmask import FreqMaskConfig, FreqMaskKM
+from .gmm import GaussianMixtureDetector, GMMConfig
+from .learned_mask import LearnedMaskConfig, LearnedMaskLoRA
+from .linear_probe import LinearProbe, LinearProbeConfig
+from .mahalanobis import Mahalanobis, MahalanobisConfig
+from .ocsvm import OCSVMConfig, OneClassSVMDetector
 
 __all__ = [
+    "CVDD",
+    "CVDDConfig",
     "DETECTORS",
+    "DeepSVDD",
+    "DeepSVDDConfig",
     "Detector",
     "DetectorConfig",
     "DetectorOutput",
     "FreqMaskConfig",
     "FreqMaskKM",
+    "GMMConfig",
+    "GaussianMixtureDetector",
+    "LearnedMaskConfig",
+    "LearnedMaskLoRA",
+    "LinearProbe",
+    "LinearProbeConfig",
+    "Mahalanobis",
+    "MahalanobisConfig",
+    "OCSVMConfig",
+    "OneClassSVMDetector",
     "detector_class",
     "register_detector",
 ]

@@ -12,24 +12,33 @@ its nearest centroid and scored by its distance to that centroid on the mask:
   difference and ``S_c`` the cluster's covariance on the masked features.
 
 Ties in the frequency ranking go to the lower feature index.
+
+The fit streams (:meth:`FreqMaskKM.fit_rows`): activations are read and encoded
+in batches, k-means trains on a bounded sample of codes, and centroids,
+frequencies and covariances accumulate over passes, so a fit never holds the
+``n x d_sae`` code matrix. :meth:`FreqMaskKM.fit` is the same fit over a tensor.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans
+from ..clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans, training_sample
 from ..sae import SparseAutoencoder
+from ..store import RowSource, TensorRows, row_batches
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 
 SCORE_METRICS = ("l1", "l2", "mahalanobis")
 MASK_SCOPES = ("global", "local")
 MAX_MAHALANOBIS_ELEMENTS = 2**28
 """Refuse per-cluster precision matrices larger than this (1 GiB in float32)."""
+DEFAULT_BATCH_SIZE = 4096
+"""Rows encoded at a time by a fit."""
 
 
 @dataclass
@@ -92,35 +101,109 @@ class FreqMaskKM(Detector):
             self.register_buffer("precision", torch.zeros(n_clusters, width, width))
 
     @torch.no_grad()
-    def fit(self, activations: Tensor, sae: SparseAutoencoder | None, *, progress: bool = True) -> None:
-        config = self.config
-        codes = _encode(sae, activations)
-        space = cluster_space(codes, config.kmeans.metric)
-        members = assign_clusters(space, fit_kmeans(space, config.kmeans), config.kmeans.metric)
+    def fit(
+        self,
+        activations: Tensor,
+        sae: SparseAutoencoder | None,
+        *,
+        progress: bool = True,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> None:
+        """Fit on in-memory safe activations ``[n, d_in]``: :meth:`fit_rows` over the tensor."""
+        self.fit_rows(TensorRows(activations), sae, progress=progress, batch_size=batch_size)
 
-        sizes = torch.bincount(members, minlength=config.kmeans.n_clusters)
-        one_hot = torch.nn.functional.one_hot(members, len(sizes)).float()
-        per_cluster = sizes.clamp_min(1).unsqueeze(1).float()
+    @torch.no_grad()
+    def fit_rows(
+        self,
+        source: RowSource,
+        sae: SparseAutoencoder | None,
+        *,
+        rows: Tensor | None = None,
+        progress: bool = True,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> None:
+        """Fit on the safe rows ``rows`` (ascending; default all) of ``source``, streaming.
+
+        Rows are read ``batch_size`` at a time, moved to the detector's device and
+        encoded there by ``sae`` (which must live on that device). Nothing of size
+        ``n x d_sae`` is ever held:
+
+        1. k-means (faiss, on the CPU) trains on the dense codes of the
+           :func:`~hf_lsad.clustering.training_sample` only;
+        2. one pass over all rows assigns each to its nearest k-means centroid and
+           accumulates cluster sizes, per-cluster sums of codes (float64) and counts
+           of active features, which give the centroids (member means), the
+           frequencies and the masks;
+        3. ``mahalanobis`` only: a second pass accumulates each cluster's
+           second moments on its masked features, which the masks of step 2 select.
+
+        The result is deterministic for a seed and a ``batch_size``; another batch
+        size changes the float64 sums only in their rounding.
+        """
+        config = self.config
+        metric, n_clusters = config.kmeans.metric, config.kmeans.n_clusters
+        device = self.centroids.device
+        rows = torch.arange(len(source)) if rows is None else rows.cpu()
+        if len(rows) < n_clusters:
+            raise ValueError(f"k-means needs at least n_clusters={n_clusters} points, got {len(rows)}")
+
+        sample = rows[training_sample(len(rows), config.kmeans)]
+        space = torch.empty(len(sample), self.d_sae)
+        for start, batch in _batches(source, sample, batch_size, "encode k-means sample", progress):
+            space[start : start + len(batch)] = cluster_space(_encode(sae, batch.to(device)), metric).cpu()
+        kmeans_centroids = fit_kmeans(space, config.kmeans).to(device)
+        del space
+
+        members = torch.empty(len(rows), dtype=torch.long, device=device)
+        code_sums = torch.zeros(n_clusters, self.d_sae, dtype=torch.float64, device=device)
+        active_counts = torch.zeros_like(code_sums)
+        for start, batch in _batches(source, rows, batch_size, "assign and accumulate", progress):
+            codes = _encode(sae, batch.to(device))
+            clusters = assign_clusters(cluster_space(codes, metric), kmeans_centroids, metric)
+            members[start : start + len(batch)] = clusters
+            _accumulate(code_sums, active_counts, clusters, codes, scatter=not codes.is_cuda)
+
+        sizes = torch.bincount(members, minlength=n_clusters)
+        per_cluster = sizes.clamp_min(1).unsqueeze(1).double()
         self.cluster_sizes.copy_(sizes)
-        self.centroids.copy_(one_hot.T @ codes / per_cluster)
-        self.cluster_frequency.copy_(one_hot.T @ (codes > 0).float() / per_cluster)
+        self.centroids.copy_(code_sums / per_cluster)
+        self.cluster_frequency.copy_(active_counts / per_cluster)
 
         if config.use_mask:
-            pooled = (codes > 0).float().mean(0)
+            pooled = active_counts.sum(0) / len(rows)
             if config.mask_scope == "global":
                 self.mask_indices.copy_(_top_k(pooled, config.mask_size).expand_as(self.mask_indices))
             else:
-                for c in range(len(sizes)):
+                for c in range(n_clusters):
                     # An empty cluster has no frequencies of its own: it keeps the global mask.
                     frequency = self.cluster_frequency[c] if sizes[c] > 0 else pooled
                     self.mask_indices[c] = _top_k(frequency, config.mask_size)
 
         if config.score_metric == "mahalanobis":
-            eye = torch.eye(self.precision.shape[-1], device=codes.device)
-            for c in tqdm(range(len(sizes)), desc="cluster covariances", disable=not progress):
-                diff = self._masked_difference(codes[members == c], torch.full_like(members[members == c], c))
-                covariance = diff.T @ diff / max(len(diff), 1) + config.ridge * eye
-                self.precision[c] = torch.cholesky_inverse(torch.linalg.cholesky(covariance))
+            self._fit_precision(source, sae, rows, members, sizes, batch_size, progress)
+
+    def _fit_precision(
+        self,
+        source: RowSource,
+        sae: SparseAutoencoder | None,
+        rows: Tensor,
+        members: Tensor,
+        sizes: Tensor,
+        batch_size: int,
+        progress: bool,
+    ) -> None:
+        """Per-cluster ``(S_c + ridge I)^-1`` from a pass over the rows, on the fitted centroids and masks."""
+        width = self.precision.shape[-1]
+        moments = torch.zeros(len(sizes), width, width, dtype=torch.float64, device=members.device)
+        for start, batch in _batches(source, rows, batch_size, "cluster covariances", progress):
+            clusters = members[start : start + len(batch)]
+            diff = self._masked_difference(_encode(sae, batch.to(members.device)), clusters)
+            for c in clusters.unique().tolist():
+                part = diff[clusters == c]
+                moments[c] += (part.T @ part).double()
+        eye = torch.eye(width, dtype=torch.float64, device=members.device)
+        covariance = moments / sizes.clamp_min(1).double().view(-1, 1, 1) + self.config.ridge * eye
+        self.precision.copy_(torch.cholesky_inverse(torch.linalg.cholesky(covariance)))
 
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None) -> DetectorOutput:
         codes = _encode(sae, activations)
@@ -146,6 +229,39 @@ def _encode(sae: SparseAutoencoder | None, activations: Tensor) -> Tensor:
     if sae is None:
         raise ValueError("FreqMask-KM scores SAE codes: the guard has no SAE")
     return sae.encode(activations)
+
+
+def _batches(
+    source: RowSource, rows: Tensor, batch_size: int, description: str, progress: bool
+) -> Iterator[tuple[int, Tensor]]:
+    """``(offset in rows, activations)`` for consecutive batches of ``rows``, with a progress bar."""
+    bar = tqdm(total=len(rows), desc=description, unit="row", disable=not progress)
+    start = 0
+    for batch in row_batches(source, rows, batch_size):
+        yield start, batch
+        start += len(batch)
+        bar.update(len(batch))
+    bar.close()
+
+
+def _accumulate(code_sums: Tensor, active_counts: Tensor, clusters: Tensor, codes: Tensor, *, scatter: bool) -> None:
+    """Add each row's codes, and its active features (``> 0``), to its cluster's float64 totals.
+
+    ``scatter`` (the CPU path) adds only the nonzero codes with ``index_add_``, which is
+    sequential there and so deterministic; SAE codes are sparse. Otherwise (the CUDA
+    path, where a float ``index_add_`` is atomic and its rounding order-dependent) the
+    batch is summed by a deterministic one-hot matmul.
+    """
+    if not scatter:
+        one_hot = torch.nn.functional.one_hot(clusters, len(code_sums)).to(codes.dtype).T
+        code_sums += (one_hot @ codes).double()
+        active_counts += (one_hot @ (codes > 0).to(codes.dtype)).double()
+        return
+    row, feature = codes.nonzero(as_tuple=True)
+    values = codes[row, feature]
+    flat = clusters[row] * codes.shape[1] + feature
+    code_sums.view(-1).index_add_(0, flat, values.double())
+    active_counts.view(-1).index_add_(0, flat, (values > 0).double())
 
 
 def _top_k(frequency: Tensor, k: int) -> Tensor:

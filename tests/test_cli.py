@@ -1,0 +1,61 @@
+"""The CLI pipeline end to end on the tiny model: collect -> train-sae -> fit -> evaluate -> generate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_lsad.cli import main
+from hf_lsad.guard import SafetyGuard
+from hf_lsad.models import tiny_model
+from hf_lsad.store import load_activations
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    # A saved model folder is what a user passes as --model; its name is the guard's base model.
+    path = tmp_path_factory.mktemp("models") / "tiny-llama"
+    model, tokenizer = tiny_model("llama", seed=0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_cli_pipeline(model_dir, tmp_path, capsys):
+    # The tiny model's 512 positions fit the short benign_ood / harmful prompts (character tokens).
+    common = ["--model", str(model_dir), "--layer", "2", "--position", "response_last", "--max-new-tokens", "4"]
+    main(["collect", "--pool", "benign_ood", "--limit", "60", *common, "--out", str(tmp_path / "safe")])
+    main(["collect", "--pool", "harmful", "--limit", "20", *common, "--out", str(tmp_path / "harmful")])
+    safe = load_activations(tmp_path / "safe")
+    assert safe.activations.shape == (60, 32) and len(safe.records) == 60
+    assert safe.hook.layer == 2 and safe.hook.position == "response_last"
+    assert all(record["category"] == "benign_ood" and "response" in record for record in safe.records)
+
+    main(["train-sae", "--activations", str(tmp_path / "safe"), "--d-sae", "64", "--l1", "1e-3", "--epochs", "5",
+          "--out", str(tmp_path / "sae")])  # fmt: skip
+    out = capsys.readouterr().out
+    stats = json.loads(out[out.index("{") :])
+    assert stats["held_out"]["l0"] > 0 and stats["held_out"]["fraction_variance_explained"] <= 1.0
+    main(["fit", "--activations", str(tmp_path / "safe"), "--sae", str(tmp_path / "sae"), "--clusters", "3",
+          "--mask-size", "16", "--out", str(tmp_path / "guard")])  # fmt: skip
+    guard = SafetyGuard.from_pretrained(tmp_path / "guard")
+    assert guard.config.n_fit == 48 and guard.config.n_holdout == 12
+    assert guard.config.hook.base_model.endswith("tiny-llama")
+
+    capsys.readouterr()
+    main(["evaluate", "--guard", str(tmp_path / "guard"), "--safe", str(tmp_path / "safe"),
+          "--unsafe", str(tmp_path / "harmful")])  # fmt: skip
+    metrics = json.loads(capsys.readouterr().out)
+    assert set(metrics) == {"harmful"} and 0.0 <= metrics["harmful"]["auroc"] <= 1.0
+
+    main(["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guard"), "--max-new-tokens", "3",
+          "hi there", "a somewhat longer prompt about bread"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.count("safety:") == 2 and out.count(f"threshold {guard.threshold:.4g}") >= 2
+
+
+def test_cli_collect_refuses_a_layer_the_model_lacks(model_dir, tmp_path):
+    common = ["--model", str(model_dir), "--position", "prompt_last", "--max-new-tokens", "1"]
+    with pytest.raises(IndexError, match="layer 9 is out of range"):
+        main(["collect", "--pool", "harmful", "--limit", "4", "--layer", "9", *common, "--out", str(tmp_path / "x")])
