@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser(
         "evaluate",
         help="evaluate one guard (--guard), or run a method grid and write a report folder (--out)",
-        description="With --guard: AUROC, TPR@5%%FPR and flag rate of that guard against unsafe stores. "
+        description="With --guard: AUROC, TPR@5%FPR and flag rate of that guard against unsafe stores. "
         "Without: fit every method of a grid (--grid JSON, default hf_lsad.evaluation.default_grid) on the safe store's "
         "fit split, select hyperparameters on its validation split, and write report.md + results.json to --out "
         "(protocol in hf_lsad.evaluation).",
