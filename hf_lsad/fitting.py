@@ -14,11 +14,10 @@ from torch import Tensor
 
 from .calibration import fpr_threshold
 from .capture import HookPoint
-from .detectors import DetectorConfig, FreqMaskKM, detector_class
-from .detectors.freqmask import DEFAULT_BATCH_SIZE
+from .detectors import DetectorConfig, detector_class
 from .guard import GuardConfig, SafetyGuard
 from .sae import SparseAutoencoder
-from .store import ActivationStore, RowSource, TensorRows, row_batches
+from .store import DEFAULT_BATCH_SIZE, ActivationStore, RowSource, TensorRows, row_batches
 from .validation import check_activations
 
 
@@ -83,10 +82,7 @@ def fit_guard(
     split = split_safe(len(source), holdout_fraction, seed)
     detector = detector_class(method)(detector_config, hook.hidden_size, sae.config.d_sae if sae else None)
     detector.to(device)
-    if isinstance(detector, FreqMaskKM):
-        detector.fit_rows(source, sae, rows=split.fit, progress=progress, batch_size=batch_size)
-    else:
-        detector.fit(source.take(split.fit).to(device), sae, progress=progress)
+    detector.fit_rows(source, sae, rows=split.fit, progress=progress, batch_size=batch_size)
     with torch.no_grad():
         holdout_scores = torch.cat(
             [detector(batch.to(device), sae).scores for batch in row_batches(source, split.holdout, batch_size)]

@@ -95,6 +95,10 @@ def _read_index(path: Path) -> tuple[dict[str, Any], HookPoint]:
     return index, config_from_dict(HookPoint, index["hook"], source=str(path / INDEX))
 
 
+DEFAULT_BATCH_SIZE = 4096
+"""Rows read (and encoded) at a time by a fit."""
+
+
 class RowSource(Protocol):
     """Activation rows that a fit reads in batches: :class:`TensorRows` or :class:`ActivationStore`."""
 

@@ -8,13 +8,16 @@ rebuilt empty and loaded strictly. A new method is a new file with a
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 from ..sae import SparseAutoencoder
+from ..store import DEFAULT_BATCH_SIZE, RowSource
 
 
 @dataclass
@@ -57,6 +60,24 @@ class Detector(nn.Module, ABC):
     @abstractmethod
     def fit(self, activations: Tensor, sae: SparseAutoencoder | None, *, progress: bool = True) -> None:
         """Fit on safe activations ``[n, d_in]`` (float32, finite)."""
+
+    def fit_rows(
+        self,
+        source: RowSource,
+        sae: SparseAutoencoder | None,
+        *,
+        rows: Tensor | None = None,
+        progress: bool = True,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> None:
+        """Fit on the safe rows ``rows`` (ascending; default all) of ``source``.
+
+        This default reads them into one tensor on the detector's device and calls
+        :meth:`fit` (``batch_size`` is unused); methods that can stream override it.
+        """
+        rows = torch.arange(len(source)) if rows is None else rows
+        state = next(itertools.chain(self.buffers(), self.parameters()), None)
+        self.fit(source.take(rows).to(state.device if state is not None else "cpu"), sae, progress=progress)
 
     @abstractmethod
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None) -> DetectorOutput:

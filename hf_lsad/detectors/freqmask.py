@@ -30,15 +30,13 @@ from tqdm.auto import tqdm
 
 from ..clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans, training_sample
 from ..sae import SparseAutoencoder
-from ..store import RowSource, TensorRows, row_batches
+from ..store import DEFAULT_BATCH_SIZE, RowSource, TensorRows, row_batches
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 
 SCORE_METRICS = ("l1", "l2", "mahalanobis")
 MASK_SCOPES = ("global", "local")
 MAX_MAHALANOBIS_ELEMENTS = 2**28
 """Refuse per-cluster precision matrices larger than this (1 GiB in float32)."""
-DEFAULT_BATCH_SIZE = 4096
-"""Rows encoded at a time by a fit."""
 
 
 @dataclass
