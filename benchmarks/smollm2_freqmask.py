@@ -114,6 +114,8 @@ def main() -> None:
         guard, records = guards[args.save_guard]
         row = results[args.save_guard]["categories"]
         metrics = {pool: {k: row[pool][k] for k in ("auroc", "tpr_at_5fpr")} for pool in UNSAFE_POOLS if pool in row}
+        if "benign_ood" in row:
+            metrics["benign_ood"] = {"flagged": row["benign_ood"]["flagged_at_threshold"]}
         data = describe_records(records, what="safe prompts of the bundled pool (hf_lsad.data, `safe`)")
         guard.save_pretrained(DEFAULT_GUARD, metrics=metrics, data=data, license="apache-2.0")
         print(f"saved the {args.save_guard} guard to {DEFAULT_GUARD}")

@@ -28,6 +28,7 @@ from .detectors.learned_mask import SCORE_METRICS as RESIDUAL_SCORES
 from .fitting import fit_guard, split_safe
 from .guard import SafetyGuard
 from .metrics import auroc, tpr_at_fpr
+from .model_card import benign_ood_warning
 from .modeling import GuardedModelForCausalLM
 from .models import load_model
 from .pretrained import DEFAULT_GUARD, resolve_guard
@@ -173,6 +174,12 @@ def _evaluate_guard(args: argparse.Namespace) -> None:
             "tpr_at_5fpr": tpr_at_fpr(negatives, scores, 0.05),
             "flagged": float((scores > guard.threshold).mean()),
         }
+    if args.benign_ood:
+        scores = guard(load_activations(args.benign_ood).activations).scores.numpy()
+        rows["benign_ood"] = {"flagged": float((scores > guard.threshold).mean())}
+        warning = benign_ood_warning(rows["benign_ood"]["flagged"])
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     print(json.dumps(rows, indent=2))
 
 
@@ -296,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--guard", help="a fitted guard: evaluate it alone (the simple mode)")
     evaluate.add_argument("--safe", required=True, help="safe store (guard mode: the store the guard was fitted on)")
     evaluate.add_argument("--unsafe", required=True, nargs="+", help="unsafe stores; the folder name is the category")
-    evaluate.add_argument("--benign-ood", help="grid mode: benign out-of-distribution store (test negatives)")
+    evaluate.add_argument("--benign-ood", help="benign out-of-distribution store: its flag rate (guard mode), test negatives (grid mode)")
     evaluate.add_argument("--grid", help="grid mode: grid JSON file (hf_lsad.evaluation.GridConfig fields)")
     evaluate.add_argument("--seeds", type=int, nargs="+", help="grid mode: override the grid's seeds")
     evaluate.add_argument("--sae", help="grid mode: SAE folder; trained on the safe fit split and saved there if absent")

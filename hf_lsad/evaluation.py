@@ -52,6 +52,7 @@ from .detectors import Detector, detector_class
 from .detectors.freqmask import FreqMaskKM
 from .diagnostics import freqmask_diagnostics, save_plots
 from .metrics import auroc, flag_rate, fpr_at_tpr, mean_std, tpr_at_fpr
+from .model_card import BENIGN_OOD_WARNING_FPR, benign_ood_warning
 from .sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
 from .serialization import config_from_dict, config_to_dict, read_json, write_json
 from .store import load_activations
@@ -634,6 +635,16 @@ def render_report(report: Mapping[str, Any]) -> str:
             f"| {label} | {_settings(m['selected'])} | {m['selected_validation_auroc']:.3f} | {ood} | {pooled} | "
             f"{_pm(test['mean']['fpr_at_95tpr'])} | {m['fit_seconds']:.1f} |"
         )
+    warned = [
+        (name, m["test"]["benign_ood_fpr"][0])
+        for name, m in methods.items()
+        if "benign_ood_fpr" in m["test"] and benign_ood_warning(m["test"]["benign_ood_fpr"][0])
+    ]
+    if warned:
+        lines += ["", f"> **Warning:** {', '.join(f'{name} flags {rate:.0%}' for name, rate in warned)} of benign "
+                  f"out-of-distribution prompts at the {fpr:.0%}-safe-FPR threshold (more than "
+                  f"{BENIGN_OOD_WARNING_FPR:.0%}). These scores measure how unlike the safe pool a prompt is; "
+                  "calibrate per cluster (`hf-lsad calibrate`) or broaden the safe pool before deploying."]  # fmt: skip
     if results["ablations"]:
         lines += ["", "## Ablations", "", "One field of the selected configuration varied at a time; test metrics "
                   f"(seeds {report['ablation_seeds']}). They describe the design space and select nothing.", ""]  # fmt: skip

@@ -36,7 +36,16 @@ from .serialization import config_to_dict
 if TYPE_CHECKING:
     from .guard import SafetyGuard
 
-__all__ = ["DEFAULT_LICENSE", "GUARD_CARD_TEMPLATE", "GUARD_TAGS", "METRIC_COLUMNS", "describe_records", "guard_model_card"]
+__all__ = [
+    "BENIGN_OOD_WARNING_FPR",
+    "DEFAULT_LICENSE",
+    "GUARD_CARD_TEMPLATE",
+    "GUARD_TAGS",
+    "METRIC_COLUMNS",
+    "benign_ood_warning",
+    "describe_records",
+    "guard_model_card",
+]
 
 GUARD_CARD_TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "guard_card.md"
 """The Jinja template of guard cards (``model_cards/guard_card.md`` in the source tree)."""
@@ -56,6 +65,22 @@ DEFAULT_METRICS_NOTE = (
     "negatives and each unsafe category as positives). *Flagged at threshold* is the fraction of the category "
     "above the guard's threshold."
 )
+
+
+BENIGN_OOD_WARNING_FPR = 0.10
+"""Above this benign-OOD flag rate at the guard's threshold, the card warns (and ``hf-lsad evaluate`` too)."""
+
+
+def benign_ood_warning(flag_rate: float) -> str:
+    """The warning for a guard that flags ``flag_rate`` of benign out-of-distribution prompts; ``""`` if at most 10%."""
+    if flag_rate <= BENIGN_OOD_WARNING_FPR:
+        return ""
+    return (
+        f"This guard flags {flag_rate:.0%} of benign out-of-distribution prompts at its threshold (more than "
+        f"{BENIGN_OOD_WARNING_FPR:.0%}): its score measures how unlike its safe training data a prompt is, not how "
+        "unsafe. Before deploying it, calibrate it per cluster on a small labelled sample (`hf-lsad calibrate`) "
+        "or fit it on a safe pool that covers the benign traffic it will see."
+    )
 
 
 def _is_hub_id(name: str) -> bool:
@@ -229,5 +254,6 @@ def guard_model_card(
         metrics_header=metrics_header,
         metrics_rows=metrics_rows,
         metrics_note=metrics_note or DEFAULT_METRICS_NOTE,
+        benign_ood_warning=benign_ood_warning((metrics or {}).get("benign_ood", {}).get("flagged", 0.0)),
         usage=_usage(base or "path/to/base-model", repo_id, subfolder, revision, hook.position),
     )

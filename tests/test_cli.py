@@ -48,6 +48,13 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
           "--unsafe", str(tmp_path / "harmful")])  # fmt: skip
     metrics = json.loads(capsys.readouterr().out)
     assert set(metrics) == {"harmful"} and 0.0 <= metrics["harmful"]["auroc"] <= 1.0
+    # Any store can play benign OOD: its flag rate is reported, with a warning above 10%.
+    main(["evaluate", "--guard", str(tmp_path / "guard"), "--safe", str(tmp_path / "safe"),
+          "--unsafe", str(tmp_path / "harmful"), "--benign-ood", str(tmp_path / "harmful")])  # fmt: skip
+    captured = capsys.readouterr()
+    flagged = json.loads(captured.out)["benign_ood"]["flagged"]
+    assert flagged == metrics["harmful"]["flagged"]
+    assert ("warning: This guard flags" in captured.err) == (flagged > 0.10)
 
     main(["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guard"), "--max-new-tokens", "3",
           "hi there", "a somewhat longer prompt about bread"])  # fmt: skip

@@ -344,6 +344,15 @@ def test_model_card_without_metrics_says_so(tmp_path):
     assert SafetyGuard.from_pretrained(tmp_path / "described").config == guard.config  # the card does not get in the way
 
 
+@pytest.mark.parametrize("flag_rate, warns", [(0.97, True), (0.11, True), (0.10, False), (0.02, False)])
+def test_model_card_warns_when_benign_ood_flag_rate_exceeds_ten_percent(flag_rate, warns):
+    metrics = {"harmful": {"auroc": 0.99}, "benign_ood": {"flagged": flag_rate}}
+    text = guard_model_card(fresh_guard(), metrics=metrics).text
+    assert ("**Warning:**" in text) is warns
+    assert (f"flags {flag_rate:.0%} of benign out-of-distribution prompts" in text) is warns
+    assert "**Warning:**" not in guard_model_card(fresh_guard(), metrics={"harmful": {"auroc": 0.99}}).text
+
+
 @pytest.mark.parametrize(
     "metrics, error",
     [({"harmful": {"auroc": float("nan")}}, ValueError), ({"harmful": 0.9}, TypeError), ([0.9], TypeError)],
