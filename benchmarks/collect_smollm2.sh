@@ -2,8 +2,8 @@
 # Collect SmolLM2-135M-Instruct activations (layer 20) for the bundled pools.
 # Usage: bash benchmarks/collect_smollm2.sh [OUT_DIR]   (default: artifacts/smollm2)
 # prompt_last: every safe prompt, every harmful prompt, seeded subsets of the others.
-# No jailbreaks at either position: jailbreak prompts run to thousands of tokens (a batch of the
-# longest did not finish in 15 minutes on the 2-core CPU these numbers were measured on).
+# Jailbreaks: 100 at prompt_last (batch 4: they run to thousands of tokens; 14 minutes on a quiet
+# 2-core CPU), none at response_last (generating after such prompts was too slow there).
 # response_last: seeded subsets (64 greedy new tokens per prompt).
 set -euo pipefail
 out=${1:-artifacts/smollm2}
@@ -21,3 +21,4 @@ collect response_last safe 800 16
 collect response_last harmful 150 16
 collect response_last toxic 96 16
 collect response_last benign_ood 96 16
+collect prompt_last jailbreak 100 4
