@@ -38,14 +38,14 @@ from torch import Tensor, nn
 from ..clustering import KMeansConfig, fit_kmeans
 from ..sae import SparseAutoencoder
 from ..validation import check_activations
-from .base import Detector, DetectorConfig, DetectorOutput, register_detector
-from .deep_svdd import check_training_settings, mlp, pretrain_autoencoder, seeded_init, train
+from .base import Detector, DetectorOutput, register_detector
+from .deep_svdd import EncoderTrainingConfig, mlp, pretrain_autoencoder, seeded_init, train
 from .gmm import fit_standardizer
 
 
 @dataclass
-class CVDDConfig(DetectorConfig):
-    """Settings of CVDD."""
+class CVDDConfig(EncoderTrainingConfig):
+    """Settings of CVDD (the encoder and optimiser fields are :class:`EncoderTrainingConfig`'s)."""
 
     n_contexts: int = 50
     """Number of context vectors K. Default 50: the paper's selections disagree (500 on 4
@@ -57,38 +57,14 @@ class CVDDConfig(DetectorConfig):
     between ``1e-3`` and ``1e-4`` (3 models each); ``1e-3`` is the middle of the sweep
     ``{1e-4, 1e-3, 1e-2}``."""
 
-    rep_dim: int = 128
-    """Output width of the encoder (not reported by the paper; Deep SVDD's default)."""
-
-    hidden_dims: tuple[int, ...] = (512,)
-    """Widths of the encoder's hidden layers."""
-
     temperature_start: float = 1.0
     """Soft-min temperature in the first epoch."""
 
     temperature_end: float = 0.01
     """Soft-min temperature in the last epoch (geometric schedule in between)."""
 
-    lr: float = 1e-3
-    """Adam learning rate (pretraining and training)."""
-
-    weight_decay: float = 1e-6
-    """Adam L2 weight decay on the encoder and the contexts."""
-
-    epochs: int = 30
-    """CVDD training epochs."""
-
-    pretrain_epochs: int = 10
-    """Autoencoder pretraining epochs (0 skips pretraining)."""
-
-    batch_size: int = 256
-    """Rows per Adam step."""
-
-    seed: int = 0
-    """Seed of the initial weights, the batch order and the context initialisation."""
-
     def __post_init__(self) -> None:
-        check_training_settings(self)
+        super().__post_init__()
         if self.n_contexts < 1:
             raise ValueError(f"n_contexts must be >= 1, got {self.n_contexts}")
         if not self.orthogonality_weight >= 0:

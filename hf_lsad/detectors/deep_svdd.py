@@ -107,7 +107,7 @@ def train(
 
 
 def pretrain_autoencoder(
-    encoder: nn.Sequential, data: Tensor, config: DeepSVDDConfig, generator: torch.Generator, progress: bool
+    encoder: nn.Sequential, data: Tensor, config: EncoderTrainingConfig, generator: torch.Generator, progress: bool
 ) -> None:
     """Train ``encoder`` with a mirror-image decoder on mean squared reconstruction error."""
     widths = [layer.in_features for layer in encoder if isinstance(layer, nn.Linear)] + [config.rep_dim]
@@ -127,33 +127,55 @@ def pretrain_autoencoder(
     )
 
 
-def check_training_settings(config: object) -> None:
-    """Shared checks of the encoder and optimiser fields of Deep SVDD and CVDD configs."""
-    config.hidden_dims = tuple(int(w) for w in config.hidden_dims)
-    if any(w < 1 for w in config.hidden_dims):
-        raise ValueError(f"hidden_dims must be positive widths, got {list(config.hidden_dims)}")
-    for name in ("rep_dim", "batch_size"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
-    for name in ("epochs", "pretrain_epochs"):
-        if getattr(config, name) < 0:
-            raise ValueError(f"{name} must be >= 0, got {getattr(config, name)}")
-    if not config.lr > 0:
-        raise ValueError(f"lr must be > 0, got {config.lr}")
-    if not config.weight_decay >= 0:
-        raise ValueError(f"weight_decay must be >= 0, got {config.weight_decay}")
-
-
 @dataclass
-class DeepSVDDConfig(DetectorConfig):
-    """Settings of Deep SVDD."""
+class EncoderTrainingConfig(DetectorConfig):
+    """The encoder and optimiser settings that Deep SVDD and CVDD share."""
 
     rep_dim: int = 128
-    """Output width of the encoder. Default 128: selected on 4 of the paper's 6 models
-    (sweep ``{16, 32, 64, 128}``)."""
+    """Output width of the encoder. Default 128: Deep SVDD's selection on 4 of the paper's 6
+    models (sweep ``{16, 32, 64, 128}``); CVDD does not report one."""
 
     hidden_dims: tuple[int, ...] = (512,)
     """Widths of the encoder's hidden layers (the paper says "a small MLP" without sizes)."""
+
+    lr: float = 1e-3
+    """Adam learning rate (pretraining and training). Default ``1e-3``: the paper's Deep SVDD
+    selections disagree (``1e-3`` on 3 models, ``1e-4`` on 2, ``1e-2`` on 1); the middle of the sweep."""
+
+    weight_decay: float = 1e-6
+    """Adam L2 weight decay (Ruff et al.'s value), on the encoder and CVDD's contexts."""
+
+    epochs: int = 30
+    """Training epochs of the one-class objective."""
+
+    pretrain_epochs: int = 10
+    """Autoencoder pretraining epochs (0 skips pretraining)."""
+
+    batch_size: int = 256
+    """Rows per Adam step."""
+
+    seed: int = 0
+    """Seed of the initial weights, the batch order and CVDD's context initialisation."""
+
+    def __post_init__(self) -> None:
+        self.hidden_dims = tuple(int(w) for w in self.hidden_dims)
+        if any(w < 1 for w in self.hidden_dims):
+            raise ValueError(f"hidden_dims must be positive widths, got {list(self.hidden_dims)}")
+        for name in ("rep_dim", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("epochs", "pretrain_epochs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclass
+class DeepSVDDConfig(EncoderTrainingConfig):
+    """Settings of Deep SVDD."""
 
     objective: str = "one-class"
     """``one-class`` (mean squared distance to ``c``, the paper's description) or ``soft-boundary``."""
@@ -163,33 +185,14 @@ class DeepSVDDConfig(DetectorConfig):
     paper's selections disagree (0.2 on 3 models, 0.1 on 2, 0.05 on 1); 0.1 is the middle
     of the sweep ``{0.05, 0.1, 0.2}``."""
 
-    lr: float = 1e-3
-    """Adam learning rate (pretraining and training). Default ``1e-3``: the paper's selections
-    disagree (``1e-3`` on 3 models, ``1e-4`` on 2, ``1e-2`` on 1); the middle of the sweep."""
-
-    weight_decay: float = 1e-6
-    """Adam L2 weight decay (Ruff et al.'s value)."""
-
-    epochs: int = 30
-    """Deep SVDD training epochs."""
-
-    pretrain_epochs: int = 10
-    """Autoencoder pretraining epochs (0 skips pretraining)."""
-
     warm_up_epochs: int = 10
     """Soft-boundary only: epochs before the radius starts being updated."""
-
-    batch_size: int = 256
-    """Rows per Adam step."""
 
     center_eps: float = 0.1
     """Center coordinates closer to 0 than this are moved to ``+-center_eps``."""
 
-    seed: int = 0
-    """Seed of the initial weights and the batch order."""
-
     def __post_init__(self) -> None:
-        check_training_settings(self)
+        super().__post_init__()
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if not 0.0 < self.nu <= 1.0:
