@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -76,26 +77,33 @@ def minibatches(data: Tensor, batch_size: int, generator: torch.Generator) -> It
     yield from data[order].split(batch_size)
 
 
+class OptimiserSettings(Protocol):
+    """The config fields :func:`train` reads (Deep SVDD's, CVDD's and the linear probe's configs have them)."""
+
+    lr: float
+    weight_decay: float
+    batch_size: int
+
+
 def train(
     parameters: Sequence[Tensor],
     loss_of_batch: Callable[[Tensor, int], Tensor],
     data: Tensor,
+    config: OptimiserSettings,
     *,
     epochs: int,
-    batch_size: int,
-    lr: float,
-    weight_decay: float,
     generator: torch.Generator,
     desc: str,
     progress: bool,
     after_step: Callable[[Tensor, int], None] | None = None,
 ) -> None:
-    """Adam over shuffled minibatches; ``loss_of_batch(batch, epoch)``; a tqdm bar over epochs."""
-    optimizer = torch.optim.Adam(parameters, lr=lr, weight_decay=weight_decay)
+    """Adam (``config``'s lr, weight decay, batch size) over shuffled minibatches for ``epochs``;
+    ``loss_of_batch(batch, epoch)``; a tqdm bar over epochs."""
+    optimizer = torch.optim.Adam(parameters, lr=config.lr, weight_decay=config.weight_decay)
     bar = tqdm(range(epochs), desc=desc, disable=not progress)
     for epoch in bar:
         total, count = 0.0, 0
-        for batch in minibatches(data, batch_size, generator):
+        for batch in minibatches(data, config.batch_size, generator):
             loss = loss_of_batch(batch, epoch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -117,10 +125,8 @@ def pretrain_autoencoder(
         [*encoder.parameters(), *decoder.parameters()],
         lambda batch, _: (decoder(encoder(batch)) - batch).pow(2).sum(-1).mean(),
         data,
+        config,
         epochs=config.pretrain_epochs,
-        batch_size=config.batch_size,
-        lr=config.lr,
-        weight_decay=config.weight_decay,
         generator=generator,
         desc="autoencoder pretraining",
         progress=progress,
@@ -252,10 +258,8 @@ class DeepSVDD(Detector):
             list(self.encoder.parameters()),
             loss,
             data,
+            config,
             epochs=config.epochs,
-            batch_size=config.batch_size,
-            lr=config.lr,
-            weight_decay=config.weight_decay,
             generator=generator,
             desc="Deep SVDD",
             progress=progress,

@@ -96,10 +96,8 @@ class LinearProbe(Detector):
                 self._logits(batch[:, :-1]), batch[:, -1]
             ),
             data,
+            config,
             epochs=config.epochs,
-            batch_size=config.batch_size,
-            lr=config.lr,
-            weight_decay=config.weight_decay,
             generator=torch.Generator().manual_seed(config.seed),
             desc="linear probe (supervised)",
             progress=progress,
