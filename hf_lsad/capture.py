@@ -309,6 +309,41 @@ def encode_prompts(
         tokenizer.padding_side = padding_side
 
 
+class _StopForward(Exception):
+    """Raised by :func:`prefill_activations`' hook: nothing after the target block is needed."""
+
+
+@torch.no_grad()
+def prefill_activations(model: PreTrainedModel, layer: int, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """``prompt_last`` activations ``[batch, hidden]`` from a forward pass cut after block ``layer``.
+
+    The same activation as :func:`generate_with_activations` records on its
+    prefill call (position ids are derived from the left-padded attention mask
+    as ``generate`` derives them), without the blocks above ``layer`` and the
+    LM head: collection for ``prompt_last`` costs about ``(layer + 1) /
+    num_layers`` of a forward pass.
+    """
+    _, module = decoder_layer(model, layer)
+    captured: list[Tensor] = []
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        captured.append(hidden[:, -1, :].detach().clone())
+        raise _StopForward
+
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    handle = module.register_forward_hook(hook)
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    except _StopForward:
+        pass
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise RuntimeError(f"decoder block {layer} ran {len(captured)} times in one forward pass; expected once")
+    return captured[0]
+
+
 class Collected(NamedTuple):
     activations: Tensor
     """``[n_prompts, hidden]`` float32 on the CPU, in prompt order."""
@@ -332,7 +367,8 @@ def collect_activations(
     """Activations of ``prompts`` at decoder block ``layer``: greedy generation, batched, left-padded.
 
     Prompts are batched by length to waste little compute on padding; results
-    come back in the input order. ``prompt_last`` generates a single token.
+    come back in the input order. ``prompt_last`` generates nothing: its
+    forward pass stops after block ``layer`` (:func:`prefill_activations`).
     """
     check_prompts(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -342,17 +378,22 @@ def collect_activations(
     for start in tqdm(range(0, len(order), batch_size), desc=f"collect layer {layer} {position}", disable=not progress):
         batch = order[start : start + batch_size]
         inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
+        if position == "prompt_last":
+            acts = prefill_activations(model, layer, inputs["input_ids"].to(device), inputs["attention_mask"].to(device))
+            for row, i in enumerate(batch):
+                activations[i] = acts[row].float().cpu()
+            continue
         output, acts = generate_with_activations(
             model,
             layer,
             position,
             **{k: v.to(device) for k, v in inputs.items()},
-            max_new_tokens=max_new_tokens if position == "response_last" else 1,
+            max_new_tokens=max_new_tokens,
             do_sample=False,
             pad_token_id=tokenizer.pad_token_id,
         )
         texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         for row, i in enumerate(batch):
             activations[i] = acts[row].float().cpu()
-            responses[i] = texts[row] if position == "response_last" else ""
+            responses[i] = texts[row]
     return Collected(torch.stack(activations), responses)

@@ -6,7 +6,13 @@ import pytest
 import torch
 from tiny import LAYER, MIXED_BATCH, last_layer_output, tiny_guard
 
-from hf_lsad.capture import decoder_layer, encode_prompts, final_call_index, generate_with_activations
+from hf_lsad.capture import (
+    decoder_layer,
+    encode_prompts,
+    final_call_index,
+    generate_with_activations,
+    prefill_activations,
+)
 from hf_lsad.modeling import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
 from hf_lsad.models import tiny_model
 
@@ -42,6 +48,24 @@ def test_scores_are_batch_invariant_with_left_padding(position):
     for i, prompt in enumerate(MIXED_BATCH):
         guarded.generate(**encode_prompts(tokenizer, [prompt]), max_new_tokens=6, do_sample=False)
         assert abs(guarded.last_safety[0].score - together[i]) <= 1e-4
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral", "gemma", "gpt2"])
+def test_prefill_collection_equals_what_guarded_generate_scores(architecture):
+    """prompt_last collection stops after the hooked block; it must read the prefill activation of generate."""
+    model, tokenizer = tiny_model(architecture)
+    inputs = encode_prompts(tokenizer, MIXED_BATCH)
+    assert len(set(inputs["attention_mask"].sum(1).tolist())) == 3
+    _, generated = generate_with_activations(model, LAYER, "prompt_last", **inputs, max_new_tokens=2, do_sample=False)
+    cut = prefill_activations(model, LAYER, inputs["input_ids"], inputs["attention_mask"])
+    torch.testing.assert_close(cut, generated, atol=1e-5, rtol=1e-5)
+    calls = []
+    handle = model.lm_head.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        prefill_activations(model, 0, inputs["input_ids"], inputs["attention_mask"])
+    finally:
+        handle.remove()
+    assert calls == []  # the forward pass stopped before the LM head
 
 
 def test_generate_returns_the_plain_models_sequences_and_reports():
