@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .capture import POSITIONS, HookPoint, collect_activations, encode_prompts
@@ -166,6 +167,7 @@ def _evaluate_guard(args: argparse.Namespace) -> None:
         raise SystemExit(f"{args.safe} has {n} rows; the guard was fitted on {guard.config.n_fit + guard.config.n_holdout}")
     holdout = split_safe(n, guard.config.n_holdout / n, guard.config.seed).holdout
     negatives = guard(safe.activations[holdout]).scores.numpy()
+    benign = guard(load_activations(args.benign_ood).activations).scores.numpy() if args.benign_ood else None
     rows = {}
     for folder in args.unsafe:
         scores = guard(load_activations(folder).activations).scores.numpy()
@@ -174,9 +176,10 @@ def _evaluate_guard(args: argparse.Namespace) -> None:
             "tpr_at_5fpr": tpr_at_fpr(negatives, scores, 0.05),
             "flagged": float((scores > guard.threshold).mean()),
         }
-    if args.benign_ood:
-        scores = guard(load_activations(args.benign_ood).activations).scores.numpy()
-        rows["benign_ood"] = {"flagged": float((scores > guard.threshold).mean())}
+        if benign is not None:  # the paper's Table-5 setting: held-out safe + benign-OOD negatives
+            rows[Path(folder).name]["pooled_auroc"] = auroc(np.concatenate([negatives, benign]), scores)
+    if benign is not None:
+        rows["benign_ood"] = {"flagged": float((benign > guard.threshold).mean())}
         warning = benign_ood_warning(rows["benign_ood"]["flagged"])
         if warning:
             print(f"warning: {warning}", file=sys.stderr)

@@ -52,8 +52,12 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
     main(["evaluate", "--guard", str(tmp_path / "guard"), "--safe", str(tmp_path / "safe"),
           "--unsafe", str(tmp_path / "harmful"), "--benign-ood", str(tmp_path / "harmful")])  # fmt: skip
     captured = capsys.readouterr()
-    flagged = json.loads(captured.out)["benign_ood"]["flagged"]
+    with_ood = json.loads(captured.out)
+    flagged = with_ood["benign_ood"]["flagged"]
     assert flagged == metrics["harmful"]["flagged"]
+    # Pooled negatives = 12 held-out safe + the 20 "benign" rows, which tie the positives (AUROC 1/2).
+    assert with_ood["harmful"]["auroc"] == metrics["harmful"]["auroc"]
+    assert with_ood["harmful"]["pooled_auroc"] == pytest.approx((12 * metrics["harmful"]["auroc"] + 20 * 0.5) / 32)
     assert ("warning: This guard flags" in captured.err) == (flagged > 0.10)
 
     main(["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guard"), "--max-new-tokens", "3",
