@@ -55,6 +55,7 @@ DEFAULT_LICENSE = "apache-2.0"
 
 METRIC_COLUMNS = {
     "auroc": "AUROC",
+    "pooled_auroc": "AUROC, safe + benign-OOD negatives",
     "tpr_at_5fpr": "TPR@5%FPR",
     "flagged": "Flagged at threshold",
 }
@@ -62,8 +63,9 @@ METRIC_COLUMNS = {
 
 DEFAULT_METRICS_NOTE = (
     "Measured by whoever pushed this guard (`hf-lsad evaluate` uses the guard's held-out safe activations as "
-    "negatives and each unsafe category as positives). *Flagged at threshold* is the fraction of the category "
-    "above the guard's threshold."
+    "negatives and each unsafe category as positives; with `--benign-ood` also pooled: held-out safe + benign "
+    "out-of-distribution negatives, the number to judge a deployment by). *Flagged at threshold* is the fraction "
+    "of the category above the guard's threshold."
 )
 
 

@@ -331,6 +331,14 @@ def test_model_card_validates_and_renders_metrics(hub_server, hub_cache, repo_id
     assert "No metrics were measured" not in readme
 
 
+def test_model_card_puts_pooled_auroc_next_to_safe_only_auroc():
+    from hf_lsad.model_card import _metrics_table
+
+    header, rows = _metrics_table({"harmful": {"tpr_at_5fpr": 0.5, "pooled_auroc": 0.8, "auroc": 0.9}, "benign_ood": {"flagged": 0.2}})
+    assert header == ["AUROC", "AUROC, safe + benign-OOD negatives", "TPR@5%FPR", "Flagged at threshold"]
+    assert rows == [("harmful", ["0.9000", "0.8000", "0.5000", "–"]), ("benign_ood", ["–", "–", "–", "0.2000"])]
+
+
 def test_model_card_without_metrics_says_so(tmp_path):
     guard = fresh_guard()
     card = guard_model_card(guard)
