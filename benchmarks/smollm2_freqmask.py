@@ -20,6 +20,8 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.data import UNSAFE_POOLS
 from hf_lsad.detectors import FreqMaskConfig
@@ -55,6 +57,8 @@ def run_position(stores: Path, position: str) -> tuple[dict, object]:
         "threshold": guard.threshold,
         "categories": {},
     }
+    benign_folder = stores / position / "benign_ood"
+    benign = guard(load_activations(benign_folder).activations).scores.numpy() if (benign_folder / "index.json").is_file() else None
     for pool in (*UNSAFE_POOLS, "benign_ood"):
         folder = stores / position / pool
         if not (folder / "index.json").is_file():
@@ -66,16 +70,25 @@ def run_position(stores: Path, position: str) -> tuple[dict, object]:
             "tpr_at_5fpr": tpr_at_fpr(negatives, scores, 0.05),
             "flagged_at_threshold": float((scores > guard.threshold).mean()),
         }
+        if benign is not None and pool != "benign_ood":  # held-out safe + benign-OOD negatives (paper, Table 5)
+            row["categories"][pool]["pooled_auroc"] = auroc(np.concatenate([negatives, benign]), scores)
     unsafe = [row["categories"][p] for p in UNSAFE_POOLS if p in row["categories"]]
     row["mean_auroc"] = sum(c["auroc"] for c in unsafe) / len(unsafe)
     row["mean_tpr_at_5fpr"] = sum(c["tpr_at_5fpr"] for c in unsafe) / len(unsafe)
+    if benign is not None:
+        row["pooled_auroc_all_unsafe"] = auroc(
+            np.concatenate([negatives, benign]),
+            np.concatenate([guard(load_activations(stores / position / p).activations).scores.numpy()
+                            for p in UNSAFE_POOLS if p in row["categories"]]),
+        )  # fmt: skip
     return row, (guard, safe.records)
 
 
 def markdown(results: dict) -> str:
     lines = [
-        "| position | " + " | ".join(f"{p} AUROC / TPR@5%FPR" for p in UNSAFE_POOLS) + " | mean | benign-OOD flagged |",
-        "|---" * (len(UNSAFE_POOLS) + 3) + "|",
+        "| position | " + " | ".join(f"{p} AUROC / TPR@5%FPR" for p in UNSAFE_POOLS)
+        + " | mean | pooled AUROC (safe + benign-OOD negatives) | benign-OOD flagged |",
+        "|---" * (len(UNSAFE_POOLS) + 4) + "|",
     ]
     for position, row in results.items():
         cells = [
@@ -85,6 +98,7 @@ def markdown(results: dict) -> str:
         ood = row["categories"].get("benign_ood", {}).get("flagged_at_threshold")
         lines.append(
             f"| {position} | " + " | ".join(cells) + f" | {row['mean_auroc']:.3f} / {row['mean_tpr_at_5fpr']:.3f} | "
+            + (f"{row['pooled_auroc_all_unsafe']:.3f}" if "pooled_auroc_all_unsafe" in row else "-") + " | "
             + (f"{ood:.3f}" if ood is not None else "-") + " |"
         )
     return "\n".join(lines) + "\n"
@@ -113,7 +127,8 @@ def main() -> None:
     if args.save_guard:
         guard, records = guards[args.save_guard]
         row = results[args.save_guard]["categories"]
-        metrics = {pool: {k: row[pool][k] for k in ("auroc", "tpr_at_5fpr")} for pool in UNSAFE_POOLS if pool in row}
+        metrics = {pool: {k: row[pool][k] for k in ("auroc", "pooled_auroc", "tpr_at_5fpr") if k in row[pool]}
+                   for pool in UNSAFE_POOLS if pool in row}  # fmt: skip
         if "benign_ood" in row:
             metrics["benign_ood"] = {"flagged": row["benign_ood"]["flagged_at_threshold"]}
         data = describe_records(records, what="safe prompts of the bundled pool (hf_lsad.data, `safe`)")
