@@ -47,8 +47,9 @@ __all__ = [
     "guard_model_card",
 ]
 
-GUARD_CARD_TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "guard_card.md"
-"""The Jinja template of guard cards (``model_cards/guard_card.md`` in the source tree)."""
+GUARD_CARD_TEMPLATE = Path(__file__).parent / "model_cards" / "guard_card.md"
+"""The Jinja template of guard cards: top-level ``model_cards/guard_card.md``, reached through the
+package's ``model_cards`` link in a source tree and copied into wheels."""
 
 GUARD_TAGS = ["hf-lsad", "safety", "sparse-autoencoder", "anomaly-detection"]
 DEFAULT_LICENSE = "apache-2.0"

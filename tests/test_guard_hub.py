@@ -331,6 +331,18 @@ def test_model_card_validates_and_renders_metrics(hub_server, hub_cache, repo_id
     assert "No metrics were measured" not in readme
 
 
+def test_card_template_ships_inside_the_package():
+    """Wheels carry package files only: the template must be reachable from the package."""
+    from importlib.resources import files
+
+    from hf_lsad.model_card import GUARD_CARD_TEMPLATE
+
+    packaged = files("hf_lsad") / "model_cards" / "guard_card.md"
+    assert packaged.is_file() and Path(str(packaged)).samefile(GUARD_CARD_TEMPLATE)
+    top_level = Path(__file__).resolve().parent.parent / "model_cards" / "guard_card.md"
+    assert top_level.read_text() == GUARD_CARD_TEMPLATE.read_text()
+
+
 def test_model_card_puts_pooled_auroc_next_to_safe_only_auroc():
     from hf_lsad.model_card import _metrics_table
 
