@@ -57,30 +57,27 @@ def run_position(stores: Path, position: str) -> tuple[dict, object]:
         "threshold": guard.threshold,
         "categories": {},
     }
-    benign_folder = stores / position / "benign_ood"
-    benign = guard(load_activations(benign_folder).activations).scores.numpy() if (benign_folder / "index.json").is_file() else None
-    for pool in (*UNSAFE_POOLS, "benign_ood"):
-        folder = stores / position / pool
-        if not (folder / "index.json").is_file():
-            continue
-        scores = guard(load_activations(folder).activations).scores.numpy()
+    # Every store is loaded and scored once; pooled negatives add the benign-OOD rows (paper, Table 5).
+    scores = {
+        pool: guard(load_activations(stores / position / pool).activations).scores.numpy()
+        for pool in (*UNSAFE_POOLS, "benign_ood")
+        if (stores / position / pool / "index.json").is_file()
+    }
+    pooled_negatives = np.concatenate([negatives, scores["benign_ood"]]) if "benign_ood" in scores else None
+    for pool, pool_scores in scores.items():
         row["categories"][pool] = {
-            "n": len(scores),
-            "auroc": auroc(negatives, scores),
-            "tpr_at_5fpr": tpr_at_fpr(negatives, scores, 0.05),
-            "flagged_at_threshold": float((scores > guard.threshold).mean()),
+            "n": len(pool_scores),
+            "auroc": auroc(negatives, pool_scores),
+            "tpr_at_5fpr": tpr_at_fpr(negatives, pool_scores, 0.05),
+            "flagged_at_threshold": float((pool_scores > guard.threshold).mean()),
         }
-        if benign is not None and pool != "benign_ood":  # held-out safe + benign-OOD negatives (paper, Table 5)
-            row["categories"][pool]["pooled_auroc"] = auroc(np.concatenate([negatives, benign]), scores)
-    unsafe = [row["categories"][p] for p in UNSAFE_POOLS if p in row["categories"]]
-    row["mean_auroc"] = sum(c["auroc"] for c in unsafe) / len(unsafe)
-    row["mean_tpr_at_5fpr"] = sum(c["tpr_at_5fpr"] for c in unsafe) / len(unsafe)
-    if benign is not None:
-        row["pooled_auroc_all_unsafe"] = auroc(
-            np.concatenate([negatives, benign]),
-            np.concatenate([guard(load_activations(stores / position / p).activations).scores.numpy()
-                            for p in UNSAFE_POOLS if p in row["categories"]]),
-        )  # fmt: skip
+        if pooled_negatives is not None and pool != "benign_ood":
+            row["categories"][pool]["pooled_auroc"] = auroc(pooled_negatives, pool_scores)
+    unsafe = [p for p in UNSAFE_POOLS if p in scores]
+    row["mean_auroc"] = sum(row["categories"][p]["auroc"] for p in unsafe) / len(unsafe)
+    row["mean_tpr_at_5fpr"] = sum(row["categories"][p]["tpr_at_5fpr"] for p in unsafe) / len(unsafe)
+    if pooled_negatives is not None:
+        row["pooled_auroc_all_unsafe"] = auroc(pooled_negatives, np.concatenate([scores[p] for p in unsafe]))
     return row, (guard, safe.records)
 
 
