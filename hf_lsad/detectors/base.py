@@ -81,7 +81,10 @@ class Detector(nn.Module, ABC):
 
     @abstractmethod
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None) -> DetectorOutput:
-        """Score activations ``[batch, d_in]``; each row's score depends on that row alone."""
+        """Score activations ``[batch, d_in]``; each row's score depends on that row alone.
+
+        Inputs are not re-checked here: :class:`~hf_lsad.guard.SafetyGuard` checks width and
+        finiteness once per call, and stores are checked when loaded."""
 
 
 DETECTORS: dict[str, type[Detector]] = {}

@@ -147,7 +147,6 @@ class CVDD(Detector):
 
     @torch.no_grad()
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None = None) -> DetectorOutput:
-        check_activations(activations, self.d_in)
         representations = self.encoder((activations.float() - self.input_mean) / self.input_scale)
         scores, clusters = self._distances(representations).min(-1)
         return DetectorOutput(scores, clusters)

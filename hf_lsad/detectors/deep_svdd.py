@@ -280,7 +280,6 @@ class DeepSVDD(Detector):
 
     @torch.no_grad()
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None = None) -> DetectorOutput:
-        check_activations(activations, self.d_in)
         scores = (self.represent(activations) - self.center).pow(2).sum(-1)
         if self.config.objective == "soft-boundary":
             scores = scores - self.radius.pow(2)

@@ -140,7 +140,6 @@ class GaussianMixtureDetector(Detector):
 
     @torch.no_grad()
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None = None) -> DetectorOutput:
-        check_activations(activations, self.d_in)
         joint = self.component_log_likelihoods(activations)
         scores = -torch.logsumexp(joint, dim=-1)
         return DetectorOutput(scores.float(), joint.argmax(-1))

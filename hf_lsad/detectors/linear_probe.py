@@ -109,7 +109,6 @@ class LinearProbe(Detector):
 
     @torch.no_grad()
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None) -> DetectorOutput:
-        check_activations(activations, self.d_in)
         scores = self._logits(_encode(sae, activations.float()))
         return DetectorOutput(scores, torch.full_like(scores, -1, dtype=torch.long))
 

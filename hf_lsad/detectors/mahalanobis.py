@@ -78,7 +78,6 @@ class Mahalanobis(Detector):
 
     @torch.no_grad()
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None = None) -> DetectorOutput:
-        check_activations(activations, self.d_in)
         whitened = (activations.double() - self.mean) @ self.whitening.T
         scores = whitened.norm(dim=-1).float()
         return DetectorOutput(scores, torch.full_like(scores, -1, dtype=torch.long))

@@ -142,11 +142,12 @@ class OneClassSVMDetector(Detector):
         if self.config.n_support == 0:
             raise RuntimeError("this One-Class SVM is not fitted (n_support=0): call fit first")
         parts = []
+        support_norms = self.support_vectors.pow(2).sum(-1)  # once per call, not per chunk
         for chunk in activations.split(SCORE_CHUNK):
             x = (chunk.double() - self.input_mean) / self.input_scale
             products = x @ self.support_vectors.T
             if self.config.kernel == "rbf":
-                squared = x.pow(2).sum(-1, keepdim=True) + self.support_vectors.pow(2).sum(-1) - 2.0 * products
+                squared = x.pow(2).sum(-1, keepdim=True) + support_norms - 2.0 * products
                 kernel = torch.exp(-self.config.gamma * squared.clamp_min(0.0))
             else:
                 kernel = products
@@ -155,6 +156,5 @@ class OneClassSVMDetector(Detector):
 
     @torch.no_grad()
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None = None) -> DetectorOutput:
-        check_activations(activations, self.d_in)
         scores = -self.decision_function(activations).float()
         return DetectorOutput(scores, torch.full_like(scores, -1, dtype=torch.long))
