@@ -310,7 +310,15 @@ def encode_prompts(
 
 
 class _StopForward(Exception):
-    """Raised by :func:`prefill_activations`' hook: nothing after the target block is needed."""
+    """Raised by :class:`_RecordThenStop`: nothing after the target block is needed."""
+
+
+class _RecordThenStop(LastPositionRecorder):
+    """A :class:`LastPositionRecorder` that ends the forward pass once it has recorded."""
+
+    def _hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        super()._hook(module, args, output)
+        raise _StopForward
 
 
 @torch.no_grad()
@@ -324,24 +332,15 @@ def prefill_activations(model: PreTrainedModel, layer: int, input_ids: Tensor, a
     num_layers`` of a forward pass.
     """
     _, module = decoder_layer(model, layer)
-    captured: list[Tensor] = []
-
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
-        hidden = output[0] if isinstance(output, tuple) else output
-        captured.append(hidden[:, -1, :].detach().clone())
-        raise _StopForward
-
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    handle = module.register_forward_hook(hook)
-    try:
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    except _StopForward:
-        pass
-    finally:
-        handle.remove()
-    if len(captured) != 1:
-        raise RuntimeError(f"decoder block {layer} ran {len(captured)} times in one forward pass; expected once")
-    return captured[0]
+    with _RecordThenStop(module) as recorder:
+        try:
+            model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        except _StopForward:
+            pass
+    if len(recorder.records) != 1:
+        raise RuntimeError(f"decoder block {layer} ran {len(recorder.records)} times in one forward pass; expected once")
+    return recorder.records[0]
 
 
 class Collected(NamedTuple):
