@@ -138,21 +138,25 @@ class SafetyGuard(nn.Module):
     @torch.no_grad()
     def forward(self, activations: Tensor) -> GuardOutput:
         """Score ``[batch, hidden_size]`` activations (any float dtype, any device of the guard)."""
+        return self._score(activations)[0]
+
+    @torch.no_grad()
+    def _score(self, activations: Tensor) -> tuple[GuardOutput, Tensor | None]:
+        """The output and, for a calibrated guard, the probabilities it flagged by (computed once)."""
         check_activations(activations, self.config.hook.hidden_size)
         scores, clusters = self.detector(activations.float(), self.sae)
-        if self.calibration is not None:
-            probabilities = self.calibration.probabilities(scores, clusters)
-            return GuardOutput(scores, clusters, probabilities > self.calibration.threshold)
-        return GuardOutput(scores, clusters, scores > self.config.threshold)
+        if self.calibration is None:
+            return GuardOutput(scores, clusters, scores > self.config.threshold), None
+        probabilities = self.calibration.probabilities(scores, clusters)
+        return GuardOutput(scores, clusters, probabilities > self.calibration.threshold), probabilities
 
     def reports(self, activations: Tensor) -> list[SafetyReport]:
         """One :class:`SafetyReport` per row of ``activations``."""
-        output = self(activations)
-        if self.calibration is None:
+        output, probabilities = self._score(activations)
+        if probabilities is None:
             threshold, probabilities = self.config.threshold, [None] * len(output.scores)
         else:
-            threshold = self.calibration.threshold
-            probabilities = self.calibration.probabilities(output.scores, output.clusters).tolist()
+            threshold, probabilities = self.calibration.threshold, probabilities.tolist()
         rows = zip(output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist(), probabilities)
         return [SafetyReport(score=s, threshold=threshold, flagged=f, cluster=c, probability=p) for s, c, f, p in rows]
 
