@@ -120,13 +120,8 @@ def _calibrate(args: argparse.Namespace) -> None:
     kmeans = getattr(guard.detector.config, "kmeans", None)
     if kmeans is None:
         raise SystemExit(f"per-cluster calibration needs a clustered detector; {guard.config.method} has no clusters")
-    safe = load_activations(args.safe).activations
-    if len(safe) != guard.config.n_fit + guard.config.n_holdout:
-        n = guard.config.n_fit + guard.config.n_holdout
-        raise SystemExit(f"{args.safe} has {len(safe)} rows; the guard was fitted on {n}")
-    holdout = split_safe(len(safe), guard.config.n_holdout / len(safe), guard.config.seed).holdout
     groups = {
-        "safe": safe[holdout],  # only held-out rows: the detector was fitted on the others
+        "safe": _held_out_safe(guard, args.safe),  # only held-out rows: the detector was fitted on the others
         "unsafe": torch.cat([load_activations(folder).activations for folder in args.unsafe]),
         "benign_ood": load_activations(args.benign_ood).activations,
     }
@@ -159,27 +154,32 @@ def _evaluate(args: argparse.Namespace) -> None:
         _evaluate_grid(args)
 
 
+def _held_out_safe(guard: SafetyGuard, store: str) -> torch.Tensor:
+    """The rows of the guard's safe store that it held out from fitting (its threshold split)."""
+    safe = load_activations(store).activations
+    n = guard.config.n_fit + guard.config.n_holdout
+    if len(safe) != n:
+        raise SystemExit(f"{store} has {len(safe)} rows; the guard was fitted on {n}")
+    return safe[split_safe(n, guard.config.n_holdout / n, guard.config.seed).holdout]
+
+
 def _evaluate_guard(args: argparse.Namespace) -> None:
     guard = SafetyGuard.from_pretrained(resolve_guard(args.guard))
-    safe = load_activations(args.safe)
-    n = len(safe.activations)
-    if n != guard.config.n_fit + guard.config.n_holdout:
-        raise SystemExit(f"{args.safe} has {n} rows; the guard was fitted on {guard.config.n_fit + guard.config.n_holdout}")
-    holdout = split_safe(n, guard.config.n_holdout / n, guard.config.seed).holdout
-    negatives = guard(safe.activations[holdout]).scores.numpy()
-    benign = guard(load_activations(args.benign_ood).activations).scores.numpy() if args.benign_ood else None
+    negatives = guard(_held_out_safe(guard, args.safe)).scores.numpy()
+    benign = guard(load_activations(args.benign_ood).activations) if args.benign_ood else None
     rows = {}
     for folder in args.unsafe:
-        scores = guard(load_activations(folder).activations).scores.numpy()
+        output = guard(load_activations(folder).activations)
+        scores = output.scores.numpy()
         rows[Path(folder).name] = {
             "auroc": auroc(negatives, scores),
             "tpr_at_5fpr": tpr_at_fpr(negatives, scores, 0.05),
-            "flagged": float((scores > guard.threshold).mean()),
+            "flagged": output.flagged.double().mean().item(),  # as the guard flags: by probability once calibrated
         }
         if benign is not None:  # the paper's Table-5 setting: held-out safe + benign-OOD negatives
-            rows[Path(folder).name]["pooled_auroc"] = auroc(np.concatenate([negatives, benign]), scores)
+            rows[Path(folder).name]["pooled_auroc"] = auroc(np.concatenate([negatives, benign.scores.numpy()]), scores)
     if benign is not None:
-        rows["benign_ood"] = {"flagged": float((benign > guard.threshold).mean())}
+        rows["benign_ood"] = {"flagged": benign.flagged.double().mean().item()}
         warning = benign_ood_warning(rows["benign_ood"]["flagged"])
         if warning:
             print(f"warning: {warning}", file=sys.stderr)

@@ -187,7 +187,7 @@ def test_calibration_must_match_the_detectors_clusters():
         guard.set_calibration(AffineCalibration(slopes=[1.0, 1.0], intercepts=[0.0, 0.0], anchor=[1.0, 0.0], lam=1.0))
 
 
-def test_cli_calibrates_a_guard(tmp_path):
+def test_cli_calibrates_a_guard(tmp_path, capsys):
     g = torch.Generator().manual_seed(0)
     hook = HookPoint(base_model="synthetic", model_type="llama", hidden_size=16, num_hidden_layers=4, layer=2,
                      layer_module="model.layers.2", position="prompt_last")  # fmt: skip
@@ -205,3 +205,12 @@ def test_cli_calibrates_a_guard(tmp_path):
     calibration = SafetyGuard.from_pretrained(tmp_path / "calibrated").calibration
     assert calibration is not None and calibration.n_clusters == 3
     assert sum(calibration.labelled) == 40 + 15 + 10  # half of 80 held-out safe, 5% of 300 unsafe and of 200 OOD
+
+    # evaluate reports the flag rate the calibrated guard applies (by probability, not by score threshold)
+    calibrated = SafetyGuard.from_pretrained(tmp_path / "calibrated")
+    capsys.readouterr()
+    main(["evaluate", "--guard", str(tmp_path / "calibrated"), "--safe", str(tmp_path / "safe"),
+          "--unsafe", str(tmp_path / "unsafe"), "--benign-ood", str(tmp_path / "ood")])  # fmt: skip
+    rows = json.loads(capsys.readouterr().out)
+    for name, store in (("unsafe", "unsafe"), ("benign_ood", "ood")):
+        assert rows[name]["flagged"] == pytest.approx(calibrated(stores[store]).flagged.double().mean().item())
