@@ -39,8 +39,7 @@ from ..clustering import KMeansConfig, fit_kmeans
 from ..sae import SparseAutoencoder
 from ..validation import check_activations
 from .base import Detector, DetectorOutput, register_detector
-from .deep_svdd import EncoderTrainingConfig, mlp, pretrain_autoencoder, seeded_init, train
-from .gmm import fit_standardizer
+from .deep_svdd import EncoderTrainingConfig, StandardizedEncoder, mlp, pretrain_autoencoder, seeded_init, train
 
 
 @dataclass
@@ -76,7 +75,7 @@ class CVDDConfig(EncoderTrainingConfig):
 
 
 @register_detector
-class CVDD(Detector):
+class CVDD(StandardizedEncoder, Detector):
     """Squared distance of the learned representation to the nearest of K learned contexts."""
 
     method = "cvdd"
@@ -103,11 +102,7 @@ class CVDD(Detector):
             raise ValueError(
                 f"CVDD with n_contexts={config.n_contexts} needs at least that many safe rows, got {len(activations)}"
             )
-        with torch.no_grad():
-            mean, scale = fit_standardizer(activations)
-            self.input_mean.copy_(mean)
-            self.input_scale.copy_(scale)
-            data = (activations.float() - self.input_mean) / self.input_scale
+        data = self._standardize_fit(activations)
         generator = torch.Generator().manual_seed(config.seed)
         seeded_init(self.encoder, config.seed)
         self.train()
@@ -147,6 +142,6 @@ class CVDD(Detector):
 
     @torch.no_grad()
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None = None) -> DetectorOutput:
-        representations = self.encoder((activations.float() - self.input_mean) / self.input_scale)
+        representations = self.represent(activations)
         scores, clusters = self._distances(representations).min(-1)
         return DetectorOutput(scores, clusters)

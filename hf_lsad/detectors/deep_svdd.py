@@ -207,8 +207,29 @@ class DeepSVDDConfig(EncoderTrainingConfig):
             raise ValueError("warm_up_epochs and center_eps must be >= 0")
 
 
+class StandardizedEncoder:
+    """Mixin of Deep SVDD and CVDD: an ``encoder`` on inputs standardized by the
+    ``input_mean`` / ``input_scale`` buffers of the fit split."""
+
+    encoder: nn.Sequential
+    input_mean: Tensor
+    input_scale: Tensor
+
+    @torch.no_grad()
+    def _standardize_fit(self, activations: Tensor) -> Tensor:
+        """Set the buffers from ``activations`` and return them standardized."""
+        mean, scale = fit_standardizer(activations)
+        self.input_mean.copy_(mean)
+        self.input_scale.copy_(scale)
+        return (activations.float() - self.input_mean) / self.input_scale
+
+    def represent(self, activations: Tensor) -> Tensor:
+        """``phi(x)``: the encoder on standardized activations."""
+        return self.encoder((activations.float() - self.input_mean) / self.input_scale)
+
+
 @register_detector
-class DeepSVDD(Detector):
+class DeepSVDD(StandardizedEncoder, Detector):
     """Squared distance of the learned representation to a fixed center (raw activations)."""
 
     method = "deep-svdd"
@@ -266,17 +287,6 @@ class DeepSVDD(Detector):
             after_step=update_radius,
         )
         self.eval()
-
-    @torch.no_grad()
-    def _standardize_fit(self, activations: Tensor) -> Tensor:
-        mean, scale = fit_standardizer(activations)
-        self.input_mean.copy_(mean)
-        self.input_scale.copy_(scale)
-        return (activations.float() - self.input_mean) / self.input_scale
-
-    def represent(self, activations: Tensor) -> Tensor:
-        """``phi(x)``: the encoder on standardized activations."""
-        return self.encoder((activations.float() - self.input_mean) / self.input_scale)
 
     @torch.no_grad()
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None = None) -> DetectorOutput:
