@@ -20,12 +20,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_lsad.affine_calibration import fit_affine_calibration
-from hf_lsad.capture import HookPoint
+from hf_lsad.calibration import fit_affine_calibration
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import DETECTORS, detector_class
 from hf_lsad.fitting import fit_guard
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.pretrained import DEFAULT_GUARD
 from hf_lsad.sae import SAETrainConfig, train_sae
 
