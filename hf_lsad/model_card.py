@@ -226,6 +226,14 @@ def guard_model_card(
         "The uploader did not describe the prompts."
     )
     versions = library_versions("hf_lsad", "torch", "faiss", "transformers", "huggingface_hub")
+    calibration = guard.calibration
+    flag_rule = (
+        f"its calibrated probability of being unsafe, sigmoid(a_c * score + b_c) with an affine map per cluster "
+        f"({calibration.n_clusters} clusters, {calibration.labelled.count(0)} of them on the pooled anchor), "
+        f"is above {calibration.threshold:g}"
+        if calibration is not None
+        else ""
+    )
     where = (repo_id or "") + (f"/{subfolder}" if subfolder else "")
     return ModelCard.from_template(
         card_data,
@@ -241,6 +249,7 @@ def guard_model_card(
         method=config.method,
         sae=f"{sae.config.d_in} → {sae.config.d_sae} features" if sae is not None else "",
         threshold=f"{config.threshold:.6g}",
+        flag_rule=flag_rule,
         target_fpr_pct=f"{config.target_fpr:.1%}".replace(".0%", "%"),
         n_fit=config.n_fit,
         n_holdout=config.n_holdout,

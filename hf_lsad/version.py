@@ -6,7 +6,6 @@ for its version (the root imports everything else).
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 
 __version__ = "0.1.0"
@@ -29,6 +28,8 @@ def library_versions(*names: str) -> dict[str, str]:
     Reading distribution metadata imports nothing, so recording versions never pays
     for importing transformers or faiss.
     """
+    import importlib.metadata  # not at import time: the package root imports this module
+
     versions = {}
     for name in names:
         if name == "hf_lsad":
