@@ -54,7 +54,7 @@ ACTIVATIONS: tuple[str, ...] = ("relu", "jumprelu", "topk")
 #: them (``sae/config.json`` holding only ``d_in`` and ``d_sae``, e.g. the bundled guards) had:
 #: every such SAE is a ReLU SAE. :meth:`SparseAutoencoder.from_pretrained` fills them in only
 #: when *all* of them are absent; any other missing or unknown key is still an error.
-PRE_ACTIVATION_CONFIG_DEFAULTS: dict[str, object] = {"activation": "relu", "k": None}
+LEGACY_SAE_CONFIG_DEFAULTS: dict[str, object] = {"activation": "relu", "k": None}
 
 
 @dataclass
@@ -192,9 +192,9 @@ class SparseAutoencoder(nn.Module):
         if "sae" not in raw:
             raise GuardFormatError(f"{path / SAE_CONFIG}: missing config key 'sae'")
         fields = raw["sae"]
-        if isinstance(fields, dict) and not set(PRE_ACTIVATION_CONFIG_DEFAULTS) & set(fields):
-            # Written before JumpReLU / TopK support: a ReLU SAE (see PRE_ACTIVATION_CONFIG_DEFAULTS).
-            fields = {**fields, **PRE_ACTIVATION_CONFIG_DEFAULTS}
+        if isinstance(fields, dict) and not set(LEGACY_SAE_CONFIG_DEFAULTS) & set(fields):
+            # Written before JumpReLU / TopK support: a ReLU SAE (see LEGACY_SAE_CONFIG_DEFAULTS).
+            fields = {**fields, **LEGACY_SAE_CONFIG_DEFAULTS}
         sae = cls(config_from_dict(SAEConfig, fields, source=str(path / SAE_CONFIG)))
         load_module(sae, path / SAE_WEIGHTS)
         return sae

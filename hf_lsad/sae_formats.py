@@ -21,7 +21,8 @@ Layouts, as the anchors' own code reads them:
     (``sparsify/sparse_coder.py: SparseCoder.load_from_disk``). Tensors ``encoder.weight``
     ``[num_latents, d_in]`` (an ``nn.Linear``), ``encoder.bias``, ``W_dec`` ``[num_latents, d_in]``,
     ``b_dec`` ``[d_in]``. ``encode(x) = topk(ReLU((x - b_dec) @ encoder.weight.T + encoder.bias))``
-    (``sparsify/fused_encoder.py``); ``num_latents = 0`` means ``d_in * expansion_factor``.
+    (``sparsify/fused_encoder.py``); ``num_latents = 0`` means ``d_in * expansion_factor``. The
+    folder name is the hookpoint; a folder not named like one (no ``.``) leaves the layer unknown.
 ``gemma-scope``: ``params.npz`` with ``W_enc`` ``[d_in, d_sae]``, ``W_dec`` ``[d_sae, d_in]``,
     ``b_enc``, ``b_dec``, ``threshold`` (JumpReLU), no ``b_dec`` subtraction before encoding
     (Gemma Scope tutorial, as copied in EleutherAI/sae-auto-interp
@@ -386,6 +387,8 @@ def _read_saelens(folder: Path) -> LoadedSAE:
     shapes = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
     if activation == "jumprelu":
         shapes["threshold"] = (d_sae,)
+        if "log_threshold" in tensors and "threshold" not in tensors:  # JumpReLUTrainingSAE checkpoints
+            tensors["threshold"] = tensors.pop("log_threshold").double().exp()
     weights = _take(tensors, shapes, weights_path)
     sae = _build(
         SAEConfig(d_in=d_in, d_sae=d_sae, activation=activation, k=k),
@@ -421,8 +424,13 @@ def _read_sparsify(folder: Path) -> LoadedSAE:
     k = cfg["k"]
     if not 1 <= k <= d_sae:
         raise SAEFormatError(f"{cfg_path}: k={k} must be in [1, num_latents={d_sae}]")
-    hook_name = folder.name
-    layer = _layer_of(hook_name, folder)
+    # The folder is named after the hookpoint (a dotted module name, or embed_tokens). A folder with
+    # another name (a repo root holding one SAE, a renamed copy) does not say where the SAE was trained.
+    hook_name: str | None = folder.name
+    if "." in folder.name or folder.name == "embed_tokens":
+        layer: int | None = _layer_of(folder.name, folder)
+    else:
+        hook_name = layer = None
 
     weights_path = folder / SPARSIFY_WEIGHTS
     shapes = {"encoder.weight": (d_sae, d_in), "encoder.bias": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}

@@ -18,6 +18,7 @@ import pytest
 import torch
 from huggingface_hub import HfApi
 from safetensors.numpy import save_file
+from safetensors.torch import save_file as save_torch
 
 from hf_lsad.capture import HookPoint
 from hf_lsad.clustering import KMeansConfig
@@ -238,6 +239,30 @@ def test_sparsify_codes_match_reference(tmp_path):
         )
 
 
+def test_saelens_bf16_weights_and_training_log_threshold(tmp_path):
+    """bf16 weights are widened exactly; a JumpReLU training checkpoint's log_threshold is exp'd
+    (jumprelu_sae.py: JumpReLUTrainingSAE.process_state_dict_for_saving)."""
+    w = weights(14)
+    folder = write_saelens(tmp_path / "sae", w, "jumprelu", cfg_overrides={"dtype": "bfloat16"})
+    bf16 = {key: torch.from_numpy(w[key]).bfloat16() for key in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
+    bf16["log_threshold"] = bf16.pop("threshold").float().clamp_min(1e-3).log()
+    save_torch({key: value.contiguous() for key, value in bf16.items()}, str(folder / "sae_weights.safetensors"))
+    rounded = {key: value.double().numpy() for key, value in bf16.items()}
+    rounded["threshold"] = np.exp(rounded.pop("log_threshold"))
+    sae = load_sae(folder, hook_layer=LAYER)
+    np.testing.assert_allclose(codes(sae, X), ref_jumprelu(X.double().numpy(), rounded, True), atol=1e-6, rtol=0)
+
+
+def test_sparsify_folder_not_named_after_a_hookpoint_has_no_layer(tmp_path):
+    folder = write_sparsify(tmp_path, weights())
+    folder.rename(tmp_path / "my_sae")
+    loaded = read_sae(tmp_path / "my_sae")
+    assert (loaded.layout, loaded.hook_name, loaded.layer) == ("sparsify", None, None)
+    (tmp_path / "my_sae").rename(tmp_path / "layers.3.mlp")
+    with pytest.raises(SAEFormatError, match="'layers.3.mlp' is not the residual-stream output"):
+        read_sae(tmp_path / "layers.3.mlp")
+
+
 def test_sparsify_num_latents_zero_uses_expansion_factor(tmp_path):
     w = weights(7, d_sae=2 * D_IN)
     folder = write_sparsify(tmp_path, w, num_latents=0, expansion_factor=2)
@@ -352,7 +377,7 @@ def test_bundled_guard_still_loads_as_relu_and_scores_as_before():
         assert torch.equal(sae.encode(x), torch.relu(sae.encoder(x)))  # bit-identical to the ReLU-only encode
 
 
-def test_sae_config_keys_are_strict_apart_from_the_documented_pre_activation_defaults(tmp_path):
+def test_sae_config_keys_are_strict_apart_from_the_documented_legacy_defaults(tmp_path):
     sae = SparseAutoencoder(SAEConfig(D_IN, D_SAE, "topk", K))
     sae.save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
