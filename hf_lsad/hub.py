@@ -46,10 +46,11 @@ def _normalize_subfolder(subfolder: str) -> str:
     return "/".join(parts)
 
 
-def _allow_patterns(subfolder: str) -> list[str]:
+def _allow_patterns(subfolder: str, extra: Iterable[str] = ()) -> list[str]:
     """Patterns (huggingface_hub's fnmatch, where ``*`` also matches ``/``) for the files a guard needs."""
     prefix = re.sub(r"([*?\[])", r"[\1]", subfolder) + "/" if subfolder else ""
-    return [f"{prefix}*.json", f"{prefix}*.safetensors", f"{prefix}README.md", f"{prefix}*/README.md"]
+    names = ["*.json", "*.safetensors", "README.md", "*/README.md", *extra]
+    return [prefix + name for name in names]
 
 
 def _refuse_pickles(files: Iterable[str], where: str) -> None:
@@ -85,6 +86,7 @@ def resolve_pretrained_dir(
     cache_dir: str | os.PathLike | None = None,
     local_files_only: bool = False,
     force_download: bool = False,
+    extra_allow_patterns: Iterable[str] = (),
 ) -> Path:
     """Return a local folder holding the guard named by ``name_or_path``.
 
@@ -98,6 +100,9 @@ def resolve_pretrained_dir(
         cache_dir: huggingface_hub cache folder (default: ``HF_HUB_CACHE``).
         local_files_only: Use the cache only, no network (also implied by ``HF_HUB_OFFLINE=1``).
         force_download: Download the files again even if they are cached.
+        extra_allow_patterns: More file patterns (relative to ``subfolder``, e.g. ``"params.npz"``
+            for a Gemma Scope SAE) to download besides JSON, safetensors and model cards. A
+            pickle suffix is refused here too: such a file is never downloaded.
 
     Returns:
         For a local directory, ``Path(name_or_path) / subfolder`` as given. For a repo id,
@@ -118,6 +123,8 @@ def resolve_pretrained_dir(
             the guard is not in the cache.
     """
     sub = _normalize_subfolder(subfolder)
+    extra_allow_patterns = tuple(extra_allow_patterns)
+    _refuse_pickles(extra_allow_patterns, "extra_allow_patterns")
     path = Path(name_or_path).expanduser()
     name = os.fspath(name_or_path)
     if path.is_dir():
@@ -130,7 +137,7 @@ def resolve_pretrained_dir(
         raise FileNotFoundError(f"Guard directory '{name}' does not exist (or is not a directory)")
 
     repo_id, where = name, f"'{name}'" + (f", subfolder '{sub}'" if sub else "")
-    allow_patterns = _allow_patterns(sub)
+    allow_patterns = _allow_patterns(sub, extra_allow_patterns)
     if local_files_only or hf_constants.is_offline_mode():
         try:
             snapshot = Path(
@@ -170,7 +177,8 @@ def resolve_pretrained_dir(
         )
     _refuse_pickles(in_sub, f"Hub guard {at}")
     if not any(filter_repo_objects(in_sub, allow_patterns=allow_patterns)):
-        raise EntryNotFoundError(f"Hub guard {at} holds no *.json or *.safetensors file: {', '.join(in_sub)}")
+        wanted = " or ".join(["*.json", "*.safetensors", *extra_allow_patterns])
+        raise EntryNotFoundError(f"Hub guard {at} holds no {wanted} file: {', '.join(in_sub)}")
     snapshot = Path(
         snapshot_download(
             repo_id,

@@ -9,6 +9,16 @@ shrinking ``z`` and growing ``W_D``.
 The encoder and decoder are plain ``nn.Linear`` modules named ``encoder`` and
 ``decoder`` so that peft's ``LoraConfig(target_modules=["encoder", "decoder"])``
 can adapt them per cluster (LearnedMask-LoRA).
+
+Loaded SAEs (:mod:`hf_lsad.sae_formats`: SAELens, sparsify, Gemma Scope) may use another
+nonlinearity on the same pre-activations ``pre = W_E a + b_E`` (``SAEConfig.activation``):
+
+- ``relu``: ``z = ReLU(pre)`` (the SAEs hf-lsad trains);
+- ``jumprelu``: ``z = ReLU(pre) * 1[pre > threshold]`` with a per-feature ``threshold``
+  (a buffer, saved in ``sae.safetensors``);
+- ``topk``: ``ReLU`` of the ``k`` largest entries of ``pre``, zero elsewhere.
+
+All three give codes ``z >= 0``, so "feature j is active" is ``z_j > 0`` for every one of them.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +47,15 @@ from .serialization import (
 SAE_WEIGHTS = "sae.safetensors"
 SAE_CONFIG = "config.json"
 
+Activation = Literal["relu", "jumprelu", "topk"]
+ACTIVATIONS: tuple[str, ...] = ("relu", "jumprelu", "topk")
+
+#: SAE config keys added with JumpReLU / TopK support, and the values that SAEs saved before
+#: them (``sae/config.json`` holding only ``d_in`` and ``d_sae``, e.g. the bundled guards) had:
+#: every such SAE is a ReLU SAE. :meth:`SparseAutoencoder.from_pretrained` fills them in only
+#: when *all* of them are absent; any other missing or unknown key is still an error.
+LEGACY_SAE_CONFIG_DEFAULTS: dict[str, object] = {"activation": "relu", "k": None}
+
 
 @dataclass
 class SAEConfig:
@@ -48,9 +67,22 @@ class SAEConfig:
     d_sae: int
     """Number of dictionary features (the paper uses 16384)."""
 
+    activation: Activation = "relu"
+    """Nonlinearity on ``pre = W_E a + b_E``: ``relu``, ``jumprelu`` or ``topk`` (module docstring)."""
+
+    k: int | None = None
+    """Number of features kept by ``topk`` (``None`` for the other activations)."""
+
     def __post_init__(self) -> None:
         if self.d_in <= 0 or self.d_sae <= 0:
             raise ValueError(f"SAE sizes must be positive, got d_in={self.d_in}, d_sae={self.d_sae}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"unknown SAE activation {self.activation!r}; choose one of {ACTIVATIONS}")
+        if self.activation == "topk":
+            if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= self.d_sae:
+                raise ValueError(f"a topk SAE needs an integer k in [1, d_sae={self.d_sae}], got k={self.k!r}")
+        elif self.k is not None:
+            raise ValueError(f"k is only used by the topk activation, got k={self.k!r} with {self.activation!r}")
 
 
 @dataclass
@@ -89,17 +121,46 @@ class SAEStats(NamedTuple):
     """Fraction of features that never fire on the evaluated activations."""
 
 
+def apply_activation(pre: Tensor, config: SAEConfig, threshold: Tensor | None = None) -> Tensor:
+    """Codes ``z`` from pre-activations ``pre`` (``[..., d_sae]``) under ``config.activation``.
+
+    ``threshold`` (``[d_sae]``) is required by, and only used by, ``jumprelu``.
+    """
+    if config.activation == "relu":
+        return torch.relu(pre)
+    if config.activation == "jumprelu":
+        if threshold is None:
+            raise ValueError("a jumprelu SAE needs its per-feature threshold")
+        return torch.relu(pre) * (pre > threshold).to(pre.dtype)
+    values, indices = pre.topk(config.k, dim=-1, sorted=False)
+    return torch.zeros_like(pre).scatter(-1, indices, torch.relu(values))
+
+
 class SparseAutoencoder(nn.Module):
-    """A ReLU SAE: ``encode`` gives sparse codes, ``decode`` maps them back."""
+    """An SAE: ``encode`` gives sparse codes, ``decode`` maps them back.
+
+    ``encode(a) = activate(encoder(a))``; ``activate`` is ReLU, JumpReLU or TopK as
+    ``config.activation`` says. A JumpReLU SAE also holds a ``threshold`` buffer (``[d_sae]``).
+    """
+
+    threshold: Tensor | None
 
     def __init__(self, config: SAEConfig) -> None:
         super().__init__()
         self.config = config
         self.encoder = nn.Linear(config.d_in, config.d_sae)
         self.decoder = nn.Linear(config.d_sae, config.d_in)
+        if config.activation == "jumprelu":
+            self.register_buffer("threshold", torch.zeros(config.d_sae))
+        else:
+            self.threshold = None
+
+    def activate(self, pre: Tensor) -> Tensor:
+        """The nonlinearity alone: codes from pre-activations ``encoder(a)`` (possibly adapted, e.g. by LoRA)."""
+        return apply_activation(pre, self.config, self.threshold)
 
     def encode(self, activations: Tensor) -> Tensor:
-        return torch.relu(self.encoder(activations))
+        return self.activate(self.encoder(activations))
 
     def decode(self, codes: Tensor) -> Tensor:
         return self.decoder(codes)
@@ -130,7 +191,11 @@ class SparseAutoencoder(nn.Module):
             )
         if "sae" not in raw:
             raise GuardFormatError(f"{path / SAE_CONFIG}: missing config key 'sae'")
-        sae = cls(config_from_dict(SAEConfig, raw["sae"], source=str(path / SAE_CONFIG)))
+        fields = raw["sae"]
+        if isinstance(fields, dict) and not set(LEGACY_SAE_CONFIG_DEFAULTS) & set(fields):
+            # Written before JumpReLU / TopK support: a ReLU SAE (see LEGACY_SAE_CONFIG_DEFAULTS).
+            fields = {**fields, **LEGACY_SAE_CONFIG_DEFAULTS}
+        sae = cls(config_from_dict(SAEConfig, fields, source=str(path / SAE_CONFIG)))
         load_module(sae, path / SAE_WEIGHTS)
         return sae
 

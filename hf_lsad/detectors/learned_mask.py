@@ -69,7 +69,7 @@ from tqdm.auto import tqdm
 
 from ..clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans
 from ..masks import straight_through_mask
-from ..sae import SparseAutoencoder
+from ..sae import SparseAutoencoder, apply_activation
 from ..scores import check_precision_size, mahalanobis, ridge_precision, scaled_norm
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 
@@ -288,7 +288,7 @@ class LearnedMaskLoRA(Detector):
         sae = _require_sae(sae)
         metric = self.config.kmeans.metric
         pre = sae.encoder(activations)  # shared by the cluster assignment and the reconstruction
-        clusters = assign_clusters(cluster_space(torch.relu(pre), metric), self.centroids, metric)
+        clusters = assign_clusters(cluster_space(sae.activate(pre), metric), self.centroids, metric)
         diff = activations - self._reconstruct(activations, sae, clusters, pre) - self.residual_mean[clusters]
         if self.config.score_metric == "whitened_l2":
             scores = scaled_norm(diff, self.residual_scale[clusters])
@@ -304,7 +304,7 @@ class LearnedMaskLoRA(Detector):
         groups = _adapter_groups(clusters, self.state.cluster_ranks)
         if groups:
             pre = pre + _stacked_lora(activations, self.encoder_lora_A, self.encoder_lora_B, groups)
-        masked = torch.relu(pre) * self.masks[clusters]
+        masked = sae.activate(pre) * self.masks[clusters]
         reconstruction = sae.decoder(masked)
         if groups:
             reconstruction = reconstruction + _stacked_lora(masked, self.decoder_lora_A, self.decoder_lora_B, groups)
@@ -520,9 +520,11 @@ class _MaskedSAE(nn.Module):
         super().__init__()
         self.encoder = copy.deepcopy(sae.encoder)
         self.decoder = copy.deepcopy(sae.decoder)
+        self.sae_config = sae.config
+        self.register_buffer("threshold", None if sae.threshold is None else sae.threshold.detach().clone())
 
     def forward(self, activations: Tensor, masks: Tensor) -> Tensor:
-        return self.decoder(masks * torch.relu(self.encoder(activations)))
+        return self.decoder(masks * apply_activation(self.encoder(activations), self.sae_config, self.threshold))
 
 
 def _peft_sae(sae: SparseAutoencoder) -> PeftModel:
