@@ -13,11 +13,11 @@ import pytest
 PACKAGE = Path(__file__).parent.parent / "hf_lsad"
 LAYERS = [
     ["version", "hook_point", "serialization", "settings", "metrics", "checks", "splits", "refusal"],
-    ["store", "data", "data.pools"],
+    ["store", "data", "data.pools", "data.chat_filters"],
     ["sae", "clustering", "masks", "scores", "threshold", "calibration"],
     ["detectors.base", "detectors.freqmask", "detectors.learned_mask", "detectors.mahalanobis", "detectors.gmm",
      "detectors.ocsvm", "detectors.deep_svdd", "detectors.cvdd", "detectors.linear_probe", "detectors"],
-    ["hub", "model_card", "guard", "fitting"],
+    ["hub", "sae_formats", "model_card", "guard", "fitting"],
     ["capture", "modeling", "pretrained", "testing"],
     ["evaluation.protocol", "evaluation.diagnostics", "evaluation.grid", "evaluation.sae_cache", "evaluation.report",
      "evaluation.evaluate_metric", "evaluation"],

@@ -352,7 +352,7 @@ def test_learned_mask_guard_uses_the_sae_activation(kind, tmp_path):
     detector = guard.detector
     with torch.no_grad():
         clusters = detector(X, sae).clusters
-        base = [c for c, r in enumerate(detector.config.cluster_ranks) if r == 0]
+        base = [c for c, r in enumerate(detector.state.cluster_ranks) if r == 0]
         rows = torch.isin(clusters, torch.tensor(base)) if base else torch.zeros(len(X), dtype=torch.bool)
         if rows.any():  # rows of un-adapted clusters reconstruct as D(m_c * activate(E(a)))
             expected = sae.decode(sae.encode(X[rows]) * detector.masks[clusters[rows]])
