@@ -98,17 +98,19 @@ def freqmask_variant(base: Any, mask_size: int, scope: str) -> Any:
 
 @torch.no_grad()
 def local_residual_scores(det: Any, codes: torch.Tensor, clusters: np.ndarray, X: torch.Tensor, sae: Any,
-                          batch: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+                          eval_skip: np.ndarray | None = None, batch: int = 2048) -> tuple[np.ndarray, np.ndarray]:
     """Benchmark-only scores of the paper's mechanism on the FreqMask-KM masks of each row's cluster ``c``:
     ``off_support_l1 = ||z * (1 - m_c)||_1`` (code mass outside the cluster's mask) and
     ``masked_residual = ||a - D(m_c * z)||_2`` (reconstruction residual with only the mask's features)."""
-    off, res = np.empty(len(codes)), np.empty(len(codes))
+    off, res = np.full(len(codes), np.nan), np.full(len(codes), np.nan)
+    todo = np.flatnonzero(~eval_skip) if eval_skip is not None else np.arange(len(codes))
     cl = torch.as_tensor(clusters)
-    for i in range(0, len(codes), batch):
-        z, c = codes[i : i + batch], cl[i : i + batch]
+    for i in range(0, len(todo), batch):
+        idx = torch.from_numpy(todo[i : i + batch])
+        z, c = codes[idx], cl[idx]
         dense = torch.zeros_like(z).scatter_(1, det.mask_indices[c], 1.0)
-        off[i : i + batch] = (z * (1 - dense)).sum(1).double().numpy()
-        res[i : i + batch] = (X[i : i + batch] - sae.decode(z * dense)).norm(dim=1).double().numpy()
+        off[todo[i : i + batch]] = (z * (1 - dense)).sum(1).double().numpy()
+        res[todo[i : i + batch]] = (X[idx] - sae.decode(z * dense)).norm(dim=1).double().numpy()
     return off, res
 
 
@@ -127,9 +129,9 @@ def eval_freqmask_grid(codes, rows, fit_rows, Ks, masks, scopes, sae=None) -> li
                 scores, clusters = score_detector(det, codes, CodesAsInput())
                 out.append({"config": {"K": K, "mask": mask, "scope": scope, "score": "centroid_l1"},
                             "fit_seconds": round(kmeans_s, 1), **sd.evaluate_scores(scores, clusters, K, rows)})
-                if sae is not None:
+                if sae is not None and scope == "local":
                     for score_name, extra in zip(("off_support_l1", "masked_residual"),
-                                                 local_residual_scores(det, codes, clusters, rows.X, sae)):
+                                                 local_residual_scores(det, codes, clusters, rows.X, sae, rows.fit_mask)):
                         out.append({"config": {"K": K, "mask": mask, "scope": scope, "score": score_name},
                                     "fit_seconds": round(kmeans_s, 1), **sd.evaluate_scores(extra, clusters, K, rows)})
     return out
@@ -227,16 +229,26 @@ def run_learned_only(args, layer: int) -> dict[str, Any]:
     return {"sae": meta, "methods": {"LearnedMask-LoRA": entry}}
 
 
-def merge(name: str) -> None:
-    """Merge ``<name>_learned.json`` (``--learned-only`` runs) into ``<name>.json`` and rewrite its markdown."""
+def merge(name: str, parts: list[str]) -> None:
+    """Merge the results files ``parts`` (stems) into ``<name>.json``: whole layers are added, a layer
+    already there gets the part's methods (e.g. ``--learned-only`` runs); rewrites the markdown."""
     import json
 
-    main_path, extra_path = sd.RESULTS / f"{name}.json", sd.RESULTS / f"{name}_learned.json"
-    record, extra = json.loads(main_path.read_text()), json.loads(extra_path.read_text())
-    for layer, lo in extra["layers"].items():
-        if layer in record["layers"]:
-            record["layers"][layer]["methods"].update(lo["methods"])
-    record.setdefault("merged_commands", []).append(extra["env"]["command"])
+    main_path = sd.RESULTS / f"{name}.json"
+    record = json.loads(main_path.read_text()) if main_path.is_file() else None
+    for part in parts:
+        extra = json.loads((sd.RESULTS / f"{part}.json").read_text())
+        if record is None:
+            record = extra
+            record["env"]["command"] = f"merge of: {extra['env']['command']}"
+            continue
+        for layer, lo in extra["layers"].items():
+            if layer in record["layers"]:
+                record["layers"][layer]["methods"].update(lo["methods"])
+            else:
+                record["layers"][layer] = lo
+        record.setdefault("merged_commands", []).append(f"{extra['env']['command']} (status {extra.get('status')})")
+    record["layers"] = dict(sorted(record["layers"].items(), key=lambda t: int(t[0])))
     sd.write_json(main_path, record)
     (sd.RESULTS / f"{name}.md").write_text(markdown(record))
 
@@ -350,7 +362,7 @@ def main() -> None:
     parser.add_argument("--learned-layers", type=int, nargs="*", default=[])
     parser.add_argument("--d-sae", type=int, default=2304)
     parser.add_argument("--l1-rel", type=float, default=0.1, help="SAE L1 coefficient = this x RMS of the fit activations")
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--sweep", action="store_true", help="mechanism sweep at --layers instead of the main table")
     parser.add_argument("--widths", type=int, nargs="+", default=[2304, 4608])
@@ -358,13 +370,13 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[20, 50, 100])
     parser.add_argument("--masks", type=int, nargs="+", default=[50, 100, 400])
     parser.add_argument("--learned-only", action="store_true", help="only LearnedMask-LoRA at --layers, into <name>_learned.json")
-    parser.add_argument("--merge", action="store_true", help="merge <name>_learned.json into <name>.json and exit")
+    parser.add_argument("--merge-from", nargs="+", default=None, help="merge these results stems into <name>.json and exit")
     parser.add_argument("--name", default=None, help="results file stem (default chat_study_<model>_<position>[_sweep])")
     args = parser.parse_args()
     torch.set_num_threads(2)
     name = args.name or f"chat_study_{args.model}_{args.position}" + ("_sweep" if args.sweep else "")
-    if args.merge:
-        merge(name)
+    if args.merge_from:
+        merge(name, args.merge_from)
         return
     if args.learned_only:
         name += "_learned"

@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--ridge", type=float, default=1e-5)
     parser.add_argument("--d-sae", type=int, default=2304)
     parser.add_argument("--l1-rel", type=float, default=0.1)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--name", default="default_guard_smollm2")
     args = parser.parse_args()

@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--layer", type=int, default=20)
     parser.add_argument("--d-sae", type=int, default=2304)
     parser.add_argument("--l1-rel", type=float, default=0.1)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--K", type=int, default=20, help="FreqMask-KM clusters")
     parser.add_argument("--mask", type=int, default=100, help="FreqMask-KM mask size")
     parser.add_argument("--scope", default="global", choices=["global", "local"])
