@@ -72,6 +72,26 @@ def priority_order(prompts: list[Any], seed: int, first_domains: list[str]) -> l
     return first + [i for i in rest if getattr(prompts[i], "domain", "") not in first_domains]
 
 
+def length_batches(lengths: list[int], batch_size: int, max_chars: int | None) -> list[list[int]]:
+    """Indices sorted by length, in batches of at most ``batch_size`` rows and (if set) ``max_chars`` padded chars.
+
+    A long prompt padded with short ones costs the long one's length per row: the char budget keeps one
+    very long prompt (jailbreaks run to 25k chars) from multiplying its cost by the batch size.
+    """
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
+        last = batches[-1] if batches else None
+        if (
+            last is not None
+            and len(last) < batch_size
+            and (max_chars is None or (len(last) + 1) * lengths[i] <= max_chars)
+        ):
+            last.append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 def write_stores(
     out: Path,
     pool: str,
@@ -126,9 +146,7 @@ def run(args: argparse.Namespace, batch_fn: BatchFn, hook_of: Callable[[int], Ho
             chunk = s["order"][len(s["done"]) : len(s["done"]) + s["step"]]
             texts = [s["prompts"][i].text for i in chunk]
             t0 = time.perf_counter()
-            by_length = sorted(range(len(chunk)), key=lambda j: len(texts[j]))
-            for start in range(0, len(by_length), args.batch_size):
-                rows = by_length[start : start + args.batch_size]
+            for rows in length_batches([len(t) for t in texts], args.batch_size, args.max_batch_chars):
                 acts, extras = batch_fn([texts[j] for j in rows])
                 index = [chunk[j] for j in rows]
                 for layer in args.layers:
@@ -174,6 +192,7 @@ def main() -> None:
     parser.add_argument("--first-domains", nargs="*", default=[])
     parser.add_argument("--steps", type=int, default=4, help="chunks per pool")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-batch-chars", type=int, help="cap on rows x longest prompt (chars) per batch")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0)
