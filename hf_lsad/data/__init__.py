@@ -4,6 +4,8 @@ See :mod:`hf_lsad.data.pools` for the pool contents and API.
 """
 
 from hf_lsad.data.pools import (
+    DOMAINS,
+    POOL_CATEGORY,
     POOLS,
     UNSAFE_POOLS,
     Prompt,
@@ -11,12 +13,16 @@ from hf_lsad.data.pools import (
     load_manifest,
     load_pool,
     load_prompts,
+    pool_domains,
 )
 
 __all__ = [
     "Prompt",
     "POOLS",
     "UNSAFE_POOLS",
+    "DOMAINS",
+    "POOL_CATEGORY",
+    "pool_domains",
     "load_pool",
     "load_hub_prompts",
     "load_prompts",

