@@ -35,16 +35,15 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_lsad.capture import (
-    HookPoint,
     LastPositionRecorder,
     collect_activations,
-    decoder_layer,
     encode_prompts,
     eos_token_ids,
     final_call_index,
 )
 from hf_lsad.data import load_pool
-from hf_lsad.models import load_model
+from hf_lsad.hook_point import HookPoint, decoder_layer
+from hf_lsad.pretrained import load_model
 from hf_lsad.store import INDEX, save_activations
 
 POSITION = "response_last"

@@ -33,7 +33,7 @@ import torch
 
 import study_data as sd
 from chat_study import l1_for
-from hf_lsad.affine_calibration import fit_affine_calibration, importance_weights
+from hf_lsad.calibration import fit_affine_calibration, importance_weights
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import detector_class
 from hf_lsad.detectors.freqmask import FreqMaskConfig

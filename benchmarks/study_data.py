@@ -63,8 +63,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_lsad.affine_calibration import fit_affine_calibration, importance_weights
-from hf_lsad.calibration import fpr_threshold
+from hf_lsad.calibration import fit_affine_calibration, importance_weights
+from hf_lsad.threshold import fpr_threshold
 from hf_lsad.data import load_pool
 from hf_lsad.metrics import auroc
 from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
