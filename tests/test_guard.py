@@ -26,7 +26,7 @@ def saved_guard(tmp_path):
 def test_round_trip_gives_identical_scores(saved_guard):
     guard, path = saved_guard
     assert sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()) == [
-        "config.json", "detector.safetensors", "sae/config.json", "sae/sae.safetensors",
+        "config.json", "detector.safetensors", "sae/config.json", "sae/sae.safetensors", "threshold.safetensors",
     ]
     reloaded = SafetyGuard.from_pretrained(path)
     activations = torch.randn(7, guard.config.hook.hidden_size)
@@ -130,3 +130,44 @@ def test_sae_learns_a_sparse_code_and_round_trips(tmp_path):
     assert torch.equal(reloaded.encode(activations), sae.encode(activations))
     with pytest.raises(ValueError, match="NaN"):
         train_sae(torch.full((4, 16), float("nan")), 8, progress=False)
+
+
+def test_p_values_survive_save_and_load_and_match_the_held_out_scores(tmp_path):
+    guard = fresh_guard()
+    assert guard.holdout_scores is not None and len(guard.holdout_scores) == guard.config.n_holdout
+    guard.save_pretrained(tmp_path / "g")
+    loaded = SafetyGuard.from_pretrained(tmp_path / "g")
+    activations = torch.randn(32, guard.config.hook.hidden_size, generator=torch.Generator().manual_seed(3))
+    reports = loaded.reports(activations)
+    held_out = guard.holdout_scores
+    for report in reports:
+        expected = (1 + int((held_out >= torch.tensor(report.score, dtype=torch.float32)).sum())) / (len(held_out) + 1)
+        assert report.p_value == pytest.approx(expected, abs=1e-12)
+    assert [r.p_value for r in reports] == [r.p_value for r in guard.reports(activations)]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t[:-1], "expected float32"),
+        (lambda t: t.flip(0), "sorted ascending"),
+        (lambda t: t.double(), "expected float32"),
+    ],
+)
+def test_bad_held_out_scores_are_refused(tmp_path, edit, message):
+    from safetensors.torch import load_file, save_file
+
+    fresh_guard().save_pretrained(tmp_path / "g")
+    file = tmp_path / "g" / "threshold.safetensors"
+    save_file({"holdout_scores": edit(load_file(str(file))["holdout_scores"]).contiguous()}, str(file))
+    with pytest.raises(GuardFormatError, match=message):
+        SafetyGuard.from_pretrained(tmp_path / "g")
+
+
+def test_a_guard_without_held_out_scores_reports_no_p_value(tmp_path):
+    guard = fresh_guard()
+    guard.set_holdout_scores(None)
+    guard.save_pretrained(tmp_path / "g")
+    assert not (tmp_path / "g" / "threshold.safetensors").exists()
+    reports = SafetyGuard.from_pretrained(tmp_path / "g").reports(torch.randn(2, guard.config.hook.hidden_size))
+    assert all(r.p_value is None for r in reports)

@@ -32,7 +32,9 @@ METRICS = {
     "harmful": {"auroc": 0.9731, "tpr_at_5fpr": 0.8125, "flagged": 0.79},
     "toxic": {"auroc": 0.88, "tpr_at_5fpr": 0.5},
 }
-GUARD_FILES = ["README.md", "config.json", "detector.safetensors", "sae/config.json", "sae/sae.safetensors"]
+GUARD_FILES = [
+    "README.md", "config.json", "detector.safetensors", "sae/config.json", "sae/sae.safetensors", "threshold.safetensors"
+]  # fmt: skip
 
 
 @pytest.fixture
@@ -50,6 +52,11 @@ def assert_same_guard(a: SafetyGuard, b: SafetyGuard) -> None:
     activations = torch.randn(16, a.config.hook.hidden_size, generator=torch.Generator().manual_seed(0))
     out_a, out_b = a(activations), b(activations)
     assert torch.equal(out_a.scores, out_b.scores) and torch.equal(out_a.clusters, out_b.clusters)
+    # The held-out safe scores travel with the guard, so its reports keep their conformal p-values.
+    assert (a.holdout_scores is None) == (b.holdout_scores is None)
+    if a.holdout_scores is not None:
+        assert torch.equal(a.holdout_scores, b.holdout_scores)
+        assert [r.p_value for r in a.reports(activations)] == [r.p_value for r in b.reports(activations)]
 
 
 def save_tiny_model(folder: Path) -> Path:

@@ -26,7 +26,7 @@ from hf_lsad.detectors import DETECTORS, detector_class
 from hf_lsad.fitting import fit_guard
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.hook_point import HookPoint
-from hf_lsad.pretrained import DEFAULT_GUARD
+from hf_lsad.guard import DEFAULT_GUARD
 from hf_lsad.sae import SAETrainConfig, train_sae
 
 FIXTURE = Path(__file__).parent / "data" / "seeded_scores.safetensors"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from hf_lsad.metrics import auroc, tpr_at_fpr
-from hf_lsad.threshold import fpr_threshold
+from hf_lsad.threshold import conformal_p_values, fpr_threshold, sorted_holdout
 
 
 @pytest.mark.parametrize(
@@ -49,3 +51,45 @@ def test_tpr_at_exact_five_percent_fpr():
     assert tpr_at_fpr(negatives, positives, 0.05) == pytest.approx(0.8)
     # at 0% FPR only scores above 19 count: 19.5, 25, 30 -> 3/5
     assert tpr_at_fpr(negatives, positives, 0.0) == pytest.approx(0.6)
+
+
+# --- conformal p-values ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "holdout, scores, expected",
+    [
+        ([1.0, 2.0, 3.0, 4.0], [0.5, 1.0, 2.5, 4.0, 9.0], [5 / 5, 5 / 5, 3 / 5, 2 / 5, 1 / 5]),
+        ([2.0, 2.0, 2.0], [2.0, 1.9, 2.1], [4 / 4, 4 / 4, 1 / 4]),  # ties count as at least as unusual
+        ([0.0], [-1.0, 0.0, 1.0], [1.0, 1.0, 0.5]),
+    ],
+)
+def test_conformal_p_values_follow_the_formula(holdout, scores, expected):
+    p = conformal_p_values(torch.tensor(scores), sorted_holdout(torch.tensor(holdout)))
+    assert p.tolist() == pytest.approx(expected, abs=0)
+
+
+def test_conformal_p_values_equal_brute_force_counts_with_ties():
+    generator = torch.Generator().manual_seed(0)
+    holdout = torch.randint(0, 20, (301,), generator=generator).float()  # many ties
+    scores = torch.cat([holdout[:50], torch.randint(-2, 23, (200,), generator=generator).float()])
+    p = conformal_p_values(scores, sorted_holdout(holdout))
+    brute = [(1 + int((holdout >= s).sum())) / (len(holdout) + 1) for s in scores.tolist()]
+    assert p.tolist() == brute
+
+
+@pytest.mark.parametrize("q", [0.01, 0.05, 0.2])
+def test_flagged_scores_have_p_values_near_the_target_fpr(q):
+    holdout = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    threshold = fpr_threshold(holdout, q)
+    scores = torch.linspace(-4, 4, 2001)
+    p = conformal_p_values(scores, sorted_holdout(holdout))
+    bound = (1 + 1000 - math.ceil(1000 * (1 - q))) / 1001
+    assert (p[scores > threshold] <= bound + 1e-12).all() and (p[scores <= threshold] > bound - 1e-12).all()
+
+
+def test_sorted_holdout_rejects_empty_and_nan():
+    with pytest.raises(ValueError, match="non-empty"):
+        sorted_holdout(torch.tensor([]))
+    with pytest.raises(ValueError, match="finite"):
+        sorted_holdout(torch.tensor([1.0, float("nan")]))

@@ -42,7 +42,9 @@ def fresh_guard(position: str = "response_last") -> SafetyGuard:
     _, _, guard = tiny_guard(position)
     detector = type(guard.detector)(guard.detector.config, guard.detector.d_in, guard.detector.d_sae)
     detector.load_state_dict(guard.detector.state_dict())
-    return SafetyGuard(copy.deepcopy(guard.config), detector, copy.deepcopy(guard.sae))
+    copied = SafetyGuard(copy.deepcopy(guard.config), detector, copy.deepcopy(guard.sae))
+    copied.set_holdout_scores(guard.holdout_scores)
+    return copied
 
 
 def last_layer_output(model, sequence: torch.Tensor) -> torch.Tensor:
