@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .cli_checks import check_args, run
 from .capture import POSITIONS, HookPoint, collect_activations, encode_prompts
 from .clustering import CLUSTER_METRICS, KMeansConfig
 from .data import POOLS, load_prompts
@@ -230,6 +231,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-lsad", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (also after the command)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     collect = commands.add_parser("collect", help="collect residual-stream activations of a prompt pool")
@@ -329,9 +331,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Parse ``argv`` and run the command; errors propagate as exceptions (for use from Python)."""
     args = build_parser().parse_args(argv)
     args.run(args)
 
 
+def entry(argv: Sequence[str] | None = None) -> None:
+    """The ``hf-lsad`` command: arguments checked before any model is loaded, one-line errors (exit 2 for usage,
+    1 for failures), ``--debug`` for the traceback (:mod:`hf_lsad.cli_checks`)."""
+
+    def checked(args: Sequence[str]) -> None:
+        parser = build_parser()
+        namespace = parser.parse_args(args)
+        check_args(parser, namespace)
+        namespace.run(namespace)
+
+    run(checked, argv)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    entry(sys.argv[1:])

@@ -16,8 +16,11 @@ safetensors is read, and every key and tensor must be there with its shape.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,8 @@ from .capture import HookPoint
 from .detectors import Detector, detector_class
 from .hub import resolve_pretrained_dir, upload_pretrained_dir
 from .model_card import DEFAULT_LICENSE, guard_model_card
-from .sae import SparseAutoencoder
+from .guard_integrity import INTEGRITY_KEY, canonical_json, integrity_record, settings_record, verify_integrity
+from .sae import SAE_WEIGHTS, SparseAutoencoder
 from .serialization import (
     FORMAT_VERSION,
     GuardFormatError,
@@ -45,6 +49,7 @@ from .serialization import (
     save_module,
     write_json,
 )
+from .config_validation import check_guard_header
 from .validation import check_activations
 
 GUARD_CONFIG = "config.json"
@@ -98,6 +103,11 @@ class SafetyReport(NamedTuple):
     cluster: int
     probability: float | None
     """Calibrated probability of being unsafe; ``None`` for an uncalibrated guard."""
+    error: str | None = None
+    """Why this row could not be scored (e.g. a NaN activation), ``None`` when it was.
+
+    A row that could not be scored fails closed: ``flagged`` is ``True``, ``score`` (and a
+    calibrated ``probability``) ``nan`` and ``cluster`` ``-1``."""
 
 
 class SafetyGuard(nn.Module):
@@ -151,7 +161,34 @@ class SafetyGuard(nn.Module):
         return GuardOutput(scores, clusters, probabilities > self.calibration.threshold), probabilities
 
     def reports(self, activations: Tensor) -> list[SafetyReport]:
-        """One :class:`SafetyReport` per row of ``activations``."""
+        """One :class:`SafetyReport` per row of ``activations``.
+
+        Fails closed: a row holding NaN or inf gets a report with ``flagged=True`` and an
+        ``error`` saying so (and a ``RuntimeWarning``); the other rows are scored as usual.
+        Shape and width errors still raise.
+        """
+        finite = torch.isfinite(activations).all(1) if activations.ndim == 2 else None
+        if finite is None or bool(finite.all()) or activations.shape[1] != self.config.hook.hidden_size:
+            return self._reports(activations)
+        bad = (~finite).nonzero().flatten().tolist()
+        warnings.warn(
+            f"guard activations of rows {bad} hold NaN or inf: those rows are reported as flagged (fail closed)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        scored = iter(self._reports(activations[finite]) if finite.any() else [])
+        threshold = self.calibration.threshold if self.calibration is not None else self.config.threshold
+        failed = SafetyReport(
+            score=math.nan,
+            threshold=threshold,
+            flagged=True,
+            cluster=-1,
+            probability=math.nan if self.calibration is not None else None,
+            error="the activation holds NaN or inf, so the row could not be scored; flagged (fail closed)",
+        )
+        return [next(scored) if ok else failed for ok in finite.tolist()]
+
+    def _reports(self, activations: Tensor) -> list[SafetyReport]:
         output, probabilities = self._score(activations)
         if probabilities is None:
             threshold, probabilities = self.config.threshold, [None] * len(output.scores)
@@ -184,21 +221,23 @@ class SafetyGuard(nn.Module):
 
     def _save_files(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        write_json(
-            path / GUARD_CONFIG,
-            {
-                "format_version": FORMAT_VERSION,
-                "versions": {"hf_lsad": __version__, "torch": torch.__version__, "faiss": faiss.__version__},
-                "guard": config_to_dict(self.config),
-                "detector": config_to_dict(self.detector.config),
-                "d_sae": self.sae.config.d_sae if self.sae is not None else None,
-            }
-            # Only calibrated guards carry the key, so uncalibrated folders are unchanged.
-            | ({"calibration": config_to_dict(self.calibration)} if self.calibration is not None else {}),
-        )
         save_module(self.detector, path / DETECTOR_WEIGHTS)
         if self.sae is not None:
             self.sae.save_pretrained(path / SAE_SUBFOLDER)
+        config = {
+            "format_version": FORMAT_VERSION,
+            "versions": {"hf_lsad": __version__, "torch": torch.__version__, "faiss": faiss.__version__},
+            "guard": config_to_dict(self.config),
+            "detector": config_to_dict(self.detector.config),
+            "d_sae": self.sae.config.d_sae if self.sae is not None else None,
+        }
+        if self.calibration is not None:  # only calibrated guards carry the key
+            config["calibration"] = config_to_dict(self.calibration)
+        # Round-trip through JSON so the record holds exactly what a loader will read back.
+        config = json.loads(canonical_json(config))
+        settings = settings_record(config, config_to_dict(self.sae.config) if self.sae is not None else None)
+        config[INTEGRITY_KEY] = integrity_record(path, self._tensor_files(), settings)
+        write_json(path / GUARD_CONFIG, config)
 
     def model_card(self, **kwargs: Any) -> ModelCard:
         """This guard's :class:`huggingface_hub.ModelCard`; ``kwargs`` as in :func:`hf_lsad.model_card.guard_model_card`."""
@@ -269,28 +308,59 @@ class SafetyGuard(nn.Module):
 
         ``hub_kwargs`` (``revision``, ``subfolder``, ``token``, ``cache_dir``,
         ``local_files_only``, ``force_download``) behave as in transformers.
+
+        Everything is checked before the guard is returned (README, "A guard on disk"):
+        the folder's tree (:func:`~hf_lsad.guard_integrity.check_guard_tree`), every key's
+        type and range, unknown keys at every level, every tensor's presence, shape and
+        finiteness, each tensor file's SHA-256 and the settings the threshold was set for
+        (:func:`~hf_lsad.guard_integrity.verify_integrity`).
+
+        Raises:
+            hf_lsad.GuardFormatError: a missing, malformed or inconsistent file or key.
+            hf_lsad.GuardMismatchError: files or settings changed since the guard was saved.
+            hf_lsad.UnsafeGuardFileError: pickle files, or links leaving the folder.
         """
-        path = resolve_pretrained_dir(name_or_path, **hub_kwargs)
+        return cls._load(resolve_pretrained_dir(name_or_path, **hub_kwargs))
+
+    @classmethod
+    def _load(cls, path: Path, *, require_integrity: bool = True) -> SafetyGuard:
+        """Load the guard folder ``path``; ``require_integrity=False`` only for :func:`upgrade_guard_folder`."""
         raw = read_json(path / GUARD_CONFIG)
         source = str(path / GUARD_CONFIG)
-        if raw.get("format_version") != FORMAT_VERSION:
-            raise GuardFormatError(f"{source}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}")
-        for key in ("guard", "detector", "d_sae"):
-            if key not in raw:
-                raise GuardFormatError(f"{source}: missing config key {key!r}")
-        config = config_from_dict(GuardConfig, raw["guard"], source=source)
-        method = detector_class(config.method)
+        check_guard_header(raw, source=source)
+        config = config_from_dict(GuardConfig, raw["guard"], source=f"{source}:guard")
+        try:
+            method = detector_class(config.method)
+        except ValueError as err:
+            raise GuardFormatError(f"{source}:guard: key 'method': {err}") from None
         detector_config = config_from_dict(method.config_class, raw["detector"], source=f"{source}:detector")
+        if (raw["d_sae"] is not None) != method.uses_sae:
+            raise GuardFormatError(
+                f"{source}: key 'd_sae' is {raw['d_sae']!r}, but {config.method} "
+                f"{'reads' if method.uses_sae else 'does not read'} SAE codes"
+            )
         sae = SparseAutoencoder.from_pretrained(path / SAE_SUBFOLDER) if raw["d_sae"] is not None else None
         if sae is not None and sae.config.d_sae != raw["d_sae"]:
             raise GuardFormatError(f"{source}: d_sae {raw['d_sae']} but the SAE has {sae.config.d_sae} features")
-        detector = method(detector_config, config.hook.hidden_size, raw["d_sae"])
-        load_module(detector, path / DETECTOR_WEIGHTS)
-        guard = cls(config, detector, sae).eval()
+        try:
+            detector = method(detector_config, config.hook.hidden_size, raw["d_sae"])
+            load_module(detector, path / DETECTOR_WEIGHTS)
+            guard = cls(config, detector, sae).eval()
+        except GuardFormatError:
+            raise
+        except ValueError as err:
+            raise GuardFormatError(f"{source}: {err}") from err
         if "calibration" in raw:
             calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")
             try:
                 guard.set_calibration(calibration)
             except ValueError as err:
                 raise GuardFormatError(f"{source}: {err}") from err
+        if require_integrity:
+            sae_config = config_to_dict(sae.config) if sae is not None else None
+            verify_integrity(path, raw, sae_config, guard._tensor_files(), source=source)
         return guard
+
+    def _tensor_files(self) -> list[str]:
+        """The tensor files of this guard's folder, relative to it."""
+        return [DETECTOR_WEIGHTS] + ([f"{SAE_SUBFOLDER}/{SAE_WEIGHTS}"] if self.sae is not None else [])
