@@ -10,8 +10,11 @@ A guard folder (locally or in a Hub repo, optionally under a subfolder)::
     sae/sae.safetensors    the SAE's weights
     README.md              model card (:mod:`hf_lsad.model_card`; always on the Hub, optional locally)
 
-Loading is strict (see :mod:`hf_lsad.serialization`): nothing but JSON and
-safetensors is read, and every key and tensor must be there with its shape.
+Loading is strict (see :mod:`hf_lsad.serialization`, :mod:`hf_lsad.config_validation`):
+nothing but JSON and safetensors is read, every key must be known and of its type and
+range, and every tensor must be there with its shape. ``config.json`` also records the
+SHA-256 of each tensor file and the settings the threshold was set for, checked on load
+(:mod:`hf_lsad.guard_integrity`).
 """
 
 from __future__ import annotations
