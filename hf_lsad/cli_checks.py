@@ -60,7 +60,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         for value in values if isinstance(values, list) else [values] if values else []:
             if not Path(value).is_dir():
                 parser.error(f"argument {_flag(name)}: no activation store folder {value!r}")
-    if args.command == "fit" and not (Path(args.sae) / "config.json").is_file():
+    if args.command == "fit" and getattr(args, "sae", None) and not (Path(args.sae) / "config.json").is_file():
         parser.error(f"argument --sae: {args.sae!r} is not an SAE folder (no config.json in it)")
     if getattr(args, "grid", None) and not Path(args.grid).is_file():
         parser.error(f"argument --grid: no file {args.grid!r}")

@@ -186,19 +186,17 @@ def _short(value: Any, limit: int = 60) -> str:
 GUARD_VERSION_KEYS = {"hf_lsad", "torch", "faiss"}
 
 
-def check_guard_header(raw: dict[str, Any], *, source: str) -> None:
+def check_guard_header(raw: dict[str, Any], *, source: str, format_version: int) -> None:
     """The top level of a guard's ``config.json``: exactly its keys, each of its type.
 
     The nested ``guard``, ``detector`` and ``calibration`` objects are checked when they
     are built (:func:`check_fields`), the ``integrity`` block by
     :func:`hf_lsad.guard_integrity.verify_integrity`.
     """
-    from .serialization import FORMAT_VERSION
-
     require_object(raw, source=source)
     version = raw.get("format_version")
-    if isinstance(version, bool) or version != FORMAT_VERSION:
-        raise GuardFormatError(f"{source}: format_version {version!r}, expected {FORMAT_VERSION}")
+    if isinstance(version, bool) or version != format_version:
+        raise GuardFormatError(f"{source}: format_version {version!r}, expected {format_version}")
     # A missing "integrity" block gets its own message (verify_integrity): how to upgrade an older guard.
     require_keys(raw, {"format_version", "versions", "guard", "detector", "d_sae"}, {"calibration", "integrity"},
                  source=source)  # fmt: skip

@@ -29,17 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import faiss
 import torch
 from huggingface_hub import CommitInfo, ModelCard
 from torch import Tensor, nn
 
-from . import __version__
-from .affine_calibration import AffineCalibration
-from .capture import HookPoint
+from .calibration import AffineCalibration
+from .checks import check_activations
 from .detectors import Detector, detector_class
+from .hook_point import HookPoint
 from .hub import resolve_pretrained_dir, upload_pretrained_dir
 from .model_card import DEFAULT_LICENSE, guard_model_card
+from .config_validation import check_guard_header
 from .guard_integrity import INTEGRITY_KEY, canonical_json, integrity_record, settings_record, verify_integrity
 from .sae import SAE_WEIGHTS, SparseAutoencoder
 from .serialization import (
@@ -52,8 +52,7 @@ from .serialization import (
     save_module,
     write_json,
 )
-from .config_validation import check_guard_header
-from .validation import check_activations
+from .version import library_versions
 
 GUARD_CONFIG = "config.json"
 MODEL_CARD = "README.md"
@@ -113,6 +112,7 @@ class SafetyReport(NamedTuple):
     calibrated ``probability``) ``nan`` and ``cluster`` ``-1``."""
 
 
+
 class SafetyGuard(nn.Module):
     """Scores residual-stream activations read at ``config.hook``."""
 
@@ -136,8 +136,7 @@ class SafetyGuard(nn.Module):
         A calibrated guard reports ``sigmoid(a_c s + b_c)`` and flags rows above ``calibration.threshold``.
         """
         if calibration is not None:
-            kmeans = getattr(self.detector.config, "kmeans", None)
-            n_clusters = kmeans.n_clusters if kmeans is not None else 0
+            n_clusters = self.detector.n_clusters
             if calibration.n_clusters != n_clusters:
                 raise ValueError(
                     f"calibration has {calibration.n_clusters} clusters, the {self.config.method} detector {n_clusters}"
@@ -229,9 +228,9 @@ class SafetyGuard(nn.Module):
             self.sae.save_pretrained(path / SAE_SUBFOLDER)
         config = {
             "format_version": FORMAT_VERSION,
-            "versions": {"hf_lsad": __version__, "torch": torch.__version__, "faiss": faiss.__version__},
+            "versions": library_versions("hf_lsad", "torch", "faiss"),
             "guard": config_to_dict(self.config),
-            "detector": config_to_dict(self.detector.config),
+            "detector": self.detector.settings_dict(),
             "d_sae": self.sae.config.d_sae if self.sae is not None else None,
         }
         if self.calibration is not None:  # only calibrated guards carry the key
@@ -330,13 +329,12 @@ class SafetyGuard(nn.Module):
         """Load the guard folder ``path``; ``require_integrity=False`` only for :func:`upgrade_guard_folder`."""
         raw = read_json(path / GUARD_CONFIG)
         source = str(path / GUARD_CONFIG)
-        check_guard_header(raw, source=source)
+        check_guard_header(raw, source=source, format_version=FORMAT_VERSION)
         config = config_from_dict(GuardConfig, raw["guard"], source=f"{source}:guard")
         try:
             method = detector_class(config.method)
         except ValueError as err:
             raise GuardFormatError(f"{source}:guard: key 'method': {err}") from None
-        detector_config = config_from_dict(method.config_class, raw["detector"], source=f"{source}:detector")
         if (raw["d_sae"] is not None) != method.uses_sae:
             raise GuardFormatError(
                 f"{source}: key 'd_sae' is {raw['d_sae']!r}, but {config.method} "
@@ -346,11 +344,14 @@ class SafetyGuard(nn.Module):
         if sae is not None and sae.config.d_sae != raw["d_sae"]:
             raise GuardFormatError(f"{source}: d_sae {raw['d_sae']} but the SAE has {sae.config.d_sae} features")
         try:
-            detector = method(detector_config, config.hook.hidden_size, raw["d_sae"])
-            load_module(detector, path / DETECTOR_WEIGHTS)
-            guard = cls(config, detector, sae).eval()
+            detector = method.from_settings(raw["detector"], config.hook.hidden_size, raw["d_sae"], source=f"{source}:detector")
         except GuardFormatError:
             raise
+        except ValueError as err:  # a fitted state that does not fit its config
+            raise GuardFormatError(f"{source}:detector: {err}") from err
+        load_module(detector, path / DETECTOR_WEIGHTS)
+        try:
+            guard = cls(config, detector, sae).eval()
         except ValueError as err:
             raise GuardFormatError(f"{source}: {err}") from err
         if "calibration" in raw:
@@ -367,3 +368,14 @@ class SafetyGuard(nn.Module):
     def _tensor_files(self) -> list[str]:
         """The tensor files of this guard's folder, relative to it."""
         return [DETECTOR_WEIGHTS] + ([f"{SAE_SUBFOLDER}/{SAE_WEIGHTS}"] if self.sae is not None else [])
+
+
+def upgrade_guard_folder(path: str | os.PathLike) -> None:
+    """Add the ``integrity`` record to a guard saved by an older hf-lsad, in place (an explicit act of trust).
+
+    The guard is loaded with every other check and re-saved with :meth:`SafetyGuard.save_pretrained`:
+    its tensors are written again unchanged, so its scores stay identical. Only for files you
+    trust: the record makes whatever they hold now the reference.
+    """
+    guard = SafetyGuard._load(Path(path), require_integrity=False)
+    guard.save_pretrained(path)

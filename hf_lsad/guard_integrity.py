@@ -117,7 +117,7 @@ def verify_integrity(
             f"{source}: no {INTEGRITY_KEY!r} record (SHA-256 of the tensor files and the settings the threshold was "
             "set for); guards saved by older hf-lsad versions lack it, so their tensors and threshold cannot be "
             "verified. If you trust these files, add the record with "
-            f"hf_lsad.guard_integrity.upgrade_guard_folder({str(folder)!r}), or re-save the guard with save_pretrained"
+            f"hf_lsad.guard.upgrade_guard_folder({str(folder)!r}), or re-save the guard with save_pretrained"
         )
     where = f"{source}:{INTEGRITY_KEY}"
     if not isinstance(record, dict):
@@ -219,16 +219,3 @@ def check_guard_tree(folder: Path, bound: Path | None = None) -> list[str]:
         )
     return files
 
-
-def upgrade_guard_folder(path: str | os.PathLike) -> None:
-    """Add the ``integrity`` record to a guard saved by an older hf-lsad, in place (an explicit act of trust).
-
-    The guard is loaded with every other check and re-saved with
-    :meth:`~hf_lsad.SafetyGuard.save_pretrained`: its tensors are written again
-    unchanged, so its scores stay identical. Only for files you trust: the record makes
-    whatever they hold now the reference.
-    """
-    from .guard import SafetyGuard
-
-    guard = SafetyGuard._load(Path(path), require_integrity=False)
-    guard.save_pretrained(path)

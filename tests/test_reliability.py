@@ -27,7 +27,7 @@ from hf_lsad import (
     UnsafeGuardFileError,
 )
 from hf_lsad.capture import encode_prompts, generate_with_activations
-from hf_lsad.guard_integrity import upgrade_guard_folder
+from hf_lsad.guard import upgrade_guard_folder
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.models import tiny_model
 from hf_lsad.pretrained import DEFAULT_GUARD
