@@ -8,7 +8,11 @@ A forward hook on decoder layer ``L`` records the hidden state of the *last
 position* of every forward call: the last prompt token on the prefill call,
 then the newest token on each decoding call. With left padding the last
 position of every row is a real token, so a row's record does not depend on
-the rest of the batch.
+the rest of the batch. A right-padded batch (a tokenizer's default
+``padding_side="right"``) is read at each row's last real token on the prefill
+call, found from the attention mask (:func:`last_token_positions`), so it is
+scored as the same prompt left-padded. The hook only records forward passes
+of the thread that registered it, so concurrent calls on one model do not mix.
 
 Positions (one activation per sequence):
 
@@ -27,6 +31,7 @@ Positions (one activation per sequence):
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -35,33 +40,70 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .errors import InputError
 from .hook_point import POSITIONS, decoder_layer
 
 
 class LastPositionRecorder:
-    """Forward hook that keeps ``output[:, -1, :]`` of a module for every call.
+    """Forward hook that keeps ``output[:, -1, :]`` of a module for every call made by the thread that entered it.
 
     Use as a context manager; the hook is removed on exit, exceptions included.
+
+    - Calls from other threads are ignored, so several threads can each run a recorder on
+      the same module at once (concurrent guarded ``generate`` calls on one model): each
+      sees only the forward passes of its own call.
+    - ``first_positions`` (``[batch]`` long), when given, is the position read on the first
+      call instead of the last one: each row's last real token of a right-padded prompt
+      (:func:`last_token_positions`). Later calls (one new token each) read position ``-1``.
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, first_positions: Tensor | None = None) -> None:
         self.module = module
+        self.first_positions = first_positions
         self.records: list[Tensor] = []
         self._handle: Any = None
+        self._thread: int | None = None
 
     def _hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return  # another thread's forward pass through the same module
         hidden = output[0] if isinstance(output, tuple) else output  # older transformers return tuples
+        if not self.records and self.first_positions is not None:
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            self.records.append(hidden[rows, self.first_positions.to(hidden.device)].detach().clone())
+            return
         # clone: keep [batch, hidden], not a view pinning the whole prefill tensor.
         self.records.append(hidden[:, -1, :].detach().clone())
 
     def __enter__(self) -> LastPositionRecorder:
         self.records = []
+        self._thread = threading.get_ident()
         self._handle = self.module.register_forward_hook(self._hook)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._handle.remove()
         self._handle = None
+
+
+def last_token_positions(attention_mask: Tensor | None) -> Tensor | None:
+    """Per row, the position of its last real token, or ``None`` when that is the last position of every row.
+
+    ``None`` (nothing to correct) for no mask or a left-padded / unpadded batch. For a
+    right-padded batch (what a tokenizer with ``padding_side="right"`` gives, e.g.
+    SmolLM2's by default) the last position of a short row is padding, and reading it
+    would score a pad token. Raises :class:`~hf_lsad.errors.InputError` for a row
+    without any real token.
+    """
+    if attention_mask is None or attention_mask.ndim != 2 or attention_mask.shape[1] == 0:
+        return None
+    mask = attention_mask.bool()
+    empty = (~mask.any(1)).nonzero().flatten().tolist()
+    if empty:
+        raise InputError(f"rows {empty} of attention_mask hold no real token (all padding)")
+    if mask[:, -1].all():
+        return None
+    return mask.shape[1] - 1 - mask.flip(1).long().argmax(1)
 
 
 def final_call_index(new_tokens: Tensor, eos_token_ids: Sequence[int], position: str) -> Tensor:
@@ -111,7 +153,7 @@ def generate_with_activations(
     if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
         raise ValueError("assisted decoding is not supported by guarded generation")
     _, module = decoder_layer(model, layer)
-    with LastPositionRecorder(module) as recorder:
+    with LastPositionRecorder(module, last_token_positions(generate_kwargs.get("attention_mask"))) as recorder:
         output = model.generate(**generate_kwargs)
     sequences = output if isinstance(output, Tensor) else output.sequences
     new_tokens = sequences[:, input_ids.shape[1] :]
@@ -149,13 +191,12 @@ def encode_prompts(
         add_special_tokens = False  # the template already holds them
     else:
         texts, add_special_tokens = list(prompts), True
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        if tokenizer.pad_token is None:
-            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
-        return dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens))
-    finally:
-        tokenizer.padding_side = padding_side
+    if tokenizer.pad_token is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    # padding_side as an argument, not by setting tokenizer.padding_side and back: that raced between threads.
+    return dict(
+        tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens, padding_side="left")
+    )
 
 
 class _StopForward(Exception):
@@ -166,6 +207,8 @@ class _RecordThenStop(LastPositionRecorder):
     """A :class:`LastPositionRecorder` that ends the forward pass once it has recorded."""
 
     def _hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
         super()._hook(module, args, output)
         raise _StopForward
 
@@ -182,7 +225,7 @@ def prefill_activations(model: PreTrainedModel, layer: int, input_ids: Tensor, a
     """
     _, module = decoder_layer(model, layer)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    with _RecordThenStop(module) as recorder:
+    with _RecordThenStop(module, last_token_positions(attention_mask)) as recorder:
         try:
             model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         except _StopForward:

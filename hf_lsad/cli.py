@@ -325,6 +325,7 @@ def _requested(argv: Sequence[str]) -> tuple[str | None, str]:
 def build_parser(command: str | None = None, method: str = DEFAULT_METHOD) -> argparse.ArgumentParser:
     """The parser; only ``command``'s arguments are built (they may import the library), the others list their help."""
     parser = argparse.ArgumentParser(prog="hf-lsad", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (hf-lsad command only)")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, (summary, add_arguments, run, description) in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=description or summary)
@@ -346,5 +347,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.run(args)
 
 
+def entry(argv: Sequence[str] | None = None) -> None:
+    """The ``hf-lsad`` command: arguments checked before any model is loaded, one-line errors (exit 2 for usage,
+    1 for failures), ``--debug`` for the traceback (:mod:`hf_lsad.cli_checks`)."""
+    from .cli_checks import check_args, run
+
+    def checked(args: Sequence[str]) -> None:
+        args = list(args)
+        command, method = _requested(args)
+        if command == "fit":
+            from .detectors import DETECTORS
+
+            if method not in DETECTORS:
+                raise SystemExit(f"unknown detector method {method!r}; registered: {sorted(DETECTORS)}")
+        parser = build_parser(command, method)
+        namespace = parser.parse_args(args)
+        check_args(parser, namespace)
+        namespace.run(namespace)
+
+    run(checked, argv)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    entry(sys.argv[1:])

@@ -12,14 +12,20 @@ A guard folder (locally or in a Hub repo, optionally under a subfolder)::
                            (reports' conformal p-values; absent in guards saved before them)
     README.md              model card (:mod:`hf_lsad.model_card`; always on the Hub, optional locally)
 
-Loading is strict (see :mod:`hf_lsad.serialization`): nothing but JSON and
-safetensors is read, and every key and tensor must be there with its shape.
+Loading is strict (see :mod:`hf_lsad.serialization`, :mod:`hf_lsad.config_validation`):
+nothing but JSON and safetensors is read, every key must be known and of its type and
+range, and every tensor must be there with its shape. ``config.json`` also records the
+SHA-256 of each tensor file and the settings the threshold was set for, checked on load
+(:mod:`hf_lsad.guard_integrity`).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +43,9 @@ from .detectors import Detector, detector_class
 from .hook_point import HookPoint
 from .hub import resolve_pretrained_dir, upload_pretrained_dir
 from .model_card import DEFAULT_LICENSE, guard_model_card
-from .sae import SparseAutoencoder
+from .config_validation import check_guard_header
+from .guard_integrity import INTEGRITY_KEY, canonical_json, integrity_record, settings_record, verify_integrity
+from .sae import SAE_WEIGHTS, SparseAutoencoder
 from .threshold import conformal_p_values, sorted_holdout
 from .serialization import (
     FORMAT_VERSION,
@@ -109,6 +117,12 @@ class SafetyReport(NamedTuple):
     p_value: float | None = None
     """Conformal p-value of the score against the held-out safe scores (:func:`hf_lsad.threshold.conformal_p_values`):
     ``0.008`` reads "more unusual than 99.2% of safe prompts". ``None`` for a guard saved without them."""
+    error: str | None = None
+    """Why this row could not be scored (e.g. a NaN activation), ``None`` when it was.
+
+    A row that could not be scored fails closed: ``flagged`` is ``True``, ``score`` (and a
+    calibrated ``probability``) ``nan`` and ``cluster`` ``-1``."""
+
 
 
 class SafetyGuard(nn.Module):
@@ -171,7 +185,34 @@ class SafetyGuard(nn.Module):
         return GuardOutput(scores, clusters, probabilities > self.calibration.threshold), probabilities
 
     def reports(self, activations: Tensor) -> list[SafetyReport]:
-        """One :class:`SafetyReport` per row of ``activations``."""
+        """One :class:`SafetyReport` per row of ``activations``.
+
+        Fails closed: a row holding NaN or inf gets a report with ``flagged=True`` and an
+        ``error`` saying so (and a ``RuntimeWarning``); the other rows are scored as usual.
+        Shape and width errors still raise.
+        """
+        finite = torch.isfinite(activations).all(1) if activations.ndim == 2 else None
+        if finite is None or bool(finite.all()) or activations.shape[1] != self.config.hook.hidden_size:
+            return self._reports(activations)
+        bad = (~finite).nonzero().flatten().tolist()
+        warnings.warn(
+            f"guard activations of rows {bad} hold NaN or inf: those rows are reported as flagged (fail closed)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        scored = iter(self._reports(activations[finite]) if finite.any() else [])
+        threshold = self.calibration.threshold if self.calibration is not None else self.config.threshold
+        failed = SafetyReport(
+            score=math.nan,
+            threshold=threshold,
+            flagged=True,
+            cluster=-1,
+            probability=math.nan if self.calibration is not None else None,
+            error="the activation holds NaN or inf, so the row could not be scored; flagged (fail closed)",
+        )
+        return [next(scored) if ok else failed for ok in finite.tolist()]
+
+    def _reports(self, activations: Tensor) -> list[SafetyReport]:
         output, probabilities = self._score(activations)
         if probabilities is None:
             threshold, probabilities = self.config.threshold, [None] * len(output.scores)
@@ -211,23 +252,25 @@ class SafetyGuard(nn.Module):
 
     def _save_files(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        write_json(
-            path / GUARD_CONFIG,
-            {
-                "format_version": FORMAT_VERSION,
-                "versions": library_versions("hf_lsad", "torch", "faiss"),
-                "guard": config_to_dict(self.config),
-                "detector": self.detector.settings_dict(),
-                "d_sae": self.sae.config.d_sae if self.sae is not None else None,
-            }
-            # Only calibrated guards carry the key, so uncalibrated folders are unchanged.
-            | ({"calibration": config_to_dict(self.calibration)} if self.calibration is not None else {}),
-        )
         save_module(self.detector, path / DETECTOR_WEIGHTS)
         if self.holdout_scores is not None:
             save_file({"holdout_scores": self.holdout_scores.contiguous()}, str(path / THRESHOLD_SCORES))
         if self.sae is not None:
             self.sae.save_pretrained(path / SAE_SUBFOLDER)
+        config = {
+            "format_version": FORMAT_VERSION,
+            "versions": library_versions("hf_lsad", "torch", "faiss"),
+            "guard": config_to_dict(self.config),
+            "detector": self.detector.settings_dict(),
+            "d_sae": self.sae.config.d_sae if self.sae is not None else None,
+        }
+        if self.calibration is not None:  # only calibrated guards carry the key
+            config["calibration"] = config_to_dict(self.calibration)
+        # Round-trip through JSON so the record holds exactly what a loader will read back.
+        config = json.loads(canonical_json(config))
+        settings = settings_record(config, config_to_dict(self.sae.config) if self.sae is not None else None)
+        config[INTEGRITY_KEY] = integrity_record(path, self._tensor_files(), settings)
+        write_json(path / GUARD_CONFIG, config)
 
     def model_card(self, **kwargs: Any) -> ModelCard:
         """This guard's :class:`huggingface_hub.ModelCard`; ``kwargs`` as in :func:`hf_lsad.model_card.guard_model_card`."""
@@ -298,19 +341,38 @@ class SafetyGuard(nn.Module):
 
         ``hub_kwargs`` (``revision``, ``subfolder``, ``token``, ``cache_dir``,
         ``local_files_only``, ``force_download``) behave as in transformers.
+
+        Everything is checked before the guard is returned (README, "A guard on disk"):
+        the folder's tree (:func:`~hf_lsad.guard_integrity.check_guard_tree`), every key's
+        type and range, unknown keys at every level, every tensor's presence, shape and
+        finiteness, each tensor file's SHA-256 and the settings the threshold was set for
+        (:func:`~hf_lsad.guard_integrity.verify_integrity`).
+
+        Raises:
+            hf_lsad.GuardFormatError: a missing, malformed or inconsistent file or key.
+            hf_lsad.GuardMismatchError: files or settings changed since the guard was saved.
+            hf_lsad.UnsafeGuardFileError: pickle files, or links leaving the folder.
         """
         if str(name_or_path) == "default":
             name_or_path = DEFAULT_GUARD
-        path = resolve_pretrained_dir(name_or_path, **hub_kwargs)
+        return cls._load(resolve_pretrained_dir(name_or_path, **hub_kwargs))
+
+    @classmethod
+    def _load(cls, path: Path, *, require_integrity: bool = True) -> SafetyGuard:
+        """Load the guard folder ``path``; ``require_integrity=False`` only for :func:`upgrade_guard_folder`."""
         raw = read_json(path / GUARD_CONFIG)
         source = str(path / GUARD_CONFIG)
-        if raw.get("format_version") != FORMAT_VERSION:
-            raise GuardFormatError(f"{source}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}")
-        for key in ("guard", "detector", "d_sae"):
-            if key not in raw:
-                raise GuardFormatError(f"{source}: missing config key {key!r}")
-        config = config_from_dict(GuardConfig, raw["guard"], source=source)
-        method = detector_class(config.method)
+        check_guard_header(raw, source=source, format_version=FORMAT_VERSION)
+        config = config_from_dict(GuardConfig, raw["guard"], source=f"{source}:guard")
+        try:
+            method = detector_class(config.method)
+        except ValueError as err:
+            raise GuardFormatError(f"{source}:guard: key 'method': {err}") from None
+        if (raw["d_sae"] is not None) != method.uses_sae:
+            raise GuardFormatError(
+                f"{source}: key 'd_sae' is {raw['d_sae']!r}, but {config.method} "
+                f"{'reads' if method.uses_sae else 'does not read'} SAE codes"
+            )
         sae = SparseAutoencoder.from_pretrained(path / SAE_SUBFOLDER) if raw["d_sae"] is not None else None
         if sae is not None and sae.config.d_sae != raw["d_sae"]:
             raise GuardFormatError(f"{source}: d_sae {raw['d_sae']} but the SAE has {sae.config.d_sae} features")
@@ -321,7 +383,10 @@ class SafetyGuard(nn.Module):
         except ValueError as err:  # a fitted state that does not fit its config
             raise GuardFormatError(f"{source}:detector: {err}") from err
         load_module(detector, path / DETECTOR_WEIGHTS)
-        guard = cls(config, detector, sae).eval()
+        try:
+            guard = cls(config, detector, sae).eval()
+        except ValueError as err:
+            raise GuardFormatError(f"{source}: {err}") from err
         if (path / THRESHOLD_SCORES).exists():
             guard.set_holdout_scores(_read_holdout_scores(path / THRESHOLD_SCORES, config.n_holdout))
         if "calibration" in raw:
@@ -330,7 +395,15 @@ class SafetyGuard(nn.Module):
                 guard.set_calibration(calibration)
             except ValueError as err:
                 raise GuardFormatError(f"{source}: {err}") from err
+        if require_integrity:
+            sae_config = config_to_dict(sae.config) if sae is not None else None
+            verify_integrity(path, raw, sae_config, guard._tensor_files(), source=source)
         return guard
+
+    def _tensor_files(self) -> list[str]:
+        """The tensor files of this guard's folder, relative to it."""
+        files = [DETECTOR_WEIGHTS] + ([f"{SAE_SUBFOLDER}/{SAE_WEIGHTS}"] if self.sae is not None else [])
+        return files + ([THRESHOLD_SCORES] if self.holdout_scores is not None else [])
 
 
 def _read_holdout_scores(file: Path, n_holdout: int) -> Tensor:
@@ -347,3 +420,14 @@ def _read_holdout_scores(file: Path, n_holdout: int) -> Tensor:
     if not torch.isfinite(scores).all() or (scores[1:] < scores[:-1]).any():
         raise GuardFormatError(f"{file}: holdout_scores must be finite and sorted ascending")
     return scores
+
+
+def upgrade_guard_folder(path: str | os.PathLike) -> None:
+    """Add the ``integrity`` record to a guard saved by an older hf-lsad, in place (an explicit act of trust).
+
+    The guard is loaded with every other check and re-saved with :meth:`SafetyGuard.save_pretrained`:
+    its tensors are written again unchanged, so its scores stay identical. Only for files you
+    trust: the record makes whatever they hold now the reference.
+    """
+    guard = SafetyGuard._load(Path(path), require_integrity=False)
+    guard.save_pretrained(path)

@@ -13,6 +13,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .errors import ModelMismatchError
+
 if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedModel
@@ -102,7 +104,8 @@ class HookPoint:
         )
 
     def check_model(self, model: PreTrainedModel, *, allow_base_model_mismatch: bool = False) -> None:
-        """Raise ``ValueError`` if ``model`` cannot be read at this hook point, or is not the guard's base model.
+        """Raise :class:`~hf_lsad.errors.ModelMismatchError` (a ``ValueError``) if ``model`` cannot be read at this
+        hook point, or is not the guard's base model.
 
         Hidden size, layer count and the hooked block's module name must match: always an error.
         The model's name (``model.config.name_or_path``) must match :attr:`base_model` under
@@ -112,18 +115,18 @@ class HookPoint:
         """
         text_config = model.config.get_text_config()
         if text_config.hidden_size != self.hidden_size:
-            raise ValueError(
+            raise ModelMismatchError(
                 f"guard expects hidden size {self.hidden_size} (fitted on {self.base_model}), "
                 f"but {model.config.name_or_path or type(model).__name__} has hidden size {text_config.hidden_size}"
             )
         if text_config.num_hidden_layers != self.num_hidden_layers:
-            raise ValueError(
+            raise ModelMismatchError(
                 f"guard was fitted on a model with {self.num_hidden_layers} decoder layers (layer {self.layer}), "
                 f"but {model.config.name_or_path or type(model).__name__} has {text_config.num_hidden_layers}"
             )
         name, _ = decoder_layer(model, self.layer)
         if name != self.layer_module:
-            raise ValueError(f"guard reads {self.layer_module!r}, but this model's block {self.layer} is {name!r}")
+            raise ModelMismatchError(f"guard reads {self.layer_module!r}, but this model's block {self.layer} is {name!r}")
         model_name = str(model.config.name_or_path or "")
         if same_base_model(self.base_model, model_name) is False:
             message = (
@@ -131,7 +134,7 @@ class HookPoint:
                 f"(config.name_or_path); its scores and threshold are only meaningful on the model it was fitted on"
             )
             if not allow_base_model_mismatch:
-                raise ValueError(
+                raise ModelMismatchError(
                     f"{message}. If this is the same model under another name (e.g. a local copy), "
                     "pass allow_base_model_mismatch=True."
                 )

@@ -27,11 +27,10 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 from huggingface_hub.utils import filter_repo_objects
 
+from .errors import GuardFormatError, UnsafeGuardFileError
+from .guard_integrity import PICKLE_SUFFIXES, bounding_folder, check_guard_tree
+
 __all__ = ["PICKLE_SUFFIXES", "find_pickle_files", "resolve_pretrained_dir", "upload_pretrained_dir"]
-
-#: File suffixes of formats that can run code when loaded; a guard folder must hold none.
-PICKLE_SUFFIXES: tuple[str, ...] = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-
 
 def find_pickle_files(paths: Iterable[str | os.PathLike]) -> list[str]:
     """Return, sorted, the entries of ``paths`` whose suffix is one of :data:`PICKLE_SUFFIXES`."""
@@ -56,14 +55,15 @@ def _allow_patterns(subfolder: str, extra: Iterable[str] = ()) -> list[str]:
 def _refuse_pickles(files: Iterable[str], where: str) -> None:
     pickles = find_pickle_files(files)
     if pickles:
-        raise ValueError(
+        raise UnsafeGuardFileError(
             f"Refusing {where}: it holds pickle files, which can run arbitrary code when loaded: "
             f"{', '.join(pickles)}. hf-lsad guards are stored as safetensors and JSON only."
         )
 
 
 def _refuse_local_pickles(folder: Path) -> None:
-    _refuse_pickles((p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()), f"'{folder}'")
+    """Pickles, links leaving the folder (or its Hub cache repo) and huge trees are refused (:func:`check_guard_tree`)."""
+    check_guard_tree(folder, bounding_folder(folder))
 
 
 def _looks_like_path(name: str) -> bool:
@@ -112,9 +112,11 @@ def resolve_pretrained_dir(
 
     Raises:
         FileNotFoundError: A local path (or its subfolder) that does not exist.
-        ValueError: The folder, or the repo subfolder at that revision, holds pickle files
-            (:data:`PICKLE_SUFFIXES`); the message names them. Checked on the Hub listing
-            before anything is downloaded.
+        hf_lsad.GuardFormatError: A local folder without ``config.json`` at its root (checked
+            before walking it), or with more than ``MAX_GUARD_ENTRIES`` entries.
+        hf_lsad.UnsafeGuardFileError: The folder, or the repo subfolder at that revision, holds
+            pickle files (:data:`PICKLE_SUFFIXES`; checked on the Hub listing before anything is
+            downloaded), or links that resolve outside it (or loop); the message names them.
         huggingface_hub.errors.RepositoryNotFoundError: No such repo (or no access to it).
         huggingface_hub.errors.RevisionNotFoundError: No such branch or commit in the repo.
         huggingface_hub.errors.EntryNotFoundError: The repo has no such subfolder, or it holds
@@ -131,6 +133,9 @@ def resolve_pretrained_dir(
         folder = path / sub if sub else path
         if not folder.is_dir():
             raise FileNotFoundError(f"No subfolder '{sub}' in local guard directory '{path}' (no '{folder}')")
+        if not (folder / "config.json").exists() and not (folder / "config.json").is_symlink():
+            # Fail fast: do not walk a folder that is not a guard (e.g. "/usr").
+            raise GuardFormatError(f"'{folder}' is not a guard folder: it has no config.json at its root")
         _refuse_local_pickles(folder)
         return folder
     if path.exists() or _looks_like_path(name):
@@ -189,7 +194,9 @@ def resolve_pretrained_dir(
             force_download=force_download,
         )
     )
-    return snapshot / sub if sub else snapshot
+    folder = snapshot / sub if sub else snapshot
+    _refuse_local_pickles(folder)  # the downloaded files must be links into this repo's blobs
+    return folder
 
 
 def upload_pretrained_dir(
@@ -226,7 +233,7 @@ def upload_pretrained_dir(
 
     Raises:
         FileNotFoundError: ``folder`` is not a directory.
-        ValueError: ``folder`` holds pickle files (:data:`PICKLE_SUFFIXES`).
+        hf_lsad.UnsafeGuardFileError: ``folder`` holds pickle files (:data:`PICKLE_SUFFIXES`) or links leaving it.
     """
     folder = Path(folder).expanduser()
     if not folder.is_dir():

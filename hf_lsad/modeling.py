@@ -8,6 +8,7 @@ so the wrapped model is untouched between calls and there is nothing to close.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 from .capture import generate_with_activations
 from .guard import SafetyGuard, SafetyReport
+from .input_checks import check_generate_inputs
 
 
 @dataclass
@@ -33,7 +35,22 @@ class GuardedModelForCausalLM(nn.Module):
     sequences for the same arguments). With ``return_dict_in_generate=True``
     the output is a :class:`GuardedGenerateDecoderOnlyOutput` whose ``safety``
     holds the reports; with a plain tensor return they are in
-    :attr:`last_safety` (also set in the dict case).
+    :attr:`last_safety`, which is per thread (also set in the dict case).
+
+    Thread safety: one instance serves concurrent ``generate`` calls from several threads.
+    Each call records only its own forward passes (the hook keys its records to the
+    calling thread), so calls run in parallel, with no lock, and each gets the reports it
+    would get alone; reports travel in the return value (and the calling thread's
+    :attr:`last_safety`), never between threads.
+
+    Inputs: left- or right-padded batches (a tokenizer's default ``padding_side``) are
+    scored alike, each row at its last real token (:func:`hf_lsad.capture.last_token_positions`).
+    A prompt longer than the model's context is an :class:`~hf_lsad.errors.InputError`
+    (:func:`hf_lsad.input_checks.check_generate_inputs`). A row whose activation is not
+    finite fails closed (:meth:`SafetyGuard.reports`); the sequences are returned anyway.
+
+    Casting: ``.to(dtype)``, ``.half()``, ``.bfloat16()`` cast the model only; the guard
+    follows the model's device and stays in float32 (its threshold was set in float32).
 
     The guard must fit the model: same hidden size, layer count and hooked block (always an
     error otherwise), and the same base model (``guard.config.hook.base_model`` against
@@ -47,8 +64,18 @@ class GuardedModelForCausalLM(nn.Module):
         guard.config.hook.check_model(model, allow_base_model_mismatch=allow_base_model_mismatch)
         self.model = model
         self.guard = guard.to(model.device)
-        self.last_safety: list[SafetyReport] | None = None
-        """Reports of the latest ``generate`` call, one per returned sequence."""
+        self._per_thread = threading.local()
+
+    @property
+    def last_safety(self) -> list[SafetyReport] | None:
+        """Reports of this thread's latest ``generate`` call, one per returned sequence (``None`` before one)."""
+        return getattr(self._per_thread, "last_safety", None)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> GuardedModelForCausalLM:
+        # .to(dtype) / .half() / .to(device) reach the model; the guard only follows its device, in float32.
+        self.model._apply(fn, recurse)
+        self.guard.to(self.model.device)
+        return self
 
     @classmethod
     def from_pretrained(
@@ -97,8 +124,10 @@ class GuardedModelForCausalLM(nn.Module):
         if input_ids is not None:
             kwargs["input_ids"] = input_ids
         hook = self.guard.config.hook
+        check_generate_inputs(self.model, self.guard, kwargs)
         output, activations = generate_with_activations(self.model, hook.layer, hook.position, **kwargs)
-        self.last_safety = self.guard.reports(activations)
+        reports = self.guard.reports(activations)  # fails closed per row: the sequences are never lost
+        self._per_thread.last_safety = reports
         if isinstance(output, Tensor):
             return output
-        return GuardedGenerateDecoderOnlyOutput(**output, safety=self.last_safety)
+        return GuardedGenerateDecoderOnlyOutput(**output, safety=reports)

@@ -33,6 +33,8 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .checks import check_activations
+from .config_validation import require_keys
+from .fit_checks import check_sae_fit
 from .serialization import (
     FORMAT_VERSION,
     GuardFormatError,
@@ -189,8 +191,7 @@ class SparseAutoencoder(nn.Module):
             raise GuardFormatError(
                 f"{path / SAE_CONFIG}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}"
             )
-        if "sae" not in raw:
-            raise GuardFormatError(f"{path / SAE_CONFIG}: missing config key 'sae'")
+        require_keys(raw, {"format_version", "sae"}, set(), source=str(path / SAE_CONFIG))
         fields = raw["sae"]
         if isinstance(fields, dict) and not set(LEGACY_SAE_CONFIG_DEFAULTS) & set(fields):
             # Written before JumpReLU / TopK support: a ReLU SAE (see LEGACY_SAE_CONFIG_DEFAULTS).
@@ -239,7 +240,9 @@ def train_sae(
             bar.update()
         bar.set_postfix(mse=f"{mse.item():.3g}", l0=f"{(codes > 0).float().sum(-1).mean().item():.1f}")
     bar.close()
-    return sae.eval()
+    sae.eval()
+    check_sae_fit(sae_stats(sae, data).fraction_variance_explained, n_rows=len(data))
+    return sae
 
 
 @torch.no_grad()

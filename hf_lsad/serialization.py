@@ -20,14 +20,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .config_validation import check_fields
+from .errors import GuardFormatError
+
+__all__ = ["FORMAT_VERSION", "GuardFormatError", "config_from_dict", "config_to_dict", "load_module", "read_json",
+           "save_module", "write_json"]  # fmt: skip
+
 FORMAT_VERSION = 1
 """Version of the on-disk layout; bumped when a file or key changes meaning."""
 
 C = TypeVar("C")
-
-
-class GuardFormatError(ValueError):
-    """A saved SAE, detector or guard is missing, corrupt or does not fit."""
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -38,8 +40,9 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 def config_from_dict(cls: type[C], data: dict[str, Any], *, source: str) -> C:
     """Build dataclass ``cls`` from ``data``, requiring exactly its fields.
 
-    Nested dataclass fields are built recursively. ``source`` names the file
-    in error messages.
+    Nested dataclass fields are built recursively; every value is checked
+    against its annotated type and range (:mod:`hf_lsad.config_validation`).
+    ``source`` names the file in error messages.
     """
     if not isinstance(data, dict):
         raise GuardFormatError(f"{source}: expected a JSON object for {cls.__name__}, got {type(data).__name__}")
@@ -54,6 +57,7 @@ def config_from_dict(cls: type[C], data: dict[str, Any], *, source: str) -> C:
     for name, value in data.items():
         nested = _dataclass_type(cls, name)
         kwargs[name] = config_from_dict(nested, value, source=f"{source}:{name}") if nested else value
+    kwargs = check_fields(cls, kwargs, source=source)
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
@@ -70,12 +74,22 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise GuardFormatError(f"missing file {path}")
+    """A JSON object from ``path``; :class:`GuardFormatError` for a missing, unreadable or non-object file."""
+    _require_regular_file(path)
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise GuardFormatError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise GuardFormatError(f"{path}: expected a JSON object at the top level, got a JSON {type(data).__name__}")
+    return data
+
+
+def _require_regular_file(path: Path) -> None:
+    if not path.exists() and not path.is_symlink():
+        raise GuardFormatError(f"missing file {path}")
+    if not path.is_file():
+        raise GuardFormatError(f"{path} is not a regular file (a folder, device, or broken link)")
 
 
 def save_module(module: nn.Module, path: Path) -> None:
@@ -86,8 +100,7 @@ def save_module(module: nn.Module, path: Path) -> None:
 
 def load_module(module: nn.Module, path: Path) -> None:
     """Load ``path`` into ``module`` strictly: same keys, same shapes."""
-    if not path.is_file():
-        raise GuardFormatError(f"missing file {path}")
+    _require_regular_file(path)
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as err:

@@ -30,6 +30,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans, training_sample
+from ..fit_checks import MIN_CLUSTER_ROWS, check_cluster_sizes
 from ..masks import top_k_mask
 from ..sae import SparseAutoencoder
 from ..scores import check_precision_size, l1, l2, mahalanobis, ridge_precision
@@ -166,6 +167,12 @@ class FreqMaskKM(Detector):
             _accumulate(code_sums, active_counts, clusters, codes, scatter=not codes.is_cuda)
 
         sizes = torch.bincount(members, minlength=n_clusters)
+        width = config.mask_size if config.use_mask else self.d_sae
+        if config.score_metric == "mahalanobis":
+            check_cluster_sizes(sizes.tolist(), min_rows=max(MIN_CLUSTER_ROWS, width + 1),
+                                why=f"a {width}-feature covariance needs more rows than features")  # fmt: skip
+        else:
+            check_cluster_sizes(sizes.tolist(), min_rows=MIN_CLUSTER_ROWS, why="centroids and frequencies need rows")
         per_cluster = sizes.clamp_min(1).unsqueeze(1).double()
         self.cluster_sizes.copy_(sizes)
         self.centroids.copy_(code_sums / per_cluster)

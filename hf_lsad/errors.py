@@ -1,0 +1,58 @@
+"""The exceptions hf-lsad raises on purpose, exported from :mod:`hf_lsad`.
+
+All are ``ValueError`` subclasses, so code that caught ``ValueError`` before keeps working.
+
+- :class:`GuardFormatError`: a saved guard, SAE or activation store is missing, malformed
+  or does not fit (a wrong type, an out-of-range value, an unknown key, a missing tensor).
+- :class:`GuardMismatchError`: a guard's files are well-formed but are not the ones it was
+  saved with: a tensor file whose SHA-256 differs from the one recorded in its
+  ``config.json``, or settings (method, score metric, mask, SAE, position, ...) that differ
+  from the ones its threshold was set for.
+- :class:`UnsafeGuardFileError`: a guard folder holds something hf-lsad never reads on
+  principle: pickle files (which can run code when loaded) or links that resolve outside
+  the folder.
+- :class:`ModelMismatchError`: the model to guard is not one the guard can read (hidden
+  size, layer count, hooked block or base model differ).
+- :class:`InputError`: inputs to guarded ``generate`` the guard cannot score meaningfully
+  (e.g. a prompt longer than the model's context).
+
+And one warning category, :class:`DegenerateFitWarning`, for fits that finish but should
+not be trusted (an SAE that explains little variance, clusters too small for their masks
+or covariances); filter it to an error with ``warnings.simplefilter("error", DegenerateFitWarning)``.
+"""
+
+from __future__ import annotations
+
+
+class GuardFormatError(ValueError):
+    """A saved SAE, detector or guard is missing, corrupt or does not fit."""
+
+
+class GuardMismatchError(GuardFormatError):
+    """A guard's tensors or settings differ from the ones recorded when it was saved."""
+
+
+class UnsafeGuardFileError(GuardFormatError):
+    """A guard folder holds pickle files or links that leave the folder; nothing is loaded."""
+
+
+class ModelMismatchError(ValueError):
+    """The model cannot be read at the guard's hook point, or is not the guard's base model."""
+
+
+class InputError(ValueError):
+    """Inputs to guarded generation that the guard cannot score meaningfully."""
+
+
+class DegenerateFitWarning(UserWarning):
+    """A fit finished, but its result is degenerate (the message gives the number and the floor)."""
+
+
+__all__ = [
+    "DegenerateFitWarning",
+    "GuardFormatError",
+    "GuardMismatchError",
+    "InputError",
+    "ModelMismatchError",
+    "UnsafeGuardFileError",
+]
