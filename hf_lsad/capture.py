@@ -14,6 +14,8 @@ Positions (one activation per sequence):
 
 - ``prompt_last``: the last prompt token (from the prefill call), for
   screening before any response exists.
+- ``response_running`` (a guard position, not collected here): every consumed
+  response token, scored as it is produced (:mod:`hf_lsad.running_guard`).
 - ``response_last``: the *final response token*, defined as the last token
   of the sequence that the model consumed: the token whose forward pass
   produced the final generated token (the end-of-sequence token when the
@@ -38,6 +40,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 POSITIONS = ("response_last", "prompt_last")
+"""Positions with one activation per sequence (what :func:`generate_with_activations` returns)."""
+GUARD_POSITIONS = (*POSITIONS, "response_running")
+"""Positions a guard can read; ``response_running`` scores every generated token (:mod:`hf_lsad.running_guard`)."""
 
 # Where transformers keeps the decoder blocks, by architecture family.
 _LAYER_PATHS = (
@@ -101,8 +106,8 @@ class HookPoint:
     """``response_last`` or ``prompt_last`` (module docstring)."""
 
     def __post_init__(self) -> None:
-        if self.position not in POSITIONS:
-            raise ValueError(f"unknown position {self.position!r}; choose one of {POSITIONS}")
+        if self.position not in GUARD_POSITIONS:
+            raise ValueError(f"unknown position {self.position!r}; choose one of {GUARD_POSITIONS}")
 
     @classmethod
     def from_model(cls, model: PreTrainedModel, layer: int, position: str, base_model: str | None = None) -> HookPoint:
@@ -242,6 +247,19 @@ def eos_token_ids(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> li
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
+def check_generate_kwargs(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> Tensor:
+    """Refuse generation modes a guard cannot follow; return ``input_ids``."""
+    input_ids = generate_kwargs.get("input_ids")
+    if input_ids is None:
+        raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    if (generate_kwargs.get("num_beams") or config.num_beams or 1) != 1:
+        raise ValueError("beam search reorders hypotheses between steps; guarded generation needs num_beams=1")
+    if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
+        raise ValueError("assisted decoding is not supported by guarded generation")
+    return input_ids
+
+
 def generate_with_activations(
     model: PreTrainedModel, layer: int, position: str, **generate_kwargs: Any
 ) -> tuple[Any, Tensor]:
@@ -253,14 +271,7 @@ def generate_with_activations(
     """
     if position not in POSITIONS:
         raise ValueError(f"unknown position {position!r}; choose one of {POSITIONS}")
-    input_ids = generate_kwargs.get("input_ids")
-    if input_ids is None:
-        raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
-    config = generate_kwargs.get("generation_config") or model.generation_config
-    if (generate_kwargs.get("num_beams") or config.num_beams or 1) != 1:
-        raise ValueError("beam search reorders hypotheses between steps; guarded generation needs num_beams=1")
-    if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
-        raise ValueError("assisted decoding is not supported by guarded generation")
+    input_ids = check_generate_kwargs(model, generate_kwargs)
     _, module = decoder_layer(model, layer)
     with LastPositionRecorder(module) as recorder:
         output = model.generate(**generate_kwargs)

@@ -32,8 +32,10 @@ from . import __version__
 from .affine_calibration import AffineCalibration
 from .capture import HookPoint
 from .detectors import Detector, detector_class
+from .explain import FeatureContribution, explain_scores
 from .hub import resolve_pretrained_dir, upload_pretrained_dir
 from .model_card import DEFAULT_LICENSE, guard_model_card
+from .running_guard import RunningConfig
 from .sae import SparseAutoencoder
 from .serialization import (
     FORMAT_VERSION,
@@ -98,6 +100,13 @@ class SafetyReport(NamedTuple):
     cluster: int
     probability: float | None
     """Calibrated probability of being unsafe; ``None`` for an uncalibrated guard."""
+    step: int | None = None
+    """Guarded generation only: the step at which the row was flagged (0: at the prefill, before any
+    new token; ``t``: after ``t`` new tokens), ``None`` if it was not flagged or not scored during generation."""
+    stopped: bool = False
+    """Whether guarded generation ended the row when it was flagged (``on_flag="stop"``)."""
+    features: tuple[FeatureContribution, ...] | None = None
+    """With ``explain=True``: the SAE features with the largest contributions to ``score`` (:mod:`hf_lsad.explain`)."""
 
 
 class SafetyGuard(nn.Module):
@@ -116,6 +125,10 @@ class SafetyGuard(nn.Module):
         self.sae = sae
         self.calibration: AffineCalibration | None = None
         """Per-cluster affine calibration (:meth:`set_calibration`); when set, rows are flagged by probability."""
+        self.running: RunningConfig | None = None
+        """For a ``response_running`` guard: patience and how its threshold was set (:mod:`hf_lsad.running_guard`)."""
+        if config.hook.position == "response_running":
+            self.running = RunningConfig()
 
     def set_calibration(self, calibration: AffineCalibration | None) -> None:
         """Calibrate the guard (``None`` removes it).
@@ -150,15 +163,34 @@ class SafetyGuard(nn.Module):
         probabilities = self.calibration.probabilities(scores, clusters)
         return GuardOutput(scores, clusters, probabilities > self.calibration.threshold), probabilities
 
-    def reports(self, activations: Tensor) -> list[SafetyReport]:
-        """One :class:`SafetyReport` per row of ``activations``."""
+    def reports(self, activations: Tensor, *, explain: bool = False, top_k: int = 10) -> list[SafetyReport]:
+        """One :class:`SafetyReport` per row of ``activations``.
+
+        ``explain=True`` fills :attr:`SafetyReport.features` with the ``top_k`` SAE features
+        that contribute most to each score (:meth:`explain`).
+        """
         output, probabilities = self._score(activations)
         if probabilities is None:
             threshold, probabilities = self.config.threshold, [None] * len(output.scores)
         else:
             threshold, probabilities = self.calibration.threshold, probabilities.tolist()
-        rows = zip(output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist(), probabilities)
-        return [SafetyReport(score=s, threshold=threshold, flagged=f, cluster=c, probability=p) for s, c, f, p in rows]
+        features = self.explain(activations, top_k=top_k) if explain else [None] * len(output.scores)
+        rows = zip(output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist(), probabilities, features)
+        return [
+            SafetyReport(score=s, threshold=threshold, flagged=f, cluster=c, probability=p, features=e)
+            for s, c, f, p, e in rows
+        ]
+
+    @torch.no_grad()
+    def explain(self, activations: Tensor, *, top_k: int | None = 10) -> list[tuple[FeatureContribution, ...]]:
+        """Per row, the SAE features behind its score, largest contribution first (``top_k=None``: all terms).
+
+        See :func:`hf_lsad.explain.explain_scores` for what a contribution is; detectors
+        that do not score SAE features (e.g. ``mahalanobis`` on raw activations) raise
+        ``NotImplementedError``.
+        """
+        check_activations(activations, self.config.hook.hidden_size)
+        return explain_scores(self.detector, self.sae, activations.float(), top_k=top_k)
 
     def save_pretrained(
         self,
@@ -194,7 +226,9 @@ class SafetyGuard(nn.Module):
                 "d_sae": self.sae.config.d_sae if self.sae is not None else None,
             }
             # Only calibrated guards carry the key, so uncalibrated folders are unchanged.
-            | ({"calibration": config_to_dict(self.calibration)} if self.calibration is not None else {}),
+            | ({"calibration": config_to_dict(self.calibration)} if self.calibration is not None else {})
+            # Likewise only response_running guards carry their running settings.
+            | ({"running": config_to_dict(self.running)} if self.running is not None else {}),
         )
         save_module(self.detector, path / DETECTOR_WEIGHTS)
         if self.sae is not None:
@@ -287,6 +321,12 @@ class SafetyGuard(nn.Module):
         detector = method(detector_config, config.hook.hidden_size, raw["d_sae"])
         load_module(detector, path / DETECTOR_WEIGHTS)
         guard = cls(config, detector, sae).eval()
+        if config.hook.position == "response_running":
+            if "running" not in raw:
+                raise GuardFormatError(f"{source}: a response_running guard needs the config key 'running'")
+            guard.running = config_from_dict(RunningConfig, raw["running"], source=f"{source}:running")
+        elif "running" in raw:
+            raise GuardFormatError(f"{source}: config key 'running' on a {config.hook.position} guard")
         if "calibration" in raw:
             calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")
             try:
