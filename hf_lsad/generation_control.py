@@ -23,9 +23,9 @@ the guard, so concurrent calls do not share state.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -54,6 +54,17 @@ def refusal_token_ids(refusal: str | Sequence[int] | Tensor | None, tokenizer: A
     return ids
 
 
+class StepVerdict(NamedTuple):
+    """What the guard knows after scoring one step (``generate(..., on_step=...)``)."""
+
+    step: int
+    """0: the prefill (prompt_last); ``t``: response token ``t - 1`` was scored (response_running)."""
+    scores: Tensor
+    """``[batch]`` scores of this step (``nan`` for rows not scored: ended or already flagged)."""
+    flagged: Tensor
+    """``[batch]`` bool: rows flagged so far."""
+
+
 @dataclass
 class GuardedGenerationState:
     """What one guarded ``generate`` call knows about its rows (one object per call)."""
@@ -70,6 +81,8 @@ class GuardedGenerationState:
     """Consecutive flagged tokens that flag a row (running guards)."""
     records: list[Tensor] = field(default_factory=list)
     """Hidden state of the last position of each forward call, ``[batch, hidden]``."""
+    on_step: Callable[[StepVerdict], None] | None = None
+    """Called after every scoring step (from the thread running ``generate``)."""
 
     def __post_init__(self) -> None:
         if self.stop and not self.forced_tokens:
@@ -130,6 +143,12 @@ class GuardedGenerationState:
             self.streak = torch.where(flags, self.streak + 1, torch.zeros_like(self.streak))
             newly = (self.streak >= self.patience) & (self.flag_step < 0)
             self.flag_step[newly] = step
+            if self.on_step is not None:
+                self.on_step(StepVerdict(step, scores, self.flag_step >= 0))
+            return
+        if self.on_step is not None and step == 0 and self.screen_reports is not None:
+            scores = torch.tensor([r.score for r in self.screen_reports])
+            self.on_step(StepVerdict(0, scores, self.flag_step >= 0))
 
     def force(self, scores: Tensor) -> Tensor:
         """Set the logits of stopped rows so that their next forced token is the only choice."""

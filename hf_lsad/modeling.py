@@ -246,6 +246,7 @@ class GuardedModelForCausalLM(nn.Module):
         explain: bool = False,
         explain_top_k: int = 10,
         safety_out: list[SafetyReport] | None = None,
+        on_step: Any = None,
         **kwargs: Any,
     ) -> Tensor | GuardedGenerateDecoderOnlyOutput:
         """``model.generate(input_ids, **kwargs)``, scoring each sequence at the guard's position.
@@ -261,6 +262,9 @@ class GuardedModelForCausalLM(nn.Module):
                 ``tokenizer``, without special tokens). ``None``: EOS only.
             explain: Fill each report's ``features`` with its top SAE features (:mod:`hf_lsad.explain`).
             explain_top_k: How many features to list.
+            on_step: Called with a :class:`~hf_lsad.generation_control.StepVerdict` after each step the
+                guard scores (the prefill of a ``prompt_last`` guard, every token of a running guard),
+                from the thread running ``generate``: e.g. to show the verdict while streaming.
             safety_out: A list the reports are appended to, for callers that do not see the return
                 value (``pipeline``); the reports are also in the dict output's ``safety``.
             kwargs: As ``model.generate``; ``logits_processor`` and ``stopping_criteria`` of the
@@ -277,11 +281,13 @@ class GuardedModelForCausalLM(nn.Module):
                 "a response_last guard decides only after the response is complete, so it cannot stop one; "
                 "use a prompt_last guard (screening) or a response_running guard (stopping while writing)"
             )
-        if on_flag == "report" and hook.position not in RUNNING_POSITIONS:
+        if on_step is not None and hook.position == "response_last":
+            raise ValueError("a response_last guard scores once, after generation: there is no step to report")
+        if on_flag == "report" and hook.position not in RUNNING_POSITIONS and on_step is None:
             output, activations = generate_with_activations(self.model, hook.layer, hook.position, **kwargs)
             reports = self.guard.reports(activations, explain=explain, top_k=explain_top_k)
         else:
-            output, reports = self._generate_controlled(on_flag, refusal, explain, explain_top_k, kwargs)
+            output, reports = self._generate_controlled(on_flag, refusal, explain, explain_top_k, on_step, kwargs)
         self.last_safety = reports
         if safety_out is not None:
             safety_out.extend(reports)
@@ -290,7 +296,7 @@ class GuardedModelForCausalLM(nn.Module):
         return GuardedGenerateDecoderOnlyOutput(**output, safety=reports)
 
     def _generate_controlled(
-        self, on_flag: str, refusal: Any, explain: bool, top_k: int, kwargs: dict[str, Any]
+        self, on_flag: str, refusal: Any, explain: bool, top_k: int, on_step: Any, kwargs: dict[str, Any]
     ) -> tuple[Any, list[SafetyReport]]:
         """Generate with the guard's logits processor and stopping criteria (:mod:`hf_lsad.generation_control`)."""
         input_ids = check_generate_kwargs(self.model, kwargs)
@@ -303,6 +309,7 @@ class GuardedModelForCausalLM(nn.Module):
             stop=on_flag == "stop",
             forced_tokens=refusal_token_ids(refusal, self.tokenizer) + eos[:1],
             patience=self.guard.running.patience if self.guard.running is not None else 1,
+            on_step=on_step,
         )
         kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), GuardLogitsProcessor(state)])
         kwargs["stopping_criteria"] = StoppingCriteriaList(
