@@ -146,3 +146,12 @@ def test_bad_arguments_are_refused():
         GuardedModelForCausalLM(model, guarded.guard).screen(BATCH)
     with pytest.raises(ValueError, match="needs the tokenizer"):
         GuardedModelForCausalLM(model, guarded.guard).generate(**inputs, max_new_tokens=2, on_flag="stop", refusal="no")
+
+
+def test_on_step_reports_the_screening_verdict_from_the_generate_thread():
+    model, tokenizer, guarded, inputs, flagged = screening_setup()
+    seen = []
+    guarded.generate(**inputs, max_new_tokens=3, do_sample=False, on_flag="stop", on_step=seen.append)
+    assert len(seen) == 1 and seen[0].step == 0
+    assert seen[0].flagged.tolist() == flagged.tolist()
+    assert seen[0].scores.tolist() == pytest.approx([r.score for r in guarded.last_safety], abs=1e-5)
