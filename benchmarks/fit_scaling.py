@@ -46,7 +46,7 @@ from common import (
     write_result,
 )
 
-from hf_lsad.capture import HookPoint
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.clustering import KMeansConfig, training_sample
 from hf_lsad.detectors import FreqMaskConfig, FreqMaskKM
 from hf_lsad.store import ActivationStore, TensorRows, save_activations

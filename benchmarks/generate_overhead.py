@@ -23,7 +23,7 @@ from hf_lsad.capture import encode_prompts
 from hf_lsad.data import load_pool
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.models import load_model
+from hf_lsad.pretrained import load_model
 from hf_lsad.pretrained import resolve_guard
 
 RESULTS = Path(__file__).parent / "results"

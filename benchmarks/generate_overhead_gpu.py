@@ -25,7 +25,7 @@ import torch
 from common import environment, load_average, mean_l0, set_threads, sparse_random_sae, write_result
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
-from hf_lsad.capture import HookPoint
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.fitting import fit_guard

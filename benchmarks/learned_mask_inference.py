@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from hf_lsad.fitting import split_safe
+from hf_lsad.splits import split_safe
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.store import load_activations
 
@@ -98,7 +98,7 @@ def main() -> None:
         for batch_size in args.batch_sizes:
             batch = rows[torch.randint(len(rows), (batch_size,), generator=generator)]
             clusters = detector(batch, sae).clusters
-            names = [f"cluster_{c}" if detector.config.cluster_ranks[c] else "__base__" for c in clusters.tolist()]
+            names = [f"cluster_{c}" if detector.state.cluster_ranks[c] else "__base__" for c in clusters.tolist()]
             paths = {
                 "stacked_grouped": lambda: detector.reconstruct(batch, sae, clusters),
                 "stacked_block_dense": lambda: reconstruct_with(lora_block_dense, detector, sae, batch, clusters),
@@ -119,13 +119,13 @@ def main() -> None:
     for entry in results:
         entry["fastest"] = min(paths, key=lambda name: entry[f"{name}_ms"])
         entry["peft_over_stacked_grouped"] = entry["peft_ms"] / entry["stacked_grouped_ms"]
-    stages = detector.config.cluster_stages
+    stages = detector.state.cluster_stages
     report = {
         "command": "python benchmarks/learned_mask_inference.py",
         "guard": str(args.guard),
         "clusters": len(stages),
         "adapted_clusters": stages.count(2),
-        "ranks": sorted(set(detector.config.cluster_ranks) - {0}),
+        "ranks": sorted(set(detector.state.cluster_ranks) - {0}),
         "d_in": detector.d_in,
         "d_sae": detector.d_sae,
         "threads": args.threads,

@@ -31,7 +31,7 @@ from common import (
     write_result,
 )
 
-from hf_lsad.capture import HookPoint
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.fitting import fit_guard

@@ -30,7 +30,7 @@ from hf_lsad.capture import encode_prompts, prefill_activations
 from hf_lsad.data import load_pool
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.models import load_model
+from hf_lsad.pretrained import load_model
 from hf_lsad.pretrained import DEFAULT_GUARD
 
 

@@ -12,7 +12,7 @@ calibration on the same evaluation rows:
 - benign-OOD FPR: the fraction of evaluation benign-OOD rows above that same threshold.
 
 "after" uses the default calibration on standardised scores; "after_raw_units" the paper's
-literal raw-score parametrisation (see :mod:`hf_lsad.affine_calibration` for why they differ).
+literal raw-score parametrisation (see :mod:`hf_lsad.calibration` for why they differ).
 
 The budget grid is the paper's {3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 2e-2}, keeping the
 values that give at least one labelled row per group (``round(p n) >= 1``); on the bundled
@@ -37,10 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_lsad.affine_calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
-from hf_lsad.calibration import fpr_threshold
+from hf_lsad.calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
+from hf_lsad.threshold import fpr_threshold
 from hf_lsad.data import UNSAFE_POOLS
-from hf_lsad.fitting import split_safe
+from hf_lsad.splits import split_safe
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.metrics import auroc, flag_rate, mean_std
 from hf_lsad.store import load_activations

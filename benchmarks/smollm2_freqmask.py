@@ -25,7 +25,8 @@ import numpy as np
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.data import UNSAFE_POOLS
 from hf_lsad.detectors import FreqMaskConfig
-from hf_lsad.fitting import fit_guard, split_safe
+from hf_lsad.fitting import fit_guard
+from hf_lsad.splits import split_safe
 from hf_lsad.metrics import auroc, tpr_at_fpr
 from hf_lsad.model_card import describe_records
 from hf_lsad.pretrained import DEFAULT_GUARD

@@ -8,7 +8,7 @@ the safe store, seed 0), so the FreqMask-KM row is comparable with that script:
 1. fit each detector on the fit split (timed), threshold at 5% FPR on the 0.2
    held-out safe split; AUROC and TPR@5%FPR per unsafe category with the
    held-out safe rows as negatives;
-2. calibrated rows: per-cluster affine calibration (:mod:`hf_lsad.affine_calibration`)
+2. calibrated rows: per-cluster affine calibration (:mod:`hf_lsad.calibration`)
    at a coupled budget p = 1% (1% of the pooled unsafe rows and of the benign-OOD rows,
    half of the held-out safe rows, importance-weighted), 5 seeds; each category is then
    scored on the rows *not* drawn for calibration (negatives: the other half of the
@@ -44,13 +44,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_lsad.calibration import fpr_threshold
-from hf_lsad.affine_calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
+from hf_lsad.threshold import fpr_threshold
+from hf_lsad.calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.data import UNSAFE_POOLS
 from hf_lsad.detectors import FreqMaskConfig, GMMConfig, MahalanobisConfig, OCSVMConfig, detector_class
 from hf_lsad.detectors.learned_mask import LearnedMaskConfig
-from hf_lsad.fitting import fit_guard, split_safe
+from hf_lsad.fitting import fit_guard
+from hf_lsad.splits import split_safe
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.metrics import auroc, flag_rate, mean_std, tpr_at_fpr
 from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
@@ -157,7 +158,7 @@ def check_round_trip(guard: SafetyGuard, folder: Path, rows: torch.Tensor, gener
     if generate:
         from hf_lsad.capture import encode_prompts
         from hf_lsad.modeling import GuardedModelForCausalLM
-        from hf_lsad.models import load_model
+        from hf_lsad.pretrained import load_model
 
         model, tokenizer = load_model("default")
         inputs = encode_prompts(tokenizer, GENERATE_PROMPTS)
@@ -195,7 +196,7 @@ def run_position(stores: Path, position: str, generate: bool) -> dict:
         guard, negatives = result.guard, result.holdout_scores.numpy()
         entry = {"fit_seconds": seconds, "threshold": guard.threshold, "categories": {}}
         if method == "learned-mask-lora":
-            stages = guard.detector.config.cluster_stages
+            stages = guard.detector.state.cluster_stages
             entry["clusters"] = {"base_sae": stages.count(0), "mask_only": stages.count(1), "mask_and_lora": stages.count(2)}
             entry["mask_sizes"] = guard.detector.masks.sum(1).tolist()
         for pool, acts in pools.items():

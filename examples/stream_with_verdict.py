@@ -19,7 +19,7 @@ from transformers import TextIteratorStreamer
 from hf_lsad.capture import encode_prompts
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.models import load_model
+from hf_lsad.pretrained import load_model
 from hf_lsad.pretrained import resolve_guard
 
 

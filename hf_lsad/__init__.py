@@ -1,14 +1,37 @@
-"""hf-lsad: unsupervised safety detectors on the residual stream of Hugging Face causal LMs."""
+"""hf-lsad: unsafe-data-free safety detectors on the residual stream of Hugging Face causal LMs.
 
-__version__ = "0.1.0"
+The names below are imported on first use (PEP 562), so ``import hf_lsad`` and the
+``hf-lsad`` command stay fast and the detector layer never pulls in transformers.
+"""
 
-from .capture import HookPoint, collect_activations, generate_with_activations  # noqa: E402
-from .detectors import DETECTORS, Detector, FreqMaskConfig, FreqMaskKM, register_detector  # noqa: E402
-from .fitting import fit_guard  # noqa: E402
-from .guard import GuardConfig, SafetyGuard, SafetyReport  # noqa: E402
-from .modeling import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM  # noqa: E402
-from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, train_sae  # noqa: E402
-from .store import ActivationStore  # noqa: E402
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .version import __version__
+
+_EXPORTS = {
+    "ActivationStore": "store",
+    "DETECTORS": "detectors",
+    "Detector": "detectors",
+    "FreqMaskConfig": "detectors",
+    "FreqMaskKM": "detectors",
+    "GuardConfig": "guard",
+    "GuardedGenerateDecoderOnlyOutput": "modeling",
+    "GuardedModelForCausalLM": "modeling",
+    "HookPoint": "hook_point",
+    "SAEConfig": "sae",
+    "SAETrainConfig": "sae",
+    "SafetyGuard": "guard",
+    "SafetyReport": "guard",
+    "SparseAutoencoder": "sae",
+    "collect_activations": "capture",
+    "fit_guard": "fitting",
+    "generate_with_activations": "capture",
+    "register_detector": "detectors",
+    "train_sae": "sae",
+}
 
 __all__ = [
     "ActivationStore",
@@ -25,9 +48,29 @@ __all__ = [
     "SafetyGuard",
     "SafetyReport",
     "SparseAutoencoder",
+    "__version__",
     "collect_activations",
     "fit_guard",
     "generate_with_activations",
     "register_detector",
     "train_sae",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hf_lsad' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from .capture import collect_activations, generate_with_activations
+    from .detectors import DETECTORS, Detector, FreqMaskConfig, FreqMaskKM, register_detector
+    from .fitting import fit_guard
+    from .guard import GuardConfig, SafetyGuard, SafetyReport
+    from .hook_point import HookPoint
+    from .modeling import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
+    from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, train_sae
+    from .store import ActivationStore

@@ -23,13 +23,15 @@ in memory; at the paper's scale (200k rows, K=100) pass faiss's own default,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import faiss
 import numpy as np
 import torch
 from torch import Tensor
 
-CLUSTER_METRICS = ("l2", "l1", "hamming")
+ClusterMetric = Literal["l2", "l1", "hamming"]
+CLUSTER_METRICS = get_args(ClusterMetric)
 
 
 @dataclass
@@ -39,7 +41,7 @@ class KMeansConfig:
     n_clusters: int = 50
     """Number of clusters K."""
 
-    metric: str = "l2"
+    metric: ClusterMetric = "l2"
     """Clustering metric: ``l2``, ``l1`` or ``hamming`` (on binarised codes)."""
 
     niter: int = 25

@@ -12,20 +12,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .calibration import fpr_threshold
-from .capture import HookPoint
+from .checks import check_activations
 from .detectors import DetectorConfig, detector_class
 from .guard import GuardConfig, SafetyGuard
+from .hook_point import HookPoint
 from .sae import SparseAutoencoder
+from .splits import SafeSplit, split_safe
 from .store import DEFAULT_BATCH_SIZE, ActivationStore, RowSource, TensorRows, row_batches
-from .validation import check_activations
-
-
-class SafeSplit(NamedTuple):
-    fit: Tensor
-    """Row indices the detector is fitted on."""
-    holdout: Tensor
-    """Row indices held out for the threshold (and as evaluation negatives)."""
+from .threshold import fpr_threshold
 
 
 class FitResult(NamedTuple):
@@ -35,17 +29,6 @@ class FitResult(NamedTuple):
     """Scores of the held-out safe rows, the ones the threshold was set on."""
 
 
-def split_safe(n: int, holdout_fraction: float = 0.2, seed: int = 0) -> SafeSplit:
-    """A seeded random split of ``n`` safe rows (the paper's 0.8/0.2)."""
-    if not 0.0 < holdout_fraction < 1.0:
-        raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}")
-    n_holdout = round(n * holdout_fraction)
-    if n_holdout < 1 or n - n_holdout < 1:
-        raise ValueError(f"cannot split {n} safe rows with holdout_fraction={holdout_fraction}")
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return SafeSplit(fit=order[n_holdout:].sort().values, holdout=order[:n_holdout].sort().values)
-
-
 def fit_guard(
     safe_activations: Tensor | ActivationStore,
     hook: HookPoint,
@@ -53,6 +36,7 @@ def fit_guard(
     detector_config: DetectorConfig,
     sae: SparseAutoencoder | None,
     *,
+    unsafe: Tensor | None = None,
     target_fpr: float = 0.05,
     holdout_fraction: float = 0.2,
     seed: int = 0,
@@ -66,7 +50,8 @@ def fit_guard(
     FreqMask-KM streams from either (:meth:`~hf_lsad.detectors.FreqMaskKM.fit_rows`), reading
     ``batch_size`` rows at a time; other methods get their fit split as one tensor. The detector
     lives on ``device`` (default: the tensor's device, the CPU for a store), where ``sae`` must
-    be too. The held-out rows are scored ``batch_size`` at a time.
+    be too. The held-out rows are scored ``batch_size`` at a time. A supervised method (the linear
+    probe reference) is also fitted on the ``unsafe`` activations; the others refuse them.
     """
     if isinstance(safe_activations, ActivationStore):
         if safe_activations.width != hook.hidden_size:
@@ -82,7 +67,11 @@ def fit_guard(
     split = split_safe(len(source), holdout_fraction, seed)
     detector = detector_class(method)(detector_config, hook.hidden_size, sae.config.d_sae if sae else None)
     detector.to(device)
-    detector.fit_rows(source, sae, rows=split.fit, progress=progress, batch_size=batch_size)
+    if detector.supervised or unsafe is not None:
+        safe_fit = source.take(split.fit).to(device)
+        detector.fit_split(safe_fit, sae, unsafe=None if unsafe is None else unsafe.to(device), progress=progress)
+    else:
+        detector.fit_rows(source, sae, rows=split.fit, progress=progress, batch_size=batch_size)
     with torch.no_grad():
         holdout_scores = torch.cat(
             [detector(batch.to(device), sae).scores for batch in row_batches(source, split.holdout, batch_size)]

@@ -23,16 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import faiss
 import torch
 from huggingface_hub import CommitInfo, ModelCard
 from torch import Tensor, nn
 
-from . import __version__
-from .affine_calibration import AffineCalibration
-from .capture import HookPoint
+from .calibration import AffineCalibration
+from .checks import check_activations
 from .detectors import Detector, detector_class
 from .explain import FeatureContribution, explain_scores
+from .hook_point import HookPoint
 from .hub import resolve_pretrained_dir, upload_pretrained_dir
 from .model_card import DEFAULT_LICENSE, guard_model_card
 from .running_guard import RunningConfig
@@ -47,7 +46,7 @@ from .serialization import (
     save_module,
     write_json,
 )
-from .validation import check_activations
+from .version import library_versions
 
 GUARD_CONFIG = "config.json"
 MODEL_CARD = "README.md"
@@ -136,8 +135,7 @@ class SafetyGuard(nn.Module):
         A calibrated guard reports ``sigmoid(a_c s + b_c)`` and flags rows above ``calibration.threshold``.
         """
         if calibration is not None:
-            kmeans = getattr(self.detector.config, "kmeans", None)
-            n_clusters = kmeans.n_clusters if kmeans is not None else 0
+            n_clusters = self.detector.n_clusters
             if calibration.n_clusters != n_clusters:
                 raise ValueError(
                     f"calibration has {calibration.n_clusters} clusters, the {self.config.method} detector {n_clusters}"
@@ -220,9 +218,9 @@ class SafetyGuard(nn.Module):
             path / GUARD_CONFIG,
             {
                 "format_version": FORMAT_VERSION,
-                "versions": {"hf_lsad": __version__, "torch": torch.__version__, "faiss": faiss.__version__},
+                "versions": library_versions("hf_lsad", "torch", "faiss"),
                 "guard": config_to_dict(self.config),
-                "detector": config_to_dict(self.detector.config),
+                "detector": self.detector.settings_dict(),
                 "d_sae": self.sae.config.d_sae if self.sae is not None else None,
             }
             # Only calibrated guards carry the key, so uncalibrated folders are unchanged.
@@ -314,11 +312,15 @@ class SafetyGuard(nn.Module):
                 raise GuardFormatError(f"{source}: missing config key {key!r}")
         config = config_from_dict(GuardConfig, raw["guard"], source=source)
         method = detector_class(config.method)
-        detector_config = config_from_dict(method.config_class, raw["detector"], source=f"{source}:detector")
         sae = SparseAutoencoder.from_pretrained(path / SAE_SUBFOLDER) if raw["d_sae"] is not None else None
         if sae is not None and sae.config.d_sae != raw["d_sae"]:
             raise GuardFormatError(f"{source}: d_sae {raw['d_sae']} but the SAE has {sae.config.d_sae} features")
-        detector = method(detector_config, config.hook.hidden_size, raw["d_sae"])
+        try:
+            detector = method.from_settings(raw["detector"], config.hook.hidden_size, raw["d_sae"], source=f"{source}:detector")
+        except GuardFormatError:
+            raise
+        except ValueError as err:  # a fitted state that does not fit its config
+            raise GuardFormatError(f"{source}:detector: {err}") from err
         load_module(detector, path / DETECTOR_WEIGHTS)
         guard = cls(config, detector, sae).eval()
         if config.hook.position == "response_running":

@@ -2,15 +2,17 @@
 
 Small exact functions (AUROC with ties counted one half, TPR at a target FPR,
 FPR at a target TPR, flag rate at a threshold, mean and std over seeds) and
-:class:`DetectionMetrics`, the same numbers as an offline ``evaluate`` metric.
+:func:`detection_metrics`, the one place that names them: the CLI, the evaluation
+grid and the model card all use its keys (:data:`METRICS`).
+:class:`hf_lsad.evaluation.evaluate_metric.DetectionMetrics` gives the same numbers as
+an offline ``evaluate`` metric (imported only by whoever uses it: ``evaluate`` and
+``datasets`` are slow to import).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import datasets
-import evaluate
 import numpy as np
 from sklearn.metrics import roc_auc_score, roc_curve
 
@@ -75,41 +77,36 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(values.mean()), (float(values.std(ddof=1)) if len(values) > 1 else 0.0)
 
 
-class DetectionMetrics(evaluate.Metric):
-    """AUROC, TPR at a target FPR and FPR at a target TPR, as an ``evaluate`` metric.
+METRICS = {
+    "auroc": "AUROC",
+    "auroc_pooled": "AUROC, safe + benign-OOD negatives",
+    "tpr_at_fpr": "TPR at the target FPR",
+    "fpr_at_tpr": "FPR at the target TPR",
+    "flagged": "Flagged at threshold",
+}
+"""The metric vocabulary: key -> title. Every per-category metrics dict uses these keys."""
 
-    ``evaluate.load("roc_auc")`` fetches its script from the Hub; this metric is
-    defined here and works offline. Instantiate it directly::
 
-        metric = DetectionMetrics()
-        for scores, labels in batches:
-            metric.add_batch(predictions=scores, references=labels)
-        metric.compute()  # {"auroc": ..., "tpr_at_fpr": ..., "fpr_at_tpr": ..., "fpr": 0.05, "tpr": 0.95}
+def detection_metrics(
+    negatives: np.ndarray,
+    positives: np.ndarray,
+    *,
+    target_fpr: float = 0.05,
+    target_tpr: float | None = None,
+    flagged: np.ndarray | None = None,
+    pooled_negatives: np.ndarray | None = None,
+) -> dict[str, float]:
+    """The metrics of one unsafe category (``positives``) against safe ``negatives``, keyed by :data:`METRICS`.
 
-    ``predictions`` are anomaly scores (higher = more likely unsafe),
-    ``references`` are 1 for unsafe (positive) and 0 for safe rows.
-    ``compute(fpr=..., tpr=...)`` changes the operating points.
+    ``auroc`` and ``tpr_at_fpr`` always; ``fpr_at_tpr`` with ``target_tpr``; ``flagged`` (the
+    mean of the boolean ``flagged`` array: the share of positives the guard flags) when given;
+    ``auroc_pooled`` (negatives plus ``pooled_negatives``, e.g. benign OOD) when given.
     """
-
-    def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description="Detection metrics for anomaly scores: AUROC, TPR at a target FPR, FPR at a target TPR.",
-            citation="",
-            inputs_description="predictions: float anomaly scores; references: 1 = unsafe (positive), 0 = safe.",
-            features=datasets.Features({"predictions": datasets.Value("float64"), "references": datasets.Value("int32")}),
-        )
-
-    def _compute(
-        self, predictions: Sequence[float], references: Sequence[int], fpr: float = 0.05, tpr: float = 0.95
-    ) -> dict[str, float]:
-        scores, labels = np.asarray(predictions, float), np.asarray(references)
-        if not np.isin(labels, (0, 1)).all():
-            raise ValueError("references must be 0 (safe) or 1 (unsafe)")
-        negatives, positives = scores[labels == 0], scores[labels == 1]
-        return {
-            "auroc": auroc(negatives, positives),
-            "tpr_at_fpr": tpr_at_fpr(negatives, positives, fpr),
-            "fpr_at_tpr": fpr_at_tpr(negatives, positives, tpr),
-            "fpr": fpr,
-            "tpr": tpr,
-        }
+    out = {"auroc": auroc(negatives, positives), "tpr_at_fpr": tpr_at_fpr(negatives, positives, target_fpr)}
+    if target_tpr is not None:
+        out["fpr_at_tpr"] = fpr_at_tpr(negatives, positives, target_tpr)
+    if flagged is not None:
+        out["flagged"] = float(np.asarray(flagged, dtype=float).mean())
+    if pooled_negatives is not None:
+        out["auroc_pooled"] = auroc(np.concatenate([np.asarray(negatives, float), np.asarray(pooled_negatives, float)]), positives)
+    return out

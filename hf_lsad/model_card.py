@@ -22,16 +22,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import faiss
-import huggingface_hub
-import torch
-import transformers
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from . import __version__
+from .metrics import METRICS
 from .serialization import config_to_dict
+from .version import library_versions
 
 if TYPE_CHECKING:
     from .guard import SafetyGuard
@@ -54,13 +51,12 @@ package's ``model_cards`` link in a source tree and copied into wheels."""
 GUARD_TAGS = ["hf-lsad", "safety", "sparse-autoencoder", "anomaly-detection"]
 DEFAULT_LICENSE = "apache-2.0"
 
-METRIC_COLUMNS = {
-    "auroc": "AUROC",
-    "pooled_auroc": "AUROC, safe + benign-OOD negatives",
-    "tpr_at_5fpr": "TPR@5%FPR",
-    "flagged": "Flagged at threshold",
-}
-"""Column titles of the metric keys that ``hf-lsad evaluate`` reports; other keys are shown under their own name."""
+METRIC_COLUMNS = {**{key: METRICS[key] for key in ("auroc", "auroc_pooled")}, "tpr_at_fpr": "TPR@5%FPR", "flagged": METRICS["flagged"]}
+"""Column titles of the :data:`hf_lsad.metrics.METRICS` keys a card shows first (``hf-lsad evaluate`` measures at
+5% FPR); other keys are shown under their own name."""
+
+METRIC_ALIASES = {"pooled_auroc": "auroc_pooled", "tpr_at_5fpr": "tpr_at_fpr"}
+"""Keys of metrics dicts written before the one vocabulary (:data:`hf_lsad.metrics.METRICS`), still read."""
 
 DEFAULT_METRICS_NOTE = (
     "Measured by whoever pushed this guard (`hf-lsad evaluate` uses the guard's held-out safe activations as "
@@ -104,6 +100,10 @@ def _metrics_table(metrics: Mapping[str, Mapping[str, float]]) -> tuple[list[str
     """Header titles and ``(category, cells)`` rows; keys in :data:`METRIC_COLUMNS` order, then the others."""
     if not isinstance(metrics, Mapping):
         raise TypeError(f"metrics must map category -> {{metric: value}}, got {type(metrics).__name__}")
+    metrics = {
+        category: {METRIC_ALIASES.get(key, key): value for key, value in row.items()} if isinstance(row, Mapping) else row
+        for category, row in metrics.items()
+    }
     keys: list[str] = [key for key in METRIC_COLUMNS if any(key in row for row in metrics.values())]
     for category, row in metrics.items():
         if not isinstance(row, Mapping):
@@ -225,13 +225,15 @@ def guard_model_card(
         f"{config.n_holdout} held out to set the threshold (split seed {config.seed}). "
         "The uploader did not describe the prompts."
     )
-    versions = {
-        "hf-lsad": __version__,
-        "torch": torch.__version__,
-        "faiss": faiss.__version__,
-        "transformers": transformers.__version__,
-        "huggingface_hub": huggingface_hub.__version__,
-    }
+    versions = library_versions("hf_lsad", "torch", "faiss", "transformers", "huggingface_hub")
+    calibration = guard.calibration
+    flag_rule = (
+        f"its calibrated probability of being unsafe, sigmoid(a_c * score + b_c) with an affine map per cluster "
+        f"({calibration.n_clusters} clusters, {calibration.labelled.count(0)} of them on the pooled anchor), "
+        f"is above {calibration.threshold:g}"
+        if calibration is not None
+        else ""
+    )
     where = (repo_id or "") + (f"/{subfolder}" if subfolder else "")
     return ModelCard.from_template(
         card_data,
@@ -247,6 +249,7 @@ def guard_model_card(
         method=config.method,
         sae=f"{sae.config.d_in} → {sae.config.d_sae} features" if sae is not None else "",
         threshold=f"{config.threshold:.6g}",
+        flag_rule=flag_rule,
         target_fpr_pct=f"{config.target_fpr:.1%}".replace(".0%", "%"),
         n_fit=config.n_fit,
         n_holdout=config.n_holdout,

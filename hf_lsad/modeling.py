@@ -107,7 +107,7 @@ class GuardedModelForCausalLM(nn.Module):
         Without ``guard``, ``pretrained_model_name_or_path`` is a folder or Hub repo written by
         :meth:`save_pretrained` / :meth:`push_to_hub`: its guard is loaded from it and the base
         model from the reference it holds (``AutoModelForCausalLM.from_pretrained(base_model,
-        **model_kwargs)``; the bundled SmolLM2 through :func:`hf_lsad.models.load_model`).
+        **model_kwargs)``; the bundled SmolLM2 through :func:`hf_lsad.pretrained.load_model`).
         ``guard_kwargs`` (``revision``, ``subfolder``, ``token``, ``cache_dir``,
         ``local_files_only``, ``force_download``) then say where to read that folder.
 
@@ -133,7 +133,7 @@ class GuardedModelForCausalLM(nn.Module):
         cls, name_or_path: str | os.PathLike, hub_kwargs: dict[str, Any], allow_mismatch: bool, model_kwargs: dict[str, Any]
     ) -> GuardedModelForCausalLM:
         from .hub import resolve_pretrained_dir
-        from .models import DEFAULT_MODEL_ALIASES, load_model
+        from .pretrained import DEFAULT_MODEL_ALIASES, load_model
 
         path = resolve_pretrained_dir(name_or_path, **hub_kwargs)
         if not (path / GUARDED_CONFIG).is_file():

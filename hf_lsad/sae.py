@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .checks import check_activations
 from .serialization import (
     FORMAT_VERSION,
     GuardFormatError,
@@ -32,7 +33,6 @@ from .serialization import (
     save_module,
     write_json,
 )
-from .validation import check_activations
 
 SAE_WEIGHTS = "sae.safetensors"
 SAE_CONFIG = "config.json"

@@ -13,8 +13,8 @@ of it in batches (for fits that stream, see :func:`hf_lsad.fitting.fit_guard`).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -22,9 +22,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .capture import HookPoint
+from .checks import check_activations
+from .hook_point import HookPoint
 from .serialization import FORMAT_VERSION, GuardFormatError, config_from_dict, config_to_dict, read_json, write_json
-from .validation import check_activations
 
 INDEX = "index.json"
 

@@ -8,8 +8,8 @@ import pytest
 
 from hf_lsad.cli import main
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.models import tiny_model
 from hf_lsad.store import load_activations
+from hf_lsad.testing import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     stats = json.loads(out[out.index("{") :])
     assert stats["held_out"]["l0"] > 0 and stats["held_out"]["fraction_variance_explained"] <= 1.0
-    main(["fit", "--activations", str(tmp_path / "safe"), "--sae", str(tmp_path / "sae"), "--clusters", "3",
+    main(["fit", "--activations", str(tmp_path / "safe"), "--sae", str(tmp_path / "sae"), "--kmeans.n-clusters", "3",
           "--mask-size", "16", "--out", str(tmp_path / "guard")])  # fmt: skip
     guard = SafetyGuard.from_pretrained(tmp_path / "guard")
     assert guard.config.n_fit == 48 and guard.config.n_holdout == 12
@@ -57,7 +57,7 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
     assert flagged == metrics["harmful"]["flagged"]
     # Pooled negatives = 12 held-out safe + the 20 "benign" rows, which tie the positives (AUROC 1/2).
     assert with_ood["harmful"]["auroc"] == metrics["harmful"]["auroc"]
-    assert with_ood["harmful"]["pooled_auroc"] == pytest.approx((12 * metrics["harmful"]["auroc"] + 20 * 0.5) / 32)
+    assert with_ood["harmful"]["auroc_pooled"] == pytest.approx((12 * metrics["harmful"]["auroc"] + 20 * 0.5) / 32)
     assert ("warning: This guard flags" in captured.err) == (flagged > 0.10)
 
     main(["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guard"), "--max-new-tokens", "3",

@@ -16,14 +16,15 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, Mo
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 from tiny import LAYER, MIXED_BATCH, fresh_guard, tiny_guard
 
-from hf_lsad.capture import HookPoint, base_model_key, encode_prompts, same_base_model
+from hf_lsad.capture import encode_prompts
 from hf_lsad.cli import main as cli_main
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.hook_point import HookPoint, base_model_key, same_base_model
 from hf_lsad.model_card import GUARD_TAGS, guard_model_card
 from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.models import tiny_model
 from hf_lsad.serialization import GuardFormatError
 from hf_lsad.store import save_activations
+from hf_lsad.testing import tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>' to upload raw bytes:DeprecationWarning")
 
@@ -413,7 +414,7 @@ def test_cli_fit_pushes_to_the_hub(hub_server, hub_cache, repo_id, tmp_path, cap
     save_activations(tmp_path / "acts", activations, records, guard.config.hook)
     guard.sae.save_pretrained(tmp_path / "sae")
     cli_main([
-        "fit", "--activations", str(tmp_path / "acts"), "--sae", str(tmp_path / "sae"), "--clusters", "3",
+        "fit", "--activations", str(tmp_path / "acts"), "--sae", str(tmp_path / "sae"), "--kmeans.n-clusters", "3",
         "--mask-size", "16", "--out", str(tmp_path / "guard"), "--push-to-hub", repo_id, "--subfolder", "layer_2",
     ])  # fmt: skip
     assert f"pushed to {repo_id}/layer_2 at " in capsys.readouterr().out

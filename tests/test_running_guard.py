@@ -8,12 +8,14 @@ import pytest
 import torch
 from tiny import LAYER, PROMPTS, tiny_guard
 
-from hf_lsad.capture import HookPoint, encode_prompts
+from hf_lsad.capture import encode_prompts
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.running_guard import collect_response_activations, fit_running_guard, sequence_statistic
+from hf_lsad.running_fit import collect_response_activations, fit_running_guard
+from hf_lsad.running_guard import sequence_statistic
 
 MAX_NEW = 8
 

@@ -7,13 +7,14 @@ from functools import lru_cache
 
 import torch
 
-from hf_lsad.capture import HookPoint, collect_activations
+from hf_lsad.capture import collect_activations
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.fitting import fit_guard
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.models import tiny_model
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.sae import SAETrainConfig, train_sae
+from hf_lsad.testing import tiny_model
 
 LAYER = 2
 PROMPTS = [f"question {i}: what is {i} plus {i * 3 % 7}?" for i in range(48)] + [

@@ -5,10 +5,10 @@ from .cvdd import CVDD, CVDDConfig
 from .deep_svdd import DeepSVDD, DeepSVDDConfig
 from .freqmask import FreqMaskConfig, FreqMaskKM
 from .gmm import GaussianMixtureDetector, GMMConfig
-from .learned_mask import LearnedMaskConfig, LearnedMaskLoRA
+from .learned_mask import LearnedMaskConfig, LearnedMaskLoRA, LearnedMaskState
 from .linear_probe import LinearProbe, LinearProbeConfig
 from .mahalanobis import Mahalanobis, MahalanobisConfig
-from .ocsvm import OCSVMConfig, OneClassSVMDetector
+from .ocsvm import OCSVMConfig, OCSVMState, OneClassSVMDetector
 
 __all__ = [
     "CVDD",
@@ -25,11 +25,13 @@ __all__ = [
     "GaussianMixtureDetector",
     "LearnedMaskConfig",
     "LearnedMaskLoRA",
+    "LearnedMaskState",
     "LinearProbe",
     "LinearProbeConfig",
     "Mahalanobis",
     "MahalanobisConfig",
     "OCSVMConfig",
+    "OCSVMState",
     "OneClassSVMDetector",
     "detector_class",
     "register_detector",

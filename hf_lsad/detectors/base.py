@@ -1,22 +1,35 @@
-"""What every detector is: a config, a fit on safe activations, a score per row.
+"""What every detector is: a config, a fit on safe activations, a score and a cluster per row.
 
 A detector is an ``nn.Module`` whose tensors are buffers whose shapes follow
-from its config and the activation/SAE widths, so that a saved detector can be
-rebuilt empty and loaded strictly. A new method is a new file with a
-:class:`Detector` subclass decorated with :func:`register_detector`.
+from its config, its fitted state and the activation/SAE widths, so that a
+saved detector can be rebuilt empty and loaded strictly. A new method is a new
+file with a :class:`Detector` subclass decorated with :func:`register_detector`.
+
+The contract callers rely on, declared here rather than probed with ``getattr``:
+
+- class attributes ``method``, ``config_class``, ``uses_sae``, ``supervised`` and
+  ``state_class`` (the dataclass of values only known after fitting, or ``None``);
+- :attr:`Detector.n_clusters`: the number of clusters a row can be assigned to
+  (``0`` for a method without clusters), which per-cluster calibration reads;
+- :meth:`Detector.fit_split`: the one fit entry point (safe rows, and unsafe rows
+  for a supervised method);
+- ``config`` is never rewritten: what fitting learns that is not a tensor goes to
+  ``state``, saved next to the config.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from ..sae import SparseAutoencoder
+from ..serialization import config_from_dict, config_to_dict
 from ..store import DEFAULT_BATCH_SIZE, RowSource
 
 
@@ -45,17 +58,43 @@ class Detector(nn.Module, ABC):
     """Whether the method reads SAE codes (and so needs an SAE in its guard)."""
 
     supervised: ClassVar[bool] = False
-    """True only for reference methods that need unsafe labels to fit."""
+    """True only for reference methods that need unsafe labels to fit (:meth:`fit_supervised`)."""
 
-    def __init__(self, config: DetectorConfig, d_in: int, d_sae: int | None) -> None:
+    state_class: ClassVar[type | None] = None
+    """Dataclass of the non-tensor values fitting learns (sizes of buffers, per-cluster choices), or ``None``."""
+
+    def __init__(self, config: DetectorConfig, d_in: int, d_sae: int | None, state: Any = None) -> None:
         super().__init__()
         if not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
         if self.uses_sae and d_sae is None:
             raise ValueError(f"{self.method} reads SAE codes: pass an SAE")
+        if state is not None and (self.state_class is None or not isinstance(state, self.state_class)):
+            raise TypeError(f"{type(self).__name__} takes a {getattr(self.state_class, '__name__', 'no')} state, got {state!r}")
         self.config = config
+        """The settings passed in; fitting never replaces them."""
+        self.state = state if state is not None or self.state_class is None else self.state_class()
+        """What fitting learned that is not a tensor (an instance of ``state_class``; ``None`` without one)."""
         self.d_in = d_in
         self.d_sae = d_sae
+
+    @property
+    def n_clusters(self) -> int:
+        """Clusters a row can be assigned to (``forward`` returns values in ``[0, n_clusters)``); 0 without clusters."""
+        return 0
+
+    def fit_split(
+        self, safe: Tensor, sae: SparseAutoencoder | None, *, unsafe: Tensor | None = None, progress: bool = True
+    ) -> None:
+        """Fit on ``safe`` activations, and ``unsafe`` ones for a supervised method: the call callers make."""
+        if self.supervised:
+            if unsafe is None:
+                raise ValueError(f"{self.method} is a SUPERVISED reference: it needs unsafe activations to fit")
+            self.fit_supervised(safe, unsafe, sae, progress=progress)
+        elif unsafe is not None:
+            raise ValueError(f"{self.method} is fitted on safe activations only; it takes no unsafe ones")
+        else:
+            self.fit(safe, sae, progress=progress)
 
     @abstractmethod
     def fit(self, activations: Tensor, sae: SparseAutoencoder | None, *, progress: bool = True) -> None:
@@ -78,6 +117,26 @@ class Detector(nn.Module, ABC):
         rows = torch.arange(len(source)) if rows is None else rows
         state = next(itertools.chain(self.buffers(), self.parameters()), None)
         self.fit(source.take(rows).to(state.device if state is not None else "cpu"), sae, progress=progress)
+
+    def fit_supervised(
+        self, safe: Tensor, unsafe: Tensor, sae: SparseAutoencoder | None, *, progress: bool = True
+    ) -> None:
+        """Fit on safe (label 0) and unsafe (label 1) activations: supervised methods only."""
+        raise TypeError(f"{self.method} is not supervised: fit it on safe activations with fit()")
+
+    def settings_dict(self) -> dict[str, Any]:
+        """The config and the fitted state as one JSON-ready dict (the ``detector`` entry of a guard's config.json)."""
+        return config_to_dict(self.config) | (config_to_dict(self.state) if self.state_class is not None else {})
+
+    @classmethod
+    def from_settings(cls, data: dict[str, Any], d_in: int, d_sae: int | None, *, source: str) -> Detector:
+        """An empty detector from :meth:`settings_dict` output: the state's keys are split off the config's."""
+        names = {f.name for f in dataclasses.fields(cls.state_class)} if cls.state_class is not None else set()
+        config = config_from_dict(cls.config_class, {k: v for k, v in data.items() if k not in names}, source=source)
+        if cls.state_class is None:
+            return cls(config, d_in, d_sae)
+        state = config_from_dict(cls.state_class, {k: v for k, v in data.items() if k in names}, source=f"{source} (state)")
+        return cls(config, d_in, d_sae, state)
 
     @abstractmethod
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None) -> DetectorOutput:

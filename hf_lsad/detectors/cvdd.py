@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..checks import check_activations
 from ..clustering import KMeansConfig, fit_kmeans
 from ..sae import SparseAutoencoder
-from ..validation import check_activations
 from .base import Detector, DetectorOutput, register_detector
 from .deep_svdd import EncoderTrainingConfig, StandardizedEncoder, mlp, pretrain_autoencoder, seeded_init, train
 
@@ -81,6 +81,10 @@ class CVDD(StandardizedEncoder, Detector):
     method = "cvdd"
     config_class = CVDDConfig
     uses_sae = False
+
+    @property
+    def n_clusters(self) -> int:
+        return self.config.n_contexts
 
     def __init__(self, config: CVDDConfig, d_in: int, d_sae: int | None = None) -> None:
         super().__init__(config, d_in, d_sae)

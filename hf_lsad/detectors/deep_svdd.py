@@ -34,18 +34,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from ..checks import check_activations
 from ..sae import SparseAutoencoder
-from ..validation import check_activations
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 from .gmm import fit_standardizer
 
-OBJECTIVES = ("one-class", "soft-boundary")
+Objective = Literal["one-class", "soft-boundary"]
+OBJECTIVES = get_args(Objective)
 
 
 def mlp(widths: Sequence[int]) -> nn.Sequential:
@@ -183,7 +184,7 @@ class EncoderTrainingConfig(DetectorConfig):
 class DeepSVDDConfig(EncoderTrainingConfig):
     """Settings of Deep SVDD."""
 
-    objective: str = "one-class"
+    objective: Objective = "one-class"
     """``one-class`` (mean squared distance to ``c``, the paper's description) or ``soft-boundary``."""
 
     nu: float = 0.1

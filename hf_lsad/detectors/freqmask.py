@@ -23,20 +23,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans, training_sample
+from ..masks import top_k_mask
 from ..sae import SparseAutoencoder
+from ..scores import check_precision_size, l1, l2, mahalanobis, ridge_precision
 from ..store import DEFAULT_BATCH_SIZE, RowSource, TensorRows, row_batches
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 
-SCORE_METRICS = ("l1", "l2", "mahalanobis")
-MASK_SCOPES = ("global", "local")
-MAX_MAHALANOBIS_ELEMENTS = 2**28
-"""Refuse per-cluster precision matrices larger than this (1 GiB in float32)."""
+ScoreMetric = Literal["l1", "l2", "mahalanobis"]
+MaskScope = Literal["global", "local"]
+SCORE_METRICS = get_args(ScoreMetric)
+MASK_SCOPES = get_args(MaskScope)
 
 
 @dataclass
@@ -49,10 +52,10 @@ class FreqMaskConfig(DetectorConfig):
     mask_size: int = 100
     """k: number of most frequently active SAE features kept by the mask."""
 
-    mask_scope: str = "global"
+    mask_scope: MaskScope = "global"
     """``global`` (one mask from pooled frequencies) or ``local`` (one mask per cluster)."""
 
-    score_metric: str = "l1"
+    score_metric: ScoreMetric = "l1"
     """Distance to the assigned centroid: ``l1``, ``l2`` or ``mahalanobis``."""
 
     use_mask: bool = True
@@ -79,17 +82,18 @@ class FreqMaskKM(Detector):
     method = "freqmask-km"
     config_class = FreqMaskConfig
 
+    @property
+    def n_clusters(self) -> int:
+        return self.config.kmeans.n_clusters
+
     def __init__(self, config: FreqMaskConfig, d_in: int, d_sae: int | None) -> None:
         super().__init__(config, d_in, d_sae)
         n_clusters = config.kmeans.n_clusters
         width = config.mask_size if config.use_mask else d_sae
         if config.use_mask and config.mask_size > d_sae:
             raise ValueError(f"mask_size={config.mask_size} exceeds the SAE width d_sae={d_sae}")
-        if config.score_metric == "mahalanobis" and n_clusters * width * width > MAX_MAHALANOBIS_ELEMENTS:
-            raise ValueError(
-                f"Mahalanobis on {width} features x {n_clusters} clusters needs "
-                f"{n_clusters * width * width:,} precision entries; use a mask (use_mask=True, smaller mask_size)"
-            )
+        if config.score_metric == "mahalanobis":
+            check_precision_size(n_clusters, width, "features (use a mask: use_mask=True, smaller mask_size)")
         self.register_buffer("centroids", torch.zeros(n_clusters, d_sae))
         self.register_buffer("cluster_frequency", torch.zeros(n_clusters, d_sae))
         self.register_buffer("cluster_sizes", torch.zeros(n_clusters, dtype=torch.long))
@@ -170,12 +174,12 @@ class FreqMaskKM(Detector):
         if config.use_mask:
             pooled = active_counts.sum(0) / len(rows)
             if config.mask_scope == "global":
-                self.mask_indices.copy_(_top_k(pooled, config.mask_size).expand_as(self.mask_indices))
+                self.mask_indices.copy_(top_k_mask(pooled, config.mask_size).expand_as(self.mask_indices))
             else:
                 for c in range(n_clusters):
                     # An empty cluster has no frequencies of its own: it keeps the global mask.
                     frequency = self.cluster_frequency[c] if sizes[c] > 0 else pooled
-                    self.mask_indices[c] = _top_k(frequency, config.mask_size)
+                    self.mask_indices[c] = top_k_mask(frequency, config.mask_size)
 
         if config.score_metric == "mahalanobis":
             self._fit_precision(source, sae, rows, members, sizes, batch_size, progress)
@@ -199,9 +203,8 @@ class FreqMaskKM(Detector):
             for c in clusters.unique().tolist():
                 part = diff[clusters == c]
                 moments[c] += (part.T @ part).double()
-        eye = torch.eye(width, dtype=torch.float64, device=members.device)
-        covariance = moments / sizes.clamp_min(1).double().view(-1, 1, 1) + self.config.ridge * eye
-        self.precision.copy_(torch.cholesky_inverse(torch.linalg.cholesky(covariance)))
+        covariance = moments / sizes.clamp_min(1).double().view(-1, 1, 1)
+        self.precision.copy_(ridge_precision(covariance, self.config.ridge))
 
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None) -> DetectorOutput:
         codes = _encode(sae, activations)
@@ -211,11 +214,11 @@ class FreqMaskKM(Detector):
         clusters = assign_clusters(cluster_space(codes, metric), assign_to, metric)
         diff = self._masked_difference(codes, clusters)
         if self.config.score_metric == "l1":
-            scores = diff.abs().sum(-1)
+            scores = l1(diff)
         elif self.config.score_metric == "l2":
-            scores = diff.norm(dim=-1)
+            scores = l2(diff)
         else:
-            scores = torch.einsum("bi,bij,bj->b", diff, self.precision[clusters], diff).clamp_min(0).sqrt()
+            scores = mahalanobis(diff, self.precision[clusters])
         return DetectorOutput(scores, clusters)
 
     @torch.no_grad()
@@ -292,9 +295,3 @@ def _accumulate(code_sums: Tensor, active_counts: Tensor, clusters: Tensor, code
     flat = clusters[row] * codes.shape[1] + feature
     code_sums.view(-1).index_add_(0, flat, values.double())
     active_counts.view(-1).index_add_(0, flat, (values > 0).double())
-
-
-def _top_k(frequency: Tensor, k: int) -> Tensor:
-    """Indices of the k largest frequencies, ties to the lower index, sorted ascending."""
-    order = torch.sort(frequency, descending=True, stable=True).indices
-    return order[:k].sort().values

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -25,11 +26,12 @@ from sklearn.mixture import GaussianMixture
 from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 
+from ..checks import check_activations
 from ..sae import SparseAutoencoder
-from ..validation import check_activations
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 
-INIT_PARAMS = ("k-means++", "random", "kmeans", "random_from_data")
+InitParams = Literal["k-means++", "random", "kmeans", "random_from_data"]
+INIT_PARAMS = get_args(InitParams)
 
 
 def fit_standardizer(activations: Tensor) -> tuple[Tensor, Tensor]:
@@ -47,7 +49,7 @@ class GMMConfig(DetectorConfig):
     (3 of 6 pick 10, others 50 or 100; sweep ``{3, 5, 10, 50, 100}``), 10 is the mode
     and the middle of the sweep."""
 
-    init_params: str = "k-means++"
+    init_params: InitParams = "k-means++"
     """EM initialisation, a ``GaussianMixture.init_params`` value: ``k-means++`` (k-means++
     seeding), ``random`` (random responsibilities), ``kmeans`` or ``random_from_data``.
     Default ``k-means++``: selected on 4 of the paper's 6 models (``random`` on 2)."""
@@ -89,6 +91,10 @@ class GaussianMixtureDetector(Detector):
     method = "gmm"
     config_class = GMMConfig
     uses_sae = False
+
+    @property
+    def n_clusters(self) -> int:
+        return self.config.n_components
 
     def __init__(self, config: GMMConfig, d_in: int, d_sae: int | None = None) -> None:
         super().__init__(config, d_in, d_sae)

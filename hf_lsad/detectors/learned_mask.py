@@ -32,8 +32,8 @@ small/medium/large third of the Stage-2 clusters by size (``lora_ranks``);
 Clusters smaller than ``min_cluster_size`` keep the base SAE (no mask, no
 adapter); clusters smaller than ``lora_min_cluster_size`` (or all, with
 ``stage1_only``) keep their mask without an adapter. What each cluster got is
-recorded in the config (``cluster_stages``, ``cluster_ranks``,
-``cluster_lambdas``) and so in the guard's ``config.json``.
+recorded in the detector's fitted state (:class:`LearnedMaskState`: ``cluster_stages``,
+``cluster_ranks``, ``cluster_lambdas``), saved with the config in the guard's ``config.json``.
 
 **Scoring.** A row is assigned to its nearest centroid ``c`` in base SAE code
 space and its residual ``r = a - D_c(m_c * E_c(a))`` is scored by
@@ -58,39 +58,43 @@ objects and peft folders.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans
+from ..masks import straight_through_mask
 from ..sae import SparseAutoencoder
+from ..scores import check_precision_size, mahalanobis, ridge_precision, scaled_norm
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
+
+if TYPE_CHECKING:  # peft imports transformers: loaded only when Stage 2 or the peft views run
+    from peft import PeftModel
 
 LAMBDA_SWEEP = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 """The paper's per-cluster sparsity sweep for Stage 1."""
 
-MASK_TYPES = ("binary", "continuous")
-SCORE_METRICS = ("whitened_l2", "mahalanobis")
+MaskType = Literal["binary", "continuous"]
+ResidualScore = Literal["whitened_l2", "mahalanobis"]
+MASK_TYPES = get_args(MaskType)
+SCORE_METRICS = get_args(ResidualScore)
 BASE_SAE, MASK_ONLY, MASK_AND_LORA = 0, 1, 2
 """Values of ``cluster_stages``: what a cluster was fitted with."""
-MAX_MAHALANOBIS_ELEMENTS = 2**28
-"""Refuse per-cluster precision matrices larger than this (1 GiB in float32)."""
 
 
 @dataclass
 class LearnedMaskConfig(DetectorConfig):
-    """Settings of LearnedMask-LoRA; the last three fields are filled in by ``fit``."""
+    """Settings of LearnedMask-LoRA."""
 
     kmeans: KMeansConfig = field(default_factory=lambda: KMeansConfig(n_clusters=100))
     """Clustering of the safe codes (the paper uses K=100, L2)."""
 
-    mask_type: str = "binary"
+    mask_type: MaskType = "binary"
     """``binary`` (hard mask, straight-through gradient) or ``continuous`` (sigmoid mask, ablation)."""
 
     lambdas: list[float] = field(default_factory=lambda: list(LAMBDA_SWEEP))
@@ -135,7 +139,7 @@ class LearnedMaskConfig(DetectorConfig):
     lora_batch_size: int = 32
     """Members per Stage-2 step."""
 
-    score_metric: str = "whitened_l2"
+    score_metric: ResidualScore = "whitened_l2"
     """``whitened_l2`` (default) or ``mahalanobis`` (ablation) on the reconstruction residual."""
 
     shrinkage: float = 0.3
@@ -146,15 +150,6 @@ class LearnedMaskConfig(DetectorConfig):
 
     seed: int = 0
     """Seed of the validation splits, LoRA initialisation and Stage-2 shuffling."""
-
-    cluster_stages: list[int] = field(default_factory=list)
-    """Per cluster, filled by fit: 0 base SAE (too small), 1 mask only, 2 mask and LoRA."""
-
-    cluster_ranks: list[int] = field(default_factory=list)
-    """Per cluster, filled by fit: LoRA rank (0 without an adapter)."""
-
-    cluster_lambdas: list[float] = field(default_factory=list)
-    """Per cluster, filled by fit: selected Stage-1 ``lambda`` (0.0 for base-SAE clusters)."""
 
     def __post_init__(self) -> None:
         if self.mask_type not in MASK_TYPES:
@@ -187,20 +182,31 @@ class LearnedMaskConfig(DetectorConfig):
             raise ValueError(f"shrinkage must be in [0, 1], got {self.shrinkage}")
         if self.score_metric == "mahalanobis" and self.ridge <= 0:
             raise ValueError(f"ridge must be > 0 for Mahalanobis scoring, got {self.ridge}")
-        k = self.kmeans.n_clusters
+
+
+@dataclass
+class LearnedMaskState:
+    """What :meth:`LearnedMaskLoRA.fit` chose per cluster (empty lists: not fitted)."""
+
+    cluster_stages: list[int] = field(default_factory=list)
+    """Per cluster: 0 base SAE (too small), 1 mask only, 2 mask and LoRA."""
+
+    cluster_ranks: list[int] = field(default_factory=list)
+    """Per cluster: LoRA rank (0 without an adapter)."""
+
+    cluster_lambdas: list[float] = field(default_factory=list)
+    """Per cluster: selected Stage-1 ``lambda`` (0.0 for base-SAE clusters)."""
+
+    def check(self, config: LearnedMaskConfig) -> None:
+        """``ValueError`` unless this state fits ``config`` (one entry per cluster, known stages, ranks in range)."""
+        k = config.kmeans.n_clusters
         fitted = (self.cluster_stages, self.cluster_ranks, self.cluster_lambdas)
         if any(fitted) and any(len(values) != k for values in fitted):
             raise ValueError(f"cluster_stages, cluster_ranks and cluster_lambdas need one entry per cluster ({k})")
         if any(s not in (BASE_SAE, MASK_ONLY, MASK_AND_LORA) for s in self.cluster_stages):
             raise ValueError(f"cluster_stages must hold 0, 1 or 2, got {self.cluster_stages}")
-        if any(r < 0 or r > max(self.lora_ranks) for r in self.cluster_ranks):
-            raise ValueError(f"cluster_ranks must be in [0, {max(self.lora_ranks)}], got {self.cluster_ranks}")
-
-
-def straight_through_mask(logits: Tensor) -> Tensor:
-    """``1[logits > 0]`` in the forward pass, the gradient of ``sigmoid(logits)`` in the backward pass."""
-    soft = torch.sigmoid(logits)
-    return soft + ((logits > 0).to(soft.dtype) - soft).detach()
+        if any(r < 0 or r > max(config.lora_ranks) for r in self.cluster_ranks):
+            raise ValueError(f"cluster_ranks must be in [0, {max(config.lora_ranks)}], got {self.cluster_ranks}")
 
 
 @register_detector
@@ -209,13 +215,14 @@ class LearnedMaskLoRA(Detector):
 
     method = "learned-mask-lora"
     config_class = LearnedMaskConfig
+    state_class = LearnedMaskState
 
-    def __init__(self, config: LearnedMaskConfig, d_in: int, d_sae: int | None) -> None:
-        super().__init__(config, d_in, d_sae)
+    def __init__(self, config: LearnedMaskConfig, d_in: int, d_sae: int | None, state: LearnedMaskState | None = None) -> None:
+        super().__init__(config, d_in, d_sae, state)
+        self.state.check(config)
         k, rank = config.kmeans.n_clusters, max(config.lora_ranks)
-        if config.score_metric == "mahalanobis" and k * d_in * d_in > MAX_MAHALANOBIS_ELEMENTS:
-            entries = k * d_in * d_in
-            raise ValueError(f"Mahalanobis on {d_in} dimensions x {k} clusters needs {entries:,} precision entries")
+        if config.score_metric == "mahalanobis":
+            check_precision_size(k, d_in, "dimensions")
         self.register_buffer("centroids", torch.zeros(k, d_sae))
         self.register_buffer("cluster_sizes", torch.zeros(k, dtype=torch.long))
         self.register_buffer("masks", torch.ones(k, d_sae))
@@ -232,7 +239,11 @@ class LearnedMaskLoRA(Detector):
 
     @property
     def fitted(self) -> bool:
-        return bool(self.config.cluster_stages)
+        return bool(self.state.cluster_stages)
+
+    @property
+    def n_clusters(self) -> int:
+        return self.config.kmeans.n_clusters
 
     def fit(self, activations: Tensor, sae: SparseAutoencoder | None, *, progress: bool = True) -> None:
         config = self.config
@@ -267,7 +278,7 @@ class LearnedMaskLoRA(Detector):
                 for c in tqdm(lora_clusters, desc="stage 2 LoRA", disable=not progress):
                     self._fit_lora(peft_sae, activations[members == c], c, ranks[c])
                     stages[c] = MASK_AND_LORA
-        self.config = dataclasses.replace(config, cluster_stages=stages, cluster_ranks=ranks, cluster_lambdas=lambdas)
+        self.state = LearnedMaskState(cluster_stages=stages, cluster_ranks=ranks, cluster_lambdas=lambdas)
         with torch.no_grad():
             self._fit_residual_statistics(activations - self.reconstruct(activations, sae, members), members)
 
@@ -280,9 +291,9 @@ class LearnedMaskLoRA(Detector):
         clusters = assign_clusters(cluster_space(torch.relu(pre), metric), self.centroids, metric)
         diff = activations - self._reconstruct(activations, sae, clusters, pre) - self.residual_mean[clusters]
         if self.config.score_metric == "whitened_l2":
-            scores = (diff / self.residual_scale[clusters]).norm(dim=-1)
+            scores = scaled_norm(diff, self.residual_scale[clusters])
         else:
-            scores = torch.einsum("bi,bij,bj->b", diff, self.precision[clusters], diff).clamp_min(0).sqrt()
+            scores = mahalanobis(diff, self.precision[clusters])
         return DetectorOutput(scores, clusters)
 
     def reconstruct(self, activations: Tensor, sae: SparseAutoencoder, clusters: Tensor) -> Tensor:
@@ -290,7 +301,7 @@ class LearnedMaskLoRA(Detector):
         return self._reconstruct(activations, sae, clusters, sae.encoder(activations))
 
     def _reconstruct(self, activations: Tensor, sae: SparseAutoencoder, clusters: Tensor, pre: Tensor) -> Tensor:
-        groups = _adapter_groups(clusters, self.config.cluster_ranks)
+        groups = _adapter_groups(clusters, self.state.cluster_ranks)
         if groups:
             pre = pre + _stacked_lora(activations, self.encoder_lora_A, self.encoder_lora_B, groups)
         masked = torch.relu(pre) * self.masks[clusters]
@@ -306,14 +317,14 @@ class LearnedMaskLoRA(Detector):
         cluster masks) and accepts peft's ``adapter_names=[...]`` for mixed-cluster batches
         (``"__base__"`` for clusters without an adapter); without it, the first adapter is active.
         """
-        adapted = [c for c, r in enumerate(self.config.cluster_ranks) if r > 0]
+        adapted = [c for c, r in enumerate(self.state.cluster_ranks) if r > 0]
         if not adapted:
             raise ValueError("this detector has no LoRA adapters (stage1_only or all clusters too small)")
         model = _peft_sae(sae)
         for c in adapted:
-            self._add_adapter(model, c, self.config.cluster_ranks[c])
+            self._add_adapter(model, c, self.state.cluster_ranks[c])
             layers = _lora_layers(model)
-            rank = self.config.cluster_ranks[c]
+            rank = self.state.cluster_ranks[c]
             name = _adapter_name(c)
             with torch.no_grad():
                 layers["encoder"].lora_A[name].weight.copy_(self.encoder_lora_A[c, :rank])
@@ -410,6 +421,8 @@ class LearnedMaskLoRA(Detector):
         return ranks
 
     def _add_adapter(self, model: PeftModel, cluster: int, rank: int) -> None:
+        from peft import LoraConfig
+
         lora = LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=["encoder", "decoder"])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.seed * 100_003 + cluster)
@@ -470,11 +483,9 @@ class LearnedMaskLoRA(Detector):
             variance = (1 - alpha) * own + alpha * pooled + 1e-6 * pooled.mean()
             self.residual_scale.copy_(variance.sqrt())
         else:
-            eye = torch.eye(self.d_in, dtype=residuals.dtype, device=residuals.device)
             for c in range(k):
                 diff = centred[members == c]
-                covariance = diff.T @ diff / max(len(diff), 1) + self.config.ridge * eye
-                self.precision[c] = torch.cholesky_inverse(torch.linalg.cholesky(covariance))
+                self.precision[c] = ridge_precision(diff.T @ diff / max(len(diff), 1), self.config.ridge)
 
 
 class _ClusterQuadratic:
@@ -516,6 +527,8 @@ class _MaskedSAE(nn.Module):
 
 def _peft_sae(sae: SparseAutoencoder) -> PeftModel:
     """An empty peft wrapper of a frozen copy of ``sae``, ready for :meth:`PeftModel.add_adapter`."""
+    from peft import LoraConfig, get_peft_model
+
     base = _MaskedSAE(sae)
     for parameter in base.parameters():
         parameter.requires_grad_(False)

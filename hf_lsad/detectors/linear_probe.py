@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..checks import check_activations
 from ..sae import SparseAutoencoder
-from ..validation import check_activations
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 from .deep_svdd import train
 

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..checks import check_activations
 from ..sae import SparseAutoencoder
-from ..validation import check_activations
+from ..scores import ridge_whitening, whitened_norm
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 
 
@@ -67,17 +68,11 @@ class Mahalanobis(Detector):
         x = activations.double()
         mean = x.mean(0)
         centred = x - mean
-        covariance = centred.T @ centred / len(x)
-        covariance.diagonal().add_(self.config.ridge)
-        cholesky, info = torch.linalg.cholesky_ex(covariance)
-        if info.item() != 0:
-            raise ValueError(f"covariance + ridge={self.config.ridge} is not positive definite; increase ridge")
-        eye = torch.eye(self.d_in, dtype=torch.float64, device=x.device)
+        whitening = ridge_whitening(centred.T @ centred / len(x), self.config.ridge)
         self.mean.copy_(mean)
-        self.whitening.copy_(torch.linalg.solve_triangular(cholesky, eye, upper=False))
+        self.whitening.copy_(whitening)
 
     @torch.no_grad()
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None = None) -> DetectorOutput:
-        whitened = (activations.double() - self.mean) @ self.whitening.T
-        scores = whitened.norm(dim=-1).float()
+        scores = whitened_norm(activations.double() - self.mean, self.whitening).float()
         return DetectorOutput(scores, torch.full_like(scores, -1, dtype=torch.long))

@@ -15,12 +15,11 @@ used, drawn uniformly without replacement with ``seed`` (``max_samples=None``
 uses every row). The paper does not say whether it subsampled.
 
 Buffers whose size is only known after fitting: the number of support vectors
-is recorded in the config (``n_support``, written by :meth:`fit` on a copy of
-the config the detector holds, so the caller's config object is not changed).
-The detector is built with buffers of that size, so a saved detector is
-rebuilt from its JSON config with the right shapes and loaded strictly like
-any other; a detector built with ``n_support=0`` is unfitted and refuses to
-score.
+is the detector's fitted state (:class:`OCSVMState`, ``n_support``, saved with
+the config), never written into the config. The detector is built with buffers
+of that size, so a saved detector is rebuilt from its JSON with the right shapes
+and loaded strictly like any other; a detector with ``n_support=0`` is unfitted
+and refuses to score.
 
 The paper maps scores to ``[0, 1]`` (percentile or sigmoid); those maps are
 strictly increasing and change neither AUROC nor the rows flagged at a
@@ -29,20 +28,21 @@ safe-FPR threshold, so they are not implemented.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 from sklearn.svm import OneClassSVM
 from torch import Tensor
 
+from ..checks import check_activations
 from ..sae import SparseAutoencoder
-from ..validation import check_activations
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 from .gmm import fit_standardizer
 
-KERNELS = ("rbf", "linear")
+Kernel = Literal["rbf", "linear"]
+KERNELS = get_args(Kernel)
 SCORE_CHUNK = 4096
 """Rows scored at once (the kernel matrix is ``chunk x n_support`` float64)."""
 
@@ -51,7 +51,7 @@ SCORE_CHUNK = 4096
 class OCSVMConfig(DetectorConfig):
     """Settings of the One-Class SVM baseline."""
 
-    kernel: str = "rbf"
+    kernel: Kernel = "rbf"
     """``rbf`` or ``linear``. Default ``rbf``: selected on all six models of the paper."""
 
     nu: float = 0.1
@@ -75,9 +75,6 @@ class OCSVMConfig(DetectorConfig):
     cache_size: float = 500.0
     """libsvm kernel cache in MB (speed only)."""
 
-    n_support: int = 0
-    """Number of support vectors, written by ``fit``; sizes the saved buffers. Leave at 0."""
-
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
@@ -87,6 +84,16 @@ class OCSVMConfig(DetectorConfig):
             raise ValueError(f"gamma must be a positive number, got {self.gamma!r}")
         if self.max_samples is not None and self.max_samples < 2:
             raise ValueError(f"max_samples must be >= 2 or None, got {self.max_samples}")
+
+
+@dataclass
+class OCSVMState:
+    """What :meth:`OneClassSVMDetector.fit` learned that sizes the buffers."""
+
+    n_support: int = 0
+    """Number of support vectors (0: not fitted)."""
+
+    def __post_init__(self) -> None:
         if self.n_support < 0:
             raise ValueError(f"n_support must be >= 0, got {self.n_support}")
 
@@ -98,13 +105,14 @@ class OneClassSVMDetector(Detector):
     method = "ocsvm"
     config_class = OCSVMConfig
     uses_sae = False
+    state_class = OCSVMState
 
-    def __init__(self, config: OCSVMConfig, d_in: int, d_sae: int | None = None) -> None:
-        super().__init__(config, d_in, d_sae)
+    def __init__(self, config: OCSVMConfig, d_in: int, d_sae: int | None = None, state: OCSVMState | None = None) -> None:
+        super().__init__(config, d_in, d_sae, state)
         self.register_buffer("input_mean", torch.zeros(d_in, dtype=torch.float64))
         self.register_buffer("input_scale", torch.ones(d_in, dtype=torch.float64))
         self.register_buffer("intercept", torch.zeros(1, dtype=torch.float64))
-        self._allocate(config.n_support)
+        self._allocate(self.state.n_support)
 
     def _allocate(self, n_support: int) -> None:
         device = self.input_mean.device
@@ -128,7 +136,7 @@ class OneClassSVMDetector(Detector):
             kernel=config.kernel, nu=config.nu, gamma=config.gamma, tol=config.tol, cache_size=config.cache_size
         ).fit(x)
         n_support = len(svm.support_)
-        self.config = dataclasses.replace(config, n_support=n_support)
+        self.state = OCSVMState(n_support=n_support)
         self._allocate(n_support)
         device = self.input_mean.device
         self.input_mean.copy_(mean)
@@ -139,7 +147,7 @@ class OneClassSVMDetector(Detector):
 
     def decision_function(self, activations: Tensor) -> Tensor:
         """``sum_i alpha_i K(sv_i, x) + b`` per row (float64), as ``OneClassSVM.decision_function``."""
-        if self.config.n_support == 0:
+        if self.state.n_support == 0:
             raise RuntimeError("this One-Class SVM is not fitted (n_support=0): call fit first")
         parts = []
         support_norms = self.support_vectors.pow(2).sum(-1)  # once per call, not per chunk

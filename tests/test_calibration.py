@@ -10,16 +10,17 @@ import pytest
 import torch
 from tiny import MIXED_BATCH, fresh_guard, tiny_guard
 
-from hf_lsad.affine_calibration import (
+from hf_lsad.calibration import (
     AffineCalibration,
     _newton,
     coupled_budget_sample,
     fit_affine_calibration,
     importance_weights,
 )
-from hf_lsad.capture import HookPoint, encode_prompts
+from hf_lsad.capture import encode_prompts
 from hf_lsad.cli import main
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.metrics import auroc
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.sae import SAEConfig, SparseAutoencoder
@@ -197,7 +198,7 @@ def test_cli_calibrates_a_guard(tmp_path, capsys):
         save_activations(tmp_path / name, rows, [{"id": i} for i in range(len(rows))], hook)
     torch.manual_seed(0)
     SparseAutoencoder(SAEConfig(16, 48)).save_pretrained(tmp_path / "sae")
-    main(["fit", "--activations", str(tmp_path / "safe"), "--sae", str(tmp_path / "sae"), "--clusters", "3",
+    main(["fit", "--activations", str(tmp_path / "safe"), "--sae", str(tmp_path / "sae"), "--kmeans.n-clusters", "3",
           "--mask-size", "8", "--out", str(tmp_path / "guard")])  # fmt: skip
     main(["calibrate", "--guard", str(tmp_path / "guard"), "--safe", str(tmp_path / "safe"), "--unsafe",
           str(tmp_path / "unsafe"), "--benign-ood", str(tmp_path / "ood"), "--budget", "0.05", "--out",

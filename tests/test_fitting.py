@@ -6,10 +6,11 @@ import pytest
 import torch
 
 import hf_lsad.detectors.freqmask as freqmask
-from hf_lsad.capture import HookPoint
 from hf_lsad.clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans, training_sample
 from hf_lsad.detectors import FreqMaskConfig, FreqMaskKM
 from hf_lsad.fitting import fit_guard
+from hf_lsad.hook_point import HookPoint
+from hf_lsad.masks import top_k_mask
 from hf_lsad.sae import SAEConfig, SparseAutoencoder
 from hf_lsad.store import ActivationStore, load_activations, save_activations
 
@@ -48,7 +49,7 @@ def dense_reference(detector: FreqMaskKM, activations: torch.Tensor, sae: Sparse
     pooled = (codes > 0).float().mean(0)
     for c in range(K):
         frequency = pooled if config.mask_scope == "global" or sizes[c] == 0 else detector.cluster_frequency[c]
-        detector.mask_indices[c] = freqmask._top_k(frequency, config.mask_size)
+        detector.mask_indices[c] = top_k_mask(frequency, config.mask_size)
     if config.score_metric == "mahalanobis":
         eye = torch.eye(config.mask_size)
         for c in range(K):

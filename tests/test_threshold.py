@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_lsad.calibration import fpr_threshold
 from hf_lsad.metrics import auroc, tpr_at_fpr
+from hf_lsad.threshold import fpr_threshold
 
 
 @pytest.mark.parametrize(

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from hf_lsad import diagnostics
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import FreqMaskConfig, FreqMaskKM
-from hf_lsad.diagnostics import (
+from hf_lsad.evaluation import diagnostics
+from hf_lsad.evaluation.diagnostics import (
     active_support_overlap,
     cluster_occupancy,
     cluster_score_summary,

@@ -10,7 +10,7 @@ import torch
 from peft import PeftModel
 from tiny import LAYER, MIXED_BATCH, PROMPTS, tiny_guard
 
-from hf_lsad.capture import HookPoint, collect_activations, encode_prompts
+from hf_lsad.capture import collect_activations, encode_prompts
 from hf_lsad.cli import main
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors.learned_mask import (
@@ -19,11 +19,13 @@ from hf_lsad.detectors.learned_mask import (
     MASK_ONLY,
     LearnedMaskConfig,
     LearnedMaskLoRA,
+    LearnedMaskState,
     _MaskedSAE,
-    straight_through_mask,
 )
 from hf_lsad.fitting import fit_guard
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.hook_point import HookPoint
+from hf_lsad.masks import straight_through_mask
 from hf_lsad.metrics import auroc
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.sae import SAEConfig, SparseAutoencoder
@@ -72,7 +74,7 @@ def test_mask_recovers_the_features_a_cluster_lives_on(mask_type):
     )
     detector = LearnedMaskLoRA(config, d_in, 2 * d_in)
     detector.fit(data, signed_identity_sae(d_in), progress=False)
-    assert detector.config.cluster_stages == [MASK_ONLY]
+    assert detector.state.cluster_stages == [MASK_ONLY]
     mask = detector.masks[0]
     if mask_type == "binary":
         assert mask.nonzero().squeeze(1).tolist() == signal  # the positive halves of the signal dimensions
@@ -116,13 +118,13 @@ def fitted(**overrides) -> tuple[LearnedMaskLoRA, SparseAutoencoder, torch.Tenso
 
 def test_stages_follow_cluster_sizes_and_small_clusters_fall_back_to_the_base_sae():
     detector, _, _ = fitted()
-    by_size = dict(zip(detector.cluster_sizes.tolist(), detector.config.cluster_stages))
+    by_size = dict(zip(detector.cluster_sizes.tolist(), detector.state.cluster_stages))
     assert by_size == {240: MASK_AND_LORA, 90: MASK_ONLY, 12: BASE_SAE}
-    base = detector.config.cluster_stages.index(BASE_SAE)
-    assert detector.masks[base].eq(1).all() and detector.config.cluster_ranks[base] == 0
-    assert detector.config.cluster_lambdas[base] == 0.0 and detector.encoder_lora_B[base].eq(0).all()
-    lora = detector.config.cluster_stages.index(MASK_AND_LORA)
-    assert detector.config.cluster_ranks[lora] in (2, 4, 8) and detector.encoder_lora_B[lora].abs().sum() > 0
+    base = detector.state.cluster_stages.index(BASE_SAE)
+    assert detector.masks[base].eq(1).all() and detector.state.cluster_ranks[base] == 0
+    assert detector.state.cluster_lambdas[base] == 0.0 and detector.encoder_lora_B[base].eq(0).all()
+    lora = detector.state.cluster_stages.index(MASK_AND_LORA)
+    assert detector.state.cluster_ranks[lora] in (2, 4, 8) and detector.encoder_lora_B[lora].abs().sum() > 0
 
 
 def test_mixed_cluster_batch_scores_equal_one_row_at_a_time():
@@ -142,12 +144,12 @@ def test_stacked_adapters_equal_peft_mixed_batches_and_exported_peft_folders(tmp
     with torch.no_grad():
         clusters = detector(data[rows], sae).clusters
         stacked = detector.reconstruct(data[rows], sae, clusters)
-        names = [f"cluster_{c}" if detector.config.cluster_ranks[c] else "__base__" for c in clusters.tolist()]
+        names = [f"cluster_{c}" if detector.state.cluster_ranks[c] else "__base__" for c in clusters.tolist()]
         mixed = detector.peft_model(sae)(data[rows], detector.masks[clusters], adapter_names=names)
     assert torch.allclose(stacked, mixed, atol=1e-5)
 
     folders = detector.save_peft_adapters(tmp_path, sae)
-    lora = detector.config.cluster_stages.index(MASK_AND_LORA)
+    lora = detector.state.cluster_stages.index(MASK_AND_LORA)
     assert [f.name for f in folders] == [f"cluster_{lora}"]
     assert {p.name for p in folders[0].iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
     loaded = PeftModel.from_pretrained(_MaskedSAE(sae), str(folders[0])).eval()
@@ -174,7 +176,7 @@ def test_variants_separate_rows_off_the_clusters_supports(overrides):
         shifted = detector(three_clusters((60, 60, 60), g, offset=2), sae).scores  # half on foreign dimensions
     assert torch.isfinite(safe).all() and auroc(safe.numpy(), shifted.numpy()) > 0.9
     if overrides.get("stage1_only"):
-        assert MASK_AND_LORA not in detector.config.cluster_stages
+        assert MASK_AND_LORA not in detector.state.cluster_stages
 
 
 def test_fit_is_deterministic():
@@ -196,7 +198,6 @@ BAD_SETTINGS = [
     (dict(lora_epochs=0), "lora_epochs"),
     (dict(shrinkage=1.5), "shrinkage"),
     (dict(score_metric="mahalanobis", ridge=0.0), "ridge"),
-    (dict(cluster_stages=[1, 2]), "one entry per cluster"),
 ]
 
 
@@ -204,6 +205,21 @@ BAD_SETTINGS = [
 def test_bad_settings_are_clear_errors(settings, message):
     with pytest.raises(ValueError, match=message):
         LearnedMaskConfig(kmeans=KMeansConfig(n_clusters=3), **settings)
+
+
+def test_a_fitted_state_that_does_not_fit_the_config_is_a_clear_error():
+    with pytest.raises(ValueError, match="one entry per cluster"):
+        LearnedMaskLoRA(LearnedMaskConfig(kmeans=KMeansConfig(n_clusters=3)), 16, 48, LearnedMaskState(cluster_stages=[1, 2]))
+
+
+def test_fit_keeps_the_config_it_was_given():
+    config = LearnedMaskConfig(kmeans=KMeansConfig(n_clusters=2), min_cluster_size=10, lora_min_cluster_size=10, **FAST)
+    detector = LearnedMaskLoRA(config, 16, 48)
+    detector.fit(three_clusters((60, 40), torch.Generator().manual_seed(3)), random_sae(), progress=False)
+    assert detector.config is config and detector.config == LearnedMaskConfig(
+        kmeans=KMeansConfig(n_clusters=2), min_cluster_size=10, lora_min_cluster_size=10, **FAST
+    )
+    assert len(detector.state.cluster_stages) == 2
 
 
 def test_unfitted_detector_refuses_to_score():
@@ -222,7 +238,7 @@ def test_guard_round_trip_gives_identical_scores_in_guarded_generate(tmp_path):
     guard = fit_guard(collected.activations, hook, "learned-mask-lora", config, reference.sae, progress=False).guard
     guard.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())["detector"]
-    assert saved["cluster_stages"] == guard.detector.config.cluster_stages and MASK_AND_LORA in saved["cluster_stages"]
+    assert saved["cluster_stages"] == guard.detector.state.cluster_stages and MASK_AND_LORA in saved["cluster_stages"]
     loaded = SafetyGuard.from_pretrained(tmp_path)
 
     inputs = encode_prompts(tokenizer, MIXED_BATCH)
@@ -242,7 +258,7 @@ def test_cli_fits_a_learned_mask_lora_guard(tmp_path):
     save_activations(tmp_path / "acts", data, [{"id": i} for i in range(len(data))], hook)
     random_sae().save_pretrained(tmp_path / "sae")
     main(["fit", "--activations", str(tmp_path / "acts"), "--sae", str(tmp_path / "sae"), "--out", str(tmp_path / "guard"),
-          "--method", "learned-mask-lora", "--clusters", "3", "--min-cluster-size", "30", "--lora-min-cluster-size", "150"])  # fmt: skip
+          "--method", "learned-mask-lora", "--kmeans.n-clusters", "3", "--min-cluster-size", "30", "--lora-min-cluster-size", "150"])  # fmt: skip
     guard = SafetyGuard.from_pretrained(tmp_path / "guard")
     assert guard.config.method == "learned-mask-lora"
-    assert sorted(guard.detector.config.cluster_stages) == [BASE_SAE, MASK_ONLY, MASK_AND_LORA]
+    assert sorted(guard.detector.state.cluster_stages) == [BASE_SAE, MASK_ONLY, MASK_AND_LORA]

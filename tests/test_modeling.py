@@ -6,15 +6,10 @@ import pytest
 import torch
 from tiny import LAYER, MIXED_BATCH, last_layer_output, tiny_guard
 
-from hf_lsad.capture import (
-    decoder_layer,
-    encode_prompts,
-    final_call_index,
-    generate_with_activations,
-    prefill_activations,
-)
+from hf_lsad.capture import encode_prompts, final_call_index, generate_with_activations, prefill_activations
+from hf_lsad.hook_point import decoder_layer
 from hf_lsad.modeling import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
-from hf_lsad.models import tiny_model
+from hf_lsad.testing import tiny_model
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral", "gemma", "gpt2"])

@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .detectors.freqmask import FreqMaskKM, _top_k
-from .sae import SparseAutoencoder
+from ..detectors.freqmask import FreqMaskKM
+from ..masks import top_k_mask
+from ..sae import SparseAutoencoder
 
 VARIANCE_THRESHOLD = 0.9
 """``d90``: the share of variance the leading principal components must reach."""
@@ -106,7 +107,7 @@ def effective_dimensions(
         if sizes[c] < minimum:
             continue
         members = codes[clusters == c]
-        local_mask = _top_k((members > 0).float().sum(0), k)
+        local_mask = top_k_mask((members > 0).float().sum(0), k)
         per_cluster[str(c)] = effective_dimension(members[:, local_mask], threshold)
     return {
         "threshold": threshold,
@@ -302,7 +303,7 @@ def freqmask_diagnostics(
     n_clusters = config.kmeans.n_clusters
     pooled_frequency = (fit_codes > 0).float().mean(0)
     mask_size = config.mask_size
-    global_mask = _top_k(pooled_frequency, mask_size)
+    global_mask = top_k_mask(pooled_frequency, mask_size)
     mask_indices = (
         detector.mask_indices if config.use_mask else torch.arange(detector.d_sae).expand(n_clusters, -1)
     )

@@ -8,7 +8,6 @@ import sys
 import pytest
 import torch
 
-from hf_lsad.capture import HookPoint
 from hf_lsad.cli import main
 from hf_lsad.evaluation import (
     EvalData,
@@ -22,6 +21,7 @@ from hf_lsad.evaluation import (
     make_splits,
     run_grid,
 )
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.store import save_activations
 
 D = 16
@@ -144,7 +144,7 @@ def test_cli_grid_end_to_end_writes_the_report(tmp_path, monkeypatch):
     assert len(methods["FreqMask-KM"]["runs"]) == 2
     for m in methods.values():
         assert set(m["test"]) == {"harmful", "toxic", "mean", "benign_ood_fpr"}
-        assert set(m["test"]["mean"]) == {"auroc", "tpr_at_fpr", "fpr_at_95tpr", "flagged_at_threshold", "auroc_pooled"}
+        assert set(m["test"]["mean"]) == {"auroc", "tpr_at_fpr", "fpr_at_tpr", "flagged", "auroc_pooled"}
         mean = (m["runs"][0]["test"]["harmful"]["auroc"] + m["runs"][0]["test"]["toxic"]["auroc"]) / 2
         assert m["runs"][0]["test"]["mean"]["auroc"] == pytest.approx(mean)
     best = max(methods["FreqMask-KM"]["grid"], key=lambda p: p["validation_auroc"])

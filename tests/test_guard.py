@@ -11,9 +11,9 @@ from tiny import MIXED_BATCH, fresh_guard, tiny_guard
 from hf_lsad.capture import encode_prompts
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.models import tiny_model
 from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
 from hf_lsad.serialization import GuardFormatError
+from hf_lsad.testing import tiny_model
 
 
 @pytest.fixture
