@@ -103,3 +103,20 @@ def test_explain_command_prints_features_and_top_prompts(tmp_path):
     assert "question" in text or "weather" in text  # store prompts are shown by their text
     store = ActivationStore(tmp_path / "store")
     assert len(store) == len(PROMPTS)
+
+
+def test_explain_subcommand(tmp_path, capsys):
+    from hf_lsad.cli import main
+
+    model, tokenizer, guard = tiny_guard("prompt_last")
+    model_dir = tmp_path / "tiny-llama"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    guard.save_pretrained(tmp_path / "guard")
+    activations = collect_activations(model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False).activations
+    records = [{"id": f"p{i}", "text": p} for i, p in enumerate(PROMPTS)]
+    save_activations(tmp_path / "store", activations, records, HookPoint.from_model(model, LAYER, "prompt_last"))
+    main(["explain", "--guard", str(tmp_path / "guard"), "--activations", str(tmp_path / "store"),
+          "--model", str(model_dir), "--top-k", "2", "hello there"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "prompt: 'hello there'" in out and out.count("\n  ") >= 3
