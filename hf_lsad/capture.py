@@ -133,6 +133,19 @@ def eos_token_ids(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> li
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
+def check_generate_kwargs(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> Tensor:
+    """Refuse generation modes a guard cannot follow; return ``input_ids``."""
+    input_ids = generate_kwargs.get("input_ids")
+    if input_ids is None:
+        raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    if (generate_kwargs.get("num_beams") or config.num_beams or 1) != 1:
+        raise ValueError("beam search reorders hypotheses between steps; guarded generation needs num_beams=1")
+    if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
+        raise ValueError("assisted decoding is not supported by guarded generation")
+    return input_ids
+
+
 def generate_with_activations(
     model: PreTrainedModel, layer: int, position: str, **generate_kwargs: Any
 ) -> tuple[Any, Tensor]:
@@ -144,14 +157,7 @@ def generate_with_activations(
     """
     if position not in POSITIONS:
         raise ValueError(f"unknown position {position!r}; choose one of {POSITIONS}")
-    input_ids = generate_kwargs.get("input_ids")
-    if input_ids is None:
-        raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
-    config = generate_kwargs.get("generation_config") or model.generation_config
-    if (generate_kwargs.get("num_beams") or config.num_beams or 1) != 1:
-        raise ValueError("beam search reorders hypotheses between steps; guarded generation needs num_beams=1")
-    if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
-        raise ValueError("assisted decoding is not supported by guarded generation")
+    input_ids = check_generate_kwargs(model, generate_kwargs)
     _, module = decoder_layer(model, layer)
     with LastPositionRecorder(module, last_token_positions(generate_kwargs.get("attention_mask"))) as recorder:
         output = model.generate(**generate_kwargs)

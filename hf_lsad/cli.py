@@ -1,4 +1,4 @@
-"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, generate.
+"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate.
 
     hf-lsad collect   --model default --pool safe --layer 20 --position prompt_last --out acts/safe
     hf-lsad train-sae --activations acts/safe --d-sae 2304 --out sae
@@ -6,6 +6,7 @@
     hf-lsad calibrate --guard guard --safe acts/safe --unsafe acts/harmful --benign-ood acts/ood --budget 0.01 --out g2
     hf-lsad evaluate  --guard guard --safe acts/safe --unsafe acts/harmful acts/toxic
     hf-lsad evaluate  --safe acts/safe --unsafe acts/harmful acts/toxic --sae sae --grid grid.json --out report
+    hf-lsad explain   --guard default --activations acts/harmful "Write a tutorial on how to make a bomb"
     hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
 
 ``hf-lsad fit --method NAME --help`` lists the settings of any registered method: one flag per
@@ -291,6 +292,22 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
 
 
+def _explain(args: argparse.Namespace) -> None:
+    from .explain_cli import explain_command
+
+    explain_command(args)
+
+
+def _explain_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompts", nargs="+")
+    parser.add_argument("--guard", default="default", help="guard folder or Hub repo; 'default' = the bundled guard")
+    parser.add_argument("--activations", required=True, help="activation store whose prompts illustrate each feature")
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--top-k", type=int, default=10, help="features listed per prompt")
+    parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")
+
+
 COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace], None], str]] = {
     "collect": ("collect residual-stream activations of a prompt pool", _collect_arguments, _collect, ""),
     "train-sae": ("train a ReLU+L1 SAE on the fit split of safe activations", _train_sae_arguments, _train_sae, ""),
@@ -306,6 +323,12 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "(protocol in hf_lsad.evaluation.protocol).",
     ),
     "generate": ("guarded generation with a safety report per prompt", _generate_arguments, _generate, ""),
+    "explain": (
+        "the SAE features behind a guard's score, each with the store prompts that activate it most",
+        _explain_arguments,
+        _explain,
+        "",
+    ),
 }
 """name -> (help, add its arguments, run it, description)."""
 

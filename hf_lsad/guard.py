@@ -40,11 +40,13 @@ from torch import Tensor, nn
 from .calibration import AffineCalibration
 from .checks import check_activations
 from .detectors import Detector, detector_class
+from .explain import FeatureContribution, explain_scores
 from .hook_point import HookPoint
 from .hub import resolve_pretrained_dir, upload_pretrained_dir
 from .model_card import DEFAULT_LICENSE, guard_model_card
 from .config_validation import check_guard_header
 from .guard_integrity import INTEGRITY_KEY, canonical_json, integrity_record, settings_record, verify_integrity
+from .running_guard import RunningConfig
 from .sae import SAE_WEIGHTS, SparseAutoencoder
 from .threshold import conformal_p_values, sorted_holdout
 from .serialization import (
@@ -123,6 +125,13 @@ class SafetyReport(NamedTuple):
     A row that could not be scored fails closed: ``flagged`` is ``True``, ``score`` (and a
     calibrated ``probability``) ``nan`` and ``cluster`` ``-1``."""
 
+    step: int | None = None
+    """Guarded generation only: the step at which the row was flagged (0: at the prefill, before any
+    new token; ``t``: after ``t`` new tokens), ``None`` if it was not flagged or not scored during generation."""
+    stopped: bool = False
+    """Whether guarded generation ended the row when it was flagged (``on_flag="stop"``)."""
+    features: tuple[FeatureContribution, ...] | None = None
+    """With ``explain=True``: the SAE features with the largest contributions to ``score`` (:mod:`hf_lsad.explain`)."""
 
 
 class SafetyGuard(nn.Module):
@@ -143,6 +152,10 @@ class SafetyGuard(nn.Module):
         """Per-cluster affine calibration (:meth:`set_calibration`); when set, rows are flagged by probability."""
         self.holdout_scores: Tensor | None = None
         """Sorted held-out safe scores the threshold was set on (:meth:`set_holdout_scores`), for p-values."""
+        self.running: RunningConfig | None = None
+        """For a ``response_running`` guard: patience and how its threshold was set (:mod:`hf_lsad.running_guard`)."""
+        if config.hook.position == "response_running":
+            self.running = RunningConfig()
 
     def set_holdout_scores(self, holdout_scores: Tensor | None) -> None:
         """Keep the held-out safe scores (``config.n_holdout`` of them) so that reports carry p-values."""
@@ -184,8 +197,11 @@ class SafetyGuard(nn.Module):
         probabilities = self.calibration.probabilities(scores, clusters)
         return GuardOutput(scores, clusters, probabilities > self.calibration.threshold), probabilities
 
-    def reports(self, activations: Tensor) -> list[SafetyReport]:
+    def reports(self, activations: Tensor, *, explain: bool = False, top_k: int = 10) -> list[SafetyReport]:
         """One :class:`SafetyReport` per row of ``activations``.
+
+        ``explain=True`` fills :attr:`SafetyReport.features` with the ``top_k`` SAE features
+        that contribute most to each score (:meth:`explain`).
 
         Fails closed: a row holding NaN or inf gets a report with ``flagged=True`` and an
         ``error`` saying so (and a ``RuntimeWarning``); the other rows are scored as usual.
@@ -193,14 +209,14 @@ class SafetyGuard(nn.Module):
         """
         finite = torch.isfinite(activations).all(1) if activations.ndim == 2 else None
         if finite is None or bool(finite.all()) or activations.shape[1] != self.config.hook.hidden_size:
-            return self._reports(activations)
+            return self._reports(activations, explain=explain, top_k=top_k)
         bad = (~finite).nonzero().flatten().tolist()
         warnings.warn(
             f"guard activations of rows {bad} hold NaN or inf: those rows are reported as flagged (fail closed)",
             RuntimeWarning,
             stacklevel=2,
         )
-        scored = iter(self._reports(activations[finite]) if finite.any() else [])
+        scored = iter(self._reports(activations[finite], explain=explain, top_k=top_k) if finite.any() else [])
         threshold = self.calibration.threshold if self.calibration is not None else self.config.threshold
         failed = SafetyReport(
             score=math.nan,
@@ -212,7 +228,7 @@ class SafetyGuard(nn.Module):
         )
         return [next(scored) if ok else failed for ok in finite.tolist()]
 
-    def _reports(self, activations: Tensor) -> list[SafetyReport]:
+    def _reports(self, activations: Tensor, *, explain: bool, top_k: int) -> list[SafetyReport]:
         output, probabilities = self._score(activations)
         if probabilities is None:
             threshold, probabilities = self.config.threshold, [None] * len(output.scores)
@@ -222,11 +238,25 @@ class SafetyGuard(nn.Module):
             p_values = [None] * len(output.scores)
         else:
             p_values = conformal_p_values(output.scores, self.holdout_scores).tolist()
-        rows = zip(output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist(), probabilities, p_values)
+        features = self.explain(activations, top_k=top_k) if explain else [None] * len(output.scores)
+        rows = zip(
+            output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist(), probabilities, p_values, features
+        )
         return [
-            SafetyReport(score=s, threshold=threshold, flagged=f, cluster=c, probability=p, p_value=v)
-            for s, c, f, p, v in rows
+            SafetyReport(score=s, threshold=threshold, flagged=f, cluster=c, probability=p, p_value=v, features=e)
+            for s, c, f, p, v, e in rows
         ]
+
+    @torch.no_grad()
+    def explain(self, activations: Tensor, *, top_k: int | None = 10) -> list[tuple[FeatureContribution, ...]]:
+        """Per row, the SAE features behind its score, largest contribution first (``top_k=None``: all terms).
+
+        See :func:`hf_lsad.explain.explain_scores` for what a contribution is; detectors
+        that do not score SAE features (e.g. ``mahalanobis`` on raw activations) raise
+        ``NotImplementedError``.
+        """
+        check_activations(activations, self.config.hook.hidden_size)
+        return explain_scores(self.detector, self.sae, activations.float(), top_k=top_k)
 
     def save_pretrained(
         self,
@@ -266,6 +296,8 @@ class SafetyGuard(nn.Module):
         }
         if self.calibration is not None:  # only calibrated guards carry the key
             config["calibration"] = config_to_dict(self.calibration)
+        if self.running is not None:  # likewise only response_running guards carry their running settings
+            config["running"] = config_to_dict(self.running)
         # Round-trip through JSON so the record holds exactly what a loader will read back.
         config = json.loads(canonical_json(config))
         settings = settings_record(config, config_to_dict(self.sae.config) if self.sae is not None else None)
@@ -389,6 +421,12 @@ class SafetyGuard(nn.Module):
             raise GuardFormatError(f"{source}: {err}") from err
         if (path / THRESHOLD_SCORES).exists():
             guard.set_holdout_scores(_read_holdout_scores(path / THRESHOLD_SCORES, config.n_holdout))
+        if config.hook.position == "response_running":
+            if "running" not in raw:
+                raise GuardFormatError(f"{source}: a response_running guard needs the config key 'running'")
+            guard.running = config_from_dict(RunningConfig, raw["running"], source=f"{source}:running")
+        elif "running" in raw:
+            raise GuardFormatError(f"{source}: config key 'running' on a {config.hook.position} guard")
         if "calibration" in raw:
             calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")
             try:

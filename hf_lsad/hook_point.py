@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 POSITIONS = ("response_last", "prompt_last")
+GUARD_POSITIONS = (*POSITIONS, "response_running")
+"""Positions a guard can read; ``response_running`` scores every generated token (:mod:`hf_lsad.running_guard`)."""
 """Token positions a hook point reads (see :mod:`hf_lsad.capture`)."""
 
 # Where transformers keeps the decoder blocks, by architecture family.
@@ -86,8 +88,8 @@ class HookPoint:
     """``response_last`` or ``prompt_last`` (module docstring)."""
 
     def __post_init__(self) -> None:
-        if self.position not in POSITIONS:
-            raise ValueError(f"unknown position {self.position!r}; choose one of {POSITIONS}")
+        if self.position not in GUARD_POSITIONS:
+            raise ValueError(f"unknown position {self.position!r}; choose one of {GUARD_POSITIONS}")
 
     @classmethod
     def from_model(cls, model: PreTrainedModel, layer: int, position: str, base_model: str | None = None) -> HookPoint:

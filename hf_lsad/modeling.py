@@ -3,6 +3,8 @@
 The guard's hook is registered on the target decoder block for the duration of
 each ``generate`` call only (and removed on the way out, exceptions included),
 so the wrapped model is untouched between calls and there is nothing to close.
+Everything a call records lives in objects made for that call (the recorder, the
+:class:`~hf_lsad.generation_control.GuardedGenerationState`), never on the instance.
 """
 
 from __future__ import annotations
@@ -10,15 +12,32 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation import GenerateDecoderOnlyOutput
 
-from .capture import generate_with_activations
+from .capture import check_generate_kwargs, decoder_layer, encode_prompts, eos_token_ids, generate_with_activations
+from .capture import prefill_activations
+from .generation_control import (
+    ON_FLAG,
+    RUNNING_POSITIONS,
+    GuardedGenerationState,
+    GuardLogitsProcessor,
+    GuardStoppingCriteria,
+    refusal_token_ids,
+)
 from .guard import SafetyGuard, SafetyReport
 from .input_checks import check_generate_inputs
+from .serialization import FORMAT_VERSION, GuardFormatError, read_json, write_json
+
+GUARDED_CONFIG = "guarded_model.json"
+"""File of a saved guarded model: format version and the reference to the base model."""
+GUARD_SUBFOLDER = "guard"
+"""Folder of a saved guarded model that holds the guard."""
 
 
 @dataclass
@@ -32,7 +51,7 @@ class GuardedModelForCausalLM(nn.Module):
     """A causal LM whose ``generate`` also scores every sequence with a :class:`SafetyGuard`.
 
     ``generate`` takes and returns exactly what ``model.generate`` does (same
-    sequences for the same arguments). With ``return_dict_in_generate=True``
+    sequences for the same arguments, with the default ``on_flag="report"``). With ``return_dict_in_generate=True``
     the output is a :class:`GuardedGenerateDecoderOnlyOutput` whose ``safety``
     holds the reports; with a plain tensor return they are in
     :attr:`last_safety`, which is per thread (also set in the dict case).
@@ -52,18 +71,32 @@ class GuardedModelForCausalLM(nn.Module):
     Casting: ``.to(dtype)``, ``.half()``, ``.bfloat16()`` cast the model only; the guard
     follows the model's device and stays in float32 (its threshold was set in float32).
 
+    Attributes the wrapper does not have are looked up on the wrapped model (as peft's
+    ``PeftModel`` does), so code written for a transformers model (``pipeline``,
+    ``guarded.config``, ``guarded.can_generate()``, ...) can take the wrapper.
+
     The guard must fit the model: same hidden size, layer count and hooked block (always an
     error otherwise), and the same base model (``guard.config.hook.base_model`` against
     ``model.config.name_or_path``, compared as in :func:`hf_lsad.capture.same_base_model`:
     Hub ids, or the last two components of a local path). A base-model mismatch is refused
     unless ``allow_base_model_mismatch=True``, which warns instead.
+
+    ``tokenizer`` (optional) lets :meth:`screen` take prompt strings and ``refusal`` be text.
     """
 
-    def __init__(self, model: PreTrainedModel, guard: SafetyGuard, *, allow_base_model_mismatch: bool = False) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        guard: SafetyGuard,
+        *,
+        tokenizer: Any = None,
+        allow_base_model_mismatch: bool = False,
+    ) -> None:
         super().__init__()
         guard.config.hook.check_model(model, allow_base_model_mismatch=allow_base_model_mismatch)
         self.model = model
         self.guard = guard.to(model.device)
+        self.tokenizer = tokenizer
         self._per_thread = threading.local()
 
     @property
@@ -77,21 +110,37 @@ class GuardedModelForCausalLM(nn.Module):
         self.guard.to(self.model.device)
         return self
 
+    def __getattr__(self, name: str) -> Any:
+        """Forward missing attributes to the wrapped model (as ``peft.PeftModel.__getattr__``)."""
+        try:
+            return super().__getattr__(name)  # parameters, buffers and submodules (nn.Module)
+        except AttributeError:
+            if name == "model":  # not set yet (e.g. during __init__ or unpickling): avoid recursion
+                raise
+            return getattr(self.model, name)
+
     @classmethod
     def from_pretrained(
         cls,
         pretrained_model_name_or_path: str | os.PathLike,
         *,
-        guard: str | os.PathLike | SafetyGuard,
+        guard: str | os.PathLike | SafetyGuard | None = None,
         guard_kwargs: dict[str, Any] | None = None,
         allow_base_model_mismatch: bool = False,
         **model_kwargs: Any,
     ) -> GuardedModelForCausalLM:
-        """Load the model with ``AutoModelForCausalLM.from_pretrained(..., **model_kwargs)`` and the guard.
+        """Load a guarded model.
 
-        ``guard`` is a :class:`SafetyGuard`, a guard folder or a Hub repo id;
-        ``guard_kwargs`` go to :meth:`SafetyGuard.from_pretrained` (``revision``, ``subfolder``,
-        ``token``, ``cache_dir``, ``local_files_only``, ``force_download``), e.g.::
+        Without ``guard``, ``pretrained_model_name_or_path`` is a folder or Hub repo written by
+        :meth:`save_pretrained` / :meth:`push_to_hub`: its guard is loaded from it and the base
+        model from the reference it holds (``AutoModelForCausalLM.from_pretrained(base_model,
+        **model_kwargs)``; the bundled SmolLM2 through :func:`hf_lsad.pretrained.load_model`).
+        ``guard_kwargs`` (``revision``, ``subfolder``, ``token``, ``cache_dir``,
+        ``local_files_only``, ``force_download``) then say where to read that folder.
+
+        With ``guard``, load the model with ``AutoModelForCausalLM.from_pretrained(..., **model_kwargs)``
+        and the guard: a :class:`SafetyGuard`, a guard folder or a Hub repo id; ``guard_kwargs``
+        go to :meth:`SafetyGuard.from_pretrained`, e.g.::
 
             GuardedModelForCausalLM.from_pretrained(
                 "HuggingFaceTB/SmolLM2-135M-Instruct", guard="org/smollm2-lsad", guard_kwargs={"revision": "v1"}
@@ -99,10 +148,106 @@ class GuardedModelForCausalLM(nn.Module):
 
         ``allow_base_model_mismatch`` as in the class docstring.
         """
+        if guard is None:
+            return cls._from_saved(pretrained_model_name_or_path, guard_kwargs or {}, allow_base_model_mismatch, model_kwargs)
         if not isinstance(guard, SafetyGuard):
             guard = SafetyGuard.from_pretrained(guard, **(guard_kwargs or {}))
         model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, **model_kwargs)
         return cls(model, guard, allow_base_model_mismatch=allow_base_model_mismatch)
+
+    @classmethod
+    def _from_saved(
+        cls, name_or_path: str | os.PathLike, hub_kwargs: dict[str, Any], allow_mismatch: bool, model_kwargs: dict[str, Any]
+    ) -> GuardedModelForCausalLM:
+        from .hub import resolve_pretrained_dir
+        from .pretrained import DEFAULT_MODEL_ALIASES, load_model
+
+        path = resolve_pretrained_dir(name_or_path, **hub_kwargs)
+        if not (path / GUARDED_CONFIG).is_file():
+            raise FileNotFoundError(
+                f"{name_or_path} holds no {GUARDED_CONFIG} (not saved by GuardedModelForCausalLM.save_pretrained); "
+                "to load a model and a guard separately pass guard=..."
+            )
+        raw = read_json(path / GUARDED_CONFIG)
+        source = str(path / GUARDED_CONFIG)
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise GuardFormatError(f"{source}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}")
+        if not isinstance(raw.get("base_model"), str) or not raw["base_model"]:
+            raise GuardFormatError(f"{source}: missing base_model")
+        guard = SafetyGuard.from_pretrained(path / raw.get("guard", GUARD_SUBFOLDER))
+        base_model = raw["base_model"]
+        tokenizer = None
+        if base_model in DEFAULT_MODEL_ALIASES:
+            model, tokenizer = load_model(base_model, **model_kwargs)
+        else:
+            if raw.get("base_model_revision") and "revision" not in model_kwargs:
+                model_kwargs = {**model_kwargs, "revision": raw["base_model_revision"]}
+            model = AutoModelForCausalLM.from_pretrained(base_model, **model_kwargs)
+        return cls(model, guard, tokenizer=tokenizer, allow_base_model_mismatch=allow_mismatch)
+
+    def _write_saved(self, folder: Path, base_model: str | None, base_model_revision: str | None) -> None:
+        base_model = base_model or str(self.model.config.name_or_path or "")
+        if not base_model:
+            raise ValueError("the model has no config.name_or_path to refer to; pass base_model='org/name'")
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(
+            folder / GUARDED_CONFIG,
+            {
+                "format_version": FORMAT_VERSION,
+                "base_model": base_model,
+                "base_model_revision": base_model_revision,
+                "guard": GUARD_SUBFOLDER,
+            },
+        )
+        self.guard.save_pretrained(folder / GUARD_SUBFOLDER)
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        *,
+        base_model: str | None = None,
+        base_model_revision: str | None = None,
+    ) -> None:
+        """Write the guard and a reference to the base model (not its weights)::
+
+            guarded_model.json   {"format_version", "base_model", "base_model_revision", "guard": "guard"}
+            guard/               the guard folder (:meth:`SafetyGuard.save_pretrained`)
+
+        ``base_model`` defaults to ``model.config.name_or_path`` (a Hub id, or the local folder
+        the model was loaded from); :meth:`from_pretrained` loads it from there.
+        """
+        self._write_saved(Path(save_directory), base_model, base_model_revision)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        base_model: str | None = None,
+        base_model_revision: str | None = None,
+        commit_message: str = "Upload hf-lsad guarded model",
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+    ) -> Any:
+        """Upload what :meth:`save_pretrained` writes to a Hub repo in one commit; returns the ``CommitInfo``."""
+        import tempfile
+
+        from .hub import upload_pretrained_dir
+
+        with tempfile.TemporaryDirectory(prefix="hf-lsad-push-") as tmp:
+            folder = Path(tmp)
+            self._write_saved(folder, base_model, base_model_revision)
+            self.guard.model_card().save(folder / GUARD_SUBFOLDER / "README.md")
+            return upload_pretrained_dir(
+                folder,
+                repo_id,
+                commit_message=commit_message,
+                revision=revision,
+                private=private,
+                token=token,
+                create_pr=create_pr,
+            )
 
     @property
     def config(self) -> Any:
@@ -119,15 +264,130 @@ class GuardedModelForCausalLM(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
 
-    def generate(self, input_ids: Tensor | None = None, **kwargs: Any) -> Tensor | GuardedGenerateDecoderOnlyOutput:
-        """``model.generate(input_ids, **kwargs)``, scoring each sequence at the guard's position."""
+    def generate(
+        self,
+        input_ids: Tensor | None = None,
+        *,
+        on_flag: str = "report",
+        refusal: str | list[int] | Tensor | None = None,
+        explain: bool = False,
+        explain_top_k: int = 10,
+        safety_out: list[SafetyReport] | None = None,
+        on_step: Any = None,
+        **kwargs: Any,
+    ) -> Tensor | GuardedGenerateDecoderOnlyOutput:
+        """``model.generate(input_ids, **kwargs)``, scoring each sequence at the guard's position.
+
+        Args:
+            on_flag: ``"report"`` (default): generate as the plain model does and report.
+                ``"stop"``: end a flagged row as soon as the verdict exists, while the other rows
+                of the batch go on: right after the prefill for a ``prompt_last`` guard (the row
+                gets no token of its own), at the flagged token for a ``response_running`` guard.
+                A stopped row emits ``refusal`` (if given) and then EOS. A ``response_last``
+                verdict exists only after the response, so it cannot stop anything.
+            refusal: What a stopped row says: token ids, or text (encoded with the wrapper's
+                ``tokenizer``, without special tokens). ``None``: EOS only.
+            explain: Fill each report's ``features`` with its top SAE features (:mod:`hf_lsad.explain`).
+            explain_top_k: How many features to list.
+            on_step: Called with a :class:`~hf_lsad.generation_control.StepVerdict` after each step the
+                guard scores (the prefill of a ``prompt_last`` guard, every token of a running guard),
+                from the thread running ``generate``: e.g. to show the verdict while streaming.
+            safety_out: A list the reports are appended to, for callers that do not see the return
+                value (``pipeline``); the reports are also in the dict output's ``safety``.
+            kwargs: As ``model.generate``; ``logits_processor`` and ``stopping_criteria`` of the
+                caller are kept (the guard's are added after them), so greedy search, sampling,
+                streamers and the caller's criteria compose with stopping.
+        """
         if input_ids is not None:
             kwargs["input_ids"] = input_ids
+        if on_flag not in ON_FLAG:
+            raise ValueError(f"on_flag must be one of {ON_FLAG}, got {on_flag!r}")
         hook = self.guard.config.hook
+        if on_flag == "stop" and hook.position == "response_last":
+            raise ValueError(
+                "a response_last guard decides only after the response is complete, so it cannot stop one; "
+                "use a prompt_last guard (screening) or a response_running guard (stopping while writing)"
+            )
+        if on_step is not None and hook.position == "response_last":
+            raise ValueError("a response_last guard scores once, after generation: there is no step to report")
         check_generate_inputs(self.model, self.guard, kwargs)
-        output, activations = generate_with_activations(self.model, hook.layer, hook.position, **kwargs)
-        reports = self.guard.reports(activations)  # fails closed per row: the sequences are never lost
+        if on_flag == "report" and hook.position not in RUNNING_POSITIONS and on_step is None:
+            output, activations = generate_with_activations(self.model, hook.layer, hook.position, **kwargs)
+            reports = self.guard.reports(activations, explain=explain, top_k=explain_top_k)  # fails closed per row
+        else:
+            output, reports = self._generate_controlled(on_flag, refusal, explain, explain_top_k, on_step, kwargs)
         self._per_thread.last_safety = reports
+        if safety_out is not None:
+            safety_out.extend(reports)
         if isinstance(output, Tensor):
             return output
         return GuardedGenerateDecoderOnlyOutput(**output, safety=reports)
+
+    def _generate_controlled(
+        self, on_flag: str, refusal: Any, explain: bool, top_k: int, on_step: Any, kwargs: dict[str, Any]
+    ) -> tuple[Any, list[SafetyReport]]:
+        """Generate with the guard's logits processor and stopping criteria (:mod:`hf_lsad.generation_control`)."""
+        input_ids = check_generate_kwargs(self.model, kwargs)
+        eos = eos_token_ids(self.model, kwargs)
+        state = GuardedGenerationState(
+            guard=self.guard,
+            batch_size=input_ids.shape[0],
+            prompt_length=input_ids.shape[1],
+            eos_token_ids=eos,
+            stop=on_flag == "stop",
+            forced_tokens=refusal_token_ids(refusal, self.tokenizer) + eos[:1],
+            patience=self.guard.running.patience if self.guard.running is not None else 1,
+            on_step=on_step,
+        )
+        kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), GuardLogitsProcessor(state)])
+        kwargs["stopping_criteria"] = StoppingCriteriaList(
+            [*(kwargs.get("stopping_criteria") or []), GuardStoppingCriteria(state)]
+        )
+        _, module = decoder_layer(self.model, self.guard.config.hook.layer)
+        handle = module.register_forward_hook(state.hook)
+        try:
+            output = self.model.generate(**kwargs)
+        finally:
+            handle.remove()
+        return output, state.reports(explain=explain, top_k=top_k)
+
+    @torch.no_grad()
+    def screen(
+        self,
+        prompts: list[str] | Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        chat_template: bool = True,
+        explain: bool = False,
+        top_k: int = 10,
+    ) -> list[SafetyReport]:
+        """Reports for a batch of prompts without generating: a forward pass cut after the hooked block.
+
+        ``prompts`` are strings (encoded with the wrapper's ``tokenizer`` as user turns of its chat
+        template, left-padded, as :func:`hf_lsad.capture.encode_prompts`) or left-padded
+        ``input_ids`` with their ``attention_mask``. Needs a ``prompt_last`` guard: the verdict
+        equals the one ``generate`` reports for the same prompts.
+        """
+        hook = self.guard.config.hook
+        if hook.position != "prompt_last":
+            raise ValueError(f"screen() needs a prompt_last guard; this guard reads {hook.position}")
+        if isinstance(prompts, Tensor):
+            input_ids = prompts
+            attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        else:
+            if self.tokenizer is None:
+                raise ValueError("screen() of strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)")
+            inputs = encode_prompts(self.tokenizer, prompts, chat_template=chat_template)
+            input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+        device = self.model.device
+        activations = prefill_activations(self.model, hook.layer, input_ids.to(device), attention_mask.to(device))
+        return self.guard.reports(activations, explain=explain, top_k=top_k)
+
+
+def _register_pipeline() -> None:
+    from .pipeline import register
+
+    register()
+
+
+_register_pipeline()

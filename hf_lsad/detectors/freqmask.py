@@ -228,6 +228,38 @@ class FreqMaskKM(Detector):
             scores = mahalanobis(diff, self.precision[clusters])
         return DetectorOutput(scores, clusters)
 
+    @torch.no_grad()
+    def score_terms(self, activations: Tensor, sae: SparseAutoencoder | None):  # -> explain.ScoreTerms
+        """The score of each row split into one term per masked feature (:mod:`hf_lsad.explain`).
+
+        The terms sum to ``forward``'s score: ``|d_i|`` (l1), ``d_i^2 / s`` (l2),
+        ``d_i (P_c d)_i / s`` (mahalanobis), with ``d`` the masked difference to the centroid.
+        """
+        from ..explain import ScoreTerms
+
+        codes = _encode(sae, activations)
+        metric = self.config.kmeans.metric
+        assign_to = self.cluster_frequency if metric == "hamming" else self.centroids
+        clusters = assign_clusters(cluster_space(codes, metric), assign_to, metric)
+        diff = self._masked_difference(codes, clusters)
+        if self.config.use_mask:
+            features = self.mask_indices[clusters]
+        else:
+            features = torch.arange(self.d_sae, device=codes.device).expand(len(codes), -1)
+        activation = codes.gather(1, features)
+        typical = self.centroids[clusters].gather(1, features)
+        if self.config.score_metric == "l1":
+            contributions = diff.abs()
+            scores = contributions.sum(-1)
+        elif self.config.score_metric == "l2":
+            scores = diff.norm(dim=-1)
+            contributions = diff.square() / scores.clamp_min(torch.finfo(scores.dtype).tiny).unsqueeze(1)
+        else:
+            weighted = torch.einsum("bij,bj->bi", self.precision[clusters], diff)
+            scores = (diff * weighted).sum(-1).clamp_min(0).sqrt()
+            contributions = diff * weighted / scores.clamp_min(torch.finfo(scores.dtype).tiny).unsqueeze(1)
+        return ScoreTerms(features, activation, contributions, typical, scores, clusters)
+
     def _masked_difference(self, codes: Tensor, clusters: Tensor) -> Tensor:
         diff = codes - self.centroids[clusters]
         return diff.gather(1, self.mask_indices[clusters]) if self.config.use_mask else diff

@@ -1,0 +1,122 @@
+"""Explanations: the SAE features behind a score, exact for L1/L2, and ``hf-lsad explain``."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import pytest
+import torch
+from tiny import LAYER, MIXED_BATCH, PROMPTS, tiny_guard
+
+from hf_lsad.capture import collect_activations, encode_prompts
+from hf_lsad.hook_point import HookPoint
+from hf_lsad.clustering import KMeansConfig
+from hf_lsad.detectors import FreqMaskConfig
+from hf_lsad.explain_cli import explain_command
+from hf_lsad.fitting import fit_guard
+from hf_lsad.modeling import GuardedModelForCausalLM
+from hf_lsad.store import ActivationStore, save_activations
+
+
+def guard_with(metric: str, use_mask: bool = True, scope: str = "global"):
+    model, tokenizer, base = tiny_guard("prompt_last")
+    activations = collect_activations(model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False).activations
+    config = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=16, score_metric=metric, use_mask=use_mask, mask_scope=scope)
+    guard = fit_guard(activations, base.config.hook, "freqmask-km", config, base.sae, progress=False).guard
+    return model, tokenizer, guard, activations
+
+
+@pytest.mark.parametrize(
+    "metric,use_mask,scope",
+    [("l1", True, "global"), ("l2", True, "global"), ("l1", True, "local"), ("l2", False, "global"), ("mahalanobis", True, "global")],
+)
+def test_contributions_sum_to_the_score(metric, use_mask, scope):
+    _, _, guard, activations = guard_with(metric, use_mask, scope)
+    rows = activations[:20] + 0.5 * torch.randn(20, activations.shape[1], generator=torch.Generator().manual_seed(0))
+    scores = guard(rows).scores
+    explained = guard.explain(rows, top_k=None)
+    for score, features in zip(scores.tolist(), explained):
+        assert sum(f.contribution for f in features) == pytest.approx(score, abs=1e-4)
+        contributions = [f.contribution for f in features]
+        assert contributions == sorted(contributions, reverse=True)
+        assert len(features) == (16 if use_mask else guard.sae.config.d_sae)
+    if metric != "mahalanobis":
+        assert all(f.contribution >= 0 for features in explained for f in features)
+
+
+def test_features_carry_the_code_and_the_cluster_centroid():
+    _, _, guard, activations = guard_with("l1")
+    rows = activations[:5]
+    with torch.no_grad():
+        codes = guard.sae.encode(rows)
+    clusters = guard(rows).clusters
+    for r, features in enumerate(guard.explain(rows, top_k=4)):
+        assert len(features) == 4
+        for f in features:
+            assert f.activation == pytest.approx(float(codes[r, f.feature]), abs=1e-6)
+            assert f.typical == pytest.approx(float(guard.detector.centroids[clusters[r], f.feature]), abs=1e-6)
+            assert f.contribution == pytest.approx(abs(f.activation - f.typical), abs=1e-5)
+
+
+def test_reports_carry_explanations_only_when_asked():
+    model, tokenizer, guard = tiny_guard("prompt_last")
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    assert all(r.features is None for r in guarded.screen(MIXED_BATCH))
+    screened = guarded.screen(MIXED_BATCH, explain=True, top_k=3)
+    generated = guarded.generate(
+        **encode_prompts(tokenizer, MIXED_BATCH), max_new_tokens=2, do_sample=False, explain=True, explain_top_k=3
+    )
+    assert generated.shape[0] == 3
+    for a, b in zip(screened, guarded.last_safety):
+        assert len(a.features) == 3 and [f.feature for f in a.features] == [f.feature for f in b.features]
+
+
+def test_explain_needs_sae_features():
+    from hf_lsad.detectors import detector_class
+
+    model, tokenizer, base = tiny_guard("prompt_last")
+    activations = collect_activations(model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False).activations
+    method = detector_class("mahalanobis")
+    guard = fit_guard(activations, base.config.hook, "mahalanobis", method.config_class(), None, progress=False).guard
+    with pytest.raises(NotImplementedError, match="does not score SAE features"):
+        guard.explain(activations[:2])
+
+
+def test_explain_command_prints_features_and_top_prompts(tmp_path):
+    model, tokenizer, guard = tiny_guard("prompt_last")
+    model_dir = tmp_path / "tiny-llama"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    guard.save_pretrained(tmp_path / "guard")
+    activations = collect_activations(model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False).activations
+    records = [{"id": f"p{i}", "text": p} for i, p in enumerate(PROMPTS)]
+    save_activations(tmp_path / "store", activations, records, HookPoint.from_model(model, LAYER, "prompt_last"))
+    out = io.StringIO()
+    args = argparse.Namespace(
+        guard=str(tmp_path / "guard"), activations=str(tmp_path / "store"), model=str(model_dir), top_k=3, examples=2,
+        prompts=["hello there", "question 7: what is 7 plus 0?"],
+    )
+    explain_command(args, out=out)
+    text = out.getvalue()
+    assert text.count("prompt: ") == 2 and "contribution" in text
+    assert "question" in text or "weather" in text  # store prompts are shown by their text
+    store = ActivationStore(tmp_path / "store")
+    assert len(store) == len(PROMPTS)
+
+
+def test_explain_subcommand(tmp_path, capsys):
+    from hf_lsad.cli import main
+
+    model, tokenizer, guard = tiny_guard("prompt_last")
+    model_dir = tmp_path / "tiny-llama"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    guard.save_pretrained(tmp_path / "guard")
+    activations = collect_activations(model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False).activations
+    records = [{"id": f"p{i}", "text": p} for i, p in enumerate(PROMPTS)]
+    save_activations(tmp_path / "store", activations, records, HookPoint.from_model(model, LAYER, "prompt_last"))
+    main(["explain", "--guard", str(tmp_path / "guard"), "--activations", str(tmp_path / "store"),
+          "--model", str(model_dir), "--top-k", "2", "hello there"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "prompt: 'hello there'" in out and out.count("\n  ") >= 3

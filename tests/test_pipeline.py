@@ -1,0 +1,118 @@
+"""The guarded model inside transformers: pipeline(), attribute forwarding, save/push/from_pretrained."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import torch
+from tiny import MIXED_BATCH, fresh_guard, tiny_guard
+from transformers import TextGenerationPipeline, pipeline
+
+from hf_lsad.capture import encode_prompts
+from hf_lsad.guard import SafetyReport
+from hf_lsad.modeling import GUARDED_CONFIG, GuardedModelForCausalLM
+from hf_lsad.pipeline import GuardedTextGenerationPipeline
+
+
+def test_pipeline_outputs_carry_the_reports():
+    model, tokenizer, guard = tiny_guard()
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    pipe = pipeline("text-generation", model=guarded, tokenizer=tokenizer)
+    assert isinstance(pipe, GuardedTextGenerationPipeline)
+    settings = dict(max_new_tokens=5, do_sample=False, return_full_text=False)
+    outputs = pipe(MIXED_BATCH, **settings)
+    reference = guarded.generate(**encode_prompts(tokenizer, MIXED_BATCH, chat_template=False), max_new_tokens=5, do_sample=False)
+    expected = guarded.last_safety
+    assert len(outputs) == 3
+    for out, want, row in zip(outputs, expected, reference):
+        record = out[0]
+        assert isinstance(record["safety"], SafetyReport)
+        assert record["safety"].score == pytest.approx(want.score, abs=1e-4)
+        assert record["generated_text"] == tokenizer.decode(row[-5:], skip_special_tokens=True)[: len(record["generated_text"])]
+    batched = pipe(MIXED_BATCH, batch_size=2, **settings)
+    for single, batch in zip(outputs, batched):
+        assert batch[0]["safety"].score == pytest.approx(single[0]["safety"].score, abs=1e-4)
+
+
+def test_pipeline_passes_guard_arguments_and_chat_input():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = fresh_guard("prompt_last")
+    guard.config.threshold = -1.0  # everything is flagged
+    pipe = pipeline("text-generation", model=GuardedModelForCausalLM(model, guard, tokenizer=tokenizer), tokenizer=tokenizer)
+    out = pipe([{"role": "user", "content": "hello"}], max_new_tokens=5, do_sample=False, on_flag="stop", refusal="no.")
+    refusal = tokenizer.decode(tokenizer("no.", add_special_tokens=False)["input_ids"])  # the tiny tokenizer spaces chars
+    assert out[0]["generated_text"][-1] == {"role": "assistant", "content": refusal}
+    assert out[0]["safety"].stopped and out[0]["safety"].step == 0
+
+
+def test_plain_models_get_the_plain_pipeline_behaviour():
+    model, tokenizer, _ = tiny_guard()
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    assert isinstance(pipe, TextGenerationPipeline)
+    out = pipe("hi", max_new_tokens=3, do_sample=False)
+    assert "safety" not in out[0]
+
+
+def test_missing_attributes_are_forwarded_to_the_wrapped_model():
+    model, tokenizer, guard = tiny_guard()
+    guarded = GuardedModelForCausalLM(model, guard)
+    assert guarded.can_generate() and guarded.dtype == model.dtype
+    assert guarded.get_input_embeddings() is model.get_input_embeddings()
+    assert guarded.main_input_name == model.main_input_name
+    with pytest.raises(AttributeError):
+        guarded.no_such_attribute  # noqa: B018
+
+
+def save_tiny_model(folder):
+    model, tokenizer, _ = tiny_guard()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def assert_same_generation(a: GuardedModelForCausalLM, b: GuardedModelForCausalLM, tokenizer) -> None:
+    inputs = encode_prompts(tokenizer, MIXED_BATCH)
+    out_a = a.generate(**inputs, max_new_tokens=5, do_sample=False, return_dict_in_generate=True)
+    out_b = b.generate(**inputs, max_new_tokens=5, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out_a.sequences, out_b.sequences)
+    for x, y in zip(out_a.safety, out_b.safety):  # the reloaded model may use another attention kernel
+        assert x.score == pytest.approx(y.score, abs=1e-4) and (x.flagged, x.cluster) == (y.flagged, y.cluster)
+
+
+def test_save_pretrained_round_trip(tmp_path):
+    _, tokenizer, guard = tiny_guard()
+    folder = save_tiny_model(tmp_path / "tiny-llama")
+    model = type(tiny_guard()[0]).from_pretrained(folder)
+    guarded = GuardedModelForCausalLM(model, guard, allow_base_model_mismatch=True)
+    guarded.save_pretrained(tmp_path / "guarded")
+    assert (tmp_path / "guarded" / GUARDED_CONFIG).is_file() and (tmp_path / "guarded" / "guard" / "config.json").is_file()
+    assert not list((tmp_path / "guarded").glob("*.safetensors"))  # a reference to the base model, not its weights
+    loaded = GuardedModelForCausalLM.from_pretrained(tmp_path / "guarded", allow_base_model_mismatch=True)
+    assert loaded.model.config.name_or_path == str(folder)
+    assert_same_generation(guarded, loaded, tokenizer)
+
+
+def test_push_to_hub_round_trip(hub_server, hub_cache, tmp_path):
+    _, tokenizer, guard = tiny_guard()
+    base_repo = f"hf-lsad-org/tiny-llama-{uuid.uuid4().hex[:8]}"
+    model = tiny_guard()[0]
+    model.push_to_hub(base_repo)
+    tokenizer.push_to_hub(base_repo)
+    base = type(model).from_pretrained(base_repo, cache_dir=hub_cache)
+    guarded = GuardedModelForCausalLM(base, guard, allow_base_model_mismatch=True)
+    repo_id = f"hf-lsad-org/guarded-{uuid.uuid4().hex[:8]}"
+    commit = guarded.push_to_hub(repo_id)
+    loaded = GuardedModelForCausalLM.from_pretrained(
+        repo_id, guard_kwargs={"revision": commit.oid, "cache_dir": hub_cache}, cache_dir=hub_cache,
+        allow_base_model_mismatch=True,
+    )
+    assert loaded.model.config.name_or_path == base_repo
+    assert_same_generation(guarded, loaded, tokenizer)
+
+
+def test_from_pretrained_of_a_folder_without_the_reference_is_a_clear_error(tmp_path):
+    _, _, guard = tiny_guard()
+    guard.save_pretrained(tmp_path / "just-a-guard")
+    with pytest.raises(FileNotFoundError, match="pass guard="):
+        GuardedModelForCausalLM.from_pretrained(tmp_path / "just-a-guard")

@@ -1,0 +1,157 @@
+"""on_flag="stop" with a prompt_last guard: flagged rows get no token of their own, the others are unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import MIXED_BATCH, PROMPTS, fresh_guard, tiny_guard
+from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+from hf_lsad.capture import encode_prompts
+from hf_lsad.modeling import GuardedModelForCausalLM
+
+BATCH = MIXED_BATCH + PROMPTS[:3] + PROMPTS[60:62]
+
+
+def screening_setup():
+    """A guard whose threshold flags about half of BATCH, and the batch encoded."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = fresh_guard("prompt_last")
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    inputs = encode_prompts(tokenizer, BATCH)
+    scores = torch.tensor([r.score for r in guarded.screen(BATCH)])
+    guard.config.threshold = float(scores.median())
+    flagged = scores > guard.config.threshold
+    assert 0 < int(flagged.sum()) < len(BATCH)
+    return model, tokenizer, guarded, inputs, flagged
+
+
+def assert_unflagged_rows_match(out: torch.Tensor, plain: torch.Tensor, flagged: torch.Tensor, pad: int) -> None:
+    width = out.shape[1]
+    for row in (~flagged).nonzero().flatten().tolist():
+        assert torch.equal(out[row], plain[row, :width])
+        assert (plain[row, width:] == pad).all()  # plain ran longer only for rows that were stopped here
+
+
+def test_stop_ends_flagged_rows_after_prefill_and_leaves_the_others_unchanged():
+    model, tokenizer, guarded, inputs, flagged = screening_setup()
+    prompt_length = inputs["input_ids"].shape[1]
+    plain = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    out = guarded.generate(**inputs, max_new_tokens=8, do_sample=False, on_flag="stop", return_dict_in_generate=True)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    for row in flagged.nonzero().flatten().tolist():
+        new = out.sequences[row, prompt_length:]
+        assert new[0] == eos and (new[1:] == pad).all()  # EOS only: no token of the model's own
+    assert_unflagged_rows_match(out.sequences, plain, flagged, pad)
+    for report, is_flagged in zip(out.safety, flagged.tolist()):
+        assert report.flagged == is_flagged and report.stopped == is_flagged
+        assert report.step == (0 if is_flagged else None)
+    # on_flag="report" (the default) keeps the plain sequences and gives the same verdicts
+    reported = guarded.generate(**inputs, max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(reported.sequences, plain)
+    assert [r.flagged for r in reported.safety] == flagged.tolist()
+    assert not any(r.stopped for r in reported.safety)
+
+
+@pytest.mark.parametrize("as_text", [False, True])
+def test_stopped_rows_emit_the_refusal_then_eos(as_text):
+    model, tokenizer, guarded, inputs, flagged = screening_setup()
+    prompt_length = inputs["input_ids"].shape[1]
+    refusal_ids = tokenizer("no.", add_special_tokens=False)["input_ids"]
+    plain = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    out = guarded.generate(
+        **inputs, max_new_tokens=8, do_sample=False, on_flag="stop", refusal="no." if as_text else refusal_ids
+    )
+    for row in flagged.nonzero().flatten().tolist():
+        new = out[row, prompt_length:].tolist()
+        assert new[: len(refusal_ids) + 1] == refusal_ids + [tokenizer.eos_token_id]
+        assert all(t == tokenizer.pad_token_id for t in new[len(refusal_ids) + 1 :])
+    assert_unflagged_rows_match(out, plain, flagged, tokenizer.pad_token_id)
+
+
+def test_a_refusal_longer_than_max_new_tokens_is_cut_like_any_response():
+    model, tokenizer, guarded, inputs, flagged = screening_setup()
+    out = guarded.generate(**inputs, max_new_tokens=2, do_sample=False, on_flag="stop", refusal="no way")
+    row = int(flagged.nonzero()[0])
+    assert out[row, -2:].tolist() == tokenizer("no", add_special_tokens=False)["input_ids"]
+
+
+def test_stop_composes_with_sampling_streamers_and_user_criteria():
+    model, tokenizer, guarded, inputs, flagged = screening_setup()
+    prompt_length = inputs["input_ids"].shape[1]
+
+    class CountCalls(StoppingCriteria):
+        calls = 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            CountCalls.calls += 1
+            return torch.zeros(len(input_ids), dtype=torch.bool)
+
+    torch.manual_seed(0)
+    out = guarded.generate(
+        **inputs,
+        max_new_tokens=6,
+        do_sample=True,
+        top_k=20,
+        temperature=1.3,
+        on_flag="stop",
+        stopping_criteria=StoppingCriteriaList([CountCalls()]),
+    )
+    assert CountCalls.calls == out.shape[1] - prompt_length  # the caller's criteria still run every step
+    for row in flagged.nonzero().flatten().tolist():
+        assert out[row, prompt_length] == tokenizer.eos_token_id
+
+    single = encode_prompts(tokenizer, [BATCH[int(flagged.nonzero()[0])]])
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=False)
+    guarded.generate(**single, max_new_tokens=6, do_sample=False, on_flag="stop", streamer=streamer)
+    assert "".join(streamer) == tokenizer.eos_token
+
+
+def test_all_rows_flagged_ends_generation_after_one_step():
+    model, tokenizer, guarded, inputs, _ = screening_setup()
+    guarded.guard.config.threshold = -1.0
+    out = guarded.generate(**inputs, max_new_tokens=8, do_sample=False, on_flag="stop")
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 1
+    assert (out[:, -1] == tokenizer.eos_token_id).all()
+    assert all(r.stopped and r.step == 0 for r in guarded.last_safety)
+
+
+def test_screen_gives_the_verdicts_of_generate():
+    model, tokenizer, guarded, inputs, _ = screening_setup()
+    screened = guarded.screen(BATCH)
+    generated = guarded.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True).safety
+    for a, b in zip(screened, generated):
+        assert a.score == pytest.approx(b.score, abs=1e-4) and (a.flagged, a.cluster) == (b.flagged, b.cluster)
+    from_ids = guarded.screen(inputs["input_ids"], inputs["attention_mask"])
+    assert [r.score for r in from_ids] == [r.score for r in screened]
+    calls = []
+    handle = model.lm_head.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        guarded.screen(BATCH)
+    finally:
+        handle.remove()
+    assert calls == []  # the pass stops at the hooked block
+
+
+def test_bad_arguments_are_refused():
+    model, tokenizer, guarded, inputs, _ = screening_setup()
+    with pytest.raises(ValueError, match="on_flag must be one of"):
+        guarded.generate(**inputs, max_new_tokens=2, on_flag="block")
+    _, _, last_guard = tiny_guard("response_last")
+    with pytest.raises(ValueError, match="cannot stop one"):
+        GuardedModelForCausalLM(model, last_guard).generate(**inputs, max_new_tokens=2, on_flag="stop")
+    with pytest.raises(ValueError, match="prompt_last guard"):
+        GuardedModelForCausalLM(model, last_guard, tokenizer=tokenizer).screen(BATCH)
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        GuardedModelForCausalLM(model, guarded.guard).screen(BATCH)
+    with pytest.raises(ValueError, match="needs the tokenizer"):
+        GuardedModelForCausalLM(model, guarded.guard).generate(**inputs, max_new_tokens=2, on_flag="stop", refusal="no")
+
+
+def test_on_step_reports_the_screening_verdict_from_the_generate_thread():
+    model, tokenizer, guarded, inputs, flagged = screening_setup()
+    seen = []
+    guarded.generate(**inputs, max_new_tokens=3, do_sample=False, on_flag="stop", on_step=seen.append)
+    assert len(seen) == 1 and seen[0].step == 0
+    assert seen[0].flagged.tolist() == flagged.tolist()
+    assert seen[0].scores.tolist() == pytest.approx([r.score for r in guarded.last_safety], abs=1e-5)
