@@ -18,8 +18,7 @@ import torch
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard
 from hf_lsad.capture import encode_prompts
 from hf_lsad.data import load_prompts
-from hf_lsad.models import load_model
-from hf_lsad.pretrained import resolve_guard
+from hf_lsad.pretrained import load_model
 
 
 def main() -> None:
@@ -33,7 +32,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     model, tokenizer = load_model(args.model)
-    guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(resolve_guard(args.guard)))
+    guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(args.guard))
     print(f"loaded in {time.perf_counter() - t0:.1f} s; torch threads {torch.get_num_threads()}")
     pool = [p.text for p in load_prompts("safe", limit=40, seed=0)] + [p.text for p in load_prompts("harmful", limit=20, seed=0)]
     specs = {}

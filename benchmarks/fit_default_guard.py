@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--l1-rel", type=float, default=0.1)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--calibrate", action="store_true")
+    parser.add_argument("--calibrated-threshold-on", choices=["chat", "benign"], default="chat",
+                        help="validation rows whose 95th percentile sets the calibrated guard's probability threshold")
     parser.add_argument("--name", default="default_guard_smollm2")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -108,6 +110,7 @@ def main() -> None:
     config = GuardConfig(hook=hook, method=args.method, threshold=threshold, target_fpr=sd.TARGET_FPR,
                          n_fit=len(fit_rows), n_holdout=int(val_benign.sum()), seed=sd.SPLIT_SEED)
     guard = SafetyGuard(config, detector, sae).eval()
+    guard.set_holdout_scores(torch.as_tensor(scores[val_benign]).float())  # reports' conformal p-values
     record: dict[str, Any] = {"env": sd.environment(), "settings": {k: str(v) for k, v in vars(args).items()},
                               "protocol": sd.__doc__, "n_fit": len(fit_rows), "n_threshold_rows": int(val_benign.sum()),
                               "score_threshold": threshold}
@@ -115,12 +118,15 @@ def main() -> None:
         record["sae"] = sae_meta
     if args.calibrate:
         index, labels, groups = sd.calibration_sample(rows, seed=0)
-        n_clusters = detector.config.kmeans.n_clusters
+        n_clusters = detector.n_clusters
         cal = fit_affine_calibration(scores[index], clusters[index], labels, importance_weights(groups, sd.BUDGET), n_clusters, seed=0)
         g = cal.logits(torch.as_tensor(scores), torch.as_tensor(clusters)).numpy()
         drawn = np.zeros(len(scores), bool)
         drawn[index] = True
-        g_thr = sd.threshold_at(g[val_benign & ~drawn])
+        # The probability threshold: 5% FPR on the validation rows of the domain chosen (chat: the traffic
+        # users send; benign: all benign validation rows, where chat is a minority).
+        threshold_rows = rows.m("chat", "val") & ~rows.demo if args.calibrated_threshold_on == "chat" else val_benign
+        g_thr = sd.threshold_at(g[threshold_rows & ~drawn])
         cal.threshold = float(1.0 / (1.0 + np.exp(-g_thr)))
         guard.set_calibration(cal)
         record["calibration"] = {"lambda": cal.lam, "n_labelled_unsafe": int(labels.sum()), "n_labelled_benign": int((1 - labels).sum()),

@@ -31,7 +31,7 @@ from hf_lsad.data import load_pool
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.pretrained import load_model
-from hf_lsad.pretrained import DEFAULT_GUARD
+from hf_lsad.guard import DEFAULT_GUARD
 
 
 def timed(fn) -> float:

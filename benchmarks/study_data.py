@@ -31,12 +31,12 @@ Protocol (fixed here, once)
   TPR at 5% chat FPR: threshold = the order statistic ``ceil(0.95 m)`` of the m
   validation chat scores (``hf_lsad.calibration.fpr_threshold``), TPR of the test
   harmful positives above it; the realised test-chat flag rate at that threshold.
-* **Calibration** (paper appendix B, ``hf_lsad.affine_calibration``): per-cluster affine
+* **Calibration** (paper appendix B, ``hf_lsad.calibration``): per-cluster affine
   map of (score, cluster) at a 1% labelled budget. The labelled sample comes only from
   the validation split: ``round(0.01 * N_unsafe)`` unsafe rows (``N_unsafe`` = all rows
   of the harmful, toxic and jailbreak stores) drawn from the unsafe validation rows, and
   half of the benign validation rows (label safe); importance weights ``1/p`` and ``2``
-  (:func:`hf_lsad.affine_calibration.importance_weights`). Calibrated metrics are the
+  (:func:`hf_lsad.calibration.importance_weights`). Calibrated metrics are the
   mean over 3 draws (seeds 0-2); validation metrics leave the drawn rows out.
   Detectors without clusters (Mahalanobis, kNN) only get the anchor, a monotone map:
   their calibrated numbers equal the uncalibrated ones.

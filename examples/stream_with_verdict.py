@@ -20,7 +20,6 @@ from hf_lsad.capture import encode_prompts
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.pretrained import load_model
-from hf_lsad.pretrained import resolve_guard
 
 
 def main() -> None:
@@ -34,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
 
     model, tokenizer = load_model(args.model)
-    guard = SafetyGuard.from_pretrained(resolve_guard(args.guard))
+    guard = SafetyGuard.from_pretrained(args.guard)
     guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     result: dict = {}

@@ -73,12 +73,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 def _check_guard(parser: argparse.ArgumentParser, name: str) -> None:
     from .guard import SafetyGuard
     from .hub import _looks_like_path
-    from .pretrained import resolve_guard
 
     if name != "default" and not Path(name).expanduser().exists() and not _looks_like_path(name):
         return  # a Hub repo id: checked when it is downloaded
     try:
-        SafetyGuard.from_pretrained(resolve_guard(name))
+        SafetyGuard.from_pretrained(name)
     except (ValueError, OSError) as err:
         parser.error(f"argument --guard: {_one_line(err)}")
 

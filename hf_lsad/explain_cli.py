@@ -26,11 +26,10 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
     from .guard import SafetyGuard
     from .modeling import GuardedModelForCausalLM
     from .pretrained import load_model
-    from .pretrained import resolve_guard
     from .store import ActivationStore
 
     out = out or sys.stdout
-    guard = SafetyGuard.from_pretrained(resolve_guard(args.guard))
+    guard = SafetyGuard.from_pretrained(args.guard)
     model, tokenizer = load_model(getattr(args, "model", None) or "default")
     guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
     top_k = getattr(args, "top_k", None) or 10

@@ -29,8 +29,8 @@ from hf_lsad import (
 from hf_lsad.capture import encode_prompts, generate_with_activations
 from hf_lsad.guard import upgrade_guard_folder
 from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.models import tiny_model
-from hf_lsad.pretrained import DEFAULT_GUARD
+from hf_lsad.testing import tiny_model
+from hf_lsad.guard import DEFAULT_GUARD
 
 
 @pytest.fixture
@@ -320,7 +320,7 @@ def test_smollm2_tokenizer_default_padding_is_right_and_supported():
     """The SmolLM2 tokenizer as a transformers user gets it (right padding, no chat template) on a small model."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from hf_lsad.models import GGUF_FILE, bundled_model_dir
+    from hf_lsad.pretrained import GGUF_FILE, bundled_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir(), gguf_file=GGUF_FILE)
     assert tokenizer.padding_side == "right"
