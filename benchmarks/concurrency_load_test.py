@@ -18,7 +18,7 @@ import torch
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard
 from hf_lsad.capture import encode_prompts
 from hf_lsad.data import load_prompts
-from hf_lsad.models import load_model
+from hf_lsad.pretrained import load_model
 from hf_lsad.pretrained import resolve_guard
 
 
