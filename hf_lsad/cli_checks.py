@@ -84,7 +84,7 @@ def _check_guard(parser: argparse.ArgumentParser, name: str) -> None:
 
 def _check_layer(parser: argparse.ArgumentParser, model: str, layer: int) -> None:
     """The layer against the model's config, for a local model folder (the bundled model has 30 layers)."""
-    from .models import DEFAULT_MODEL_ALIASES
+    from .pretrained import DEFAULT_MODEL_ALIASES
 
     if model in DEFAULT_MODEL_ALIASES:
         n_layers: int | None = 30  # SmolLM2-135M-Instruct
