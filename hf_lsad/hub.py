@@ -87,12 +87,13 @@ def resolve_pretrained_dir(
     local_files_only: bool = False,
     force_download: bool = False,
     extra_allow_patterns: Iterable[str] = (),
-    root_file: str = "config.json",
+    root_file: str | None = "config.json",
 ) -> Path:
     """Return a local folder holding the guard named by ``name_or_path``.
 
     A local folder without ``root_file`` at its root (``config.json`` for a guard,
-    ``guarded_model.json`` for a saved guarded model) fails at once, without walking it.
+    ``guarded_model.json`` for a saved guarded model) fails at once, without walking it;
+    ``None`` for folders whose layout is detected later (public SAEs).
 
     Args:
         name_or_path: A local directory, or a Hub repo id (``"name"`` or ``"org/name"``).
@@ -137,7 +138,7 @@ def resolve_pretrained_dir(
         folder = path / sub if sub else path
         if not folder.is_dir():
             raise FileNotFoundError(f"No subfolder '{sub}' in local guard directory '{path}' (no '{folder}')")
-        if not (folder / root_file).exists() and not (folder / root_file).is_symlink():
+        if root_file is not None and not (folder / root_file).exists() and not (folder / root_file).is_symlink():
             # Fail fast: do not walk a folder that is not a guard (e.g. "/usr").
             raise GuardFormatError(f"'{folder}' is not a guard folder: it has no {root_file} at its root")
         _refuse_local_pickles(folder)

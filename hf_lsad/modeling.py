@@ -162,7 +162,10 @@ class GuardedModelForCausalLM(nn.Module):
         from .hub import resolve_pretrained_dir
         from .pretrained import DEFAULT_MODEL_ALIASES, load_model
 
-        path = resolve_pretrained_dir(name_or_path, root_file=GUARDED_CONFIG, **hub_kwargs)
+        local = Path(name_or_path).expanduser() / hub_kwargs.get("subfolder", "")
+        path = local if local.is_dir() and not (local / GUARDED_CONFIG).is_file() else None
+        if path is None:  # a saved guarded model (local or on the Hub): the strict resolver
+            path = resolve_pretrained_dir(name_or_path, root_file=GUARDED_CONFIG, **hub_kwargs)
         if not (path / GUARDED_CONFIG).is_file():
             raise FileNotFoundError(
                 f"{name_or_path} holds no {GUARDED_CONFIG} (not saved by GuardedModelForCausalLM.save_pretrained); "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy  # pipeline() changes its tokenizer's padding side: it gets a copy of the shared one
+
 import uuid
 
 import pytest
@@ -18,7 +20,7 @@ from hf_lsad.pipeline import GuardedTextGenerationPipeline
 def test_pipeline_outputs_carry_the_reports():
     model, tokenizer, guard = tiny_guard()
     guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
-    pipe = pipeline("text-generation", model=guarded, tokenizer=tokenizer)
+    pipe = pipeline("text-generation", model=guarded, tokenizer=copy.deepcopy(tokenizer))
     assert isinstance(pipe, GuardedTextGenerationPipeline)
     settings = dict(max_new_tokens=5, do_sample=False, return_full_text=False)
     outputs = pipe(MIXED_BATCH, **settings)
@@ -39,7 +41,8 @@ def test_pipeline_passes_guard_arguments_and_chat_input():
     model, tokenizer, _ = tiny_guard("prompt_last")
     guard = fresh_guard("prompt_last")
     guard.config.threshold = -1.0  # everything is flagged
-    pipe = pipeline("text-generation", model=GuardedModelForCausalLM(model, guard, tokenizer=tokenizer), tokenizer=tokenizer)
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    pipe = pipeline("text-generation", model=guarded, tokenizer=copy.deepcopy(tokenizer))
     out = pipe([{"role": "user", "content": "hello"}], max_new_tokens=5, do_sample=False, on_flag="stop", refusal="no.")
     refusal = tokenizer.decode(tokenizer("no.", add_special_tokens=False)["input_ids"])  # the tiny tokenizer spaces chars
     assert out[0]["generated_text"][-1] == {"role": "assistant", "content": refusal}
@@ -48,7 +51,7 @@ def test_pipeline_passes_guard_arguments_and_chat_input():
 
 def test_plain_models_get_the_plain_pipeline_behaviour():
     model, tokenizer, _ = tiny_guard()
-    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    pipe = pipeline("text-generation", model=model, tokenizer=copy.deepcopy(tokenizer))
     assert isinstance(pipe, TextGenerationPipeline)
     out = pipe("hi", max_new_tokens=3, do_sample=False)
     assert "safety" not in out[0]

@@ -120,7 +120,7 @@ CONFIG_CASES = [
     ("no-integrity-record", lambda c: c.pop("integrity"), GuardFormatError,
      r"config\.json: no 'integrity' record .*upgrade_guard_folder"),
     ("integrity-file-list", lambda c: c["integrity"]["files"].pop("sae/sae.safetensors"), GuardFormatError,
-     r"integrity\.files: records \['detector\.safetensors'\], but this guard reads"),
+     r"integrity\.files: records \['detector\.safetensors', 'threshold\.safetensors'\], but this guard reads"),
     ("integrity-unknown-key", lambda c: c["integrity"].update(note="x"), GuardFormatError,
      r"config\.json:integrity: .*unknown key\(s\) \['note'\]"),
     ("integrity-bad-digest", lambda c: c["integrity"]["files"].update({"detector.safetensors": "abc"}),
@@ -226,7 +226,7 @@ def test_save_pretrained_output_round_trips_with_its_integrity_record(saved):
     guard, path = saved
     config = json.loads((path / "config.json").read_text())
     assert set(config["integrity"]) == {"files", "settings", "settings_sha256"}
-    assert sorted(config["integrity"]["files"]) == ["detector.safetensors", "sae/sae.safetensors"]
+    assert sorted(config["integrity"]["files"]) == ["detector.safetensors", "sae/sae.safetensors", "threshold.safetensors"]
     assert config["integrity"]["settings"]["detector"]["score_metric"] == "l1"
     reloaded = SafetyGuard.from_pretrained(path)
     x = torch.randn(9, 32)
@@ -252,7 +252,7 @@ def test_an_older_guard_is_upgraded_only_explicitly(saved):
 def test_the_bundled_guard_loads_with_its_integrity_record():
     guard = SafetyGuard.from_pretrained(DEFAULT_GUARD)
     config = json.loads((DEFAULT_GUARD / "config.json").read_text())
-    assert sorted(config["integrity"]["files"]) == ["detector.safetensors", "sae/sae.safetensors"]
+    assert sorted(config["integrity"]["files"]) == ["detector.safetensors", "sae/sae.safetensors", "threshold.safetensors"]
     assert guard.config.hook.position == "prompt_last" and math.isfinite(guard.threshold)
 
 

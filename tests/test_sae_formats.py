@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import uuid
 from pathlib import Path
 
@@ -365,11 +366,12 @@ def test_learned_mask_guard_uses_the_sae_activation(kind, tmp_path):
 # --- backward compatibility ----------------------------------------------------------------------
 
 
-def test_bundled_guard_still_loads_as_relu_and_scores_as_before():
-    config = json.loads((BUNDLED_GUARD / "sae" / "config.json").read_text())
-    assert set(config["sae"]) == {"d_in", "d_sae"}  # written before activations existed
-    guard = SafetyGuard.from_pretrained(BUNDLED_GUARD)
-    sae = guard.sae
+def test_an_sae_config_from_before_activations_loads_as_relu(tmp_path):
+    shutil.copytree(BUNDLED_GUARD / "sae", tmp_path / "sae")
+    config = json.loads((tmp_path / "sae" / "config.json").read_text())
+    config["sae"] = {"d_in": config["sae"]["d_in"], "d_sae": config["sae"]["d_sae"]}  # as written before activations
+    (tmp_path / "sae" / "config.json").write_text(json.dumps(config))
+    sae = SparseAutoencoder.from_pretrained(tmp_path / "sae")
     assert (sae.config.activation, sae.config.k, sae.threshold) == ("relu", None, None)
     assert set(sae.state_dict()) == {"encoder.weight", "encoder.bias", "decoder.weight", "decoder.bias"}
     x = torch.randn(8, sae.config.d_in, generator=torch.Generator().manual_seed(0))
