@@ -194,7 +194,8 @@ def _generate(args: argparse.Namespace) -> None:
     responses = tokenizer.batch_decode(output.sequences[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     guard = guarded.guard
     print(f"guard: {guard.config.method} on {guard.config.hook.layer_module} ({guard.config.hook.position}), "
-          f"threshold {guard.threshold:.4g} at {guard.config.target_fpr:.0%} safe FPR\n")  # fmt: skip
+          + (f"calibrated: flags P(unsafe) > {guard.calibration.threshold:.4g}\n" if guard.calibration is not None
+             else f"flags scores > {guard.threshold:.4g} ({guard.config.target_fpr:.0%} safe FPR)\n"))  # fmt: skip
     for prompt, response, report in zip(args.prompts, responses, output.safety):
         verdict = "FLAGGED" if report.flagged else "ok"
         probability = f", P(unsafe) {report.probability:.3f}" if report.probability is not None else ""
