@@ -11,7 +11,7 @@ Protocol (fixed here, once)
   HarmBench), ``toxic``, ``jailbreak``; ``harmful_vauban`` is test-only.
 * **Domain** of a row: its record's ``domain`` field, or, where a store predates that
   field, the same mapping from ``source`` that ``hf_lsad.data`` documents
-  (:data:`SOURCE_DOMAIN`). For leave-one-domain-out every ``chat`` row is in one group,
+  (looked up by prompt id in the bundled pools). For leave-one-domain-out every ``chat`` row is in one group,
   ``chat``; other rows are grouped by domain.
 * **Splits** are a function of the row id: ``u = sha256("<seed>:<id>")`` read as a number
   in [0, 1). Benign rows: ``u < 0.6`` fit, ``< 0.8`` validation, else test (so per domain
@@ -57,6 +57,7 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ import torch
 
 from hf_lsad.calibration import fit_affine_calibration, importance_weights
 from hf_lsad.threshold import fpr_threshold
-from hf_lsad.data import load_pool
+from hf_lsad.data import POOLS, load_pool
 from hf_lsad.metrics import auroc
 from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
 from hf_lsad.store import load_activations
@@ -86,27 +87,6 @@ SAE_ROWS = int(os.environ.get("HF_LSAD_SAE_ROWS", "3000"))
 """SAEs train on a seeded random subsample of at most this many fit rows (2 shared CPU cores)."""
 CAL_SEEDS = (0, 1, 2)
 TARGET_FPR = 0.05
-
-SOURCE_DOMAIN = {
-    "bigbench/strategyqa": "strategyqa",
-    "bigbench/social_iqa": "social_iqa",
-    "bigbench/date_understanding": "date_understanding",
-    "bigbench/periodic_elements": "periodic_elements",
-    "bigbench/natural_instructions": "natural_instructions",
-    "bigbench/other_tasks": "bigbench_other",
-    "evals": "openai_evals",
-    "human-eval": "humaneval",
-    "sarcasm": "sarcasm_headlines",
-    "wikihow": "wikihow_goals",
-    "sports_understanding": "sports",
-    "chatterbot": "chitchat",
-    "sharegpt": "sharegpt",
-    "vauban-harmless": "assistant_requests",
-    "mtbench": "mtbench",
-    "writingbench": "writingbench",
-    "vauban-harmful": "vauban_harmful",
-    "pyrit-templates": "pyrit_templates",
-}
 
 MODEL_DIRS = {"smollm2": "smollm2", "qwen05": "qwen05"}
 
@@ -142,11 +122,15 @@ def split_of(pool: str, row_id: str, demo: set[str]) -> str:
     return "val" if u < 0.5 else "test"
 
 
+@lru_cache(maxsize=None)
+def _domain_by_id() -> dict[str, str]:
+    """Every bundled row's domain by prompt id, from the data layer (its one home)."""
+    return {prompt.id: prompt.domain for pool in POOLS for prompt in load_pool(pool)}
+
+
 def domain_of(record: dict[str, Any]) -> str:
-    if record.get("domain"):
-        return record["domain"]
-    source = record.get("source", "")
-    return SOURCE_DOMAIN.get(source, source.replace("/", "_").replace("-", "_"))
+    """The row's domain; stores written before rows had one are looked up by prompt id."""
+    return record.get("domain") or _domain_by_id()[record["id"]]
 
 
 @dataclass
