@@ -47,7 +47,7 @@ def _collect(args: argparse.Namespace) -> None:
     for record in records:
         del record["text"]  # the prompt text stays in the pool; the store keeps ids
     hook = HookPoint.from_model(model, args.layer, args.position)
-    save_activations(args.out, collected.activations, records, hook)
+    save_activations(args.out, collected.activations, records, hook, inputs=collected.inputs)
     print(f"wrote {len(records)} activations of {hook.layer_module} ({args.position}) to {args.out}")
 
 

@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).parent.parent / "hf_lsad"
 LAYERS = [
     ["version", "errors", "hook_point", "config_validation", "serialization", "settings", "metrics", "checks", "splits",
-     "refusal", "fit_checks", "guard_integrity"],
+     "refusal", "fit_checks", "guard_integrity", "prompt_inputs"],
     ["store", "data", "data.pools", "data.chat_filters"],
     ["sae", "clustering", "masks", "scores", "threshold", "calibration", "explain", "running_guard"],
     ["detectors.base", "detectors.freqmask", "detectors.learned_mask", "detectors.mahalanobis", "detectors.gmm",
