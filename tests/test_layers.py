@@ -17,7 +17,7 @@ LAYERS = [
     ["store", "data", "data.pools", "data.chat_filters"],
     ["sae", "clustering", "masks", "scores", "threshold", "calibration", "explain", "running_guard"],
     ["detectors.base", "detectors.freqmask", "detectors.learned_mask", "detectors.mahalanobis", "detectors.gmm",
-     "detectors.ocsvm", "detectors.deep_svdd", "detectors.cvdd", "detectors.linear_probe", "detectors"],
+     "detectors.ocsvm", "detectors.deep_svdd", "detectors.cvdd", "detectors.linear_probe", "detectors.knn", "detectors"],
     ["hub", "sae_formats", "model_card", "guard", "fitting"],
     ["capture", "input_checks", "generation_control", "pipeline", "running_fit", "modeling", "pretrained", "testing"],
     ["evaluation.protocol", "evaluation.diagnostics", "evaluation.grid", "evaluation.sae_cache", "evaluation.report",
