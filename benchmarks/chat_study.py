@@ -373,7 +373,7 @@ def main() -> None:
     parser.add_argument("--merge-from", nargs="+", default=None, help="merge these results stems into <name>.json and exit")
     parser.add_argument("--name", default=None, help="results file stem (default chat_study_<model>_<position>[_sweep])")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    # threads: torch's default (OMP_NUM_THREADS when set); one per job when several share the 2 cores
     name = args.name or f"chat_study_{args.model}_{args.position}" + ("_sweep" if args.sweep else "")
     if args.merge_from:
         merge(name, args.merge_from)

@@ -3,7 +3,8 @@
 * SAE and detector fitted on the fit split of ALL benign domains (task prompts, chat,
   benign_ood); the SAE is the study's (same settings, same fit rows: read from the study
   cache under ``/work/artifacts/study`` when it exists);
-* threshold at 5% FPR on the validation rows of all benign domains;
+* threshold at 5% FPR on the validation rows of all benign domains, or (``--threshold-on chat``,
+  uncalibrated) of the chat pool;
 * ``--calibrate``: per-cluster affine calibration (paper appendix B) at a 1% labelled
   budget drawn from the validation split only (seed 0; never the README demo prompts),
   with the probability threshold at 5% FPR on the benign validation rows not drawn;
@@ -38,6 +39,7 @@ from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import detector_class
 from hf_lsad.detectors.freqmask import FreqMaskConfig
 from hf_lsad.detectors.gmm import GMMConfig
+from hf_lsad.detectors.knn import KNNConfig
 from hf_lsad.detectors.learned_mask import LearnedMaskConfig
 from hf_lsad.detectors.mahalanobis import MahalanobisConfig
 from hf_lsad.guard import GuardConfig, SafetyGuard
@@ -54,6 +56,8 @@ def detector_config(args) -> Any:
         return LearnedMaskConfig(kmeans=KMeansConfig(n_clusters=args.K, seed=0), min_cluster_size=20, lora_min_cluster_size=50)
     if args.method == "mahalanobis":
         return MahalanobisConfig(ridge=args.ridge)
+    if args.method == "knn":
+        return KNNConfig(k=args.k)
     if args.method == "gmm":
         return GMMConfig(n_components=args.K)
     raise ValueError(args.method)
@@ -92,7 +96,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--position", default="prompt_last")
     parser.add_argument("--layer", type=int, default=20)
-    parser.add_argument("--method", default="freqmask-km", choices=["freqmask-km", "learned-mask-lora", "mahalanobis", "gmm"])
+    parser.add_argument("--method", default="freqmask-km", choices=["freqmask-km", "learned-mask-lora", "mahalanobis", "gmm", "knn"])
+    parser.add_argument("--k", type=int, default=10, help="kNN neighbours")
     parser.add_argument("--K", type=int, default=20, help="clusters (FreqMask-KM, LearnedMask-LoRA) or GMM components")
     parser.add_argument("--mask", type=int, default=100)
     parser.add_argument("--scope", default="global")
@@ -101,11 +106,13 @@ def main() -> None:
     parser.add_argument("--l1-rel", type=float, default=0.1)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--calibrate", action="store_true")
-    parser.add_argument("--calibrated-threshold-on", choices=["chat", "benign"], default="chat",
-                        help="validation rows whose 95th percentile sets the calibrated guard's probability threshold")
+    parser.add_argument("--threshold-on", "--calibrated-threshold-on", dest="threshold_on", choices=["chat", "benign"],
+                        help="validation rows whose 95th percentile sets the threshold (score or, for a calibrated "
+                        "guard, probability; the score threshold of a calibrated guard is always set on all benign "
+                        "validation rows); default: chat when calibrated, benign when not")
     parser.add_argument("--name", default="default_guard_smollm2")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    args.threshold_on = args.threshold_on or ("chat" if args.calibrate else "benign")
     start = time.time()
     rows = sd.load_rows(args.model, args.position, args.layer)
     hook = load_activations(sd.store_dir(args.model, args.position, args.layer, "harmful")).hook
@@ -123,11 +130,14 @@ def main() -> None:
     scores = torch.cat([o.scores for o in outs]).double().numpy()
     clusters = torch.cat([o.clusters for o in outs]).numpy()
     val_benign = rows.m(sd.BENIGN_POOLS, "val") & ~rows.demo
-    threshold = sd.threshold_at(scores[val_benign])
+    # The rows the score threshold is set on (and reports' p-values read): all benign validation rows, or,
+    # uncalibrated with --threshold-on chat, the chat ones (the traffic users send).
+    held_out = rows.m("chat", "val") & ~rows.demo if args.threshold_on == "chat" and not args.calibrate else val_benign
+    threshold = sd.threshold_at(scores[held_out])
     config = GuardConfig(hook=hook, method=args.method, threshold=threshold, target_fpr=sd.TARGET_FPR,
-                         n_fit=len(fit_rows), n_holdout=int(val_benign.sum()), seed=sd.SPLIT_SEED)
+                         n_fit=len(fit_rows), n_holdout=int(held_out.sum()), seed=sd.SPLIT_SEED)
     guard = SafetyGuard(config, detector, sae).eval()
-    guard.set_holdout_scores(torch.as_tensor(scores[val_benign]).float())  # reports' conformal p-values
+    guard.set_holdout_scores(torch.as_tensor(scores[held_out]).float())  # reports' conformal p-values
     guard.inputs = input_profile(np.asarray(rows.ids, dtype=object)[rows.fit_mask | val_benign].tolist())
     record: dict[str, Any] = {"env": sd.environment(), "settings": {k: str(v) for k, v in vars(args).items()},
                               "protocol": sd.__doc__, "n_fit": len(fit_rows), "n_threshold_rows": int(val_benign.sum()),
@@ -143,7 +153,7 @@ def main() -> None:
         drawn[index] = True
         # The probability threshold: 5% FPR on the validation rows of the domain chosen (chat: the traffic
         # users send; benign: all benign validation rows, where chat is a minority).
-        threshold_rows = rows.m("chat", "val") & ~rows.demo if args.calibrated_threshold_on == "chat" else val_benign
+        threshold_rows = rows.m("chat", "val") & ~rows.demo if args.threshold_on == "chat" else val_benign
         g_thr = sd.threshold_at(g[threshold_rows & ~drawn])
         cal.threshold = float(1.0 / (1.0 + np.exp(-g_thr)))
         guard.set_calibration(cal)

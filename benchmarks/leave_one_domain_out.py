@@ -13,8 +13,8 @@ split) rows of the other benign domains, and the script reports
 * per method, the median and the worst unseen-domain FPR over the domains.
 
 Methods: FreqMask-KM (the configuration selected by ``chat_study.py``, on SAE codes),
-LearnedMask-LoRA (K=20; Stage 1 only with ``--learned-stage1-only``), Mahalanobis and GMM
-(raw activations). The SAE: with ``--refit-sae`` a fresh SAE is trained without D for every
+LearnedMask-LoRA (K=20; Stage 1 only with ``--learned-stage1-only``), Mahalanobis, GMM and
+the kNN distance (``hf_lsad.detectors.knn``; raw activations). The SAE: with ``--refit-sae`` a fresh SAE is trained without D for every
 D (as the deployed pipeline would); without it, the SAE of the full benign fit split is
 shared (it has seen D's fit rows: only the detector is fitted without D). The JSON records
 which. Splits and ids: ``benchmarks/study_data.py``.
@@ -36,6 +36,7 @@ from chat_study import CodesAsInput, fit_freqmask, freqmask_variant, l1_for, sco
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import detector_class
 from hf_lsad.detectors.gmm import GMMConfig
+from hf_lsad.detectors.knn import KNNConfig
 from hf_lsad.detectors.learned_mask import LearnedMaskConfig
 from hf_lsad.detectors.mahalanobis import MahalanobisConfig
 from hf_lsad.store import TensorRows
@@ -69,14 +70,15 @@ def main() -> None:
     parser.add_argument("--scope", default="global", choices=["global", "local"])
     parser.add_argument("--gmm-components", type=int, default=5)
     parser.add_argument("--ridge", type=float, default=1e-5)
-    parser.add_argument("--methods", nargs="+", default=["FreqMask-KM", "LearnedMask-LoRA", "Mahalanobis", "GMM"])
+    parser.add_argument("--knn-k", type=int, default=10)
+    parser.add_argument("--methods", nargs="+", default=["FreqMask-KM", "LearnedMask-LoRA", "Mahalanobis", "GMM", "kNN"])
     parser.add_argument("--learned-stage1-only", action="store_true")
     parser.add_argument("--refit-sae", action="store_true")
     parser.add_argument("--min-rows", type=int, default=150)
     parser.add_argument("--domains", nargs="*", default=None, help="only these domains (default: all with >= min rows)")
     parser.add_argument("--name", default="leave_one_domain_out")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    # threads: torch's default (OMP_NUM_THREADS when set); one per job when several share the 2 cores
     start = time.time()
     rows = sd.load_rows(args.model, args.position, args.layer)
     benign = rows.m(sd.BENIGN_POOLS)
@@ -128,8 +130,12 @@ def main() -> None:
                 det.fit_rows(TensorRows(rows.X), sae, rows=fit_rows, progress=False)
                 scores, _ = score_detector(det, rows.X, sae, batch=1024)
             else:
-                config = MahalanobisConfig(ridge=args.ridge) if method == "Mahalanobis" else GMMConfig(n_components=args.gmm_components)
-                det = detector_class(method.lower())(config, rows.X.shape[1], None)
+                config, name = {
+                    "Mahalanobis": (MahalanobisConfig(ridge=args.ridge), "mahalanobis"),
+                    "GMM": (GMMConfig(n_components=args.gmm_components), "gmm"),
+                    "kNN": (KNNConfig(k=args.knn_k), "knn"),
+                }[method]
+                det = detector_class(name)(config, rows.X.shape[1], None)
                 det.fit_rows(TensorRows(rows.X), None, rows=fit_rows, progress=False)
                 scores, _ = score_detector(det, rows.X, None)
             out[method] = {**lodo_metrics(scores, rows, domain), "seconds": round(time.time() - t, 1)}

@@ -12,7 +12,8 @@
    local mask 100) on the fit responses; its per-sequence threshold is set on a third of
    them at ``--target-fpr`` (:mod:`hf_lsad.running_guard`). Beside it, a ``response_last``
    guard (same detector settings) fitted on the last consumed token of the same fit
-   responses, threshold at ``--target-fpr`` on the same held-out third.
+   responses (``--last-k`` clusters: it has one row per response, not one per token), threshold at
+   ``--target-fpr`` on the same held-out third.
 3. Evaluate on responses that played no part in fitting or thresholds: fraction of held-out
    safe responses stopped, fraction of harmful responses stopped and the median tokens
    written before the stop; the ``response_last`` guard's flag rates on the same rows.
@@ -108,6 +109,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timing-batches", type=int, default=2)
+    parser.add_argument("--last-k", type=int, default=4, help="clusters of the response_last guard (one row per response)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -141,7 +143,8 @@ def main() -> None:
     # (fit_running_guard splits the non-empty sequences with split_safe(n, 1/3, seed): fit_guard does the same)
     last_rows = torch.stack([s[-1] for s in fit_seqs if len(s)])
     last_hook = replace(bundled.config.hook, position="response_last")
-    last = fit_guard(last_rows, last_hook, "freqmask-km", DETECTOR, bundled.sae, target_fpr=args.target_fpr,
+    last_detector = replace(DETECTOR, kmeans=replace(DETECTOR.kmeans, n_clusters=args.last_k))  # one row per response
+    last = fit_guard(last_rows, last_hook, "freqmask-km", last_detector, bundled.sae, target_fpr=args.target_fpr,
                      holdout_fraction=1 / 3, seed=args.seed, progress=False).guard  # fmt: skip
 
     table = {
@@ -179,10 +182,10 @@ def main() -> None:
         "load_average_before": load_before,
         "load_average_after": load_average(),
         "settings": vars(args),
-        "detector": "freqmask-km K=20, local mask 100, bundled SAE (layer %d)" % layer,
+        "detector": f"freqmask-km K=20, local mask 100, bundled SAE (layer {layer}); response_last: K={args.last_k}",
         "threshold": guard.threshold,
-        "fit_sequences": len(running.fit),
-        "threshold_sequences": len(running.holdout),
+        "fit_sequences": len(running.fit_sequences),
+        "threshold_sequences": len(running.holdout_sequences),
         "fit_seconds": round(fit_seconds, 1),
         "table": table,
         "online_matches_offline": online == offline,
@@ -192,7 +195,7 @@ def main() -> None:
     print(f"wrote {write_result('running_guard_smollm2', record)}")
     lines = [
         f"# Running response guard on SmolLM2 (layer {layer}, patience {args.patience}, threshold at "
-        f"{args.target_fpr:.0%} of {len(running.holdout)} held-out safe responses, {args.new_tokens} new tokens)",
+        f"{args.target_fpr:.0%} of {len(running.holdout_sequences)} held-out safe responses, {args.new_tokens} new tokens)",
         "",
         "| prompts | n | stopped while writing | median tokens before stop | response_last guard flagged |",
         "|---|---|---|---|---|",

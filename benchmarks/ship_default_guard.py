@@ -34,11 +34,16 @@ def main() -> None:
         f"AUROC and TPR at 5% FPR are against held-out chat (harmful + vauban-harmful positives). "
         f"Command: `{record['env']['command']}`."
     )
+    guard = SafetyGuard.from_pretrained(args.guard)
+    rows = "validation chat rows" if record["settings"].get("threshold_on", "chat") == "chat" else "all benign validation rows"
+    threshold = (
+        f"per-cluster affine calibration from 1% labelled validation rows; probability threshold at 5% FPR on {rows}"
+        if guard.calibration is not None
+        else f"no labels; score threshold at 5% FPR on {rows}"
+    )
     data = ("Fitted on the fit split (60%) of every benign domain bundled: task prompts (`safe` pool), chat "
             "(`chat` pool: ShareGPT first turns, vauban harmless, MT-Bench, WritingBench) and benign-OOD "
-            "(sarcasm headlines, wikiHow goals, sports, chit-chat); per-cluster affine calibration from 1% labelled "
-            "validation rows; probability threshold at 5% FPR on validation chat rows.")
-    guard = SafetyGuard.from_pretrained(args.guard)
+            f"(sarcasm headlines, wikiHow goals, sports, chit-chat); {threshold}.")
     shutil.rmtree(DEFAULT_GUARD)
     guard.save_pretrained(DEFAULT_GUARD)
     guard.model_card(metrics=metrics, metrics_note=note, data=data).save(DEFAULT_GUARD / "README.md")
