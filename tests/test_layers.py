@@ -12,17 +12,18 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "hf_lsad"
 LAYERS = [
-    ["version", "errors", "hook_point", "config_validation", "serialization", "settings", "metrics", "checks", "splits",
+    ["version", "errors", "hook_point", "runtime", "config_validation", "serialization", "settings", "metrics", "checks", "splits",
      "refusal", "fit_checks", "guard_integrity"],
     ["store", "data", "data.pools", "data.chat_filters"],
     ["sae", "clustering", "masks", "scores", "threshold", "calibration", "explain", "running_guard"],
     ["detectors.base", "detectors.freqmask", "detectors.learned_mask", "detectors.mahalanobis", "detectors.gmm",
      "detectors.ocsvm", "detectors.deep_svdd", "detectors.cvdd", "detectors.linear_probe", "detectors"],
     ["hub", "sae_formats", "model_card", "guard", "fitting"],
-    ["capture", "input_checks", "generation_control", "pipeline", "running_fit", "modeling", "pretrained", "testing"],
+    ["capture", "input_checks", "generation_control", "pipeline", "running_fit", "modeling", "pretrained", "sharded_collection",
+     "testing"],
     ["evaluation.protocol", "evaluation.diagnostics", "evaluation.grid", "evaluation.sae_cache", "evaluation.report",
      "evaluation.evaluate_metric", "evaluation"],
-    ["cli_checks", "explain_cli", "cli", "__init__"],
+    ["cli_arguments", "cli_checks", "explain_cli", "cli", "__init__"],
 ]  # fmt: skip
 LAYER = {module: i for i, modules in enumerate(LAYERS) for module in modules}
 
