@@ -102,3 +102,10 @@ def test_identity_and_detector_layers_import_without_transformers():
 def test_help_imports_neither_torch_nor_transformers():
     code = "import sys; from hf_lsad.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_loading_and_scoring_a_guard_imports_no_sklearn():
+    # scikit-learn takes seconds to import: only fits (GMM, One-Class SVM, calibration) and metrics pay for it.
+    code = ("import sys, torch; from hf_lsad.guard import SafetyGuard; g = SafetyGuard.from_pretrained('default'); "
+            "g(torch.zeros(2, g.config.hook.hidden_size)); print('sklearn' in sys.modules)")  # fmt: skip
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
