@@ -11,6 +11,11 @@
 
 ``hf-lsad fit --method NAME --help`` lists the settings of any registered method: one flag per
 config field, generated from the config (defaults are the API's), and ``--set key=value`` for any.
+``--device`` / ``--dtype`` (collect, generate, explain) and ``--device`` / ``--kmeans-device`` (fit,
+train-sae) come from :mod:`hf_lsad.runtime`; ``--guard`` takes ``--revision`` / ``--subfolder``.
+
+    hf-lsad collect   --pool tatsu-lab/alpaca --category safe --text-field instruction --layer 20 --out acts/alpaca
+    accelerate launch --num_processes 4 -m hf_lsad.cli collect --pool safe --layer 20 --out acts/safe
 
 This module only parses and calls: each command imports what it needs when it runs, so
 ``hf-lsad --help`` imports neither torch nor transformers.
@@ -97,7 +102,7 @@ def _fit(args: argparse.Namespace) -> None:
     from .clustering import use_kmeans_device
     from .detectors import detector_class
     from .fitting import fit_guard
-    from .runtime import FitRuntime, fit_device
+    from .runtime import GuardFitRuntime, fit_device
     from .settings import build_config, settings_from_args
     from .store import ActivationStore, load_activations
 
@@ -107,7 +112,7 @@ def _fit(args: argparse.Namespace) -> None:
         raise SystemExit(f"{args.method} reads SAE codes: give --sae")
     if cls.supervised != bool(args.unsafe):
         raise SystemExit(f"{args.method} is {'SUPERVISED: give' if cls.supervised else 'unsupervised: leave out'} --unsafe")
-    runtime = _runtime(args, FitRuntime)
+    runtime = _runtime(args, GuardFitRuntime)
     device = fit_device(runtime.device)
     data = ActivationStore(args.activations)  # FreqMask-KM streams it; other methods read their fit split
     sae = None

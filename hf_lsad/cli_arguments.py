@@ -2,7 +2,7 @@
 
 Each ``*_arguments`` function builds one command's parser and is called only for the
 command being run, so building them may import the library. ``--device`` / ``--dtype``
-are generated from :class:`~hf_lsad.runtime.ModelRuntime` / :class:`~hf_lsad.runtime.FitRuntime`
+are generated from :mod:`hf_lsad.runtime`'s ``ModelRuntime`` / ``FitRuntime`` / ``GuardFitRuntime``
 (group ``runtime``), a method's settings from its config (group ``setting``).
 """
 
@@ -12,6 +12,7 @@ import argparse
 from typing import Any
 
 from .hook_point import POSITIONS
+from .runtime import FitRuntime, GuardFitRuntime, ModelRuntime
 
 RUNTIME = "runtime"
 """Destination group of the ``--device`` / ``--dtype`` flags (:func:`hf_lsad.settings.settings_from_args`)."""
@@ -40,11 +41,9 @@ def dataset_options(args: argparse.Namespace) -> dict[str, str]:
                 name=args.subset)  # fmt: skip
 
 
-def _runtime_arguments(parser: argparse.ArgumentParser, fits: bool) -> None:
-    from .runtime import FitRuntime, ModelRuntime
+def _runtime_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     from .settings import add_config_arguments
 
-    cls = FitRuntime if fits else ModelRuntime
     add_config_arguments(parser, cls, title=f"device and precision ({cls.__name__})", group=RUNTIME)
 
 
@@ -73,7 +72,7 @@ def collect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
-    _runtime_arguments(parser, fits=False)
+    _runtime_arguments(parser, ModelRuntime)
 
 
 def train_sae_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +87,7 @@ def train_sae_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--holdout-fraction", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
-    _runtime_arguments(parser, fits=True)
+    _runtime_arguments(parser, FitRuntime)
 
 
 def fit_arguments(parser: argparse.ArgumentParser, method: str, default_method: str) -> None:
@@ -112,7 +111,7 @@ def fit_arguments(parser: argparse.ArgumentParser, method: str, default_method: 
     parser.add_argument("--private", action="store_true", help="create the Hub repo private")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any config field, dotted for nested ones (kmeans.n_clusters=25); values are JSON")  # fmt: skip
-    _runtime_arguments(parser, fits=True)
+    _runtime_arguments(parser, GuardFitRuntime)
     add_config_arguments(parser, cls.config_class, title=f"{method} settings ({cls.config_class.__name__}, API defaults)")
 
 
@@ -153,7 +152,7 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default")
     _guard_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    _runtime_arguments(parser, fits=False)
+    _runtime_arguments(parser, ModelRuntime)
 
 
 def explain_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,4 +163,4 @@ def explain_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=10, help="features listed per prompt")
     parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")
-    _runtime_arguments(parser, fits=False)
+    _runtime_arguments(parser, ModelRuntime)

@@ -1,8 +1,9 @@
 """Where a command runs and in what precision: the ``--device`` and ``--dtype`` of the ``hf-lsad`` commands.
 
-:class:`ModelRuntime` (commands that run a model: ``collect``, ``generate``, ``explain``) and
-:class:`FitRuntime` (commands that fit: ``fit``, ``train-sae``) are settings dataclasses; the
-CLI generates their flags from the fields (:func:`hf_lsad.settings.add_config_arguments`).
+:class:`ModelRuntime` (commands that run a model: ``collect``, ``generate``, ``explain``),
+:class:`FitRuntime` (``train-sae``) and :class:`GuardFitRuntime` (``fit``: also where faiss k-means
+runs) are settings dataclasses; the CLI generates their flags from the fields
+(:func:`hf_lsad.settings.add_config_arguments`).
 :func:`check_device` rejects a device this machine does not have before any model loads.
 
 ``--dtype`` is the precision of the *model's* weights. Guards and SAEs are fitted and score in
@@ -45,6 +46,11 @@ class FitRuntime:
     device: str = "auto"
     """Where the SAE and the detector are fitted: auto (the first GPU if there is one, else the CPU), cpu, cuda,
     cuda:N, mps, xpu[:N], npu[:N]."""
+
+
+@dataclass
+class GuardFitRuntime(FitRuntime):
+    """Devices of ``hf-lsad fit``: the fit's, and faiss k-means' (FreqMask-KM and the clustered methods)."""
 
     kmeans_device: Literal["auto", "cpu", "gpu"] = "auto"
     """Where faiss k-means runs: auto (a GPU when faiss has its GPU API, else the CPU), cpu, or gpu (an error

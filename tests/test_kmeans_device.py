@@ -12,7 +12,7 @@ import torch
 
 from hf_lsad import clustering
 from hf_lsad.clustering import KMeansConfig, faiss_gpu_count, fit_kmeans, kmeans_device, use_kmeans_device
-from hf_lsad.runtime import FitRuntime
+from hf_lsad.runtime import GuardFitRuntime
 
 
 def points() -> torch.Tensor:
@@ -77,4 +77,4 @@ def test_the_device_pin_ends_with_its_block(fake_gpu_faiss):
     with use_kmeans_device("cpu"):
         assert clustering._KMEANS_DEVICE.get() == "cpu"
     assert clustering._KMEANS_DEVICE.get() == "auto"
-    assert FitRuntime().kmeans_device == "auto"
+    assert GuardFitRuntime().kmeans_device == "auto"
