@@ -69,7 +69,7 @@ def check_device(device: str) -> None:
     import torch
 
     kind, _, index = device.partition(":")
-    backend = getattr(torch, kind, None)
+    backend = getattr(torch.backends, kind) if kind == "mps" else getattr(torch, kind, None)  # mps: torch.backends
     available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
     if not available:
         raise ValueError(f"{device!r}: torch {torch.__version__} sees no {kind} device on this machine")
