@@ -2,7 +2,8 @@
 
 A model loaded with ``device_map="auto"`` across devices records block L wherever that block
 lives; a bf16 model records bf16. The guard moves the activation to its own device as float32.
-The cross-device tests need a GPU and are skipped without one; the dtype test runs anywhere.
+The cross-device tests need one GPU (guard on the CPU, rows on the GPU) or two (a model split across
+them) and are skipped without; the dtype test runs anywhere.
 """
 
 from __future__ import annotations
@@ -39,18 +40,18 @@ def test_activations_on_another_device_are_moved_to_the_guard():
     assert [r.score for r in guard.reports(rows.cuda())] == pytest.approx(expected.tolist(), rel=1e-6)
 
 
-@needs_cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_a_model_split_across_devices_is_guarded():
     model, tokenizer = tiny_model("llama", seed=0)
-    guard = fresh_guard("prompt_last")
-    reference = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer).screen(MIXED_BATCH)
-    # The embeddings (model.device, where the guard goes) on the CPU, block LAYER and above on the GPU.
-    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": 0, "lm_head": 0}
-    device_map |= {f"model.layers.{i}": "cpu" if i < LAYER else 0 for i in range(model.config.num_hidden_layers)}
+    reference = GuardedModelForCausalLM(model, fresh_guard("prompt_last"), tokenizer=tokenizer).screen(MIXED_BATCH)
+    # The embeddings and the blocks below LAYER on GPU 0 (model.device: the guard goes there), block LAYER on GPU 1.
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 1, "lm_head": 1}
+    device_map |= {f"model.layers.{i}": 0 if i < LAYER else 1 for i in range(model.config.num_hidden_layers)}
     split, _ = tiny_model("llama", seed=0)
     split = dispatch_model(split, device_map=device_map)
     guarded = GuardedModelForCausalLM(split, fresh_guard("prompt_last"), tokenizer=tokenizer)
-    assert guarded.device.type == "cpu"
+    assert guarded.device == torch.device("cuda", 0)
+    assert next(split.model.layers[LAYER].parameters()).device == torch.device("cuda", 1)
     reports = guarded.screen(MIXED_BATCH)
     assert [r.score for r in reports] == pytest.approx([r.score for r in reference], rel=1e-4, abs=1e-5)
     inputs = {k: v.to(guarded.device) for k, v in encode_prompts(tokenizer, MIXED_BATCH).items()}
