@@ -48,6 +48,8 @@ def _collect(args: argparse.Namespace) -> None:
     runtime = _runtime(args, ModelRuntime)
     dataset = {} if args.pool in POOLS else arguments.dataset_options(args)
     prompts = load_prompts(args.pool, limit=args.limit, seed=args.seed, **dataset)
+    if not prompts:
+        raise SystemExit(f"--pool {args.pool} holds no non-empty prompt")
     state = process_state(runtime.device)  # one process, or one of N under accelerate launch / torchrun
     shard = shard_of(state, len(prompts))
     where = placement(runtime.device, state.device if shard.count > 1 else None)

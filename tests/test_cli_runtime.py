@@ -84,6 +84,16 @@ def test_collect_reads_a_local_dataset_folder(model_dir, tmp_path):
     assert all(r["id"].startswith(f"safe-{source}-") and int(r["id"].rsplit("-", 1)[1]) < 6 for r in store.records)
 
 
+def test_collect_refuses_a_dataset_without_prompts(tmp_path, capsys):
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "train.jsonl").write_text(json.dumps({"prompt": "  "}) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        entry(["collect", "--pool", str(tmp_path / "prompts"), "--category", "safe", "--layer", "1",
+               "--out", str(tmp_path / "store")])  # fmt: skip
+    assert exit_.value.code == 2 and "holds no non-empty prompt" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()
+
+
 def test_generate_in_bf16_with_a_guard_in_a_subfolder(model_dir, tmp_path, capsys):
     guard = fresh_guard("prompt_last")
     guard.save_pretrained(tmp_path / "guards" / "screen")
