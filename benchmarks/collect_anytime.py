@@ -20,6 +20,9 @@ Three modes, each computing exactly what its dedicated script computes:
 - ``qwen05-prompt-last``: ``benchmarks/collect_qwen05.py``'s ``prefill_layers``
   (forward pass cut after the highest layer); records carry ``prompt_tokens``.
 
+Stores that exist for every layer are resumed: their rows are kept (matched by prompt id)
+and only the missing prompts are collected.
+
 ``--check N`` first compares one layer on N prompts with
 ``hf_lsad.capture.collect_activations`` and logs the max |delta|.
 
@@ -50,7 +53,7 @@ from qwen05_model import load_qwen05
 
 from hf_lsad.capture import collect_activations
 from hf_lsad.hook_point import HookPoint
-from hf_lsad.data import load_pool
+from hf_lsad.data import Prompt, load_pool
 from hf_lsad.pretrained import load_model
 from hf_lsad.store import INDEX, load_activations, save_activations
 
@@ -120,21 +123,33 @@ def run(args: argparse.Namespace, batch_fn: BatchFn, hook_of: Callable[[int], Ho
     for spec in args.pools:
         name, _, limit = spec.partition(":")
         prompts = load_pool(name, limit=int(limit) if limit else None, seed=args.seed)
-        done_rows = 0
+        acts = {layer: torch.empty(len(prompts), hidden) for layer in args.layers}
+        extras: list[dict[str, Any]] = [{} for _ in prompts]
+        done: list[int] = []
         if all((args.out / f"layer{layer}" / name / INDEX).is_file() for layer in args.layers):
-            done_rows = len(load_activations(args.out / f"layer{args.layers[0]}" / name).records)
-            if done_rows == len(prompts):
-                log(f"{name}: complete stores exist ({done_rows} rows), skipped")
+            # resume: the rows already in the stores are kept (matched by prompt id), the rest collected
+            position = {p.id: i for i, p in enumerate(prompts)}
+            for layer in args.layers:
+                stored = load_activations(args.out / f"layer{layer}" / name)
+                rows = [position[r["id"]] for r in stored.records]
+                acts[layer][rows] = stored.activations
+            done = rows
+            for i, record in zip(rows, stored.records):
+                extras[i] = {k: v for k, v in record.items() if k not in Prompt._fields}
+            if len(done) == len(prompts):
+                log(f"{name}: complete stores exist ({len(done)} rows), skipped")
                 continue
-        order = priority_order(prompts, args.seed, args.first_domains)
+            log(f"{name}: resuming with {len(done)}/{len(prompts)} rows from the existing stores")
+        kept = set(done)
+        order = [i for i in priority_order(prompts, args.seed, args.first_domains) if i not in kept]
         state.append(
             {
                 "name": name,
                 "prompts": prompts,
-                "order": order,
-                "done": [],
-                "acts": {layer: torch.empty(len(prompts), hidden) for layer in args.layers},
-                "extras": [{} for _ in prompts],
+                "order": done + order,
+                "done": list(done),
+                "acts": acts,
+                "extras": extras,
                 "step": -(-len(prompts) // args.steps),
                 "seconds": 0.0,
             }

@@ -4,6 +4,8 @@ Every concurrent call must return the same sequences and reports as the same cal
 (scores within 1e-4, same verdicts and clusters), nothing raised, nothing lost.
 
     python benchmarks/concurrency_load_test.py --model default --threads 4 --calls 25
+
+Writes ``benchmarks/results/concurrency_load_test_<model>.json``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from common import environment, load_average, write_result
 
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard
 from hf_lsad.capture import encode_prompts
@@ -30,6 +34,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=8)
     args = parser.parse_args()
 
+    load_before = load_average()
     t0 = time.perf_counter()
     model, tokenizer = load_model(args.model)
     guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(args.guard))
@@ -82,6 +87,23 @@ def main() -> None:
           f"({concurrent / n:.2f} s/call)")
     if errors:
         print("errors:", errors[:3])
+    record = {
+        **environment(torch.device("cpu")),
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "settings": vars(args),
+        "calls": n,
+        "returned": len(results),
+        "raised": len(errors),
+        "rows": rows,
+        "flagged": flagged,
+        "differ_from_call_alone": mismatches,
+        "max_abs_score_delta": max_delta,
+        "sequential_s": sequential,
+        "concurrent_s": concurrent,
+        "errors": errors[:3],
+    }
+    print(f"wrote {write_result(f'concurrency_load_test_{args.model}', record)}")
 
 
 if __name__ == "__main__":

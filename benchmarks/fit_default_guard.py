@@ -41,6 +41,7 @@ from hf_lsad.detectors.gmm import GMMConfig
 from hf_lsad.detectors.learned_mask import LearnedMaskConfig
 from hf_lsad.detectors.mahalanobis import MahalanobisConfig
 from hf_lsad.guard import GuardConfig, SafetyGuard
+from hf_lsad.prompt_inputs import InputProfile
 from hf_lsad.store import TensorRows, load_activations
 
 CATEGORIES = ("harmful", "harmful_vauban", "toxic", "jailbreak")
@@ -56,6 +57,22 @@ def detector_config(args) -> Any:
     if args.method == "gmm":
         return GMMConfig(n_components=args.K)
     raise ValueError(args.method)
+
+
+def input_profile(ids: list[str]) -> InputProfile:
+    """How the study's stores were collected (chat template, as ``encode_prompts``) and the longest of these prompts."""
+    from hf_lsad.data import POOLS, load_pool
+    from hf_lsad.pretrained import load_tokenizer
+
+    tokenizer = load_tokenizer("default")
+    wanted = set(ids)
+    texts = [p.text for pool in POOLS for p in load_pool(pool) if p.id in wanted]
+    templated = [
+        tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+        for t in texts
+    ]
+    longest = max(len(ids) for ids in tokenizer(templated, add_special_tokens=False)["input_ids"])
+    return InputProfile("chat_template", longest)
 
 
 def rates(flags: np.ndarray, rows: sd.Rows) -> dict[str, float]:
@@ -111,6 +128,7 @@ def main() -> None:
                          n_fit=len(fit_rows), n_holdout=int(val_benign.sum()), seed=sd.SPLIT_SEED)
     guard = SafetyGuard(config, detector, sae).eval()
     guard.set_holdout_scores(torch.as_tensor(scores[val_benign]).float())  # reports' conformal p-values
+    guard.inputs = input_profile(np.asarray(rows.ids, dtype=object)[rows.fit_mask | val_benign].tolist())
     record: dict[str, Any] = {"env": sd.environment(), "settings": {k: str(v) for k, v in vars(args).items()},
                               "protocol": sd.__doc__, "n_fit": len(fit_rows), "n_threshold_rows": int(val_benign.sum()),
                               "score_threshold": threshold}

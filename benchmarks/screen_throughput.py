@@ -1,7 +1,7 @@
 """Screening before decoding on SmolLM2 with the shipped prompt_last guard: correctness and throughput.
 
     python benchmarks/screen_throughput.py [--n-prompts 64] [--batch-size 16] [--repeats 5]
-                                           [--harmful 128] [--new-tokens 32]
+                                           [--harmful 0] [--new-tokens 32]
 
 1. Throughput (prompts/s, median of ``--repeats``, the variants interleaved in each repeat so
    load drift hits all): ``screen()`` on pre-tokenised batches, ``screen()`` from strings
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--n-prompts", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--harmful", type=int, default=128)
+    parser.add_argument("--harmful", type=int, default=0, help="harmful prompts for the stop check (0: the whole pool)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--skip-stop-check", action="store_true")
     args = parser.parse_args()
@@ -92,7 +92,7 @@ def main() -> None:
 
     stop_check = None
     if not args.skip_stop_check:
-        harmful = [p.text for p in load_pool("harmful", limit=args.harmful, seed=0)]
+        harmful = [p.text for p in load_pool("harmful", limit=args.harmful or None, seed=0)]
         n_flagged = n_rows = 0
         mismatched_unflagged = flagged_with_tokens = 0
         start = time.perf_counter()

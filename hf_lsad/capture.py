@@ -42,6 +42,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .errors import InputError
 from .hook_point import POSITIONS, decoder_layer
+from .prompt_inputs import InputProfile
 
 
 class LastPositionRecorder:
@@ -246,6 +247,8 @@ class Collected(NamedTuple):
     """``[n_prompts, hidden]`` float32 on the CPU, in prompt order."""
     responses: list[str]
     """The model's greedy responses (empty strings for ``prompt_last``)."""
+    inputs: InputProfile
+    """How the prompts were formatted and the longest one, in tokens (for the store and the guard)."""
 
 
 @torch.no_grad()
@@ -272,9 +275,11 @@ def collect_activations(
     activations: list[Tensor] = [None] * len(prompts)  # type: ignore[list-item]
     responses = [""] * len(prompts)
     device = model.device
+    longest = 0
     for start in tqdm(range(0, len(order), batch_size), desc=f"collect layer {layer} {position}", disable=not progress):
         batch = order[start : start + batch_size]
         inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
+        longest = max(longest, int(inputs["attention_mask"].sum(1).max()))
         if position == "prompt_last":
             acts = prefill_activations(model, layer, inputs["input_ids"].to(device), inputs["attention_mask"].to(device))
             for row, i in enumerate(batch):
@@ -293,4 +298,5 @@ def collect_activations(
         for row, i in enumerate(batch):
             activations[i] = acts[row].float().cpu()
             responses[i] = texts[row]
-    return Collected(torch.stack(activations), responses)
+    prompt_format = "chat_template" if chat_template and tokenizer.chat_template else "raw"
+    return Collected(torch.stack(activations), responses, InputProfile(prompt_format, longest))

@@ -64,7 +64,7 @@ def _collect(args: argparse.Namespace) -> None:
         records = [dict(p._asdict(), response=r) for p, r in zip(mine, collected.responses)]
         for record in records:
             del record["text"]  # the prompt text stays in the pool; the store keeps ids
-        write_part(args.out, shard, collected.activations, records, hook)
+        write_part(args.out, shard, collected.activations, records, hook, inputs=collected.inputs)
     finish(state, args.out, shard, len(prompts))
     if state.is_main_process:
         processes = f" by {shard.count} processes" if shard.count > 1 else ""

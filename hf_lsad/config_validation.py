@@ -198,7 +198,7 @@ def check_guard_header(raw: dict[str, Any], *, source: str, format_version: int)
     if isinstance(version, bool) or version != format_version:
         raise GuardFormatError(f"{source}: format_version {version!r}, expected {format_version}")
     # A missing "integrity" block gets its own message (verify_integrity): how to upgrade an older guard.
-    require_keys(raw, {"format_version", "versions", "guard", "detector", "d_sae"}, {"calibration", "integrity", "running"},
+    require_keys(raw, {"format_version", "versions", "guard", "detector", "d_sae"}, {"calibration", "integrity", "running", "inputs"},
                  source=source)  # fmt: skip
     versions = require_object(raw["versions"], source=f"{source}:versions")
     require_keys(versions, GUARD_VERSION_KEYS, set(), source=f"{source}:versions")

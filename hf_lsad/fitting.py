@@ -16,6 +16,7 @@ from .checks import check_activations
 from .detectors import DetectorConfig, detector_class
 from .guard import GuardConfig, SafetyGuard
 from .hook_point import HookPoint
+from .prompt_inputs import InputProfile
 from .sae import SparseAutoencoder
 from .splits import SafeSplit, split_safe
 from .store import DEFAULT_BATCH_SIZE, ActivationStore, RowSource, TensorRows, row_batches
@@ -43,6 +44,7 @@ def fit_guard(
     progress: bool = True,
     batch_size: int = DEFAULT_BATCH_SIZE,
     device: str | torch.device | None = None,
+    inputs: InputProfile | None = None,
 ) -> FitResult:
     """Fit ``method`` on the safe split, then set the threshold at ``target_fpr`` on the held-out safe rows.
 
@@ -52,6 +54,8 @@ def fit_guard(
     lives on ``device`` (default: the tensor's device, the CPU for a store), where ``sae`` must
     be too. The held-out rows are scored ``batch_size`` at a time. A supervised method (the linear
     probe reference) is also fitted on the ``unsafe`` activations; the others refuse them.
+    The guard keeps ``inputs`` (default: the store's record of how its prompts were formatted),
+    so that ``generate`` warns about inputs unlike them (:mod:`hf_lsad.prompt_inputs`).
     """
     if isinstance(safe_activations, ActivationStore):
         if safe_activations.width != hook.hidden_size:
@@ -60,6 +64,7 @@ def fit_guard(
             )
         source: RowSource = safe_activations
         device = torch.device(device or "cpu")
+        inputs = inputs or safe_activations.inputs
     else:
         check_activations(safe_activations, hook.hidden_size, name="safe activations")
         source = TensorRows(safe_activations)
@@ -87,4 +92,5 @@ def fit_guard(
     )
     guard = SafetyGuard(config, detector, sae).eval()
     guard.set_holdout_scores(holdout_scores)  # reports then carry conformal p-values
+    guard.inputs = inputs
     return FitResult(guard, split, holdout_scores)

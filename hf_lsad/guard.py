@@ -47,6 +47,7 @@ from .hub import resolve_pretrained_dir, upload_pretrained_dir
 from .model_card import DEFAULT_LICENSE, guard_model_card
 from .config_validation import check_guard_header
 from .guard_integrity import INTEGRITY_KEY, canonical_json, integrity_record, settings_record, verify_integrity
+from .prompt_inputs import InputProfile
 from .running_guard import RunningConfig
 from .sae import SAE_WEIGHTS, SparseAutoencoder
 from .threshold import conformal_p_values, sorted_holdout
@@ -157,6 +158,9 @@ class SafetyGuard(nn.Module):
         """For a ``response_running`` guard: patience and how its threshold was set (:mod:`hf_lsad.running_guard`)."""
         if config.hook.position == "response_running":
             self.running = RunningConfig()
+        self.inputs: InputProfile | None = None
+        """How the fitting prompts were formatted and their longest length: ``generate`` warns on inputs that differ
+        (:mod:`hf_lsad.prompt_inputs`). ``None`` for guards fitted from stores that did not record it."""
 
     def set_holdout_scores(self, holdout_scores: Tensor | None) -> None:
         """Keep the held-out safe scores (``config.n_holdout`` of them) so that reports carry p-values."""
@@ -305,6 +309,8 @@ class SafetyGuard(nn.Module):
             config["calibration"] = config_to_dict(self.calibration)
         if self.running is not None:  # likewise only response_running guards carry their running settings
             config["running"] = config_to_dict(self.running)
+        if self.inputs is not None:
+            config["inputs"] = config_to_dict(self.inputs)
         # Round-trip through JSON so the record holds exactly what a loader will read back.
         config = json.loads(canonical_json(config))
         settings = settings_record(config, config_to_dict(self.sae.config) if self.sae is not None else None)
@@ -434,6 +440,8 @@ class SafetyGuard(nn.Module):
             guard.running = config_from_dict(RunningConfig, raw["running"], source=f"{source}:running")
         elif "running" in raw:
             raise GuardFormatError(f"{source}: config key 'running' on a {config.hook.position} guard")
+        if "inputs" in raw:
+            guard.inputs = config_from_dict(InputProfile, raw["inputs"], source=f"{source}:inputs")
         if "calibration" in raw:
             calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")
             try:

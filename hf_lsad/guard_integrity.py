@@ -61,8 +61,8 @@ def settings_record(config: dict[str, Any], sae_config: dict[str, Any] | None) -
     ``config`` is the guard's ``config.json`` content, ``sae_config`` the ``sae`` object of
     ``sae/config.json`` (``None`` without an SAE). Everything that changes a score or a
     verdict is in it: the hook point (model, layer, position), method, threshold, target
-    FPR and split, every detector setting (score metric, mask, k-means), the SAE's shape
-    and the calibration.
+    FPR and split, every detector setting (score metric, mask, k-means), the SAE's shape,
+    the calibration and the prompt format (``inputs``).
     """
     return {
         "guard": config.get("guard"),
@@ -70,6 +70,8 @@ def settings_record(config: dict[str, Any], sae_config: dict[str, Any] | None) -
         "d_sae": config.get("d_sae"),
         "sae": sae_config,
         "calibration": config.get("calibration"),
+        # only guards that record their inputs fingerprint them: older records stay valid
+        **({"inputs": config["inputs"]} if "inputs" in config else {}),
     }
 
 

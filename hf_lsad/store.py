@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .checks import check_activations
 from .hook_point import HookPoint
+from .prompt_inputs import InputProfile
 from .serialization import FORMAT_VERSION, GuardFormatError, config_from_dict, config_to_dict, read_json, write_json
 
 INDEX = "index.json"
@@ -36,6 +37,8 @@ class ActivationSet(NamedTuple):
     """One JSON record per row (prompt id, source, category, response, ...)."""
     hook: HookPoint
     """Where the activations were read."""
+    inputs: InputProfile | None = None
+    """How the prompts were formatted and the longest one (``None`` in stores that did not record it)."""
 
 
 def save_activations(
@@ -46,8 +49,13 @@ def save_activations(
     *,
     shard_size: int = 50_000,
     dtype: torch.dtype = torch.float32,
+    inputs: InputProfile | None = None,
 ) -> None:
-    """Write ``activations`` (stored as ``dtype``) and their ``records`` as a store folder."""
+    """Write ``activations`` (stored as ``dtype``) and their ``records`` as a store folder.
+
+    ``inputs`` records how the prompts were given to the model; a guard fitted on the store
+    keeps it, to warn about inputs unlike them (:mod:`hf_lsad.prompt_inputs`).
+    """
     check_activations(activations, hook.hidden_size)
     if len(records) != len(activations):
         raise ValueError(f"{len(records)} records for {len(activations)} activation rows")
@@ -58,16 +66,16 @@ def save_activations(
         name = f"shard-{number:05d}.safetensors"
         save_file({"activations": activations[start : start + shard_size].to(dtype).contiguous().cpu()}, str(path / name))
         shards.append({"file": name, "rows": min(shard_size, len(activations) - start)})
-    write_json(
-        path / INDEX,
-        {"format_version": FORMAT_VERSION, "hook": config_to_dict(hook), "shards": shards, "records": records},
-    )
+    index = {"format_version": FORMAT_VERSION, "hook": config_to_dict(hook), "shards": shards, "records": records}
+    if inputs is not None:
+        index["inputs"] = config_to_dict(inputs)
+    write_json(path / INDEX, index)
 
 
 def load_activations(directory: str | os.PathLike) -> ActivationSet:
     """Read a store folder written by :func:`save_activations` (activations as float32)."""
     path = Path(directory)
-    index, hook = _read_index(path)
+    index, hook, inputs = _read_index(path)
     parts = []
     for shard in index["shards"]:
         try:
@@ -81,18 +89,20 @@ def load_activations(directory: str | os.PathLike) -> ActivationSet:
     if len(activations) != len(index["records"]):
         raise GuardFormatError(f"{path}: {len(activations)} rows but {len(index['records'])} records")
     check_activations(activations, hook.hidden_size)
-    return ActivationSet(activations, index["records"], hook)
+    return ActivationSet(activations, index["records"], hook, inputs)
 
 
-def _read_index(path: Path) -> tuple[dict[str, Any], HookPoint]:
-    """The checked ``index.json`` of a store folder and its hook point."""
+def _read_index(path: Path) -> tuple[dict[str, Any], HookPoint, InputProfile | None]:
+    """The checked ``index.json`` of a store folder, its hook point and (if recorded) its input profile."""
     index = read_json(path / INDEX)
     for key in ("format_version", "hook", "shards", "records"):
         if key not in index:
             raise GuardFormatError(f"{path / INDEX}: missing key {key!r}")
     if index["format_version"] != FORMAT_VERSION:
         raise GuardFormatError(f"{path / INDEX}: format_version {index['format_version']!r}, expected {FORMAT_VERSION}")
-    return index, config_from_dict(HookPoint, index["hook"], source=str(path / INDEX))
+    hook = config_from_dict(HookPoint, index["hook"], source=str(path / INDEX))
+    inputs = index.get("inputs")
+    return index, hook, None if inputs is None else config_from_dict(InputProfile, inputs, source=f"{path / INDEX}:inputs")
 
 
 DEFAULT_BATCH_SIZE = 4096
@@ -145,7 +155,7 @@ class ActivationStore:
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.path = Path(directory)
-        index, self.hook = _read_index(self.path)
+        index, self.hook, self.inputs = _read_index(self.path)
         self.records: list[dict[str, Any]] = index["records"]
         """One JSON record per row."""
         self.shards: list[str] = [shard["file"] for shard in index["shards"]]

@@ -13,6 +13,8 @@ from torch import nn
 
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import (
+    KNNConfig,
+    KNNDistance,
     CVDD,
     DETECTORS,
     CVDDConfig,
@@ -179,10 +181,43 @@ def test_linear_probe_separates_linearly_separable_classes_and_is_marked_supervi
     assert (safe_logits < 0).all() and (unsafe_logits > 0).all()
 
 
+def test_knn_score_is_the_mean_cosine_distance_to_the_k_nearest_centred_fit_rows():
+    safe, inliers = blobs(60, 3), blobs(10, 4)
+    safe[:, -1], inliers[:, -1] = 0.0, 0.0  # the safe rows span no variance along the last axis
+    outliers = safe.mean(0) + 5.0 * torch.eye(D)[-1].repeat(3, 1) * torch.tensor([[1.0], [2.0], [-1.0]])
+    x = torch.cat([inliers, outliers])
+    detector = KNNDistance(KNNConfig(k=4), D)
+    detector.fit(safe, progress=False)
+    mean = safe.mean(0)
+    unit = lambda v: (v - mean) / (v - mean).norm(dim=1, keepdim=True)  # noqa: E731
+    want = 1 - (unit(x) @ unit(safe).T).topk(4, dim=1).values.mean(1)
+    got = detector(x).scores
+    assert torch.allclose(got, want, atol=1e-6)
+    assert got[-3:].min() > got[:10].max()  # off the safe rows' span: above every inlier (cosine ignores the norm)
+    assert (detector(x).clusters == -1).all()
+    # batch-invariant: each row alone scores as in the batch
+    assert torch.allclose(torch.cat([detector(x[i : i + 1]).scores for i in range(len(x))]), got, atol=1e-6)
+
+
+def test_knn_max_rows_keeps_a_seeded_subsample_and_k_is_checked():
+    safe = blobs(50, 6)
+    small = KNNDistance(KNNConfig(k=2, max_rows=20, seed=1), D)
+    small.fit(safe, progress=False)
+    again = KNNDistance(KNNConfig(k=2, max_rows=20, seed=1), D)
+    again.fit(safe, progress=False)
+    assert small.state.n_bank == 20 and small.bank.shape == (20, D) and torch.equal(small.bank, again.bank)
+    with pytest.raises(ValueError, match="at least 5 safe rows"):
+        KNNDistance(KNNConfig(k=5), D).fit(safe[:4], progress=False)
+    with pytest.raises(ValueError, match="max_rows"):
+        KNNConfig(k=5, max_rows=3)
+    with pytest.raises(ValueError, match="k must be"):
+        KNNConfig(k=0)
+
+
 def test_only_the_probe_is_supervised():
     assert {name for name, cls in DETECTORS.items() if cls.supervised} == {"linear-probe"}
     assert {name for name, cls in DETECTORS.items() if not cls.uses_sae} >= {
-        "mahalanobis", "gmm", "ocsvm", "deep-svdd", "cvdd",
+        "mahalanobis", "gmm", "ocsvm", "deep-svdd", "cvdd", "knn",
     }
 
 
@@ -196,6 +231,7 @@ CASES = {
     "deep-svdd": DeepSVDDConfig(**{**SMALL_NET, "epochs": 2, "pretrain_epochs": 1}),
     "cvdd": CVDDConfig(**{**SMALL_NET, "epochs": 2, "pretrain_epochs": 1}, n_contexts=3),
     "linear-probe": LinearProbeConfig(epochs=2),
+    "knn": KNNConfig(k=3),
     "freqmask-km": FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=4),
     "learned-mask-lora": LearnedMaskConfig(
         kmeans=KMeansConfig(n_clusters=2), lambdas=[1e-3, 1e-2], min_cluster_size=20, lora_min_cluster_size=40,
@@ -268,7 +304,13 @@ def test_guard_without_sae_round_trips(method, tmp_path):
     assert torch.equal(reloaded(x).scores, guard(x).scores)
     assert torch.equal(reloaded(x).flagged, guard(x).flagged)
     assert reloaded.config == guard.config and reloaded.detector.config == guard.detector.config
-    assert guard(far_outliers(5, 18)).flagged.all()
+    if method not in DIRECTION_ONLY:
+        assert guard(far_outliers(5, 18)).flagged.all()
+
+
+DIRECTION_ONLY = {"knn"}
+"""Methods that score a row's direction, not its norm (cosine): a far outlier along a safe direction is not
+unusual to them (their own tests check detection off the safe rows' span)."""
 
 
 def test_ocsvm_strict_loading_checks_the_support_vector_count(tmp_path):

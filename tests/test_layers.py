@@ -12,12 +12,12 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "hf_lsad"
 LAYERS = [
-    ["version", "errors", "hook_point", "runtime", "config_validation", "serialization", "settings", "metrics", "checks", "splits",
-     "refusal", "fit_checks", "guard_integrity"],
+    ["version", "errors", "hook_point", "runtime", "config_validation", "serialization", "settings", "metrics", "checks",
+     "splits", "refusal", "fit_checks", "guard_integrity", "prompt_inputs"],
     ["store", "data", "data.pools", "data.chat_filters"],
     ["sae", "clustering", "masks", "scores", "threshold", "calibration", "explain", "running_guard"],
     ["detectors.base", "detectors.freqmask", "detectors.learned_mask", "detectors.mahalanobis", "detectors.gmm",
-     "detectors.ocsvm", "detectors.deep_svdd", "detectors.cvdd", "detectors.linear_probe", "detectors"],
+     "detectors.ocsvm", "detectors.deep_svdd", "detectors.cvdd", "detectors.linear_probe", "detectors.knn", "detectors"],
     ["hub", "sae_formats", "model_card", "guard", "fitting"],
     ["capture", "input_checks", "generation_control", "pipeline", "running_fit", "modeling", "pretrained", "sharded_collection",
      "testing"],

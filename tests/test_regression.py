@@ -9,6 +9,7 @@ intended::
 
     python tests/test_regression.py --write
     python tests/test_regression.py --write-bundled   # after a deliberate refit of the bundled guard only
+    python tests/test_regression.py --write-new       # entries for cases added with a new method only
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "deep-svdd-soft": ("deep-svdd", {**ENCODER, "objective": "soft-boundary", "warm_up_epochs": 1}),
     "cvdd": ("cvdd", {**ENCODER, "n_contexts": 3}),
     "linear-probe": ("linear-probe", {"epochs": 3, "batch_size": 64, "seed": 4}),
+    "knn": ("knn", {"k": 5, "max_rows": 400, "seed": 2}),  # added with the method (issue 13), not from 6df37f0
 }
 CALIBRATED_CASES = ("freqmask-global-l1", "gmm")
 """Cases whose scores also get a per-cluster affine calibration (probabilities compared)."""
@@ -166,3 +168,10 @@ elif __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     FIXTURE.parent.mkdir(exist_ok=True)
     save_file(tensors, str(FIXTURE))
     print(f"wrote {len(tensors)} tensors to {FIXTURE}")
+elif __name__ == "__main__" and sys.argv[1:] == ["--write-new"]:
+    # A new method's case: its entries are added, every stored entry stays as it is.
+    tensors = load_file(str(FIXTURE))
+    stored_cases = {key.split("/")[0] for key in tensors}
+    for name in CASES.keys() - stored_cases:
+        tensors |= {f"{name}/{k}": v for k, v in run_case(name).items()}
+    save_file(tensors, str(FIXTURE))

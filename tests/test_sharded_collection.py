@@ -12,6 +12,7 @@ import torch
 
 from hf_lsad.cli import main
 from hf_lsad.hook_point import HookPoint
+from hf_lsad.prompt_inputs import InputProfile
 from hf_lsad.sharded_collection import PARTS, Shard, merge_parts, write_part
 from hf_lsad.store import load_activations, save_activations
 
@@ -34,7 +35,7 @@ def test_two_accelerate_processes_write_the_one_process_store(model_dir, tmp_pat
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("wrote 13 activations") == 1 and "by 2 processes" in run.stdout  # process 0 reports
     one, two = load_activations(tmp_path / "one"), load_activations(tmp_path / "two")
-    assert two.records == one.records and two.hook == one.hook
+    assert two.records == one.records and two.hook == one.hook and two.inputs == one.inputs is not None
     assert [r["id"] for r in two.records] == [r["id"] for r in one.records]  # the pool's order
     torch.testing.assert_close(two.activations, one.activations, atol=1e-5, rtol=1e-5)
     assert not (tmp_path / "two" / PARTS).exists()
@@ -49,12 +50,13 @@ def test_merge_keeps_rank_order_and_skips_a_process_without_prompts(tmp_path):
     rows = torch.arange(12.0).reshape(3, 4)
     records = [{"id": f"p{i}"} for i in range(3)]
     # Three processes, three prompts written out of rank order; rank 2's part is empty.
-    write_part(tmp_path, Shard(1, 3, [2]), rows[2:], records[2:], hook())
-    write_part(tmp_path, Shard(2, 3, []), rows[:0], [], hook())
-    write_part(tmp_path, Shard(0, 3, [0, 1]), rows[:2], records[:2], hook())
+    write_part(tmp_path, Shard(1, 3, [2]), rows[2:], records[2:], hook(), inputs=InputProfile("chat_template", 9))
+    write_part(tmp_path, Shard(2, 3, []), rows[:0], [], hook(), inputs=InputProfile("chat_template", 1))
+    write_part(tmp_path, Shard(0, 3, [0, 1]), rows[:2], records[:2], hook(), inputs=InputProfile("chat_template", 5))
     merge_parts(tmp_path, 3, 3)
     merged = load_activations(tmp_path)
     assert merged.records == records and torch.equal(merged.activations, rows)
+    assert merged.inputs == InputProfile("chat_template", 9)  # the longest prompt of any part
     assert not (tmp_path / PARTS).exists()
 
 

@@ -5,6 +5,7 @@ from .cvdd import CVDD, CVDDConfig
 from .deep_svdd import DeepSVDD, DeepSVDDConfig
 from .freqmask import FreqMaskConfig, FreqMaskKM
 from .gmm import GaussianMixtureDetector, GMMConfig
+from .knn import KNNConfig, KNNDistance, KNNState
 from .learned_mask import LearnedMaskConfig, LearnedMaskLoRA, LearnedMaskState
 from .linear_probe import LinearProbe, LinearProbeConfig
 from .mahalanobis import Mahalanobis, MahalanobisConfig
@@ -23,6 +24,9 @@ __all__ = [
     "FreqMaskKM",
     "GMMConfig",
     "GaussianMixtureDetector",
+    "KNNConfig",
+    "KNNDistance",
+    "KNNState",
     "LearnedMaskConfig",
     "LearnedMaskLoRA",
     "LearnedMaskState",
