@@ -43,8 +43,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import StratifiedKFold
 from torch import Tensor
 
 CALIBRATION_LAMBDAS = (1.0, 10.0, 100.0)
@@ -247,6 +245,9 @@ def _select_lambda(
     folds = min(n_folds, int(y.sum()), int((1 - y).sum()))
     if folds < 2:
         return float(max(lambdas))
+    from sklearn.metrics import roc_auc_score  # sklearn takes seconds to import: only calibration fits pay for it
+    from sklearn.model_selection import StratifiedKFold
+
     splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
     results = []
     for lam in lambdas:

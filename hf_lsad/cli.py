@@ -11,6 +11,11 @@
 
 ``hf-lsad fit --method NAME --help`` lists the settings of any registered method: one flag per
 config field, generated from the config (defaults are the API's), and ``--set key=value`` for any.
+``--device`` / ``--dtype`` (collect, generate, explain) and ``--device`` / ``--kmeans-device`` (fit,
+train-sae) come from :mod:`hf_lsad.runtime`; ``--guard`` takes ``--revision`` / ``--subfolder``.
+
+    hf-lsad collect   --pool tatsu-lab/alpaca --category safe --text-field instruction --layer 20 --out acts/alpaca
+    accelerate launch --num_processes 4 -m hf_lsad.cli collect --pool safe --layer 20 --out acts/safe
 
 This module only parses and calls: each command imports what it needs when it runs, so
 ``hf-lsad --help`` imports neither torch nor transformers.
@@ -24,43 +29,71 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from .hook_point import POSITIONS
+from . import cli_arguments as arguments
+from .version import __version__
 
 DEFAULT_METHOD = "freqmask-km"
 
 
 def _collect(args: argparse.Namespace) -> None:
     from .capture import collect_activations
-    from .data import load_prompts
+    from .data import POOLS, load_prompts
     from .hook_point import HookPoint
-    from .pretrained import load_model
-    from .store import save_activations
+    from .pretrained import load_model, placement
+    from .runtime import ModelRuntime, torch_dtype
+    from .sharded_collection import finish, process_state, select, shard_of, write_part
 
-    prompts = load_prompts(args.pool, limit=args.limit, seed=args.seed)
-    model, tokenizer = load_model(args.model)
-    collected = collect_activations(
-        model, tokenizer, [p.text for p in prompts], layer=args.layer, position=args.position,
-        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-    )  # fmt: skip
-    records = [dict(p._asdict(), response=r) for p, r in zip(prompts, collected.responses)]
-    for record in records:
-        del record["text"]  # the prompt text stays in the pool; the store keeps ids
+    runtime = _runtime(args, ModelRuntime)
+    dataset = {} if args.pool in POOLS else arguments.dataset_options(args)
+    prompts = load_prompts(args.pool, limit=args.limit, seed=args.seed, **dataset)
+    if not prompts:
+        raise SystemExit(f"--pool {args.pool} holds no non-empty prompt")
+    state = process_state(runtime.device)  # one process, or one of N under accelerate launch / torchrun
+    shard = shard_of(state, len(prompts))
+    where = placement(runtime.device, state.device if shard.count > 1 else None)
+    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **where)
+    mine = select(prompts, shard)
     hook = HookPoint.from_model(model, args.layer, args.position)
-    save_activations(args.out, collected.activations, records, hook, inputs=collected.inputs)
-    print(f"wrote {len(records)} activations of {hook.layer_module} ({args.position}) to {args.out}")
+    if mine:
+        collected = collect_activations(
+            model, tokenizer, [p.text for p in mine], layer=args.layer, position=args.position,
+            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, progress=state.is_local_main_process,
+        )  # fmt: skip
+        records = [dict(p._asdict(), response=r) for p, r in zip(mine, collected.responses)]
+        for record in records:
+            del record["text"]  # the prompt text stays in the pool; the store keeps ids
+        write_part(args.out, shard, collected.activations, records, hook, inputs=collected.inputs)
+    finish(state, args.out, shard, len(prompts))
+    if state.is_main_process:
+        processes = f" by {shard.count} processes" if shard.count > 1 else ""
+        print(f"wrote {len(prompts)} activations of {hook.layer_module} ({args.position}){processes} to {args.out}")
+
+
+def _runtime(args: argparse.Namespace, cls: type) -> Any:
+    return arguments.runtime_config(args, cls)
+
+
+def _guard(args: argparse.Namespace) -> Any:
+    """The ``--guard`` at ``--revision`` / ``--subfolder``, through the strict Hub path."""
+    from .guard import SafetyGuard
+
+    return SafetyGuard.from_pretrained(args.guard, **arguments.guard_location(args))
 
 
 def _train_sae(args: argparse.Namespace) -> None:
+    from .runtime import FitRuntime, fit_device
     from .sae import SAETrainConfig, sae_stats, train_sae
     from .splits import split_safe
     from .store import load_activations
 
+    device = fit_device(_runtime(args, FitRuntime).device)
     data = load_activations(args.activations)
     split = split_safe(len(data.activations), args.holdout_fraction, args.seed)
     config = SAETrainConfig(l1_coefficient=args.l1, lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, seed=args.seed)
-    sae = train_sae(data.activations[split.fit], args.d_sae, config)
-    sae.save_pretrained(args.out)
+    sae = train_sae(data.activations[split.fit], args.d_sae, config, device=device)
+    sae.to("cpu").save_pretrained(args.out)
     stats = {"held_out": sae_stats(sae, data.activations[split.holdout]), "train": sae_stats(sae, data.activations[split.fit])}
     print(json.dumps({name: s._asdict() for name, s in stats.items()}, indent=2))
 
@@ -68,9 +101,10 @@ def _train_sae(args: argparse.Namespace) -> None:
 def _fit(args: argparse.Namespace) -> None:
     import torch
 
+    from .clustering import use_kmeans_device
     from .detectors import detector_class
     from .fitting import fit_guard
-    from .sae import SparseAutoencoder
+    from .runtime import GuardFitRuntime, fit_device
     from .settings import build_config, settings_from_args
     from .store import ActivationStore, load_activations
 
@@ -80,12 +114,24 @@ def _fit(args: argparse.Namespace) -> None:
         raise SystemExit(f"{args.method} reads SAE codes: give --sae")
     if cls.supervised != bool(args.unsafe):
         raise SystemExit(f"{args.method} is {'SUPERVISED: give' if cls.supervised else 'unsupervised: leave out'} --unsafe")
+    runtime = _runtime(args, GuardFitRuntime)
+    device = fit_device(runtime.device)
     data = ActivationStore(args.activations)  # FreqMask-KM streams it; other methods read their fit split
+    sae = None
+    if args.sae:
+        from .sae_formats import load_sae
+
+        # Any layout (hf-lsad, SAELens, sparsify, Gemma Scope); an SAE of another block than the store's is refused.
+        sae = load_sae(args.sae, hook_layer=data.hook.layer, revision=args.sae_revision,
+                       subfolder=args.sae_subfolder or None).to(device)  # fmt: skip
     unsafe = torch.cat([load_activations(folder).activations for folder in args.unsafe]) if args.unsafe else None
-    result = fit_guard(
-        data, data.hook, args.method, config, SparseAutoencoder.from_pretrained(args.sae) if args.sae else None,
-        unsafe=unsafe, target_fpr=args.target_fpr, holdout_fraction=args.holdout_fraction, seed=args.split_seed,
-    )  # fmt: skip
+    with use_kmeans_device(runtime.kmeans_device):
+        result = fit_guard(
+            data, data.hook, args.method, config, sae,
+            unsafe=unsafe, target_fpr=args.target_fpr, holdout_fraction=args.holdout_fraction, seed=args.split_seed,
+            device=device,
+        )  # fmt: skip
+    result.guard.to("cpu")
     result.guard.save_pretrained(args.out)
     print(f"fitted {result.guard.config.method} on {len(result.split.fit)} safe rows; "
           f"threshold {result.guard.threshold:.4g} at {args.target_fpr:.0%} FPR on {len(result.split.holdout)} held-out rows")  # fmt: skip
@@ -101,9 +147,8 @@ def _fit(args: argparse.Namespace) -> None:
 
 def _calibrate(args: argparse.Namespace) -> None:
     from .evaluation.protocol import calibrate_guard
-    from .guard import SafetyGuard
 
-    guard = SafetyGuard.from_pretrained(args.guard)
+    guard = _guard(args)
     try:
         calibration, labelled = calibrate_guard(
             guard, args.safe, args.unsafe, args.benign_ood, budget=args.budget, seed=args.seed,
@@ -129,10 +174,9 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 def _evaluate_guard(args: argparse.Namespace) -> None:
     from .evaluation.protocol import evaluate_guard
-    from .guard import SafetyGuard
     from .model_card import benign_ood_warning
 
-    guard = SafetyGuard.from_pretrained(args.guard)
+    guard = _guard(args)
     try:
         rows = evaluate_guard(guard, args.safe, args.unsafe, args.benign_ood)
     except ValueError as err:
@@ -178,16 +222,17 @@ def _generate(args: argparse.Namespace) -> None:
     import torch
 
     from .capture import encode_prompts
-    from .guard import SafetyGuard
     from .modeling import GuardedModelForCausalLM
-    from .pretrained import load_model
+    from .pretrained import load_model, placement
+    from .runtime import ModelRuntime, torch_dtype
 
+    runtime = _runtime(args, ModelRuntime)
     model_name = "SmolLM2-135M-Instruct (bundled GGUF)" if args.model == "default" else args.model
     guard_name = "the bundled SmolLM2 guard" if args.guard == "default" else args.guard
-    print(f"loading {model_name} and {guard_name} ...", flush=True)
-    model, tokenizer = load_model(args.model)
-    guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(args.guard))
-    inputs = encode_prompts(tokenizer, args.prompts)
+    print(f"loading {model_name} ({runtime.dtype}) and {guard_name} ...", flush=True)
+    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
+    guarded = GuardedModelForCausalLM(model, _guard(args))
+    inputs = {name: value.to(guarded.device) for name, value in encode_prompts(tokenizer, args.prompts).items()}
     print(f"generating up to {args.max_new_tokens} tokens for {len(args.prompts)} prompt(s) (greedy) ...\n", flush=True)
     with torch.no_grad():
         output = guarded.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
@@ -204,129 +249,36 @@ def _generate(args: argparse.Namespace) -> None:
               f"(score {report.score:.4g}, threshold {report.threshold:.4g}, cluster {report.cluster}{probability})\n")  # fmt: skip
 
 
-# ------------------------------------------------------------------ arguments of each command
-
-
-def _collect_arguments(parser: argparse.ArgumentParser) -> None:
-    from .data import POOLS
-
-    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
-    parser.add_argument("--pool", required=True, help=f"bundled pool ({', '.join(POOLS)}) or a datasets Hub name")
-    parser.add_argument("--limit", type=int, default=None, help="seeded random subset of this many prompts")
-    parser.add_argument("--layer", type=int, default=20)
-    parser.add_argument("--position", choices=POSITIONS, default="response_last")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
-
-
-def _train_sae_arguments(parser: argparse.ArgumentParser) -> None:
-    from .sae import SAETrainConfig
-
-    parser.add_argument("--activations", required=True)
-    parser.add_argument("--d-sae", type=int, default=2304)
-    parser.add_argument("--l1", type=float, default=SAETrainConfig.l1_coefficient)
-    parser.add_argument("--lr", type=float, default=SAETrainConfig.lr)
-    parser.add_argument("--batch-size", type=int, default=SAETrainConfig.batch_size)
-    parser.add_argument("--epochs", type=int, default=SAETrainConfig.epochs)
-    parser.add_argument("--holdout-fraction", type=float, default=0.2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
-
-
-def _fit_arguments(parser: argparse.ArgumentParser, method: str) -> None:
-    from .detectors import DETECTORS, detector_class
-    from .settings import add_config_arguments
-
-    cls = detector_class(method)
-    parser.add_argument("--activations", required=True, help="safe activation store")
-    parser.add_argument("--sae", help="SAE folder (methods that read SAE codes)")
-    parser.add_argument("--method", choices=sorted(DETECTORS), default=DEFAULT_METHOD, help="registered detector method")
-    parser.add_argument("--unsafe", nargs="+", help="unsafe stores: training positives of a SUPERVISED method only")
-    parser.add_argument("--target-fpr", type=float, default=0.05, help="safe FPR the threshold is set at")
-    parser.add_argument("--holdout-fraction", type=float, default=0.2, help="safe rows held out for the threshold")
-    parser.add_argument("--split-seed", type=int, default=0, help="seed of the fit / held-out split")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--push-to-hub", metavar="REPO", help="also push the guard, with a model card, to this Hub repo")
-    parser.add_argument("--subfolder", default="", help="folder of the guard in the Hub repo (several guards per repo)")
-    parser.add_argument("--private", action="store_true", help="create the Hub repo private")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="any config field, dotted for nested ones (kmeans.n_clusters=25); values are JSON")  # fmt: skip
-    add_config_arguments(parser, cls.config_class, title=f"{method} settings ({cls.config_class.__name__}, API defaults)")
-
-
-def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--guard", required=True)
-    parser.add_argument("--safe", required=True, help="the guard's safe store (half its held-out split is drawn)")
-    parser.add_argument("--unsafe", required=True, nargs="+", help="unsafe stores (pooled; --budget of them drawn)")
-    parser.add_argument("--benign-ood", required=True, help="benign out-of-distribution store (--budget drawn)")
-    parser.add_argument("--budget", type=float, default=0.01, help="coupled budget p")
-    parser.add_argument("--probability-threshold", type=float, default=0.5, help="flag rows above this probability")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
-
-
-def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
-    from .sae import SAETrainConfig
-
-    parser.add_argument("--guard", help="a fitted guard: evaluate it alone (the simple mode)")
-    parser.add_argument("--safe", required=True, help="safe store (guard mode: the store the guard was fitted on)")
-    parser.add_argument("--unsafe", required=True, nargs="+", help="unsafe stores; the folder name is the category")
-    parser.add_argument("--benign-ood", help="benign out-of-distribution store: its flag rate (guard mode), test negatives (grid mode)")
-    parser.add_argument("--grid", help="grid mode: grid JSON file (hf_lsad.evaluation.GridConfig fields)")
-    parser.add_argument("--seeds", type=int, nargs="+", help="grid mode: override the grid's seeds")
-    parser.add_argument("--sae", help="grid mode: SAE folder; trained on the safe fit split and saved there if absent")
-    parser.add_argument("--d-sae", type=int, default=2304, help="width of an SAE trained here")
-    parser.add_argument("--sae-l1", type=float, default=SAETrainConfig.l1_coefficient)
-    parser.add_argument("--sae-epochs", type=int, default=SAETrainConfig.epochs)
-    parser.add_argument("--sae-seed", type=int, default=0)
-    parser.add_argument("--out", help="grid mode: report folder")
-    parser.add_argument("--title", default="hf-lsad evaluation", help="grid mode: report title")
-    parser.add_argument("--command-line", help="grid mode: the command recorded in the report (default: this one)")
-
-
-def _generate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompts", nargs="+")
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--guard", default="default", help="guard folder or Hub repo; 'default' = the bundled guard")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-
-
 def _explain(args: argparse.Namespace) -> None:
     from .explain_cli import explain_command
 
     explain_command(args)
 
 
-def _explain_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompts", nargs="+")
-    parser.add_argument("--guard", default="default", help="guard folder or Hub repo; 'default' = the bundled guard")
-    parser.add_argument("--activations", required=True, help="activation store whose prompts illustrate each feature")
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--top-k", type=int, default=10, help="features listed per prompt")
-    parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")
-
-
 COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace], None], str]] = {
-    "collect": ("collect residual-stream activations of a prompt pool", _collect_arguments, _collect, ""),
-    "train-sae": ("train a ReLU+L1 SAE on the fit split of safe activations", _train_sae_arguments, _train_sae, ""),
-    "fit": ("fit a guard of any registered method on safe activations", _fit_arguments, _fit, ""),
-    "calibrate": ("per-cluster affine calibration from a small labelled budget", _calibrate_arguments, _calibrate, ""),
+    "collect": (
+        "collect residual-stream activations of a prompt pool",
+        arguments.collect_arguments,
+        _collect,
+        "Under accelerate launch (or torchrun) each process collects a contiguous shard of the prompts on its own "
+        "device and process 0 merges the shards, in prompt order, into one store (hf_lsad.sharded_collection).",
+    ),
+    "train-sae": ("train a ReLU+L1 SAE on the fit split of safe activations", arguments.train_sae_arguments, _train_sae, ""),
+    "fit": ("fit a guard of any registered method on safe activations", arguments.fit_arguments, _fit, ""),
+    "calibrate": ("per-cluster affine calibration from a small labelled budget", arguments.calibrate_arguments, _calibrate, ""),
     "evaluate": (
         "evaluate one guard (--guard), or run a method grid and write a report folder (--out)",
-        _evaluate_arguments,
+        arguments.evaluate_arguments,
         _evaluate,
         "With --guard: AUROC, TPR@5%FPR and flag rate of that guard against unsafe stores. Without: fit every "
         "method of a grid (--grid JSON, default hf_lsad.evaluation.default_grid) on the safe store's fit split, "
         "select hyperparameters on its validation split, and write report.md + results.json to --out "
         "(protocol in hf_lsad.evaluation.protocol).",
     ),
-    "generate": ("guarded generation with a safety report per prompt", _generate_arguments, _generate, ""),
+    "generate": ("guarded generation with a safety report per prompt", arguments.generate_arguments, _generate, ""),
     "explain": (
         "the SAE features behind a guard's score, each with the store prompts that activate it most",
-        _explain_arguments,
+        arguments.explain_arguments,
         _explain,
         "",
     ),
@@ -350,11 +302,12 @@ def build_parser(command: str | None = None, method: str = DEFAULT_METHOD) -> ar
     """The parser; only ``command``'s arguments are built (they may import the library), the others list their help."""
     parser = argparse.ArgumentParser(prog="hf-lsad", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (hf-lsad command only)")
+    parser.add_argument("--version", action="version", version=f"hf-lsad {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, (summary, add_arguments, run, description) in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=description or summary)
         if name == command:
-            add_arguments(sub, method) if name == "fit" else add_arguments(sub)
+            add_arguments(sub, method, DEFAULT_METHOD) if name == "fit" else add_arguments(sub)
         sub.set_defaults(run=run)
     return parser
 

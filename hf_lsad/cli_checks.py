@@ -60,24 +60,71 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         for value in values if isinstance(values, list) else [values] if values else []:
             if not Path(value).is_dir():
                 parser.error(f"argument {_flag(name)}: no activation store folder {value!r}")
-    if args.command == "fit" and getattr(args, "sae", None) and not (Path(args.sae) / "config.json").is_file():
-        parser.error(f"argument --sae: {args.sae!r} is not an SAE folder (no config.json in it)")
+    if args.command == "fit" and getattr(args, "sae", None):
+        _check_sae(parser, args.sae, args.sae_subfolder)
     if getattr(args, "grid", None) and not Path(args.grid).is_file():
         parser.error(f"argument --grid: no file {args.grid!r}")
+    device = getattr(args, "runtime:device", None)
+    if device is not None:
+        from .runtime import check_device
+
+        try:
+            check_device(device)
+        except ValueError as err:
+            parser.error(f"argument --device: {_one_line(err)}")
+    if getattr(args, "runtime:kmeans_device", None) == "gpu":
+        from .clustering import kmeans_device
+
+        try:
+            kmeans_device("gpu")
+        except RuntimeError as err:
+            parser.error(f"argument --kmeans-device: {_one_line(err)}")
     if getattr(args, "guard", None):
-        _check_guard(parser, args.guard)
+        _check_guard(parser, args.guard, getattr(args, "subfolder", "") if args.command != "fit" else "")
     if args.command == "collect":
+        _check_pool(parser, args)
         _check_layer(parser, args.model, args.layer)
 
 
-def _check_guard(parser: argparse.ArgumentParser, name: str) -> None:
+def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A bundled pool takes no dataset flags; a dataset pool needs ``--category``."""
+    from .cli_arguments import DATASET_FLAGS
+    from .data import POOL_CATEGORY, POOLS
+
+    given = [_flag(name) for name in DATASET_FLAGS if getattr(args, name, None) is not None]
+    if args.pool in POOLS and given:
+        parser.error(f"argument {given[0]}: only for a dataset --pool; the bundled pool {args.pool!r} is "
+                     f"category {POOL_CATEGORY[args.pool]!r}")  # fmt: skip
+    if args.pool not in POOLS and not args.category:
+        parser.error(f"argument --category: required for the dataset pool {args.pool!r} (e.g. safe, harmful); "
+                     f"bundled pools: {', '.join(POOLS)}")  # fmt: skip
+
+
+def _check_sae(parser: argparse.ArgumentParser, name: str, subfolder: str) -> None:
+    """A local ``--sae`` folder must hold an SAE of a known layout; a Hub id is checked when it is downloaded."""
+    from .hub import _looks_like_path
+
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        if folder.exists() or _looks_like_path(name):
+            parser.error(f"argument --sae: no SAE folder {name!r}")
+        return
+    from .sae_formats import detect_sae_layout
+
+    try:
+        detect_sae_layout(folder / subfolder if subfolder else folder)
+    except (ValueError, OSError) as err:
+        parser.error(f"argument --sae: {_one_line(err)}")
+
+
+def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> None:
     from .guard import SafetyGuard
     from .hub import _looks_like_path
 
     if name != "default" and not Path(name).expanduser().exists() and not _looks_like_path(name):
         return  # a Hub repo id: checked when it is downloaded
     try:
-        SafetyGuard.from_pretrained(name)
+        SafetyGuard.from_pretrained(name, **({"subfolder": subfolder} if subfolder else {}))
     except (ValueError, OSError) as err:
         parser.error(f"argument --guard: {_one_line(err)}")
 

@@ -18,10 +18,20 @@ faiss, handed exactly that many points, does not subsample again. The default
 is large enough to train on every point at the sizes this package used to fit
 in memory; at the paper's scale (200k rows, K=100) pass faiss's own default,
 256, to train on a 25.6k-row sample.
+
+Device. k-means runs on a GPU when faiss's GPU API is there (a ``faiss-gpu`` build:
+``faiss.StandardGpuResources`` exists and ``faiss.get_num_gpus() > 0``), else on the CPU
+(:func:`kmeans_device`). ``use_kmeans_device("cpu")`` / ``("gpu")`` pins it for the fits
+run inside it (``hf-lsad fit --kmeans-device``); asking for ``gpu`` where faiss has no GPU
+is an error, never a quiet CPU run. The device is not a :class:`KMeansConfig` field: it
+changes the centroids only by float rounding, and a guard fitted on either loads anywhere.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -32,6 +42,10 @@ from torch import Tensor
 
 ClusterMetric = Literal["l2", "l1", "hamming"]
 CLUSTER_METRICS = get_args(ClusterMetric)
+KMeansDevice = Literal["auto", "cpu", "gpu"]
+KMEANS_DEVICES = get_args(KMeansDevice)
+
+_KMEANS_DEVICE: ContextVar[str] = ContextVar("hf_lsad_kmeans_device", default="auto")
 
 
 @dataclass
@@ -97,9 +111,51 @@ def fit_kmeans(vectors: Tensor, config: KMeansConfig) -> Tensor:
     params.verbose = False
     clustering = faiss.Clustering(d, config.n_clusters, params)
     index = faiss.IndexFlat(d, faiss.METRIC_L1) if config.metric == "l1" else faiss.IndexFlatL2(d)
+    if kmeans_device(_KMEANS_DEVICE.get()) == "gpu":
+        # the assignment step (the cost of k-means) on GPU 0; faiss's GPU flat index has L2 and L1
+        resources = faiss.StandardGpuResources()
+        index = faiss.index_cpu_to_gpu(resources, 0, index)
     clustering.train(np.ascontiguousarray(vectors.detach().cpu().numpy(), dtype=np.float32), index)
     centroids = faiss.vector_float_to_array(clustering.centroids).reshape(config.n_clusters, d)
     return torch.from_numpy(centroids.copy()).to(vectors.device)
+
+
+def faiss_gpu_count() -> int:
+    """GPUs faiss can run on: 0 for a build without the GPU API (``faiss-cpu``) or a machine without GPUs."""
+    if not hasattr(faiss, "StandardGpuResources") or not hasattr(faiss, "get_num_gpus"):
+        return 0
+    return int(faiss.get_num_gpus())
+
+
+def kmeans_device(requested: str = "auto") -> str:
+    """``"gpu"`` or ``"cpu"``: where k-means runs for ``requested`` (``auto``: the GPU when faiss has one).
+
+    Raises:
+        ValueError: ``requested`` is not one of :data:`KMEANS_DEVICES`.
+        RuntimeError: ``gpu`` was requested but faiss has no GPU API or sees no GPU.
+    """
+    if requested not in KMEANS_DEVICES:
+        raise ValueError(f"unknown k-means device {requested!r}; choose one of {KMEANS_DEVICES}")
+    gpus = faiss_gpu_count()
+    if requested == "gpu" and gpus == 0:
+        api = hasattr(faiss, "StandardGpuResources")
+        build = "sees no GPU" if api else "has no GPU API (a faiss-cpu build: install faiss-gpu)"
+        raise RuntimeError(f"GPU k-means was requested but faiss {getattr(faiss, '__version__', '')} {build}")
+    return "gpu" if requested == "gpu" or (requested == "auto" and gpus > 0) else "cpu"
+
+
+@contextmanager
+def use_kmeans_device(device: str) -> Iterator[str]:
+    """Run the k-means of fits inside the block on ``device`` (``auto``, ``cpu``, ``gpu``); yields the one chosen.
+
+    Checked on entry (:func:`kmeans_device`), so a ``gpu`` request without faiss GPUs fails before any fit.
+    """
+    chosen = kmeans_device(device)
+    token = _KMEANS_DEVICE.set(device)
+    try:
+        yield chosen
+    finally:
+        _KMEANS_DEVICE.reset(token)
 
 
 def assign_clusters(vectors: Tensor, centroids: Tensor, metric: str) -> Tensor:

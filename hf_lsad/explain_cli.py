@@ -18,19 +18,24 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
     Runs the guard on each prompt (a forward pass cut at the hooked block for a
     ``prompt_last`` guard, greedy generation otherwise) and prints its report with the
     top features, each followed by the store's prompts that activate it most.
-    ``args``: ``guard``, ``activations``, ``model`` (default ``default``), ``top_k``
-    (default 10), ``examples`` (default 3), ``prompts``, ``max_new_tokens`` (default 64).
+    ``args``: ``guard`` (with ``revision`` / ``subfolder``), ``activations``, ``model`` (default
+    ``default``), ``top_k`` (default 10), ``examples`` (default 3), ``prompts``, ``max_new_tokens``
+    (default 64), and the ``--device`` / ``--dtype`` flags (:class:`~hf_lsad.runtime.ModelRuntime`).
     """
     import sys
 
+    from .cli_arguments import guard_location, runtime_config
     from .guard import SafetyGuard
     from .modeling import GuardedModelForCausalLM
-    from .pretrained import load_model
+    from .pretrained import load_model, placement
+    from .runtime import ModelRuntime, torch_dtype
     from .store import ActivationStore
 
     out = out or sys.stdout
-    guard = SafetyGuard.from_pretrained(args.guard)
-    model, tokenizer = load_model(getattr(args, "model", None) or "default")
+    runtime = runtime_config(args, ModelRuntime)
+    guard = SafetyGuard.from_pretrained(args.guard, **guard_location(args))
+    model, tokenizer = load_model(getattr(args, "model", None) or "default", dtype=torch_dtype(runtime.dtype),
+                                  **placement(runtime.device))  # fmt: skip
     guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
     top_k = getattr(args, "top_k", None) or 10
     if guard.config.hook.position == "prompt_last":
@@ -38,7 +43,7 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
     else:
         from .capture import encode_prompts
 
-        inputs = encode_prompts(tokenizer, list(args.prompts))
+        inputs = {name: value.to(guarded.device) for name, value in encode_prompts(tokenizer, list(args.prompts)).items()}
         reports = guarded.generate(
             **inputs,
             max_new_tokens=getattr(args, "max_new_tokens", None) or 64,

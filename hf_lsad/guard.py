@@ -21,6 +21,7 @@ SHA-256 of each tensor file and the settings the threshold was set for, checked 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -188,14 +189,14 @@ class SafetyGuard(nn.Module):
 
     @torch.no_grad()
     def forward(self, activations: Tensor) -> GuardOutput:
-        """Score ``[batch, hidden_size]`` activations (any float dtype, any device of the guard)."""
+        """Score ``[batch, hidden_size]`` activations (any float dtype, any device: moved to the guard's)."""
         return self._score(activations)[0]
 
     @torch.no_grad()
     def _score(self, activations: Tensor) -> tuple[GuardOutput, Tensor | None]:
         """The output and, for a calibrated guard, the probabilities it flagged by (computed once)."""
         check_activations(activations, self.config.hook.hidden_size)
-        scores, clusters = self.detector(activations.float(), self.sae)
+        scores, clusters = self.detector(self._on_guard(activations), self.sae)
         if self.calibration is None:
             return GuardOutput(scores, clusters, scores > self.config.threshold), None
         probabilities = self.calibration.probabilities(scores, clusters)
@@ -260,7 +261,13 @@ class SafetyGuard(nn.Module):
         ``NotImplementedError``.
         """
         check_activations(activations, self.config.hook.hidden_size)
-        return explain_scores(self.detector, self.sae, activations.float(), top_k=top_k)
+        return explain_scores(self.detector, self.sae, self._on_guard(activations), top_k=top_k)
+
+    def _on_guard(self, activations: Tensor) -> Tensor:
+        """``activations`` as float32 on the guard's device: a model split over devices (``device_map="auto"``)
+        records block L wherever that block lives, not where the guard is."""
+        tensor = next(itertools.chain(self.buffers(), self.parameters()), None)
+        return activations.to(tensor.device if tensor is not None else activations.device, torch.float32)
 
     def save_pretrained(
         self,

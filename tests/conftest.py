@@ -59,3 +59,16 @@ def hub_cache(tmp_path: Path) -> Path:
     cache = tmp_path / "hf-cache"
     cache.mkdir()
     return cache
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny seeded Llama saved as a model folder, what a user passes as ``--model``; its name,
+    ``tiny-llama``, is the tiny guards' base model."""
+    from hf_lsad.testing import tiny_model
+
+    path = tmp_path_factory.mktemp("models") / "tiny-llama"
+    model, tokenizer = tiny_model("llama", seed=0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -9,17 +9,6 @@ import pytest
 from hf_lsad.cli import main
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.store import load_activations
-from hf_lsad.testing import tiny_model
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    # A saved model folder is what a user passes as --model; its name is the guard's base model.
-    path = tmp_path_factory.mktemp("models") / "tiny-llama"
-    model, tokenizer = tiny_model("llama", seed=0)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def test_cli_pipeline(model_dir, tmp_path, capsys):

@@ -339,8 +339,8 @@ class _FakeDataset:
 def fake_datasets(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     calls: list[tuple] = []
 
-    def load_dataset(name: str, config: str | None = None, split: str = "train") -> _FakeDataset:
-        calls.append((name, config, split))
+    def load_dataset(path: str, name: str | None = None, split: str = "train") -> _FakeDataset:
+        calls.append((path, name, split))
         return _FakeDataset({"instruction": ["Say hi", "  ", "", None, "Add 2 and 2"] + [f"q{i}" for i in range(20)]})
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
@@ -348,7 +348,7 @@ def fake_datasets(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
 
 
 def test_load_hub_prompts_with_fake_datasets(fake_datasets: list[tuple]) -> None:
-    rows = load_hub_prompts("org/ds", text_field="instruction", category="safe", config="cfg", split="test")
+    rows = load_hub_prompts("org/ds", text_field="instruction", category="safe", name="cfg", split="test")
     assert fake_datasets == [("org/ds", "cfg", "test")]
     assert [p.text for p in rows[:2]] == ["Say hi", "Add 2 and 2"]
     assert len(rows) == 22  # empty / whitespace / None dropped

@@ -12,17 +12,18 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "hf_lsad"
 LAYERS = [
-    ["version", "errors", "hook_point", "config_validation", "serialization", "settings", "metrics", "checks", "splits",
-     "refusal", "fit_checks", "guard_integrity", "prompt_inputs"],
+    ["version", "errors", "hook_point", "runtime", "config_validation", "serialization", "settings", "metrics", "checks",
+     "splits", "refusal", "fit_checks", "guard_integrity", "prompt_inputs"],
     ["store", "data", "data.pools", "data.chat_filters"],
     ["sae", "clustering", "masks", "scores", "threshold", "calibration", "explain", "running_guard"],
     ["detectors.base", "detectors.freqmask", "detectors.learned_mask", "detectors.mahalanobis", "detectors.gmm",
      "detectors.ocsvm", "detectors.deep_svdd", "detectors.cvdd", "detectors.linear_probe", "detectors.knn", "detectors"],
     ["hub", "sae_formats", "model_card", "guard", "fitting"],
-    ["capture", "input_checks", "generation_control", "pipeline", "running_fit", "modeling", "pretrained", "testing"],
+    ["capture", "input_checks", "generation_control", "pipeline", "running_fit", "modeling", "pretrained", "sharded_collection",
+     "testing"],
     ["evaluation.protocol", "evaluation.diagnostics", "evaluation.grid", "evaluation.sae_cache", "evaluation.report",
      "evaluation.evaluate_metric", "evaluation"],
-    ["cli_checks", "explain_cli", "cli", "__init__"],
+    ["cli_arguments", "cli_checks", "explain_cli", "cli", "__init__"],
 ]  # fmt: skip
 LAYER = {module: i for i, modules in enumerate(LAYERS) for module in modules}
 
@@ -100,4 +101,11 @@ def test_identity_and_detector_layers_import_without_transformers():
 
 def test_help_imports_neither_torch_nor_transformers():
     code = "import sys; from hf_lsad.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_loading_and_scoring_a_guard_imports_no_sklearn():
+    # scikit-learn takes seconds to import: only fits (GMM, One-Class SVM, calibration) and metrics pay for it.
+    code = ("import sys, torch; from hf_lsad.guard import SafetyGuard; g = SafetyGuard.from_pretrained('default'); "
+            "g(torch.zeros(2, g.config.hook.hidden_size)); print('sklearn' in sys.modules)")  # fmt: skip
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

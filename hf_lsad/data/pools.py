@@ -218,31 +218,32 @@ def load_hub_prompts(
     split: str = "train",
     text_field: str = "prompt",
     category: str,
-    config: str | None = None,
+    name: str | None = None,
     limit: int | None = None,
     seed: int = 0,
     domain: str | None = None,
 ) -> list[Prompt]:
-    """Load prompts from a Hugging Face Hub dataset (needs ``datasets`` and internet or a local cache).
+    """Load prompts from a Hugging Face Hub dataset or a local one (needs ``datasets``; internet or a cache for the Hub).
 
     Args:
-        dataset: Hub dataset name or local path, passed to ``datasets.load_dataset``.
+        dataset: Hub dataset name or a local path (a folder of JSON / CSV / Parquet files, or
+            a saved dataset script's folder), passed to ``datasets.load_dataset`` as ``path``.
         split: Split to load.
         text_field: Column holding the prompt text.
         category: Category to attach to every prompt (e.g. ``"safe"``, ``"harmful"``).
-        config: Dataset configuration name, if any.
+        name: Dataset configuration name, if any (``datasets.load_dataset(path, name=...)``).
         limit: Optional seeded random subset size (applied after dropping empty texts).
         seed: Seed for the subset.
         domain: Domain to attach to every prompt (default: ``source``, see below).
 
     Returns:
-        List of :class:`Prompt` with ids ``"<category>-<dataset>-<row>"`` (``row`` is the
-        index in the split), ``source`` the dataset name (``"name:config"`` with a config),
+        List of :class:`Prompt` with ids ``"<category>-<source>-<row>"`` (``row`` is the
+        index in the split), ``source`` the dataset name (``"dataset:name"`` with a configuration),
         ``license`` from the dataset info, or ``"unknown"``, and ``domain``.
 
     Raises:
         ImportError: ``datasets`` is not installed.
-        ValueError: ``text_field`` is not a column of the split, or ``limit`` is negative.
+        ValueError: ``text_field`` is not a column of the split, ``category`` is empty, or ``limit`` is negative.
     """
     try:
         import datasets  # lazy: heavy import, optional for offline use
@@ -251,14 +252,16 @@ def load_hub_prompts(
 
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be a non-negative int or None, got {limit!r}")
-    ds = datasets.load_dataset(dataset, config, split=split)
+    if not isinstance(category, str) or not category.strip():
+        raise ValueError(f"category must name what the prompts are (e.g. 'safe', 'harmful'), got {category!r}")
+    ds = datasets.load_dataset(dataset, name=name, split=split)
     columns = list(getattr(ds, "column_names", None) or [])
     if text_field not in columns:
         raise ValueError(
             f"text field {text_field!r} not found in {dataset!r} (split {split!r}); "
             f"available columns: {columns}"
         )
-    source = f"{dataset}:{config}" if config else dataset
+    source = f"{dataset}:{name}" if name else dataset
     info = getattr(ds, "info", None)
     license_ = (getattr(info, "license", None) or "unknown") if info is not None else "unknown"
     prompts = []
@@ -273,7 +276,8 @@ def load_prompts(source: str, **kw: Any) -> list[Prompt]:
     """Load prompts from a bundled pool name or a Hub dataset.
 
     ``source`` in :data:`POOLS` goes to :func:`load_pool` (accepts ``limit``, ``seed``);
-    anything else goes to :func:`load_hub_prompts` (``category`` is then required).
+    anything else goes to :func:`load_hub_prompts` (``category`` is then required; ``split``,
+    ``text_field``, ``name`` and ``domain`` are passed on).
     """
     if source in POOLS:
         return load_pool(source, **kw)

@@ -22,8 +22,6 @@ from typing import Literal, get_args
 
 import numpy as np
 import torch
-from sklearn.mixture import GaussianMixture
-from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 
 from ..checks import check_activations
@@ -36,6 +34,8 @@ INIT_PARAMS = get_args(InitParams)
 
 def fit_standardizer(activations: Tensor) -> tuple[Tensor, Tensor]:
     """Per-dimension mean and scale (float64) of ``activations``, as ``StandardScaler`` (zero std -> 1)."""
+    from sklearn.preprocessing import StandardScaler  # sklearn takes seconds to import: only fits pay for it
+
     scaler = StandardScaler().fit(activations.detach().double().cpu().numpy())
     return torch.from_numpy(scaler.mean_), torch.from_numpy(scaler.scale_)
 
@@ -115,6 +115,8 @@ class GaussianMixtureDetector(Detector):
             )
         mean, scale = fit_standardizer(activations)
         x = ((activations.detach().double().cpu() - mean) / scale).numpy()
+        from sklearn.mixture import GaussianMixture  # imported by fits only (seconds)
+
         mixture = GaussianMixture(
             n_components=config.n_components,
             covariance_type="diag",

@@ -33,7 +33,6 @@ from typing import Literal, get_args
 
 import numpy as np
 import torch
-from sklearn.svm import OneClassSVM
 from torch import Tensor
 
 from ..checks import check_activations
@@ -132,6 +131,8 @@ class OneClassSVMDetector(Detector):
             rows = rows[keep.to(rows.device)]
         mean, scale = fit_standardizer(rows)
         x = ((rows.double().cpu() - mean) / scale).numpy()
+        from sklearn.svm import OneClassSVM  # sklearn takes seconds to import: only fits pay for it
+
         svm = OneClassSVM(
             kernel=config.kernel, nu=config.nu, gamma=config.gamma, tol=config.tol, cache_size=config.cache_size
         ).fit(x)

@@ -9,8 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import datasets
-import evaluate
 import numpy as np
+
+try:
+    import evaluate
+except ImportError as err:  # an optional dependency: only this adapter needs it
+    raise ImportError(
+        "hf_lsad.evaluation.evaluate_metric needs the 'evaluate' package: pip install 'hf-lsad[metrics]'"
+    ) from err
 
 from ..metrics import auroc, fpr_at_tpr, tpr_at_fpr
 

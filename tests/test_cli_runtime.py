@@ -1,0 +1,121 @@
+"""The commands' ``--device`` / ``--dtype`` / ``--kmeans-device``, ``--guard`` at ``--revision`` / ``--subfolder``,
+``--version``, and dataset pools in ``collect``: bad values are one-line usage errors before any model loads."""
+
+from __future__ import annotations
+
+import json
+
+import faiss
+import pytest
+import torch
+from huggingface_hub.errors import EntryNotFoundError
+from tiny import fresh_guard
+
+from hf_lsad import pretrained
+from hf_lsad.cli import entry, main
+from hf_lsad.pretrained import placement
+from hf_lsad.store import load_activations
+from hf_lsad.version import __version__
+
+
+def usage_error(capsys, monkeypatch, *argv: str) -> str:
+    """Run the command, which must stop with a usage error (exit 2: argparse's usage, then one error line)
+    without loading a model; return the error line."""
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(pretrained, "load_model", no_model)
+    with pytest.raises(SystemExit) as exit_:
+        entry(list(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and err[0].startswith("usage: hf-lsad") and ": error: " in err[-1], err
+    assert not any("Traceback" in line for line in err)
+    return err[-1]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        entry(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"hf-lsad {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--device", "gpu0"], "argument --device: 'gpu0' is not a device: use auto, cpu, cuda"),
+        (["--device", "cuda:99"], "argument --device: 'cuda:99': "),
+        (["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8' (choose from 'fp32', 'bf16', 'fp16')"),
+    ],
+)
+def test_bad_device_and_dtype_fail_before_the_model_loads(capsys, monkeypatch, tmp_path, flags, expected):
+    for argv in (["collect", "--pool", "harmful", "--layer", "1", "--out", str(tmp_path / "x")], ["generate", "hi"]):
+        assert expected in usage_error(capsys, monkeypatch, *argv, *flags)
+
+
+@pytest.mark.skipif(hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0, reason="faiss has GPUs here")
+def test_gpu_kmeans_without_faiss_gpus_is_a_usage_error(capsys, monkeypatch, tmp_path):
+    (tmp_path / "store").mkdir()
+    err = usage_error(capsys, monkeypatch, "fit", "--activations", str(tmp_path / "store"), "--kmeans-device", "gpu",
+                      "--method", "mahalanobis", "--out", str(tmp_path / "g"))  # fmt: skip
+    assert "argument --kmeans-device: GPU k-means was requested but faiss" in err
+
+
+def test_dataset_flags_belong_to_dataset_pools(capsys, monkeypatch, tmp_path):
+    out = ["--layer", "1", "--out", str(tmp_path / "x")]
+    err = usage_error(capsys, monkeypatch, "collect", "--pool", "harmful", "--text-field", "instruction", *out)
+    assert "argument --text-field: only for a dataset --pool; the bundled pool 'harmful' is category 'harmful'" in err
+    err = usage_error(capsys, monkeypatch, "collect", "--pool", str(tmp_path), *out)
+    assert f"argument --category: required for the dataset pool '{tmp_path}'" in err
+
+
+def test_collect_reads_a_local_dataset_folder(model_dir, tmp_path):
+    # datasets.load_dataset on a folder of JSON lines: what a user does with a Hub dataset, offline.
+    (tmp_path / "prompts").mkdir()
+    rows = [{"instruction": f"tell me fact number {i}", "other": i} for i in range(6)] + [{"instruction": " ", "other": 6}]
+    (tmp_path / "prompts" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main(["collect", "--model", str(model_dir), "--pool", str(tmp_path / "prompts"), "--category", "safe", "--split",
+          "test", "--text-field", "instruction", "--limit", "4", "--layer", "1", "--position", "prompt_last",
+          "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path / "store")])  # fmt: skip
+    store = load_activations(tmp_path / "store")
+    source = str(tmp_path / "prompts")
+    assert store.activations.shape == (4, 32)
+    assert {r["category"] for r in store.records} == {"safe"} and {r["source"] for r in store.records} == {source}
+    assert all(r["id"].startswith(f"safe-{source}-") and int(r["id"].rsplit("-", 1)[1]) < 6 for r in store.records)
+
+
+def test_collect_refuses_a_dataset_without_prompts(tmp_path, capsys):
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "train.jsonl").write_text(json.dumps({"prompt": "  "}) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        entry(["collect", "--pool", str(tmp_path / "prompts"), "--category", "safe", "--layer", "1",
+               "--out", str(tmp_path / "store")])  # fmt: skip
+    assert exit_.value.code == 2 and "holds no non-empty prompt" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()
+
+
+def test_generate_in_bf16_with_a_guard_in_a_subfolder(model_dir, tmp_path, capsys):
+    guard = fresh_guard("prompt_last")
+    guard.save_pretrained(tmp_path / "guards" / "screen")
+    main(["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guards"), "--subfolder", "screen",
+          "--dtype", "bf16", "--device", "cpu", "--max-new-tokens", "2", "hi there"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "(bf16)" in out and out.count("safety:") == 1 and f"threshold {guard.threshold:.4g}" in out
+
+
+def test_generate_reads_a_guard_at_a_hub_revision(model_dir, hub_server, capsys):
+    repo = f"hf-lsad-org/runtime-{id(capsys):x}"
+    guard = fresh_guard("prompt_last")
+    guard.push_to_hub(repo, subfolder="screen", revision="v1")
+    argv = ["generate", "--model", str(model_dir), "--guard", repo, "--subfolder", "screen", "--max-new-tokens", "1", "hi"]
+    main([*argv, "--revision", "v1"])
+    assert f"threshold {guard.threshold:.4g}" in capsys.readouterr().out
+    with pytest.raises(EntryNotFoundError, match="has no subfolder 'screen' at revision 'main'"):
+        main(argv)  # the guard was pushed to the branch v1 only
+
+
+def test_placement_of_a_model():
+    assert placement("cpu") == {} and placement("cuda:1") == {"device_map": {"": "cuda:1"}}
+    assert placement("auto", torch.device("cuda", 1)) == {"device_map": {"": "cuda:1"}}
+    assert placement("auto", torch.device("cpu")) == {}
+    assert placement("auto") == ({"device_map": "auto"} if torch.cuda.is_available() else {})
