@@ -11,12 +11,7 @@ from collections.abc import Sequence
 import datasets
 import numpy as np
 
-try:
-    import evaluate
-except ImportError as err:  # an optional dependency: only this adapter needs it
-    raise ImportError(
-        "hf_lsad.evaluation.evaluate_metric needs the 'evaluate' package: pip install 'hf-lsad[metrics]'"
-    ) from err
+import evaluate  # a dependency only this adapter imports: no command pays its import time
 
 from ..metrics import auroc, fpr_at_tpr, tpr_at_fpr
 
