@@ -14,7 +14,7 @@
    tokens of plain ``generate`` in the same batch.
 
 The load average (``/proc/loadavg``) is recorded before and after: this machine is shared.
-Writes ``benchmarks/results/screen_throughput.json``.
+Writes ``benchmarks/results/<--name>.json`` (default ``screen_throughput``).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--harmful", type=int, default=0, help="harmful prompts for the stop check (0: the whole pool)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--skip-stop-check", action="store_true")
+    parser.add_argument("--name", default="screen_throughput", help="results file stem")
     args = parser.parse_args()
 
     load_before = load_average()
@@ -139,7 +140,7 @@ def main() -> None:
         "screen_over_forward_cut": ratio,
         "stop_check": stop_check,
     }
-    print(f"wrote {write_result('screen_throughput', record)}")
+    print(f"wrote {write_result(args.name, record)}")
 
 
 if __name__ == "__main__":
