@@ -6,7 +6,6 @@ here add ties at the operating point and the new functions.
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 import pytest
@@ -109,15 +108,3 @@ def test_tpr_at_five_percent_fpr_when_tied_negatives_jump_past_it():
     assert tpr_at_fpr(negatives, positives, 0.10) == pytest.approx(0.75)
     # AUROC by hand: 31 beats 20, 30 beats 18 and ties 2 (19), 25 beats 18, 1 beats 0 and ties 1 (1.5)
     assert auroc(negatives, positives) == pytest.approx((20 + 19 + 18 + 1.5) / 80)
-
-
-def test_the_evaluate_adapter_says_how_to_install_its_optional_dependency(monkeypatch):
-    import importlib
-
-    import hf_lsad.evaluation.evaluate_metric as module
-
-    monkeypatch.setitem(sys.modules, "evaluate", None)  # as if evaluate were not installed
-    with pytest.raises(ImportError, match=r"needs the 'evaluate' package: pip install 'hf-lsad\[metrics\]'"):
-        importlib.reload(module)
-    monkeypatch.undo()
-    importlib.reload(module)  # the module as the other tests use it
