@@ -285,10 +285,33 @@ def cell(entry: dict[str, Any], key: str) -> str:
     return f"{sd.fmt(u)} / {sd.fmt(c)}"
 
 
+def calibrated_selection(record: dict[str, Any], names: list[str]) -> list[str]:
+    """Per unsupervised method, the layer and config (every config tried, not only the uncalibrated pick)
+    with the best *calibrated* validation AUROC harmful vs chat: the rule the shipped guard is chosen by."""
+    lines = ["", "Best layer and config per method with the paper's calibration (by calibrated validation AUROC "
+             "harmful vs chat, over every config tried; test numbers calibrated):", "",
+             "| method | layer | config | val AUROC chat | val TPR@5% chat | AUROC chat | AUROC task | TPR@5% chat | "
+             "test chat flag rate | probe AUROC chat (same features, that layer) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        candidates = [(layer, lo, e) for layer, lo in record["layers"].items() if name in lo["methods"]
+                      and not lo["methods"][name].get("supervised") for e in lo["methods"][name]["configs"] if e.get("cal")]
+        if not candidates:
+            continue
+        layer, lo, e = max(candidates, key=lambda t: t[2]["cal"].get("val_auroc_chat", -1))
+        probes = {m["features"]: m["configs"][0] for m in lo["methods"].values() if m.get("supervised")}
+        p = probes.get(lo["methods"][name]["features"], {"uncal": {}})["uncal"]
+        c = e["cal"]
+        lines.append(f"| {name} | {layer} | {e['config']} | {sd.fmt(c.get('val_auroc_chat'))} | {sd.fmt(c.get('val_tpr5_chat'))} | "
+                     f"{sd.fmt(c.get('auroc_chat'))} | {sd.fmt(c.get('auroc_task'))} | {sd.fmt(c.get('tpr5_chat'))} | "
+                     f"{sd.fmt(c.get('chat_test_flag_rate'))} | {sd.fmt(p.get('auroc_chat'))} |")
+    return lines
+
+
 def markdown(record: dict[str, Any]) -> str:
     lines = [f"# Chat study: {record['model']} {record['position']}", "",
              f"Command: `{record['env']['command']}` ({record['env']['utc']}, wall {record.get('wall_seconds', '-')} s, "
              f"load average {record['env']['load_average']}). {record.get('status', '')}", "",
+             *[f"Merged with: `{c}`" for c in record.get("merged_commands", [])], "",
              "Protocol: `benchmarks/study_data.py` (fit on the fit split of all benign domains; hyperparameters selected "
              "by validation AUROC harmful vs chat; all numbers on test). Positives: harmful test + harmful_vauban. "
              "Cells: uncalibrated / calibrated (per-cluster affine, 1% budget from validation rows, mean of 3 draws). "
@@ -329,6 +352,7 @@ def markdown(record: dict[str, Any]) -> str:
             p = probes.get(m["features"], {"uncal": {}})["uncal"]
             lines.append(f"| {name} | {layer} | {e['config']} | {cell(e, 'auroc_chat')} | {cell(e, 'auroc_task')} | "
                          f"{cell(e, 'tpr5_chat')} | {sd.fmt(p.get('auroc_chat'))} |")
+        lines += calibrated_selection(record, names)
     if "sweep" in record:
         for layer, so in record["sweep"].items():
             lines += ["", f"## Mechanism sweep, layer {layer}", "",

@@ -12,7 +12,9 @@ split) rows of the other benign domains, and the script reports
   toxic, jailbreak);
 * per method, the median and the worst unseen-domain FPR over the domains.
 
-Methods: FreqMask-KM (the configuration selected by ``chat_study.py``, on SAE codes),
+Methods: FreqMask-KM (the configuration selected by ``chat_study.py``, on SAE codes; also with the
+paper's per-cluster calibration from the 1% labelled validation sample without D's rows, as the
+shipped guard is calibrated: "FreqMask-KM (calibrated)", its threshold on the calibrated logits),
 LearnedMask-LoRA (K=20; Stage 1 only with ``--learned-stage1-only``), Mahalanobis, GMM and
 the kNN distance (``hf_lsad.detectors.knn``; raw activations). The SAE: with ``--refit-sae`` a fresh SAE is trained without D for every
 D (as the deployed pipeline would); without it, the SAE of the full benign fit split is
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 import study_data as sd
+from hf_lsad.calibration import fit_affine_calibration, importance_weights
 from chat_study import CodesAsInput, fit_freqmask, freqmask_variant, l1_for, score_detector
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import detector_class
@@ -55,6 +58,16 @@ def lodo_metrics(scores: np.ndarray, rows: sd.Rows, domain: str) -> dict[str, An
         if mask.any():
             out[f"tpr_{cat}"] = float((scores[mask] > thr).mean())
     return out
+
+
+def calibrated_without(scores: np.ndarray, clusters: np.ndarray, n_clusters: int, rows: sd.Rows, domain: str) -> np.ndarray:
+    """The paper's per-cluster calibration (1% labelled validation sample, seed 0) with D's rows left out of the
+    sample, as the shipped guard is calibrated; the calibrated logits take the scores' place."""
+    index, labels, groups = sd.calibration_sample(rows, seed=0)
+    keep = rows.group[index] != domain
+    cal = fit_affine_calibration(scores[index][keep], clusters[index][keep], labels[keep],
+                                 importance_weights([g for g, k in zip(groups, keep) if k], sd.BUDGET), n_clusters, seed=0)
+    return cal.logits(torch.as_tensor(scores, dtype=torch.float64), torch.as_tensor(clusters)).numpy()
 
 
 def main() -> None:
@@ -120,9 +133,11 @@ def main() -> None:
         for method in args.methods:
             t = time.time()
             print(f"[{time.strftime('%H:%M:%S')}] without {domain}: {method}", flush=True)
-            if method == "FreqMask-KM":
+            if method in ("FreqMask-KM", "FreqMask-KM (calibrated)"):
                 det = freqmask_variant(fit_freqmask(codes, fit_rows, args.K), args.mask, args.scope)
-                scores, _ = score_detector(det, codes, CodesAsInput())
+                scores, clusters = score_detector(det, codes, CodesAsInput())
+                if method == "FreqMask-KM (calibrated)":
+                    scores = calibrated_without(scores, clusters, det.n_clusters, rows, domain)
             elif method == "LearnedMask-LoRA":
                 config = LearnedMaskConfig(kmeans=KMeansConfig(n_clusters=20, seed=0), min_cluster_size=20,
                                            lora_min_cluster_size=50, stage1_only=args.learned_stage1_only)
