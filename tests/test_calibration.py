@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from tiny import MIXED_BATCH, fresh_guard, tiny_guard
+from tiny import MIXED_BATCH, fresh_guard, reports_of, tiny_guard
 
 from hf_lsad.calibration import (
     AffineCalibration,
@@ -152,11 +152,7 @@ def test_calibration_survives_save_and_load_and_generate(tmp_path):
     assert loaded.calibration == guard.calibration
     model, tokenizer, _ = tiny_guard("response_last")
     inputs = encode_prompts(tokenizer, MIXED_BATCH)
-    reports = []
-    for g in (guard, loaded):
-        guarded = GuardedModelForCausalLM(model, g)
-        guarded.generate(**inputs, max_new_tokens=4, do_sample=False)
-        reports.append(guarded.last_safety)
+    reports = reports_of(model, (guard, loaded), inputs)
     assert reports[0] == reports[1] and all(r.probability is not None for r in reports[0])
 
 

@@ -8,7 +8,7 @@ from functools import lru_cache
 import pytest
 import torch
 from peft import PeftModel
-from tiny import LAYER, MIXED_BATCH, PROMPTS, tiny_guard
+from tiny import LAYER, MIXED_BATCH, PROMPTS, reports_of, tiny_guard
 
 from hf_lsad.capture import collect_activations, encode_prompts
 from hf_lsad.cli import main
@@ -27,7 +27,6 @@ from hf_lsad.guard import SafetyGuard
 from hf_lsad.hook_point import HookPoint
 from hf_lsad.masks import straight_through_mask
 from hf_lsad.metrics import auroc
-from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.sae import SAEConfig, SparseAutoencoder
 from hf_lsad.store import save_activations
 
@@ -242,11 +241,7 @@ def test_guard_round_trip_gives_identical_scores_in_guarded_generate(tmp_path):
     loaded = SafetyGuard.from_pretrained(tmp_path)
 
     inputs = encode_prompts(tokenizer, MIXED_BATCH)
-    reports = []
-    for g in (guard, loaded):
-        guarded = GuardedModelForCausalLM(model, g)
-        guarded.generate(**inputs, max_new_tokens=4, do_sample=False)
-        reports.append(guarded.last_safety)
+    reports = reports_of(model, (guard, loaded), inputs)
     assert reports[0] == reports[1]
     assert all(r.probability is None and r.flagged == (r.score > guard.threshold) for r in reports[0])
 

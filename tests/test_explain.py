@@ -83,7 +83,8 @@ def test_explain_needs_sae_features():
         guard.explain(activations[:2])
 
 
-def test_explain_command_prints_features_and_top_prompts(tmp_path):
+def saved_model_guard_and_store(tmp_path):
+    """The tiny model (its folder is returned), its prompt_last guard under ``guard/`` and a store of PROMPTS under ``store/``."""
     model, tokenizer, guard = tiny_guard("prompt_last")
     model_dir = tmp_path / "tiny-llama"
     model.save_pretrained(model_dir)
@@ -92,6 +93,11 @@ def test_explain_command_prints_features_and_top_prompts(tmp_path):
     activations = collect_activations(model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False).activations
     records = [{"id": f"p{i}", "text": p} for i, p in enumerate(PROMPTS)]
     save_activations(tmp_path / "store", activations, records, HookPoint.from_model(model, LAYER, "prompt_last"))
+    return model_dir
+
+
+def test_explain_command_prints_features_and_top_prompts(tmp_path):
+    model_dir = saved_model_guard_and_store(tmp_path)
     out = io.StringIO()
     args = argparse.Namespace(
         guard=str(tmp_path / "guard"), activations=str(tmp_path / "store"), model=str(model_dir), top_k=3, examples=2,
@@ -108,14 +114,7 @@ def test_explain_command_prints_features_and_top_prompts(tmp_path):
 def test_explain_subcommand(tmp_path, capsys):
     from hf_lsad.cli import main
 
-    model, tokenizer, guard = tiny_guard("prompt_last")
-    model_dir = tmp_path / "tiny-llama"
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    guard.save_pretrained(tmp_path / "guard")
-    activations = collect_activations(model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False).activations
-    records = [{"id": f"p{i}", "text": p} for i, p in enumerate(PROMPTS)]
-    save_activations(tmp_path / "store", activations, records, HookPoint.from_model(model, LAYER, "prompt_last"))
+    model_dir = saved_model_guard_and_store(tmp_path)
     main(["explain", "--guard", str(tmp_path / "guard"), "--activations", str(tmp_path / "store"),
           "--model", str(model_dir), "--top-k", "2", "hello there"])  # fmt: skip
     out = capsys.readouterr().out

@@ -51,3 +51,14 @@ def last_layer_output(model, sequence: torch.Tensor) -> torch.Tensor:
     """Hidden state after decoder block LAYER at the last position of an unpadded sequence."""
     with torch.no_grad():
         return model(sequence[None], output_hidden_states=True).hidden_states[LAYER + 1][0, -1]
+
+
+def reports_of(model, guards, inputs, *, max_new_tokens: int = 4) -> list:
+    """The reports of a guarded greedy ``generate`` on ``inputs``, once per guard (to compare saved and loaded)."""
+    from hf_lsad.modeling import GuardedModelForCausalLM
+
+    return [
+        GuardedModelForCausalLM(model, g).generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                                   return_dict_in_generate=True).safety  # fmt: skip
+        for g in guards
+    ]
