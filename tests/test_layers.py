@@ -18,12 +18,13 @@ LAYERS = [
     ["sae", "clustering", "masks", "scores", "threshold", "calibration", "explain", "running_guard"],
     ["detectors.base", "detectors.freqmask", "detectors.learned_mask", "detectors.mahalanobis", "detectors.gmm",
      "detectors.ocsvm", "detectors.deep_svdd", "detectors.cvdd", "detectors.linear_probe", "detectors.knn", "detectors"],
-    ["hub", "sae_formats", "model_card", "guard", "fitting"],
+    ["hub", "sae_formats.common", "sae_formats.saelens", "sae_formats.sparsify", "sae_formats.gemma_scope",
+     "sae_formats.loading", "sae_formats", "model_card", "guard", "fitting"],
     ["capture", "input_checks", "generation_control", "pipeline", "running_fit", "modeling", "pretrained", "sharded_collection",
      "testing"],
     ["evaluation.protocol", "evaluation.diagnostics", "evaluation.grid", "evaluation.sae_cache", "evaluation.report",
      "evaluation.evaluate_metric", "evaluation"],
-    ["cli_arguments", "cli_checks", "explain_cli", "cli", "__init__"],
+    ["cli_arguments", "cli_checks", "explain_cli", "cli_commands", "cli", "__init__"],
 ]  # fmt: skip
 LAYER = {module: i for i, modules in enumerate(LAYERS) for module in modules}
 
