@@ -382,8 +382,9 @@ def knn_scores(F: torch.Tensor, fit_mask: np.ndarray, k: int = 10, batch: int = 
 def environment() -> dict[str, Any]:
     import hf_lsad
 
+    sae_rows = f"HF_LSAD_SAE_ROWS={SAE_ROWS} " if "HF_LSAD_SAE_ROWS" in os.environ else ""
     return {
-        "command": f"HF_LSAD_ARTIFACTS={ARTIFACTS} PYTHONPATH=. python " + shlex.join(sys.argv),
+        "command": f"HF_LSAD_ARTIFACTS={ARTIFACTS} {sae_rows}PYTHONPATH=. python " + shlex.join(sys.argv),
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "hf_lsad": hf_lsad.__file__,
         "torch_threads": torch.get_num_threads(),

@@ -212,7 +212,7 @@ def _newton(s: np.ndarray, y: np.ndarray, w: np.ndarray, penalty: float, centre:
     theta = centre.astype(np.float64).copy()
     value = objective(theta)
     for _ in range(100):
-        p = 1.0 / (1.0 + np.exp(-(x @ theta)))
+        p = np.exp(-np.logaddexp(0.0, -(x @ theta)))  # sigmoid without overflow warnings
         gradient = x.T @ (w * (p - y)) + 2 * penalty * (theta - centre)
         hessian = (x * (w * p * (1 - p))[:, None]).T @ x + 2 * penalty * np.eye(2)
         step = np.linalg.solve(hessian, gradient)

@@ -75,6 +75,16 @@ def test_newton_solution_is_stationary(penalty, centre):
     assert np.abs(gradient).max() < 1e-6 * np.sum(w)
 
 
+def test_separable_cluster_with_large_scores_fits_without_overflow_warnings():
+    # Unstandardised scores in the hundreds and a steep anchor give logits past +-709, where
+    # exp overflows; the sigmoid must stay finite and silent (a user fitting a guard sees no RuntimeWarning).
+    s = np.concatenate([np.linspace(0, 400, 40), np.linspace(600, 1000, 10)])
+    y = np.concatenate([np.zeros(40), np.ones(10)])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # underflow to 0 is harmless
+        theta = _newton(s, y, np.ones_like(s), 1e-3, np.array([2.0, -1000.0]))
+    assert np.all(np.isfinite(theta)) and theta[0] > 0
+
+
 @pytest.mark.parametrize("standardize", [True, False])
 def test_inverted_cluster_gets_a_negative_slope_and_auroc_rises_while_unlabelled_cluster_keeps_the_anchor(standardize):
     rng = np.random.default_rng(0)

@@ -1,0 +1,132 @@
+"""How much a calibrated guard depends on WHICH rows were labelled, and what averaging over clusterings buys (issue 13).
+
+The shipped guard is calibrated on one 1% draw (``study_data.calibration_sample``, seed 0: 16 unsafe
+rows). This benchmark repeats the calibration for ``--draws`` draws of the same budget and reports, per draw,
+on the same protocol as the chat study (``benchmarks/study_data.py``):
+
+* **single**: the shipped configuration (one k-means clustering, seed 0), calibrated on the draw;
+* **ensemble**: ``--ensemble`` clusterings (k-means seeds 0..E-1) on the same SAE codes, each calibrated on
+  the SAME labelled rows, their calibrated probabilities averaged (no extra labels);
+
+validation and test AUROC (harmful vs chat), TPR at 5% chat FPR, the test-chat flag rate, and the verdict on
+the README's demo harmful prompt (a test row: never fitted, labelled or used for a threshold). The supervised
+probe's verdict on the same row is given for reference. Benchmark only: the package ships no ensemble.
+
+    HF_LSAD_ARTIFACTS=/work/artifacts/study/snap_pl2 PYTHONPATH=. python benchmarks/calibration_variance.py \
+        --layer 12 --K 20 --mask 100 --scope global --draws 10 --ensemble 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import study_data as sd
+from chat_study import CodesAsInput, fit_freqmask, freqmask_variant, l1_for, local_residual_scores, score_detector
+from hf_lsad.calibration import fit_affine_calibration, importance_weights
+
+RESULTS = Path(__file__).parent / "results"
+METRICS = ("val_auroc_chat", "val_tpr5_chat", "auroc_chat", "tpr5_chat", "chat_test_flag_rate")
+
+
+def member_scores(codes, rows, sae, K: int, mask: int, scope: str, score: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(score, cluster) per row of one FreqMask-KM clustering (k-means ``seed``)."""
+    det = freqmask_variant(fit_freqmask(codes, torch.from_numpy(np.flatnonzero(rows.fit_mask)), K, seed=seed), mask, scope)
+    scores, clusters = score_detector(det, codes, CodesAsInput())
+    if score == "off_support_l1":
+        scores, _ = local_residual_scores(det, codes, clusters, rows.X, sae)
+    return scores, clusters
+
+
+def verdicts(values: np.ndarray, rows: sd.Rows, drawn: np.ndarray, demo: int) -> dict[str, float]:
+    full = sd.headline(values, rows, exclude=drawn)
+    out = {k: full[k] for k in METRICS}
+    out["demo_flagged"] = float(values[demo] > full["threshold"])
+    return out
+
+
+def summary(per_draw: list[dict[str, float]]) -> dict[str, Any]:
+    keys = METRICS + ("demo_flagged",)
+    return {k: {"median": float(np.median([d[k] for d in per_draw])), "min": float(min(d[k] for d in per_draw)),
+                "max": float(max(d[k] for d in per_draw))} for k in keys} | {
+        "demo_flagged_draws": int(sum(d["demo_flagged"] for d in per_draw))}
+
+
+def markdown(record: dict[str, Any]) -> str:
+    s = record["settings"]
+    lines = [f"# Calibration draws and clustering ensembles: smollm2 prompt_last layer {s['layer']}", "",
+             f"Command: `{record['env']['command']}` ({record['env']['utc']}, wall {record['wall_seconds']} s).", "",
+             f"FreqMask-KM K={s['K']}, mask {s['mask']} ({s['scope']}), score {s['score']}; SAE {record['sae']['d_sae']} "
+             f"(L1 {record['sae']['l1']}). {s['draws']} labelled draws of the 1% budget "
+             f"({record['n_labelled_unsafe']} unsafe rows each, validation split only); ensemble = {s['ensemble']} "
+             "k-means seeds calibrated on the same draw, probabilities averaged. Test rows only in the test columns.", "",
+             "| draw | labelled unsafe (harmful / toxic / jailbreak) | single: val AUROC | test AUROC | TPR@5% chat | chat flag rate | demo flagged | "
+             "ensemble: val AUROC | test AUROC | TPR@5% chat | chat flag rate | demo flagged |", "|---" * 12 + "|"]
+    for i, (a, b, n) in enumerate(zip(record["single"], record["ensemble"], record["labelled_unsafe"])):
+        lines.append(f"| {i} | {' / '.join(str(v) for v in n.values())} | " + " | ".join(sd.fmt(x[k]) for x in (a, b) for k in ("val_auroc_chat", "auroc_chat", "tpr5_chat",
+                                                                                       "chat_test_flag_rate", "demo_flagged")) + " |")
+    for name in ("single", "ensemble"):
+        m = record["summary"][name]
+        lines.append(f"\n**{name}**: test AUROC median {m['auroc_chat']['median']:.3f} (range {m['auroc_chat']['min']:.3f}-"
+                     f"{m['auroc_chat']['max']:.3f}); TPR@5% chat median {m['tpr5_chat']['median']:.3f} (range "
+                     f"{m['tpr5_chat']['min']:.3f}-{m['tpr5_chat']['max']:.3f}); demo prompt flagged in "
+                     f"{m['demo_flagged_draws']} of {s['draws']} draws.")
+    lines.append(f"\nSupervised probe (raw activations, trained on validation rows): demo prompt flagged = "
+                 f"{bool(record['probe_demo_flagged'])}.")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layer", type=int, default=12)
+    parser.add_argument("--K", type=int, default=20)
+    parser.add_argument("--mask", type=int, default=100)
+    parser.add_argument("--scope", default="global", choices=["global", "local"])
+    parser.add_argument("--score", default="centroid_l1", choices=["centroid_l1", "off_support_l1"])
+    parser.add_argument("--draws", type=int, default=10)
+    parser.add_argument("--ensemble", type=int, default=10)
+    parser.add_argument("--d-sae", type=int, default=2304)
+    parser.add_argument("--l1-rel", type=float, default=0.1)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--name", default=None)
+    args = parser.parse_args()
+    start = time.time()
+    record: dict[str, Any] = {"env": sd.environment(), "settings": dict(vars(args))}
+    rows = sd.load_rows("smollm2", "prompt_last", args.layer)
+    sae, record["sae"] = sd.get_sae(rows, f"smollm2/prompt_last/layer{args.layer}", args.d_sae, l1_for(rows, args.l1_rel), args.epochs)
+    codes = sd.encode(sae, rows.X)
+    demo = int(np.flatnonzero(rows.demo & (rows.pool == "harmful"))[0])
+    members = [member_scores(codes, rows, sae, args.K, args.mask, args.scope, args.score, seed) for seed in range(args.ensemble)]
+    record["single"], record["ensemble"], record["labelled_unsafe"] = [], [], []
+    for draw in range(args.draws):
+        index, labels, groups = sd.calibration_sample(rows, draw)
+        weights = importance_weights(groups, sd.BUDGET)
+        drawn = np.zeros(len(rows.ids), bool)
+        drawn[index] = True
+        probabilities = []
+        for scores, clusters in members:
+            cal = fit_affine_calibration(scores[index], clusters[index], labels, weights, args.K, seed=draw)
+            probabilities.append(cal.probabilities(torch.as_tensor(scores, dtype=torch.float64), torch.as_tensor(clusters)).numpy())
+        record["single"].append(verdicts(probabilities[0], rows, drawn, demo))
+        record["ensemble"].append(verdicts(np.mean(probabilities, 0), rows, drawn, demo))
+        pools = rows.pool[index[labels == 1]]
+        record["labelled_unsafe"].append({pool: int((pools == pool).sum()) for pool in sd.SPLIT_UNSAFE_POOLS})
+        print(f"[{time.strftime('%H:%M:%S')}] draw {draw}: single {record['single'][-1]} ensemble {record['ensemble'][-1]}", flush=True)
+    record["n_labelled_unsafe"] = int(labels.sum())
+    record["summary"] = {name: summary(record[name]) for name in ("single", "ensemble")}
+    probe = sd.probe_scores(rows.X.numpy(), rows)
+    record["probe_demo_flagged"] = float(probe[demo] > sd.headline(probe, rows)["threshold"])
+    record["wall_seconds"] = round(time.time() - start)
+    name = args.name or f"calibration_variance_smollm2_l{args.layer}_{args.score}"
+    sd.write_json(RESULTS / f"{name}.json", record)
+    (RESULTS / f"{name}.md").write_text(markdown(record))
+    print(markdown(record))
+
+
+if __name__ == "__main__":
+    main()
