@@ -1,139 +1,49 @@
 """SafetyGuard: an SAE, a fitted detector and a threshold, saved as JSON + safetensors.
 
-A guard folder (locally or in a Hub repo, optionally under a subfolder)::
-
-    config.json            format version, library versions, hook point, method,
-                           threshold and target FPR, detector settings, and for a
-                           calibrated guard its per-cluster affine calibration
-    detector.safetensors   the detector's tensors (centroids, masks, ...)
-    sae/config.json        the SAE's shape (a folder loadable on its own)
-    sae/sae.safetensors    the SAE's weights
-    threshold.safetensors  the sorted held-out safe scores the threshold was set on
-                           (reports' conformal p-values; absent in guards saved before them)
-    README.md              model card (:mod:`hf_lsad.model_card`; always on the Hub, optional locally)
-
-Loading is strict (see :mod:`hf_lsad.serialization`, :mod:`hf_lsad.config_validation`):
-nothing but JSON and safetensors is read, every key must be known and of its type and
-range, and every tensor must be there with its shape. ``config.json`` also records the
-SHA-256 of each tensor file and the settings the threshold was set for, checked on load
-(:mod:`hf_lsad.guard_integrity`).
+Its folder on disk (the files, strict loading, the integrity record) is :mod:`hf_lsad.guard_files`;
+:meth:`SafetyGuard.save_pretrained`, :meth:`SafetyGuard.from_pretrained` and
+:meth:`SafetyGuard.push_to_hub` delegate there.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from huggingface_hub import CommitInfo, ModelCard
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from .calibration import AffineCalibration
 from .checks import check_activations
-from .detectors import Detector, detector_class
+from .detectors import Detector
 from .explain import FeatureContribution, explain_scores
-from .hook_point import HookPoint
-from .hub import resolve_pretrained_dir, upload_pretrained_dir
+from .guard_files import (
+    DEFAULT_GUARD,
+    DETECTOR_WEIGHTS,
+    GUARD_CONFIG,
+    MODEL_CARD,
+    SAE_SUBFOLDER,
+    THRESHOLD_SCORES,
+    load_guard_folder,
+    save_guard_files,
+    upload_guard,
+)
+from .guard_types import GuardConfig, GuardOutput, SafetyReport
+from .hub import resolve_pretrained_dir
 from .model_card import DEFAULT_LICENSE, guard_model_card
-from .config_validation import check_guard_header
-from .guard_integrity import INTEGRITY_KEY, canonical_json, integrity_record, settings_record, verify_integrity
 from .prompt_inputs import InputProfile
 from .running_guard import RunningConfig
-from .sae import SAE_WEIGHTS, SparseAutoencoder
+from .sae import SparseAutoencoder
 from .threshold import conformal_p_values, sorted_holdout
-from .serialization import (
-    FORMAT_VERSION,
-    GuardFormatError,
-    config_from_dict,
-    config_to_dict,
-    load_module,
-    read_json,
-    save_module,
-    write_json,
-)
-from .version import library_versions
 
-GUARD_CONFIG = "config.json"
-MODEL_CARD = "README.md"
-DETECTOR_WEIGHTS = "detector.safetensors"
-THRESHOLD_SCORES = "threshold.safetensors"
-
-DEFAULT_GUARD = Path(__file__).parent / "guards" / "smollm2-135m-instruct"
-"""The bundled guard for SmolLM2-135M-Instruct; ``SafetyGuard.from_pretrained("default")`` loads it."""
-SAE_SUBFOLDER = "sae"
-
-
-@dataclass
-class GuardConfig:
-    """Everything about a guard that is not a tensor."""
-
-    hook: HookPoint
-    """Where the guard reads the model."""
-
-    method: str
-    """Registered detector method (``freqmask-km``, ...)."""
-
-    threshold: float
-    """Scores strictly above this are flagged."""
-
-    target_fpr: float
-    """Safe false-positive rate the threshold was set for on held-out safe data."""
-
-    n_fit: int
-    """Safe activations the detector was fitted on."""
-
-    n_holdout: int
-    """Held-out safe activations the threshold was set on."""
-
-    seed: int
-    """Seed of the fit/held-out split."""
-
-
-class GuardOutput(NamedTuple):
-    scores: Tensor
-    """Anomaly score per row, ``[batch]``."""
-    clusters: Tensor
-    """Assigned cluster per row (``-1`` for methods without clusters)."""
-    flagged: Tensor
-    """``scores > threshold``, ``[batch]`` bool."""
-
-
-class SafetyReport(NamedTuple):
-    """The verdict on one sequence."""
-
-    score: float
-    threshold: float
-    """The score threshold; for a calibrated guard, the probability threshold that ``flagged`` used."""
-    flagged: bool
-    cluster: int
-    probability: float | None
-    """Calibrated probability of being unsafe; ``None`` for an uncalibrated guard."""
-    p_value: float | None = None
-    """Conformal p-value of the score against the held-out safe scores (:func:`hf_lsad.threshold.conformal_p_values`):
-    ``0.008`` reads "more unusual than 99.2% of safe prompts". ``None`` for a guard saved without them."""
-    error: str | None = None
-    """Why this row could not be scored (e.g. a NaN activation), ``None`` when it was.
-
-    A row that could not be scored fails closed: ``flagged`` is ``True``, ``score`` (and a
-    calibrated ``probability``) ``nan`` and ``cluster`` ``-1``."""
-
-    step: int | None = None
-    """Guarded generation only: the step at which the row was flagged (0: at the prefill, before any
-    new token; ``t``: after ``t`` new tokens), ``None`` if it was not flagged or not scored during generation."""
-    stopped: bool = False
-    """Whether guarded generation ended the row when it was flagged (``on_flag="stop"``)."""
-    features: tuple[FeatureContribution, ...] | None = None
-    """With ``explain=True``: the SAE features with the largest contributions to ``score`` (:mod:`hf_lsad.explain`)."""
+__all__ = ["DEFAULT_GUARD", "DETECTOR_WEIGHTS", "GUARD_CONFIG", "MODEL_CARD", "SAE_SUBFOLDER", "THRESHOLD_SCORES",
+           "GuardConfig", "GuardOutput", "SafetyGuard", "SafetyReport", "upgrade_guard_folder"]  # fmt: skip
 
 
 class SafetyGuard(nn.Module):
@@ -278,7 +188,7 @@ class SafetyGuard(nn.Module):
         datasets: str | list[str] | None = None,
         license: str = DEFAULT_LICENSE,
     ) -> None:
-        """Write the guard folder described in the module docstring.
+        """Write the guard folder described in :mod:`hf_lsad.guard_files`.
 
         With ``metrics`` or ``data`` given, also write a ``README.md`` model card
         (:func:`hf_lsad.model_card.guard_model_card`): ``metrics`` maps each unsafe category to
@@ -287,35 +197,9 @@ class SafetyGuard(nn.Module):
         go to the card metadata.
         """
         path = Path(save_directory)
-        self._save_files(path)
+        save_guard_files(self, path)
         if metrics is not None or data is not None:
             self.model_card(metrics=metrics, data=data, datasets=datasets, license=license).save(path / MODEL_CARD)
-
-    def _save_files(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        save_module(self.detector, path / DETECTOR_WEIGHTS)
-        if self.holdout_scores is not None:
-            save_file({"holdout_scores": self.holdout_scores.contiguous()}, str(path / THRESHOLD_SCORES))
-        if self.sae is not None:
-            self.sae.save_pretrained(path / SAE_SUBFOLDER)
-        config = {
-            "format_version": FORMAT_VERSION,
-            "versions": library_versions("hf_lsad", "torch", "faiss"),
-            "guard": config_to_dict(self.config),
-            "detector": self.detector.settings_dict(),
-            "d_sae": self.sae.config.d_sae if self.sae is not None else None,
-        }
-        if self.calibration is not None:  # only calibrated guards carry the key
-            config["calibration"] = config_to_dict(self.calibration)
-        if self.running is not None:  # likewise only response_running guards carry their running settings
-            config["running"] = config_to_dict(self.running)
-        if self.inputs is not None:
-            config["inputs"] = config_to_dict(self.inputs)
-        # Round-trip through JSON so the record holds exactly what a loader will read back.
-        config = json.loads(canonical_json(config))
-        settings = settings_record(config, config_to_dict(self.sae.config) if self.sae is not None else None)
-        config[INTEGRITY_KEY] = integrity_record(path, self._tensor_files(), settings)
-        write_json(path / GUARD_CONFIG, config)
 
     def model_card(self, **kwargs: Any) -> ModelCard:
         """This guard's :class:`huggingface_hub.ModelCard`; ``kwargs`` as in :func:`hf_lsad.model_card.guard_model_card`."""
@@ -365,20 +249,17 @@ class SafetyGuard(nn.Module):
             subfolder=subfolder,
             revision=revision,
         )
-        with tempfile.TemporaryDirectory(prefix="hf-lsad-push-") as tmp:
-            folder = Path(tmp)
-            self._save_files(folder)
-            card.save(folder / MODEL_CARD)
-            return upload_pretrained_dir(
-                folder,
-                repo_id,
-                subfolder=subfolder,
-                commit_message=commit_message,
-                revision=revision,
-                private=private,
-                token=token,
-                create_pr=create_pr,
-            )
+        return upload_guard(
+            self,
+            card,
+            repo_id,
+            subfolder=subfolder,
+            commit_message=commit_message,
+            revision=revision,
+            private=private,
+            token=token,
+            create_pr=create_pr,
+        )
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, **hub_kwargs: Any) -> SafetyGuard:
@@ -400,79 +281,7 @@ class SafetyGuard(nn.Module):
         """
         if str(name_or_path) == "default":
             name_or_path = DEFAULT_GUARD
-        return cls._load(resolve_pretrained_dir(name_or_path, **hub_kwargs))
-
-    @classmethod
-    def _load(cls, path: Path, *, require_integrity: bool = True) -> SafetyGuard:
-        """Load the guard folder ``path``; ``require_integrity=False`` only for :func:`upgrade_guard_folder`."""
-        raw = read_json(path / GUARD_CONFIG)
-        source = str(path / GUARD_CONFIG)
-        check_guard_header(raw, source=source, format_version=FORMAT_VERSION)
-        config = config_from_dict(GuardConfig, raw["guard"], source=f"{source}:guard")
-        try:
-            method = detector_class(config.method)
-        except ValueError as err:
-            raise GuardFormatError(f"{source}:guard: key 'method': {err}") from None
-        if (raw["d_sae"] is not None) != method.uses_sae:
-            raise GuardFormatError(
-                f"{source}: key 'd_sae' is {raw['d_sae']!r}, but {config.method} "
-                f"{'reads' if method.uses_sae else 'does not read'} SAE codes"
-            )
-        sae = SparseAutoencoder.from_pretrained(path / SAE_SUBFOLDER) if raw["d_sae"] is not None else None
-        if sae is not None and sae.config.d_sae != raw["d_sae"]:
-            raise GuardFormatError(f"{source}: d_sae {raw['d_sae']} but the SAE has {sae.config.d_sae} features")
-        try:
-            detector = method.from_settings(raw["detector"], config.hook.hidden_size, raw["d_sae"], source=f"{source}:detector")
-        except GuardFormatError:
-            raise
-        except ValueError as err:  # a fitted state that does not fit its config
-            raise GuardFormatError(f"{source}:detector: {err}") from err
-        load_module(detector, path / DETECTOR_WEIGHTS)
-        try:
-            guard = cls(config, detector, sae).eval()
-        except ValueError as err:
-            raise GuardFormatError(f"{source}: {err}") from err
-        if (path / THRESHOLD_SCORES).exists():
-            guard.set_holdout_scores(_read_holdout_scores(path / THRESHOLD_SCORES, config.n_holdout))
-        if config.hook.position == "response_running":
-            if "running" not in raw:
-                raise GuardFormatError(f"{source}: a response_running guard needs the config key 'running'")
-            guard.running = config_from_dict(RunningConfig, raw["running"], source=f"{source}:running")
-        elif "running" in raw:
-            raise GuardFormatError(f"{source}: config key 'running' on a {config.hook.position} guard")
-        if "inputs" in raw:
-            guard.inputs = config_from_dict(InputProfile, raw["inputs"], source=f"{source}:inputs")
-        if "calibration" in raw:
-            calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")
-            try:
-                guard.set_calibration(calibration)
-            except ValueError as err:
-                raise GuardFormatError(f"{source}: {err}") from err
-        if require_integrity:
-            sae_config = config_to_dict(sae.config) if sae is not None else None
-            verify_integrity(path, raw, sae_config, guard._tensor_files(), source=source)
-        return guard
-
-    def _tensor_files(self) -> list[str]:
-        """The tensor files of this guard's folder, relative to it."""
-        files = [DETECTOR_WEIGHTS] + ([f"{SAE_SUBFOLDER}/{SAE_WEIGHTS}"] if self.sae is not None else [])
-        return files + ([THRESHOLD_SCORES] if self.holdout_scores is not None else [])
-
-
-def _read_holdout_scores(file: Path, n_holdout: int) -> Tensor:
-    """The sorted held-out scores of ``threshold.safetensors``, checked against the config's ``n_holdout``."""
-    try:
-        tensors = load_file(str(file))
-    except (SafetensorError, OSError) as err:
-        raise GuardFormatError(f"{file}: unreadable ({err})") from err
-    if set(tensors) != {"holdout_scores"}:
-        raise GuardFormatError(f"{file}: expected one tensor 'holdout_scores', found {sorted(tensors)}")
-    scores = tensors["holdout_scores"]
-    if scores.shape != (n_holdout,) or scores.dtype != torch.float32:
-        raise GuardFormatError(f"{file}: holdout_scores is {scores.dtype} {tuple(scores.shape)}, expected float32 ({n_holdout},)")
-    if not torch.isfinite(scores).all() or (scores[1:] < scores[:-1]).any():
-        raise GuardFormatError(f"{file}: holdout_scores must be finite and sorted ascending")
-    return scores
+        return load_guard_folder(cls, resolve_pretrained_dir(name_or_path, **hub_kwargs))
 
 
 def upgrade_guard_folder(path: str | os.PathLike) -> None:
@@ -482,5 +291,5 @@ def upgrade_guard_folder(path: str | os.PathLike) -> None:
     its tensors are written again unchanged, so its scores stay identical. Only for files you
     trust: the record makes whatever they hold now the reference.
     """
-    guard = SafetyGuard._load(Path(path), require_integrity=False)
+    guard = load_guard_folder(SafetyGuard, Path(path), require_integrity=False)
     guard.save_pretrained(path)

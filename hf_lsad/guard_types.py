@@ -1,0 +1,75 @@
+"""A guard's plain records: :class:`GuardConfig` (``config.json``'s ``guard`` block), :class:`GuardOutput`
+(what :meth:`hf_lsad.guard.SafetyGuard.forward` returns) and :class:`SafetyReport` (the verdict on one sequence)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from torch import Tensor
+
+from .explain import FeatureContribution
+from .hook_point import HookPoint
+
+
+@dataclass
+class GuardConfig:
+    """Everything about a guard that is not a tensor."""
+
+    hook: HookPoint
+    """Where the guard reads the model."""
+
+    method: str
+    """Registered detector method (``freqmask-km``, ...)."""
+
+    threshold: float
+    """Scores strictly above this are flagged."""
+
+    target_fpr: float
+    """Safe false-positive rate the threshold was set for on held-out safe data."""
+
+    n_fit: int
+    """Safe activations the detector was fitted on."""
+
+    n_holdout: int
+    """Held-out safe activations the threshold was set on."""
+
+    seed: int
+    """Seed of the fit/held-out split."""
+
+
+class GuardOutput(NamedTuple):
+    scores: Tensor
+    """Anomaly score per row, ``[batch]``."""
+    clusters: Tensor
+    """Assigned cluster per row (``-1`` for methods without clusters)."""
+    flagged: Tensor
+    """``scores > threshold``, ``[batch]`` bool."""
+
+
+class SafetyReport(NamedTuple):
+    """The verdict on one sequence."""
+
+    score: float
+    threshold: float
+    """The score threshold; for a calibrated guard, the probability threshold that ``flagged`` used."""
+    flagged: bool
+    cluster: int
+    probability: float | None
+    """Calibrated probability of being unsafe; ``None`` for an uncalibrated guard."""
+    p_value: float | None = None
+    """Conformal p-value of the score against the held-out safe scores (:func:`hf_lsad.threshold.conformal_p_values`):
+    ``0.008`` reads "more unusual than 99.2% of safe prompts". ``None`` for a guard saved without them."""
+    error: str | None = None
+    """Why this row could not be scored (e.g. a NaN activation), ``None`` when it was.
+
+    A row that could not be scored fails closed: ``flagged`` is ``True``, ``score`` (and a
+    calibrated ``probability``) ``nan`` and ``cluster`` ``-1``."""
+
+    step: int | None = None
+    """Guarded generation only: the step at which the row was flagged (0: at the prefill, before any
+    new token; ``t``: after ``t`` new tokens), ``None`` if it was not flagged or not scored during generation."""
+    stopped: bool = False
+    """Whether guarded generation ended the row when it was flagged (``on_flag="stop"``)."""
+    features: tuple[FeatureContribution, ...] | None = None
+    """With ``explain=True``: the SAE features with the largest contributions to ``score`` (:mod:`hf_lsad.explain`)."""
