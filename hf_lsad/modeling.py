@@ -5,48 +5,36 @@ each ``generate`` call only (and removed on the way out, exceptions included),
 so the wrapped model is untouched between calls and there is nothing to close.
 Everything a call records lives in objects made for that call (the recorder, the
 :class:`~hf_lsad.generation_control.GuardedGenerationState`), never on the instance.
+
+Saving and loading delegate to :mod:`hf_lsad.modeling_files`, each ``generate`` call to
+:mod:`hf_lsad.guarded_generation`.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
-from transformers.generation import GenerateDecoderOnlyOutput
+from transformers import PreTrainedModel
 
-from .capture import check_generate_kwargs, decoder_layer, encode_prompts, eos_token_ids, generate_with_activations
-from .capture import prefill_activations
-from .generation_control import (
-    ON_FLAG,
-    RUNNING_POSITIONS,
-    GuardedGenerationState,
-    GuardLogitsProcessor,
-    GuardStoppingCriteria,
-    refusal_token_ids,
-)
+from .capture import encode_prompts, prefill_activations
 from .guard import SafetyGuard, SafetyReport
+from .guarded_generation import GuardedGenerateDecoderOnlyOutput, check_generate_options, generate_guarded
 from .input_checks import check_generate_inputs
-from .prompt_inputs import TemplateMarkers, input_warnings, template_markers
-from .serialization import FORMAT_VERSION, GuardFormatError, read_json, write_json
+from .modeling_files import (
+    GUARD_SUBFOLDER,
+    GUARDED_CONFIG,
+    load_guarded_model,
+    upload_guarded_folder,
+    write_guarded_folder,
+)
+from .prompt_inputs import InputWarner
 
-GUARDED_CONFIG = "guarded_model.json"
-"""File of a saved guarded model: format version and the reference to the base model."""
-GUARD_SUBFOLDER = "guard"
-"""Folder of a saved guarded model that holds the guard."""
-
-
-@dataclass
-class GuardedGenerateDecoderOnlyOutput(GenerateDecoderOnlyOutput):
-    """transformers' decoder-only generate output with one :class:`SafetyReport` per sequence."""
-
-    safety: list[SafetyReport] | None = None
+__all__ = ["GUARDED_CONFIG", "GUARD_SUBFOLDER", "GuardedGenerateDecoderOnlyOutput", "GuardedModelForCausalLM"]
 
 
 class GuardedModelForCausalLM(nn.Module):
@@ -100,7 +88,7 @@ class GuardedModelForCausalLM(nn.Module):
         self.guard = guard.to(model.device)
         self.tokenizer = tokenizer
         self._per_thread = threading.local()
-        self._markers_of: tuple[Any, TemplateMarkers | None] = (None, None)  # (tokenizer, its chat-template markers)
+        self._input_warner = InputWarner()
 
     @property
     def last_safety(self) -> list[SafetyReport] | None:
@@ -151,61 +139,8 @@ class GuardedModelForCausalLM(nn.Module):
 
         ``allow_base_model_mismatch`` as in the class docstring.
         """
-        if guard is None:
-            return cls._from_saved(pretrained_model_name_or_path, guard_kwargs or {}, allow_base_model_mismatch, model_kwargs)
-        if not isinstance(guard, SafetyGuard):
-            guard = SafetyGuard.from_pretrained(guard, **(guard_kwargs or {}))
-        model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, **model_kwargs)
-        return cls(model, guard, allow_base_model_mismatch=allow_base_model_mismatch)
-
-    @classmethod
-    def _from_saved(
-        cls, name_or_path: str | os.PathLike, hub_kwargs: dict[str, Any], allow_mismatch: bool, model_kwargs: dict[str, Any]
-    ) -> GuardedModelForCausalLM:
-        from .hub import resolve_pretrained_dir
-        from .pretrained import DEFAULT_MODEL_ALIASES, load_model
-
-        local = Path(name_or_path).expanduser() / hub_kwargs.get("subfolder", "")
-        path = local if local.is_dir() and not (local / GUARDED_CONFIG).is_file() else None
-        if path is None:  # a saved guarded model (local or on the Hub): the strict resolver
-            path = resolve_pretrained_dir(name_or_path, root_file=GUARDED_CONFIG, **hub_kwargs)
-        if not (path / GUARDED_CONFIG).is_file():
-            raise FileNotFoundError(
-                f"{name_or_path} holds no {GUARDED_CONFIG} (not saved by GuardedModelForCausalLM.save_pretrained); "
-                "to load a model and a guard separately pass guard=..."
-            )
-        raw = read_json(path / GUARDED_CONFIG)
-        source = str(path / GUARDED_CONFIG)
-        if raw.get("format_version") != FORMAT_VERSION:
-            raise GuardFormatError(f"{source}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}")
-        if not isinstance(raw.get("base_model"), str) or not raw["base_model"]:
-            raise GuardFormatError(f"{source}: missing base_model")
-        guard = SafetyGuard.from_pretrained(path / raw.get("guard", GUARD_SUBFOLDER))
-        base_model = raw["base_model"]
-        tokenizer = None
-        if base_model in DEFAULT_MODEL_ALIASES:
-            model, tokenizer = load_model(base_model, **model_kwargs)
-        else:
-            if raw.get("base_model_revision") and "revision" not in model_kwargs:
-                model_kwargs = {**model_kwargs, "revision": raw["base_model_revision"]}
-            model = AutoModelForCausalLM.from_pretrained(base_model, **model_kwargs)
-        return cls(model, guard, tokenizer=tokenizer, allow_base_model_mismatch=allow_mismatch)
-
-    def _write_saved(self, folder: Path, base_model: str | None, base_model_revision: str | None) -> None:
-        base_model = base_model or str(self.model.config.name_or_path or "")
-        if not base_model:
-            raise ValueError("the model has no config.name_or_path to refer to; pass base_model='org/name'")
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json(
-            folder / GUARDED_CONFIG,
-            {
-                "format_version": FORMAT_VERSION,
-                "base_model": base_model,
-                "base_model_revision": base_model_revision,
-                "guard": GUARD_SUBFOLDER,
-            },
-        )
-        self.guard.save_pretrained(folder / GUARD_SUBFOLDER)
+        model, guard, tokenizer = load_guarded_model(pretrained_model_name_or_path, guard, guard_kwargs, model_kwargs)
+        return cls(model, guard, tokenizer=tokenizer, allow_base_model_mismatch=allow_base_model_mismatch)
 
     def save_pretrained(
         self,
@@ -222,7 +157,7 @@ class GuardedModelForCausalLM(nn.Module):
         ``base_model`` defaults to ``model.config.name_or_path`` (a Hub id, or the local folder
         the model was loaded from); :meth:`from_pretrained` loads it from there.
         """
-        self._write_saved(Path(save_directory), base_model, base_model_revision)
+        write_guarded_folder(Path(save_directory), self.model, self.guard, base_model, base_model_revision)
 
     def push_to_hub(
         self,
@@ -237,23 +172,18 @@ class GuardedModelForCausalLM(nn.Module):
         create_pr: bool = False,
     ) -> Any:
         """Upload what :meth:`save_pretrained` writes to a Hub repo in one commit; returns the ``CommitInfo``."""
-        import tempfile
-
-        from .hub import upload_pretrained_dir
-
-        with tempfile.TemporaryDirectory(prefix="hf-lsad-push-") as tmp:
-            folder = Path(tmp)
-            self._write_saved(folder, base_model, base_model_revision)
-            self.guard.model_card().save(folder / GUARD_SUBFOLDER / "README.md")
-            return upload_pretrained_dir(
-                folder,
-                repo_id,
-                commit_message=commit_message,
-                revision=revision,
-                private=private,
-                token=token,
-                create_pr=create_pr,
-            )
+        return upload_guarded_folder(
+            self.model,
+            self.guard,
+            repo_id,
+            base_model,
+            base_model_revision,
+            commit_message=commit_message,
+            revision=revision,
+            private=private,
+            token=token,
+            create_pr=create_pr,
+        )
 
     @property
     def config(self) -> Any:
@@ -306,66 +236,20 @@ class GuardedModelForCausalLM(nn.Module):
         """
         if input_ids is not None:
             kwargs["input_ids"] = input_ids
-        if on_flag not in ON_FLAG:
-            raise ValueError(f"on_flag must be one of {ON_FLAG}, got {on_flag!r}")
-        hook = self.guard.config.hook
-        if on_flag == "stop" and hook.position == "response_last":
-            raise ValueError(
-                "a response_last guard decides only after the response is complete, so it cannot stop one; "
-                "use a prompt_last guard (screening) or a response_running guard (stopping while writing)"
-            )
-        if on_step is not None and hook.position == "response_last":
-            raise ValueError("a response_last guard scores once, after generation: there is no step to report")
+        check_generate_options(self.guard.config.hook.position, on_flag, on_step)
         check_generate_inputs(self.model, self.guard, kwargs)
-        self._warn_on_unfamiliar_inputs(kwargs.get("input_ids"), kwargs.get("attention_mask"))
-        if on_flag == "report" and hook.position not in RUNNING_POSITIONS and on_step is None:
-            output, activations = generate_with_activations(self.model, hook.layer, hook.position, **kwargs)
-            reports = self.guard.reports(activations, explain=explain, top_k=explain_top_k)  # fails closed per row
-        else:
-            output, reports = self._generate_controlled(on_flag, refusal, explain, explain_top_k, on_step, kwargs)
+        self._input_warner.warn(
+            self.guard.inputs, self.tokenizer, kwargs.get("input_ids"), kwargs.get("attention_mask")
+        )
+        output, reports = generate_guarded(
+            self.model, self.guard, self.tokenizer, kwargs, on_flag, refusal, explain, explain_top_k, on_step
+        )
         self._per_thread.last_safety = reports
         if safety_out is not None:
             safety_out.extend(reports)
         if isinstance(output, Tensor):
             return output
         return GuardedGenerateDecoderOnlyOutput(**output, safety=reports)
-
-    def _generate_controlled(
-        self, on_flag: str, refusal: Any, explain: bool, top_k: int, on_step: Any, kwargs: dict[str, Any]
-    ) -> tuple[Any, list[SafetyReport]]:
-        """Generate with the guard's logits processor and stopping criteria (:mod:`hf_lsad.generation_control`)."""
-        input_ids = check_generate_kwargs(self.model, kwargs)
-        eos = eos_token_ids(self.model, kwargs)
-        state = GuardedGenerationState(
-            guard=self.guard,
-            batch_size=input_ids.shape[0],
-            prompt_length=input_ids.shape[1],
-            eos_token_ids=eos,
-            stop=on_flag == "stop",
-            forced_tokens=refusal_token_ids(refusal, self.tokenizer) + eos[:1],
-            patience=self.guard.running.patience if self.guard.running is not None else 1,
-            on_step=on_step,
-        )
-        kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), GuardLogitsProcessor(state)])
-        kwargs["stopping_criteria"] = StoppingCriteriaList(
-            [*(kwargs.get("stopping_criteria") or []), GuardStoppingCriteria(state)]
-        )
-        _, module = decoder_layer(self.model, self.guard.config.hook.layer)
-        handle = module.register_forward_hook(state.hook)
-        try:
-            output = self.model.generate(**kwargs)
-        finally:
-            handle.remove()
-        return output, state.reports(explain=explain, top_k=top_k)
-
-    def _warn_on_unfamiliar_inputs(self, input_ids: Any, attention_mask: Tensor | None) -> None:
-        """Warn for rows formatted unlike, or far longer than, the guard's fitting prompts (:mod:`hf_lsad.prompt_inputs`)."""
-        if self.guard.inputs is None or not isinstance(input_ids, Tensor) or input_ids.ndim != 2:
-            return
-        if self._markers_of[0] is not self.tokenizer:  # computed once per tokenizer (it can be swapped)
-            self._markers_of = (self.tokenizer, template_markers(self.tokenizer) if self.tokenizer is not None else None)
-        for message in input_warnings(self.guard.inputs, self._markers_of[1], input_ids, attention_mask):
-            warnings.warn(message, UserWarning, stacklevel=3)
 
     @torch.no_grad()
     def screen(
@@ -395,7 +279,7 @@ class GuardedModelForCausalLM(nn.Module):
                 raise ValueError("screen() of strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)")
             inputs = encode_prompts(self.tokenizer, prompts, chat_template=chat_template)
             input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
-        self._warn_on_unfamiliar_inputs(input_ids, attention_mask)
+        self._input_warner.warn(self.guard.inputs, self.tokenizer, input_ids, attention_mask)
         device = self.model.device
         activations = prefill_activations(self.model, hook.layer, input_ids.to(device), attention_mask.to(device))
         return self.guard.reports(activations, explain=explain, top_k=top_k)

@@ -22,6 +22,7 @@ with that token (``raw`` guards); for the length when it is more than
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -119,3 +120,22 @@ def input_warnings(
             )
         messages.append(f"rows {odd_rows} do not look like the guard's fitting prompts: {expected}; scores may be off")
     return messages
+
+
+class InputWarner:
+    """Warns for ``generate``'s or ``screen``'s rows formatted unlike, or far longer than, a guard's fitting prompts.
+
+    Holds the markers of the last tokenizer it saw, so they are computed once per tokenizer (it can be swapped).
+    """
+
+    def __init__(self) -> None:
+        self._markers_of: tuple[Any, TemplateMarkers | None] = (None, None)  # (tokenizer, its chat-template markers)
+
+    def warn(self, profile: InputProfile | None, tokenizer: Any, input_ids: Any, attention_mask: Tensor | None) -> None:
+        """Warn (attributed to the caller's caller) once per kind of mismatch (:func:`input_warnings`)."""
+        if profile is None or not isinstance(input_ids, Tensor) or input_ids.ndim != 2:
+            return
+        if self._markers_of[0] is not tokenizer:
+            self._markers_of = (tokenizer, template_markers(tokenizer) if tokenizer is not None else None)
+        for message in input_warnings(profile, self._markers_of[1], input_ids, attention_mask):
+            warnings.warn(message, UserWarning, stacklevel=3)

@@ -22,10 +22,10 @@ LAYERS = [
     ["hub", "sae_formats.common", "sae_formats.saelens", "sae_formats.sparsify", "sae_formats.gemma_scope",
      "sae_formats.loading", "sae_formats", "model_card", "guard_types", "guard_files", "guard",
      "fitting"],
-    ["capture", "input_checks", "generation_control", "pipeline", "running_fit", "modeling", "pretrained", "sharded_collection",
-     "testing"],
-    ["evaluation.protocol", "evaluation.diagnostics", "evaluation.grid", "evaluation.sae_cache", "evaluation.report",
-     "evaluation.evaluate_metric", "evaluation"],
+    ["capture", "input_checks", "generation_control", "guarded_generation", "pipeline", "running_fit", "modeling_files",
+     "modeling", "pretrained", "sharded_collection", "testing"],
+    ["evaluation.protocol", "evaluation.diagnostic_measures", "evaluation.diagnostics", "evaluation.grid",
+     "evaluation.sae_cache", "evaluation.report", "evaluation.evaluate_metric", "evaluation"],
     ["cli_arguments", "cli_checks", "explain_cli", "cli_commands", "cli", "__init__"],
 ]  # fmt: skip
 LAYER = {module: i for i, modules in enumerate(LAYERS) for module in modules}

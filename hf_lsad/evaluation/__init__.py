@@ -5,7 +5,7 @@
 - :mod:`.grid`: method grids with selection on validation (:func:`~.grid.run_grid`);
 - :mod:`.report`: the report folder (:func:`~.report.write_report`);
 - :mod:`.sae_cache`: the evaluation's SAE, trained once on the fit split;
-- :mod:`.diagnostics`: FreqMask-KM diagnostics and plots;
+- :mod:`.diagnostics`: FreqMask-KM diagnostics and plots (the measures: :mod:`.diagnostic_measures`);
 - :mod:`.evaluate_metric`: the metrics as an ``evaluate`` metric (imported on demand).
 """
 
