@@ -221,11 +221,7 @@ def run_generate(args: argparse.Namespace) -> None:
           + (f"calibrated: flags P(unsafe) > {guard.calibration.threshold:.4g}\n" if guard.calibration is not None
              else f"flags scores > {guard.threshold:.4g} ({guard.config.target_fpr:.0%} safe FPR)\n"))  # fmt: skip
     for prompt, response, report in zip(args.prompts, responses, output.safety):
-        verdict = "FLAGGED" if report.flagged else "ok"
-        probability = f", P(unsafe) {report.probability:.3f}" if report.probability is not None else ""
-        probability += f", p-value {report.p_value:.3g}" if report.p_value is not None else ""
-        print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {verdict} "
-              f"(score {report.score:.4g}, threshold {report.threshold:.4g}, cluster {report.cluster}{probability})\n")  # fmt: skip
+        print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {report.describe()}\n")
 
 
 def run_explain(args: argparse.Namespace) -> None:

@@ -63,12 +63,8 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
             text_of[r] = texts[i]
             i += 1
     for prompt, report in zip(args.prompts, reports):
-        verdict = "FLAGGED" if report.flagged else "ok"
         print(f"prompt: {prompt!r}", file=out)
-        print(
-            f"  {verdict}: score {report.score:.3f} (threshold {guard.threshold:.3f}), cluster {report.cluster}",
-            file=out,
-        )
+        print(f"  {report.describe()}", file=out)
         print(f"  {'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}  top prompts in the store", file=out)
         for f in report.features:
             print(f"  {f.feature:>8} {f.activation:>10.3f} {f.typical:>8.3f} {f.contribution:>12.3f}", file=out)

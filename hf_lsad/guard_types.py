@@ -73,3 +73,18 @@ class SafetyReport(NamedTuple):
     """Whether guarded generation ended the row when it was flagged (``on_flag="stop"``)."""
     features: tuple[FeatureContribution, ...] | None = None
     """With ``explain=True``: the SAE features with the largest contributions to ``score`` (:mod:`hf_lsad.explain`)."""
+
+    def describe(self) -> str:
+        """One line a person can read, comparing the quantity that decided the verdict with its threshold.
+
+        Calibrated: ``ok: P(unsafe) 0.127 <= 0.7013 (score 49.62, cluster 17, p-value 0.375)``;
+        uncalibrated: ``FLAGGED: score 301.2 > 230.5 (cluster 3, p-value 0.002)``."""
+        verdict = "FLAGGED" if self.flagged else "ok"
+        if self.error is not None:
+            return f"{verdict}: not scored ({self.error})"
+        sign = ">" if self.flagged else "<="
+        p_value = f", p-value {self.p_value:.3g}" if self.p_value is not None else ""
+        if self.probability is not None:
+            return (f"{verdict}: P(unsafe) {self.probability:.3f} {sign} {self.threshold:.4g} "
+                    f"(score {self.score:.4g}, cluster {self.cluster}{p_value})")  # fmt: skip
+        return f"{verdict}: score {self.score:.4g} {sign} {self.threshold:.4g} (cluster {self.cluster}{p_value})"

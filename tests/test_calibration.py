@@ -153,6 +153,7 @@ def test_calibrated_guard_reports_probabilities_and_flags_by_them():
         a, b = guard.calibration.slopes[report.cluster], guard.calibration.intercepts[report.cluster]
         assert math.isclose(report.probability, 1 / (1 + math.exp(-(a * report.score + b))), rel_tol=1e-6)
         assert report.flagged == (report.probability > 0.5) and report.threshold == 0.5
+        assert report.describe().startswith(f"{'FLAGGED' if report.flagged else 'ok'}: P(unsafe) {report.probability:.3f}")
 
 
 def test_calibration_survives_save_and_load_and_generate(tmp_path):

@@ -52,7 +52,7 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
     main(["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guard"), "--max-new-tokens", "3",
           "hi there", "a somewhat longer prompt about bread"])  # fmt: skip
     out = capsys.readouterr().out
-    assert out.count("safety:") == 2 and out.count(f"threshold {guard.threshold:.4g}") >= 2
+    assert out.count("safety:") == 2 and out.count(f" {guard.threshold:.4g} (cluster ") == 2  # score <=/> threshold
     assert out.count("p-value ") == 2  # conformal p-value against the held-out safe scores
 
 

@@ -9,7 +9,7 @@ import torch
 from tiny import MIXED_BATCH, fresh_guard, tiny_guard
 
 from hf_lsad.capture import encode_prompts
-from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard import SafetyGuard, SafetyReport
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
 from hf_lsad.serialization import GuardFormatError
@@ -171,3 +171,27 @@ def test_a_guard_without_held_out_scores_reports_no_p_value(tmp_path):
     assert not (tmp_path / "g" / "threshold.safetensors").exists()
     reports = SafetyGuard.from_pretrained(tmp_path / "g").reports(torch.randn(2, guard.config.hook.hidden_size))
     assert all(r.p_value is None for r in reports)
+
+
+@pytest.mark.parametrize(
+    "report, line",
+    [
+        (SafetyReport(301.2, 230.5, True, 3, None, 0.002), "FLAGGED: score 301.2 > 230.5 (cluster 3, p-value 0.002)"),
+        (SafetyReport(12.0, 230.5, False, 1, None), "ok: score 12 <= 230.5 (cluster 1)"),
+        (SafetyReport(49.62, 0.7013, False, 17, 0.127, 0.375),
+         "ok: P(unsafe) 0.127 <= 0.7013 (score 49.62, cluster 17, p-value 0.375)"),
+        (SafetyReport(9.5, 0.7013, True, 2, 0.91, 0.5), "FLAGGED: P(unsafe) 0.910 > 0.7013 (score 9.5, cluster 2, p-value 0.5)"),
+        (SafetyReport(float("nan"), 230.5, True, -1, None, error="NaN in the activation"),
+         "FLAGGED: not scored (NaN in the activation)"),
+    ],
+)
+def test_report_describe_compares_what_decided_the_verdict_with_its_threshold(report, line):
+    # A calibrated guard flags by probability: its line must not set the score against the probability threshold.
+    assert report.describe() == line
+
+
+def test_describe_agrees_with_the_reports_of_an_uncalibrated_guard():  # calibrated: test_calibration.py
+    guard = fresh_guard()
+    for report in guard.reports(torch.randn(6, guard.config.hook.hidden_size)):
+        assert report.describe().startswith("FLAGGED: score" if report.flagged else "ok: score")
+        assert f" {report.threshold:.4g} (cluster {report.cluster}" in report.describe()
