@@ -100,7 +100,7 @@ def test_generate_in_bf16_with_a_guard_in_a_subfolder(model_dir, tmp_path, capsy
     main(["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guards"), "--subfolder", "screen",
           "--dtype", "bf16", "--device", "cpu", "--max-new-tokens", "2", "hi there"])  # fmt: skip
     out = capsys.readouterr().out
-    assert "(bf16)" in out and out.count("safety:") == 1 and f"threshold {guard.threshold:.4g}" in out
+    assert "(bf16)" in out and out.count("safety:") == 1 and f" {guard.threshold:.4g} (cluster " in out
 
 
 def test_generate_reads_a_guard_at_a_hub_revision(model_dir, hub_server, capsys):
@@ -109,7 +109,7 @@ def test_generate_reads_a_guard_at_a_hub_revision(model_dir, hub_server, capsys)
     guard.push_to_hub(repo, subfolder="screen", revision="v1")
     argv = ["generate", "--model", str(model_dir), "--guard", repo, "--subfolder", "screen", "--max-new-tokens", "1", "hi"]
     main([*argv, "--revision", "v1"])
-    assert f"threshold {guard.threshold:.4g}" in capsys.readouterr().out
+    assert f" {guard.threshold:.4g} (cluster " in capsys.readouterr().out
     with pytest.raises(EntryNotFoundError, match="has no subfolder 'screen' at revision 'main'"):
         main(argv)  # the guard was pushed to the branch v1 only
 
