@@ -65,11 +65,14 @@ def markdown(record: dict[str, Any]) -> str:
              f"(L1 {record['sae']['l1']}). {s['draws']} labelled draws of the 1% budget "
              f"({record['n_labelled_unsafe']} unsafe rows each, validation split only); ensemble = {s['ensemble']} "
              "k-means seeds calibrated on the same draw, probabilities averaged. Test rows only in the test columns.", "",
-             "| draw | labelled unsafe (harmful / toxic / jailbreak) | single: val AUROC | test AUROC | TPR@5% chat | chat flag rate | demo flagged | "
-             "ensemble: val AUROC | test AUROC | TPR@5% chat | chat flag rate | demo flagged |", "|---" * 12 + "|"]
+             "| draw | labelled unsafe (harmful / toxic / jailbreak) | clusters with labelled unsafe | "
+             "labelled unsafe in the demo row's cluster | single: val AUROC | test AUROC | TPR@5% chat | chat flag rate | demo flagged | "
+             "ensemble: val AUROC | test AUROC | TPR@5% chat | chat flag rate | demo flagged |", "|---" * 14 + "|"]
     for i, (a, b, n) in enumerate(zip(record["single"], record["ensemble"], record["labelled_unsafe"])):
-        lines.append(f"| {i} | {' / '.join(str(v) for v in n.values())} | " + " | ".join(sd.fmt(x[k]) for x in (a, b) for k in ("val_auroc_chat", "auroc_chat", "tpr5_chat",
-                                                                                       "chat_test_flag_rate", "demo_flagged")) + " |")
+        cells = [" / ".join(str(v) for v in n.values()), f"{a['clusters_with_labelled_unsafe']} of {s['K']}",
+                 str(a["labelled_unsafe_in_demo_cluster"])]
+        cells += [sd.fmt(x[k]) for x in (a, b) for k in ("val_auroc_chat", "auroc_chat", "tpr5_chat", "chat_test_flag_rate", "demo_flagged")]
+        lines.append(f"| {i} | " + " | ".join(cells) + " |")
     for name in ("single", "ensemble"):
         m = record["summary"][name]
         lines.append(f"\n**{name}**: test AUROC median {m['auroc_chat']['median']:.3f} (range {m['auroc_chat']['min']:.3f}-"
@@ -116,6 +119,9 @@ def main() -> None:
         record["ensemble"].append(verdicts(np.mean(probabilities, 0), rows, drawn, demo))
         pools = rows.pool[index[labels == 1]]
         record["labelled_unsafe"].append({pool: int((pools == pool).sum()) for pool in sd.SPLIT_UNSAFE_POOLS})
+        unsafe_clusters = members[0][1][index[labels == 1]]  # the single clustering's clusters of the labelled unsafe rows
+        record["single"][-1]["clusters_with_labelled_unsafe"] = len(set(unsafe_clusters.tolist()))
+        record["single"][-1]["labelled_unsafe_in_demo_cluster"] = int((unsafe_clusters == members[0][1][demo]).sum())
         print(f"[{time.strftime('%H:%M:%S')}] draw {draw}: single {record['single'][-1]} ensemble {record['ensemble'][-1]}", flush=True)
     record["n_labelled_unsafe"] = int(labels.sum())
     record["summary"] = {name: summary(record[name]) for name in ("single", "ensemble")}
