@@ -59,7 +59,8 @@ def summary(per_draw: list[dict[str, float]]) -> dict[str, Any]:
 
 def markdown(record: dict[str, Any]) -> str:
     s = record["settings"]
-    lines = [f"# Calibration draws and clustering ensembles: smollm2 prompt_last layer {s['layer']}", "",
+    position = "prompt_mean (benchmark only)" if s["mean_pooled"] else "prompt_last"
+    lines = [f"# Calibration draws and clustering ensembles: smollm2 {position} layer {s['layer']}", "",
              f"Command: `{record['env']['command']}` ({record['env']['utc']}, wall {record['wall_seconds']} s).", "",
              f"FreqMask-KM K={s['K']}, mask {s['mask']} ({s['scope']}), score {s['score']}; SAE {record['sae']['d_sae']} "
              f"(L1 {record['sae']['l1']}). {s['draws']} labelled draws of the 1% budget "
@@ -96,12 +97,18 @@ def main() -> None:
     parser.add_argument("--d-sae", type=int, default=2304)
     parser.add_argument("--l1-rel", type=float, default=0.1)
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--mean-pooled", action="store_true", help="the rows of benchmarks/mean_pool.py (collected with 2 shards)")
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
     start = time.time()
     record: dict[str, Any] = {"env": sd.environment(), "settings": dict(vars(args))}
-    rows = sd.load_rows("smollm2", "prompt_last", args.layer)
-    sae, record["sae"] = sd.get_sae(rows, f"smollm2/prompt_last/layer{args.layer}", args.d_sae, l1_for(rows, args.l1_rel), args.epochs)
+    if args.mean_pooled:
+        from mean_pool import mean_pooled_rows
+
+        rows, position = mean_pooled_rows(args.layer, num_shards=2), "prompt_mean"
+    else:
+        rows, position = sd.load_rows("smollm2", "prompt_last", args.layer), "prompt_last"
+    sae, record["sae"] = sd.get_sae(rows, f"smollm2/{position}/layer{args.layer}", args.d_sae, l1_for(rows, args.l1_rel), args.epochs)
     codes = sd.encode(sae, rows.X)
     demo = int(np.flatnonzero(rows.demo & (rows.pool == "harmful"))[0])
     members = [member_scores(codes, rows, sae, args.K, args.mask, args.scope, args.score, seed) for seed in range(args.ensemble)]
@@ -128,7 +135,7 @@ def main() -> None:
     probe = sd.probe_scores(rows.X.numpy(), rows)
     record["probe_demo_flagged"] = float(probe[demo] > sd.headline(probe, rows)["threshold"])
     record["wall_seconds"] = round(time.time() - start)
-    name = args.name or f"calibration_variance_smollm2_l{args.layer}_{args.score}"
+    name = args.name or f"calibration_variance_smollm2{'_prompt_mean' if args.mean_pooled else ''}_l{args.layer}_{args.score}"
     sd.write_json(RESULTS / f"{name}.json", record)
     (RESULTS / f"{name}.md").write_text(markdown(record))
     print(markdown(record))

@@ -25,8 +25,7 @@ from ..detectors.freqmask import FreqMaskKM
 from ..metrics import mean_std
 from ..sae import SparseAutoencoder
 from ..serialization import config_to_dict
-from ..settings import build_config as build_settings
-from ..settings import has_seed
+from ..settings import build_config as build_settings, has_seed
 from .diagnostics import freqmask_diagnostics
 from .protocol import EvalData, Splits, evaluate_detector, fit_detector, make_splits
 
