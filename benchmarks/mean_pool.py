@@ -19,18 +19,15 @@ import json
 import time
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 import chat_study
 import study_data as sd
-from hf_lsad.capture import encode_prompts
 from hf_lsad.data import POOLS, load_pool
-from hf_lsad.hook_point import decoder_layer
 from hf_lsad.pretrained import load_model
-from token_sae import BlockOutput, preamble_tokens
+from token_sae import preamble_tokens, prefill_block_output
 
 CACHE = sd.STUDY / "mean_pool"
 
@@ -46,13 +43,7 @@ def collect(args) -> None:
     out, start = torch.empty(len(order), model.config.hidden_size), time.time()
     for b in range(0, len(order), args.batch_size):
         batch = order[b : b + args.batch_size]
-        inputs = encode_prompts(tokenizer, [text[i] for i in batch])
-        recorder = BlockOutput(decoder_layer(model, args.layer)[1])
-        try:
-            model.generate(**inputs, max_new_tokens=1, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-        finally:
-            recorder.handle.remove()
-        hidden, lengths = recorder.output, inputs["attention_mask"].sum(1)  # [B, T, H], [B]
+        hidden, lengths = prefill_block_output(model, tokenizer, [text[i] for i in batch], args.layer)  # [B, T, H], [B]
         T = hidden.shape[1]
         for i in range(len(batch)):
             out[b + i] = hidden[i, T - int(lengths[i]) + skip :].mean(0)

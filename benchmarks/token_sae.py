@@ -60,6 +60,18 @@ class BlockOutput:
 
 
 @torch.no_grad()
+def prefill_block_output(model, tokenizer, texts: list[str], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([B, T, H] output of decoder block ``layer`` on the prefill, [B] real-token counts)`` of left-padded prompts."""
+    inputs = encode_prompts(tokenizer, texts)
+    recorder = BlockOutput(decoder_layer(model, layer)[1])
+    try:
+        model.generate(**inputs, max_new_tokens=1, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    finally:
+        recorder.handle.remove()
+    return recorder.output, inputs["attention_mask"].sum(1)
+
+
+@torch.no_grad()
 def collect(args) -> None:
     rows = sd.load_rows("smollm2", "prompt_last", args.layer)
     by_id = {i: k for k, i in enumerate(rows.ids)}
@@ -75,13 +87,7 @@ def collect(args) -> None:
     tokens, max_delta, start = [], 0.0, time.time()
     for b in range(0, len(prompts), args.batch_size):
         batch = prompts[b : b + args.batch_size]
-        inputs = encode_prompts(tokenizer, [p.text for p in batch])
-        recorder = BlockOutput(decoder_layer(model, args.layer)[1])
-        try:
-            model.generate(**inputs, max_new_tokens=1, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-        finally:
-            recorder.handle.remove()
-        hidden, lengths = recorder.output, inputs["attention_mask"].sum(1)  # [B, T, H], [B]
+        hidden, lengths = prefill_block_output(model, tokenizer, [p.text for p in batch], args.layer)  # [B, T, H], [B]
         T = hidden.shape[1]
         for i, p in enumerate(batch):
             positions = np.arange(T - int(lengths[i]) + skip, T)
