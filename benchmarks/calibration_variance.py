@@ -50,6 +50,21 @@ def verdicts(values: np.ndarray, rows: sd.Rows, drawn: np.ndarray, demo: int) ->
     return out
 
 
+def stratified_sample(rows: sd.Rows, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Like ``study_data.calibration_sample``, but ``round(1% x rows of the pool)`` unsafe rows from EACH unsafe pool."""
+    rng = np.random.default_rng(seed)
+    unsafe = []
+    for pool in sd.SPLIT_UNSAFE_POOLS:
+        candidates = np.flatnonzero(rows.m(pool, "val") & ~rows.demo)
+        k = max(1, round(sd.BUDGET * int(rows.m(pool).sum())))
+        unsafe.append(rng.choice(candidates, size=min(k, len(candidates)), replace=False))
+    drawn_unsafe = np.sort(np.concatenate(unsafe))
+    benign = np.flatnonzero(rows.m(sd.BENIGN_POOLS, "val") & ~rows.demo)
+    drawn_benign = np.sort(rng.choice(benign, size=len(benign) // 2, replace=False))
+    labels = np.concatenate([np.ones(len(drawn_unsafe)), np.zeros(len(drawn_benign))])
+    return np.concatenate([drawn_unsafe, drawn_benign]), labels, ["unsafe"] * len(drawn_unsafe) + ["safe"] * len(drawn_benign)
+
+
 def summary(per_draw: list[dict[str, float]]) -> dict[str, Any]:
     keys = METRICS + ("demo_flagged",)
     return {k: {"median": float(np.median([d[k] for d in per_draw])), "min": float(min(d[k] for d in per_draw)),
@@ -64,7 +79,8 @@ def markdown(record: dict[str, Any]) -> str:
              f"Command: `{record['env']['command']}` ({record['env']['utc']}, wall {record['wall_seconds']} s).", "",
              f"FreqMask-KM K={s['K']}, mask {s['mask']} ({s['scope']}), score {s['score']}; SAE {record['sae']['d_sae']} "
              f"(L1 {record['sae']['l1']}). {s['draws']} labelled draws of the 1% budget "
-             f"({record['n_labelled_unsafe']} unsafe rows each, validation split only); ensemble = {s['ensemble']} "
+             f"({record['n_labelled_unsafe']} unsafe rows each, {'1% of each unsafe pool' if s['stratified'] else 'drawn from all unsafe pools together'}, "
+             "validation split only); ensemble = {s['ensemble']} "
              "k-means seeds calibrated on the same draw, probabilities averaged. Test rows only in the test columns.", "",
              "| draw | labelled unsafe (harmful / toxic / jailbreak) | clusters with labelled unsafe | "
              "labelled unsafe in the demo row's cluster | single: val AUROC | test AUROC | TPR@5% chat | chat flag rate | demo flagged | "
@@ -97,6 +113,7 @@ def main() -> None:
     parser.add_argument("--d-sae", type=int, default=2304)
     parser.add_argument("--l1-rel", type=float, default=0.1)
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--stratified", action="store_true", help="1%% of EACH unsafe pool per draw (default: 1%% of all, drawn together)")
     parser.add_argument("--mean-pooled", action="store_true", help="the rows of benchmarks/mean_pool.py (collected with 2 shards)")
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
@@ -114,7 +131,7 @@ def main() -> None:
     members = [member_scores(codes, rows, sae, args.K, args.mask, args.scope, args.score, seed) for seed in range(args.ensemble)]
     record["single"], record["ensemble"], record["labelled_unsafe"] = [], [], []
     for draw in range(args.draws):
-        index, labels, groups = sd.calibration_sample(rows, draw)
+        index, labels, groups = (stratified_sample if args.stratified else sd.calibration_sample)(rows, draw)
         weights = importance_weights(groups, sd.BUDGET)
         drawn = np.zeros(len(rows.ids), bool)
         drawn[index] = True
@@ -135,7 +152,8 @@ def main() -> None:
     probe = sd.probe_scores(rows.X.numpy(), rows)
     record["probe_demo_flagged"] = float(probe[demo] > sd.headline(probe, rows)["threshold"])
     record["wall_seconds"] = round(time.time() - start)
-    name = args.name or f"calibration_variance_smollm2{'_prompt_mean' if args.mean_pooled else ''}_l{args.layer}_{args.score}"
+    variant = ("_prompt_mean" if args.mean_pooled else "") + ("_stratified" if args.stratified else "")
+    name = args.name or f"calibration_variance_smollm2{variant}_l{args.layer}_{args.score}"
     sd.write_json(RESULTS / f"{name}.json", record)
     (RESULTS / f"{name}.md").write_text(markdown(record))
     print(markdown(record))
