@@ -286,14 +286,9 @@ def collect_activations(
                 activations[i] = acts[row].float().cpu()
             continue
         output, acts = generate_with_activations(
-            model,
-            layer,
-            position,
-            **{k: v.to(device) for k, v in inputs.items()},
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-        )
+            model, layer, position, **{k: v.to(device) for k, v in inputs.items()},
+            max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+        )  # fmt: skip
         texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         for row, i in enumerate(batch):
             activations[i] = acts[row].float().cpu()

@@ -105,13 +105,9 @@ class FreqMaskKM(Detector):
 
     @torch.no_grad()
     def fit(
-        self,
-        activations: Tensor,
-        sae: SparseAutoencoder | None,
-        *,
-        progress: bool = True,
+        self, activations: Tensor, sae: SparseAutoencoder | None, *, progress: bool = True,
         batch_size: int = DEFAULT_BATCH_SIZE,
-    ) -> None:
+    ) -> None:  # fmt: skip
         """Fit on in-memory safe activations ``[n, d_in]``: :meth:`fit_rows` over the tensor."""
         self.fit_rows(TensorRows(activations), sae, progress=progress, batch_size=batch_size)
 
