@@ -50,21 +50,6 @@ def verdicts(values: np.ndarray, rows: sd.Rows, drawn: np.ndarray, demo: int) ->
     return out
 
 
-def stratified_sample(rows: sd.Rows, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Like ``study_data.calibration_sample``, but ``round(1% x rows of the pool)`` unsafe rows from EACH unsafe pool."""
-    rng = np.random.default_rng(seed)
-    unsafe = []
-    for pool in sd.SPLIT_UNSAFE_POOLS:
-        candidates = np.flatnonzero(rows.m(pool, "val") & ~rows.demo)
-        k = max(1, round(sd.BUDGET * int(rows.m(pool).sum())))
-        unsafe.append(rng.choice(candidates, size=min(k, len(candidates)), replace=False))
-    drawn_unsafe = np.sort(np.concatenate(unsafe))
-    benign = np.flatnonzero(rows.m(sd.BENIGN_POOLS, "val") & ~rows.demo)
-    drawn_benign = np.sort(rng.choice(benign, size=len(benign) // 2, replace=False))
-    labels = np.concatenate([np.ones(len(drawn_unsafe)), np.zeros(len(drawn_benign))])
-    return np.concatenate([drawn_unsafe, drawn_benign]), labels, ["unsafe"] * len(drawn_unsafe) + ["safe"] * len(drawn_benign)
-
-
 def summary(per_draw: list[dict[str, float]]) -> dict[str, Any]:
     keys = METRICS + ("demo_flagged",)
     return {k: {"median": float(np.median([d[k] for d in per_draw])), "min": float(min(d[k] for d in per_draw)),
@@ -131,7 +116,7 @@ def main() -> None:
     members = [member_scores(codes, rows, sae, args.K, args.mask, args.scope, args.score, seed) for seed in range(args.ensemble)]
     record["single"], record["ensemble"], record["labelled_unsafe"] = [], [], []
     for draw in range(args.draws):
-        index, labels, groups = (stratified_sample if args.stratified else sd.calibration_sample)(rows, draw)
+        index, labels, groups = sd.calibration_sample(rows, draw, stratified=args.stratified)
         weights = importance_weights(groups, sd.BUDGET)
         drawn = np.zeros(len(rows.ids), bool)
         drawn[index] = True

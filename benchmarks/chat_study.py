@@ -167,8 +167,9 @@ def l1_for(rows: sd.Rows, rel: float) -> float:
     return round(rel * rms, 4)
 
 
-def run_layer(args, layer: int) -> dict[str, Any]:
-    rows = sd.load_rows(args.model, args.position, layer)
+def run_layer(args, layer: int, rows: sd.Rows | None = None) -> dict[str, Any]:
+    """The main table at one layer, on ``rows`` (default: the stores of ``args.model`` / ``args.position``)."""
+    rows = rows if rows is not None else sd.load_rows(args.model, args.position, layer)
     fit_rows = torch.from_numpy(np.flatnonzero(rows.fit_mask))
     key = f"{args.model}/{args.position}/layer{layer}"
     l1 = l1_for(rows, args.l1_rel)

@@ -72,13 +72,12 @@ def mean_pooled_rows(layer: int, num_shards: int) -> sd.Rows:
 
 def study(args) -> None:
     rows = mean_pooled_rows(args.layer, args.num_shards)
-    sd.load_rows = lambda model, position, layer, pools=sd.ALL_POOLS: rows  # chat_study reads the rows through this
     run_args = SimpleNamespace(model="smollm2", position="prompt_mean", d_sae=2304, l1_rel=0.1, epochs=5, lr=1e-3,
                                learned_layers=[])
     record = {"model": "smollm2", "position": "prompt_mean (benchmark only)", "env": sd.environment(),
               "settings": dict(vars(args)), "protocol": sd.__doc__}
     start = time.time()
-    record["layers"] = {str(args.layer): chat_study.run_layer(run_args, args.layer)}
+    record["layers"] = {str(args.layer): chat_study.run_layer(run_args, args.layer, rows)}
     record["status"] = "complete"
     record["wall_seconds"] = round(time.time() - start)
     name = f"chat_study_smollm2_prompt_mean_L{args.layer}"

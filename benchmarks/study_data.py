@@ -145,7 +145,6 @@ class Rows:
     ids: list[str]
     demo: np.ndarray
     missing_pools: list[str] = field(default_factory=list)
-    n_unsafe_total: int = 0
 
     def m(self, pools: tuple[str, ...] | str | None = None, split: tuple[str, ...] | str | None = None) -> np.ndarray:
         keep = np.ones(len(self.ids), bool)
@@ -196,9 +195,7 @@ def load_rows(model: str, position: str, layer: int, pools: tuple[str, ...] = AL
     group = np.where(pool_a == "chat", "chat", dom_a)
     split = np.array([split_of(p, i, _DEMO) for p, i in zip(pool_l, ids)])
     demo = np.array([i in _DEMO for i in ids])
-    rows = Rows(torch.cat(parts), pool_a, dom_a, group, split, ids, demo, missing)
-    rows.n_unsafe_total = int(rows.m(SPLIT_UNSAFE_POOLS).sum())
-    return rows
+    return Rows(torch.cat(parts), pool_a, dom_a, group, split, ids, demo, missing)
 
 
 # ----------------------------------------------------------------------------- SAEs
@@ -298,13 +295,19 @@ def mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([d[k] for d in dicts])) for k in sorted(keys)}
 
 
-def calibration_sample(rows: Rows, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(row indices, labels, groups) of the 1% labelled sample, drawn from the validation split only."""
+def calibration_sample(rows: Rows, seed: int, *, stratified: bool = False) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(row indices, labels, groups) of the 1% labelled sample, drawn from the validation split only.
+
+    ``stratified``: ``round(1% x rows of the pool)`` unsafe rows from EACH unsafe pool instead of 1% of all drawn together."""
     rng = np.random.default_rng(seed)
-    unsafe = np.flatnonzero(rows.m(SPLIT_UNSAFE_POOLS, "val") & ~rows.demo)
+    strata = [(pool,) for pool in SPLIT_UNSAFE_POOLS] if stratified else [SPLIT_UNSAFE_POOLS]
+    drawn = []
+    for pools in strata:
+        candidates = np.flatnonzero(rows.m(pools, "val") & ~rows.demo)
+        k = max(1, round(BUDGET * int(rows.m(pools).sum())))
+        drawn.append(rng.choice(candidates, size=min(k, len(candidates)), replace=False))
+    drawn_unsafe = np.sort(np.concatenate(drawn))
     benign = np.flatnonzero(rows.m(BENIGN_POOLS, "val") & ~rows.demo)
-    k = max(1, round(BUDGET * rows.n_unsafe_total))
-    drawn_unsafe = np.sort(rng.choice(unsafe, size=min(k, len(unsafe)), replace=False))
     drawn_benign = np.sort(rng.choice(benign, size=len(benign) // 2, replace=False))
     index = np.concatenate([drawn_unsafe, drawn_benign])
     labels = np.concatenate([np.ones(len(drawn_unsafe)), np.zeros(len(drawn_benign))])
