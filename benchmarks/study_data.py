@@ -295,16 +295,23 @@ def mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([d[k] for d in dicts])) for k in sorted(keys)}
 
 
-def calibration_sample(rows: Rows, seed: int, *, stratified: bool = False) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def calibration_sample(
+    rows: Rows, seed: int, *, stratified: bool = False, unsafe_pools: tuple[str, ...] = SPLIT_UNSAFE_POOLS
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(row indices, labels, groups) of the 1% labelled sample, drawn from the validation split only.
 
-    ``stratified``: ``round(1% x rows of the pool)`` unsafe rows from EACH unsafe pool instead of 1% of all drawn together."""
+    ``stratified``: ``round(1% x rows of the pool)`` unsafe rows from EACH unsafe pool instead of 1% of all drawn
+    together. ``unsafe_pools``: draw the unsafe rows from these pools only (the budget stays 1% of all unsafe
+    rows), to measure a harm category that no label covers."""
+    unknown = set(unsafe_pools) - set(SPLIT_UNSAFE_POOLS)
+    if unknown or not unsafe_pools:
+        raise ValueError(f"unsafe_pools must be a non-empty subset of {SPLIT_UNSAFE_POOLS}, got {unsafe_pools}")
     rng = np.random.default_rng(seed)
-    strata = [(pool,) for pool in SPLIT_UNSAFE_POOLS] if stratified else [SPLIT_UNSAFE_POOLS]
+    strata = [((pool,), (pool,)) for pool in unsafe_pools] if stratified else [(unsafe_pools, SPLIT_UNSAFE_POOLS)]
     drawn = []
-    for pools in strata:
+    for pools, budget_pools in strata:
         candidates = np.flatnonzero(rows.m(pools, "val") & ~rows.demo)
-        k = max(1, round(BUDGET * int(rows.m(pools).sum())))
+        k = max(1, round(BUDGET * int(rows.m(budget_pools).sum())))
         drawn.append(rng.choice(candidates, size=min(k, len(candidates)), replace=False))
     drawn_unsafe = np.sort(np.concatenate(drawn))
     benign = np.flatnonzero(rows.m(BENIGN_POOLS, "val") & ~rows.demo)
@@ -345,20 +352,29 @@ def evaluate_scores(scores: np.ndarray, clusters: np.ndarray | None, n_clusters:
 # ----------------------------------------------------------------------------- probe and kNN
 
 
-def probe_scores(F: np.ndarray, rows: Rows) -> np.ndarray:
-    """SUPERVISED ceiling: logistic regression on validation rows (unsafe vs benign), a score for every row."""
+def probe_scores(F: np.ndarray, rows: Rows, labelled: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """SUPERVISED logistic regression (unsafe vs benign), a score for every row.
+
+    By default trained on every validation row: the ceiling. ``labelled = (row indices, labels)`` trains it on
+    that sample only, e.g. the 1% calibration draw (:func:`calibration_sample`): a probe with the labels the
+    calibrated detector had. Its balanced class weights stand in for the draw's importance weights, which are
+    the same within each class.
+    """
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    pos = rows.m(SPLIT_UNSAFE_POOLS, "val") & ~rows.demo
-    neg = rows.m(BENIGN_POOLS, "val") & ~rows.demo
-    train = pos | neg
+    if labelled is None:
+        pos = rows.m(SPLIT_UNSAFE_POOLS, "val") & ~rows.demo
+        train = pos | (rows.m(BENIGN_POOLS, "val") & ~rows.demo)
+        index, y = np.flatnonzero(train), pos[train].astype(int)
+    else:
+        index, y = labelled[0], np.asarray(labelled[1]).astype(int)
     model = make_pipeline(
         StandardScaler(),
         LogisticRegressionCV(Cs=[0.01, 0.1, 1.0], cv=3, scoring="roc_auc", class_weight="balanced", max_iter=500),
     )
-    model.fit(F[train], pos[train].astype(int))
+    model.fit(F[index], y)
     return model.decision_function(F)
 
 
