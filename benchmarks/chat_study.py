@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -179,7 +178,9 @@ def run_layer(args, layer: int, rows: sd.Rows | None = None) -> dict[str, Any]:
     counts = {f"{p}/{s}": int(rows.m(p, s).sum()) for p in sd.ALL_POOLS for s in ("fit", "val", "test") if rows.m(p, s).sum()}
     layer_out: dict[str, Any] = {"sae": meta, "counts": counts, "missing_pools": rows.missing_pools, "methods": {}}
     methods = layer_out["methods"]
-    log = lambda name: print(f"[{time.strftime('%H:%M:%S')}] layer {layer} {name}", flush=True)
+
+    def log(name: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] layer {layer} {name}", flush=True)
 
     log("probe")
     for name, F in (("probe (raw)", rows.X.numpy()), ("probe (SAE codes)", codes.numpy())):

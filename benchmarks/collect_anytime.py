@@ -49,13 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import collect_layer_sweep
 import collect_qwen05
 import collect_response_layers
-from qwen05_model import load_qwen05
-
 from hf_lsad.capture import collect_activations
-from hf_lsad.hook_point import HookPoint
 from hf_lsad.data import Prompt, load_pool
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.pretrained import load_model
 from hf_lsad.store import INDEX, load_activations, save_activations
+from qwen05_model import load_qwen05
 
 BatchFn = Callable[[list[str]], tuple[dict[int, torch.Tensor], list[dict[str, Any]]]]
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_lsad.hook_point import HookPoint, decoder_layer
 from hf_lsad.capture import LastPositionRecorder, encode_prompts
 from hf_lsad.data import load_pool
+from hf_lsad.hook_point import HookPoint, decoder_layer
 from hf_lsad.pretrained import load_model
 from hf_lsad.store import INDEX, save_activations
 

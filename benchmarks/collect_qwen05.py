@@ -38,12 +38,11 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from qwen05_model import load_qwen05
-
 from hf_lsad.capture import LastPositionRecorder, collect_activations, encode_prompts
-from hf_lsad.hook_point import HookPoint, decoder_layer
 from hf_lsad.data import load_pool
+from hf_lsad.hook_point import HookPoint, decoder_layer
 from hf_lsad.store import INDEX, save_activations
+from qwen05_model import load_qwen05
 
 POSITION = "prompt_last"
 

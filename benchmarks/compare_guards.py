@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 import torch
 
 import study_data as sd

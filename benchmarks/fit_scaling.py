@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from common import (
     environment,
     load_average,
@@ -45,10 +46,9 @@ from common import (
     synthetic_activations,
     write_result,
 )
-
-from hf_lsad.hook_point import HookPoint
 from hf_lsad.clustering import KMeansConfig, training_sample
 from hf_lsad.detectors import FreqMaskConfig, FreqMaskKM
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.store import ActivationStore, TensorRows, save_activations
 
 MIB = 2**20

@@ -15,6 +15,7 @@ import json
 import platform
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -51,8 +52,8 @@ def main() -> None:
     for batch_size in args.batch_sizes:
         inputs = encode_prompts(tokenizer, prompts[:batch_size])
         with torch.no_grad():
-            plain_fn = lambda: model.generate(**inputs, **settings)  # noqa: E731
-            guarded_fn = lambda: guarded.generate(**inputs, **settings)  # noqa: E731
+            plain_fn = partial(model.generate, **inputs, **settings)
+            guarded_fn = partial(guarded.generate, **inputs, **settings)
             assert torch.equal(plain_fn(), guarded_fn())  # warm-up, and the same sequences
             plain, guard = [], []
             for _ in range(args.repeats):

@@ -20,15 +20,16 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
-from common import environment, load_average, mean_l0, set_threads, sparse_random_sae, write_result
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
-from hf_lsad.hook_point import HookPoint
+from common import environment, load_average, mean_l0, set_threads, sparse_random_sae, write_result
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.fitting import fit_guard
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.modeling import GuardedModelForCausalLM
 
 
@@ -111,8 +112,8 @@ def main() -> None:
     for batch_size in args.batch_sizes:
         inputs = dict(input_ids=prompts[:batch_size], attention_mask=torch.ones_like(prompts[:batch_size]))
         with torch.no_grad():
-            plain_fn = lambda: model.generate(**inputs, **settings)  # noqa: E731
-            guarded_fn = lambda: guarded.generate(**inputs, **settings)  # noqa: E731
+            plain_fn = partial(model.generate, **inputs, **settings)
+            guarded_fn = partial(guarded.generate, **inputs, **settings)
             assert torch.equal(plain_fn(), guarded_fn())  # warm-up, and the same sequences
             load_before, plain, guard_s = load_average(), [], []
             for _ in range(args.repeats):

@@ -65,7 +65,7 @@ def main() -> None:
             "n_test": len(splits.safe_test), "unsafe_rows_per_category": N_OTHER, "benign_ood_rows": N_OTHER,
             "hidden_size": D, "d_sae": D_SAE, "n_clusters": 50, "mask_size": 100, "seeds": 1,
             "cpu_count": os.cpu_count(), "load_average_1min_at_end": os.getloadavg()[0],
-        },  # fmt: skip
+        },
         "sae_training_seconds_not_timed": sae_seconds,
         "grid_point": grid_point,
         "grid_point_with_diagnostics": with_diagnostics,

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from hf_lsad.splits import split_safe
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.splits import split_safe
 from hf_lsad.store import load_activations
 
 RESULTS = Path(__file__).parent / "results"
@@ -64,10 +64,24 @@ def reconstruct_with(lora, detector, sae, batch: torch.Tensor, clusters: torch.T
     return sae.decoder(masked) + lora(masked, detector.decoder_lora_A, detector.decoder_lora_B, clusters)
 
 
+def inference_paths(
+    detector, sae, peft_model, batch: torch.Tensor, clusters: torch.Tensor
+) -> dict[str, Callable[[], object]]:
+    """The reconstructions of ``batch`` to time, by name, each a call that takes no argument."""
+    names = [f"cluster_{c}" if detector.state.cluster_ranks[c] else "__base__" for c in clusters.tolist()]
+    return {
+        "stacked_grouped": lambda: detector.reconstruct(batch, sae, clusters),
+        "stacked_block_dense": lambda: reconstruct_with(lora_block_dense, detector, sae, batch, clusters),
+        "stacked_row_gather": lambda: reconstruct_with(lora_row_gather, detector, sae, batch, clusters),
+        # The mask gather is part of the peft path too: peft knows nothing of masks.
+        "peft": lambda: peft_model(batch, detector.masks[clusters], adapter_names=names),
+    }
+
+
 def median_seconds(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Median wall time of each call; calls alternate so that load changes on a shared machine hit both alike."""
     times: dict[str, list[float]] = {name: [] for name in calls}
-    for name, call in calls.items():
+    for call in calls.values():
         call()  # warm-up
     for _ in range(repeats):
         for name, call in calls.items():
@@ -98,14 +112,7 @@ def main() -> None:
         for batch_size in args.batch_sizes:
             batch = rows[torch.randint(len(rows), (batch_size,), generator=generator)]
             clusters = detector(batch, sae).clusters
-            names = [f"cluster_{c}" if detector.state.cluster_ranks[c] else "__base__" for c in clusters.tolist()]
-            paths = {
-                "stacked_grouped": lambda: detector.reconstruct(batch, sae, clusters),
-                "stacked_block_dense": lambda: reconstruct_with(lora_block_dense, detector, sae, batch, clusters),
-                "stacked_row_gather": lambda: reconstruct_with(lora_row_gather, detector, sae, batch, clusters),
-                # The mask gather is part of the peft path too: peft knows nothing of masks.
-                "peft": lambda: peft_model(batch, detector.masks[clusters], adapter_names=names),
-            }
+            paths = inference_paths(detector, sae, peft_model, batch, clusters)
             kept = paths["stacked_grouped"]()
             difference = max((path() - kept).abs().max().item() for path in paths.values())
             seconds = median_seconds(paths, args.repeats)

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 import study_data as sd
-from hf_lsad.calibration import fit_affine_calibration, importance_weights
 from chat_study import CodesAsInput, fit_freqmask, freqmask_variant, l1_for, score_detector
+from hf_lsad.calibration import fit_affine_calibration, importance_weights
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import detector_class
 from hf_lsad.detectors.gmm import GMMConfig

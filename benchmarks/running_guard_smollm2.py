@@ -36,9 +36,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from common import environment, load_average, write_result
 from safetensors.torch import load_file, save_file
 
+from common import environment, load_average, write_result
 from hf_lsad.capture import encode_prompts
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.data import load_pool

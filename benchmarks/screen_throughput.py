@@ -24,14 +24,13 @@ import statistics
 import time
 
 import torch
-from common import environment, load_average, write_result
 
+from common import environment, load_average, write_result
 from hf_lsad.capture import encode_prompts, prefill_activations
 from hf_lsad.data import load_pool
-from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.pretrained import load_model
-from hf_lsad.guard import DEFAULT_GUARD
 
 
 def timed(fn) -> float:

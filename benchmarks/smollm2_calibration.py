@@ -38,12 +38,12 @@ import numpy as np
 import torch
 
 from hf_lsad.calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
-from hf_lsad.threshold import fpr_threshold
 from hf_lsad.data import UNSAFE_POOLS
-from hf_lsad.splits import split_safe
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.metrics import auroc, flag_rate, mean_std
+from hf_lsad.splits import split_safe
 from hf_lsad.store import load_activations
+from hf_lsad.threshold import fpr_threshold
 
 PAPER_BUDGETS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 2e-2)
 SEEDS = (0, 1, 2, 3, 4)
@@ -88,7 +88,7 @@ def evaluate_guard(guard: SafetyGuard, groups: dict[str, torch.Tensor], budgets:
             lambdas.append(calibrations["after"].lam)
             negative_slopes.append(sum(a < 0 for a in calibrations["after"].slopes))
 
-            def evaluation(g: str, kind: str) -> np.ndarray:
+            def evaluation(g: str, kind: str, split=split, calibrations=calibrations) -> np.ndarray:
                 rows = split[g][1]
                 if kind == "before":
                     return scores[g][rows]

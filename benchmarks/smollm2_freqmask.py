@@ -26,11 +26,11 @@ from hf_lsad.clustering import KMeansConfig
 from hf_lsad.data import UNSAFE_POOLS
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.fitting import fit_guard
-from hf_lsad.splits import split_safe
+from hf_lsad.guard import DEFAULT_GUARD
 from hf_lsad.metrics import auroc, tpr_at_fpr
 from hf_lsad.model_card import describe_records
-from hf_lsad.guard import DEFAULT_GUARD
 from hf_lsad.sae import SAETrainConfig, sae_stats, train_sae
+from hf_lsad.splits import split_safe
 from hf_lsad.store import load_activations
 
 D_SAE = 2304

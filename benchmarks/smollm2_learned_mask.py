@@ -44,18 +44,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_lsad.threshold import fpr_threshold
 from hf_lsad.calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.data import UNSAFE_POOLS
 from hf_lsad.detectors import FreqMaskConfig, GMMConfig, MahalanobisConfig, OCSVMConfig, detector_class
 from hf_lsad.detectors.learned_mask import LearnedMaskConfig
 from hf_lsad.fitting import fit_guard
-from hf_lsad.splits import split_safe
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.metrics import auroc, flag_rate, mean_std, tpr_at_fpr
 from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
+from hf_lsad.splits import split_safe
 from hf_lsad.store import load_activations
+from hf_lsad.threshold import fpr_threshold
 
 D_SAE = 2304
 SAE_TRAINING = SAETrainConfig(l1_coefficient=1.0, epochs=30, seed=0)
@@ -122,7 +122,7 @@ def calibrated_rows(guard: SafetyGuard, holdout: torch.Tensor, pools: dict[str, 
         )
         first_calibration = first_calibration or calibration
         for kind in ("raw", "calibrated"):
-            def transform(g: str, rows: np.ndarray) -> np.ndarray:
+            def transform(g: str, rows: np.ndarray, kind=kind, calibration=calibration) -> np.ndarray:
                 s, c = groups[g][0][rows], groups[g][1][rows]
                 return s.numpy() if kind == "raw" else calibration.logits(s, c).numpy()
 

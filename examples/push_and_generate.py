@@ -45,10 +45,10 @@ UNSAFE_POOLS = ("harmful", "toxic")
 def fit_and_push(args: argparse.Namespace, workdir: Path) -> tuple[str, str, Path | None]:
     """Steps 1-4; returns the repo id, the commit sha, and the tiny model's folder (None for SmolLM2)."""
     from hf_lsad import FreqMaskConfig, SAETrainConfig, fit_guard, train_sae
-    from hf_lsad.hook_point import HookPoint
     from hf_lsad.capture import collect_activations
     from hf_lsad.clustering import KMeansConfig
     from hf_lsad.data import load_pool
+    from hf_lsad.hook_point import HookPoint
     from hf_lsad.metrics import auroc, flag_rate, tpr_at_fpr
     from hf_lsad.model_card import describe_records
     from hf_lsad.pretrained import load_model

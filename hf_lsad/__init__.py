@@ -43,8 +43,8 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "ActivationStore",
     "DETECTORS",
+    "ActivationStore",
     "DegenerateFitWarning",
     "Detector",
     "FreqMaskConfig",
@@ -85,12 +85,12 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from .capture import collect_activations, encode_prompts, generate_with_activations
-    from .pretrained import load_model
-    from .sae_formats import load_sae
     from .detectors import DETECTORS, Detector, FreqMaskConfig, FreqMaskKM, register_detector
     from .fitting import fit_guard
     from .guard import GuardConfig, SafetyGuard, SafetyReport
     from .hook_point import HookPoint
     from .modeling import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
+    from .pretrained import load_model
     from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, train_sae
+    from .sae_formats import load_sae
     from .store import ActivationStore

@@ -27,8 +27,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from . import cli_arguments as arguments
-from . import cli_commands as commands
+from . import cli_arguments as arguments, cli_commands as commands
 from .version import __version__
 
 DEFAULT_METHOD = "freqmask-km"

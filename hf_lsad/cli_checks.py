@@ -53,7 +53,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
     for name, (ok, expected) in _RANGES.items():
         value = getattr(args, name, None)
-        if value is not None and (isinstance(value, float) and not math.isfinite(value) or not ok(value)):
+        if value is not None and ((isinstance(value, float) and not math.isfinite(value)) or not ok(value)):
             parser.error(f"argument {_flag(name)}: {value!r} is not {expected}")
     for name in _STORES.get(args.command, []):
         values = getattr(args, name, None)
@@ -170,7 +170,7 @@ def run(main: Callable[[Sequence[str]], None], argv: Sequence[str] | None = None
             print(f"{PROG}: error: {_one_line(exit_)}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
-    except Exception as err:  # noqa: BLE001 - the one place that turns any failure into a one-line error
+    except Exception as err:  # the one place that turns any failure into a one-line error
         name = type(err).__name__
         print(f"{PROG}: error: {name}: {_one_line(err)} (run with --debug for the traceback)", file=sys.stderr)
         raise SystemExit(1) from None

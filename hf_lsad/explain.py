@@ -95,7 +95,7 @@ def _store_texts(records: list[dict[str, Any]]) -> list[str]:
         for pool in POOLS:
             try:
                 prompts = load_pool(pool)
-            except Exception:  # noqa: BLE001 - a pool that cannot be read just names no prompt
+            except Exception:  # a pool that cannot be read just names no prompt
                 continue
             texts.update((p.id, p.text) for p in prompts if p.id in wanted)
     return [r.get("text") or r.get("prompt") or texts.get(r.get("id"), f"<{r.get('id')}>") for r in records]

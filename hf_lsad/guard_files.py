@@ -35,8 +35,8 @@ from torch import Tensor
 from .calibration import AffineCalibration
 from .config_validation import check_guard_header
 from .detectors import detector_class
-from .guard_types import GuardConfig
 from .guard_integrity import INTEGRITY_KEY, canonical_json, integrity_record, settings_record, verify_integrity
+from .guard_types import GuardConfig
 from .hub import upload_pretrained_dir
 from .prompt_inputs import InputProfile
 from .running_guard import RunningConfig

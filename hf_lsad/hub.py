@@ -22,8 +22,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from huggingface_hub import CommitInfo, HfApi, snapshot_download
-from huggingface_hub import constants as hf_constants
+from huggingface_hub import CommitInfo, HfApi, constants as hf_constants, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 from huggingface_hub.utils import filter_repo_objects
 

@@ -61,7 +61,7 @@ def sequence_statistic(scores: Tensor, patience: int) -> tuple[Tensor, Tensor]:
     consecutive from the first step), ``t*`` the index of the last token of the window
     that attains it (``-1`` and ``S = -inf`` for a row with no scored token).
     """
-    batch, steps = scores.shape
+    batch, _steps = scores.shape
     stat = torch.full((batch,), float("-inf"))
     at = torch.full((batch,), -1, dtype=torch.long)
     for row in range(batch):

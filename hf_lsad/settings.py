@@ -18,6 +18,7 @@ import textwrap
 import types
 import typing
 from collections.abc import Iterator, Mapping
+from itertools import pairwise
 from typing import Any, Literal, TypeVar
 
 from .serialization import config_from_dict, config_to_dict
@@ -73,7 +74,7 @@ def field_docs(cls: type) -> dict[str, str]:
         if not dataclasses.is_dataclass(klass):
             continue
         body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        for node, after in zip(body, body[1:]):
+        for node, after in pairwise(body):
             if (
                 isinstance(node, ast.AnnAssign)
                 and isinstance(node.target, ast.Name)
@@ -94,7 +95,7 @@ def config_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, Any, Any, 
         hint = hints[field.name]
         if dataclasses.is_dataclass(hint):
             nested_default = getattr(cls(), field.name)
-            for name, kind, default, doc in config_fields(hint, f"{prefix}{field.name}."):
+            for name, kind, _default, doc in config_fields(hint, f"{prefix}{field.name}."):
                 yield name, kind, _dotted_get(config_to_dict(nested_default), name[len(prefix) + len(field.name) + 1 :]), doc
         else:
             yield f"{prefix}{field.name}", hint, defaults[field.name], docs.get(field.name, "")

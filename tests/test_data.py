@@ -360,7 +360,7 @@ def test_load_hub_prompts_with_fake_datasets(fake_datasets: list[tuple]) -> None
 
 
 def test_load_hub_prompts_missing_field(fake_datasets: list[tuple]) -> None:
-    with pytest.raises(ValueError, match="'prompt' not found.*instruction"):
+    with pytest.raises(ValueError, match=r"'prompt' not found.*instruction"):
         load_hub_prompts("org/ds", category="harmful")
 
 

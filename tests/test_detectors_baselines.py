@@ -13,8 +13,6 @@ from torch import nn
 
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import (
-    KNNConfig,
-    KNNDistance,
     CVDD,
     DETECTORS,
     CVDDConfig,
@@ -23,6 +21,8 @@ from hf_lsad.detectors import (
     FreqMaskConfig,
     GaussianMixtureDetector,
     GMMConfig,
+    KNNConfig,
+    KNNDistance,
     LearnedMaskConfig,
     LinearProbe,
     LinearProbeConfig,
@@ -36,7 +36,6 @@ from hf_lsad.detectors import (
 from hf_lsad.fitting import fit_guard
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.hook_point import HookPoint
-from hf_lsad.metrics import auroc
 from hf_lsad.sae import SAEConfig, SparseAutoencoder
 from hf_lsad.serialization import GuardFormatError, load_module, save_module
 

@@ -110,7 +110,7 @@ def test_variants_recover_clusters_and_flag_off_support_codes(variant, tmp_path)
 
 def test_local_masks_follow_cluster_frequencies_and_global_mask_is_shared():
     g = torch.Generator().manual_seed(2)
-    safe, labels = clustered_codes(100, g)
+    safe, _labels = clustered_codes(100, g)
     local = FreqMaskKM(FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=5, mask_scope="local"), 60, 60)
     local.fit(safe, IdentityEncoder(), progress=False)
     masks = {tuple(row.tolist()) for row in local.mask_indices}

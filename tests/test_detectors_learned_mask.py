@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 
 import pytest
 import torch
@@ -103,7 +103,7 @@ def random_sae(d_in: int = 16, d_sae: int = 48) -> SparseAutoencoder:
 FAST = dict(stage1_steps=80, lora_epochs=5, lora_batch_size=64)
 
 
-@lru_cache(maxsize=None)
+@cache
 def fitted(**overrides) -> tuple[LearnedMaskLoRA, SparseAutoencoder, torch.Tensor]:
     """A detector fitted on three clusters of 240, 90 and 12 rows: LoRA, mask only, base SAE."""
     settings = dict(kmeans=KMeansConfig(n_clusters=3, seed=0), min_cluster_size=30, lora_min_cluster_size=150) | FAST

@@ -167,7 +167,7 @@ def test_cli_grid_end_to_end_writes_the_report(tmp_path, monkeypatch):
     assert "| Method | Local | harmful | toxic | mean |" in report
 
     # a second run reuses the cached SAE; asking for other SAE settings is refused
-    main(args[:-4] + ["--out", str(tmp_path / "again")])
+    main([*args[:-4], "--out", str(tmp_path / "again")])
     assert json.loads((tmp_path / "again" / "results.json").read_text())["sae"]["trained_here"] is False
     with pytest.raises(ValueError, match="trained with"):
         main([a if a != "3" else "4" for a in args])

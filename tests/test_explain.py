@@ -10,11 +10,11 @@ import torch
 from tiny import LAYER, MIXED_BATCH, PROMPTS, tiny_guard
 
 from hf_lsad.capture import collect_activations, encode_prompts
-from hf_lsad.hook_point import HookPoint
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.explain_cli import explain_command
 from hf_lsad.fitting import fit_guard
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.store import ActivationStore, save_activations
 

@@ -48,7 +48,7 @@ def test_guard_for_another_hidden_size_is_refused(saved_guard):
     _, path = saved_guard
     other, _ = tiny_model("qwen2")
     other.config.hidden_size = 48
-    with pytest.raises(ValueError, match="hidden size 32.*has hidden size 48"):
+    with pytest.raises(ValueError, match=r"hidden size 32.*has hidden size 48"):
         GuardedModelForCausalLM(other, SafetyGuard.from_pretrained(path))
 
 
@@ -56,7 +56,7 @@ def test_guard_for_a_deeper_model_is_refused(saved_guard):
     guard, _ = saved_guard
     guard.config.hook.num_hidden_layers = 12
     model, _ = tiny_model("llama")
-    with pytest.raises(ValueError, match="12 decoder layers.*has 4"):
+    with pytest.raises(ValueError, match=r"12 decoder layers.*has 4"):
         GuardedModelForCausalLM(model, guard)
 
 
@@ -64,7 +64,7 @@ def test_truncated_safetensors_is_refused(saved_guard):
     _, path = saved_guard
     data = (path / "detector.safetensors").read_bytes()
     (path / "detector.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(GuardFormatError, match="detector.safetensors is not a readable safetensors file"):
+    with pytest.raises(GuardFormatError, match=r"detector\.safetensors is not a readable safetensors file"):
         SafetyGuard.from_pretrained(path)
 
 
@@ -98,7 +98,7 @@ def test_inconsistent_configs_are_refused(saved_guard, edit, message):
 def test_missing_files_are_refused(saved_guard):
     _, path = saved_guard
     (path / "sae" / "sae.safetensors").unlink()
-    with pytest.raises(GuardFormatError, match="missing file .*sae.safetensors"):
+    with pytest.raises(GuardFormatError, match=r"missing file .*sae\.safetensors"):
         SafetyGuard.from_pretrained(path)
     with pytest.raises(FileNotFoundError):
         SafetyGuard.from_pretrained(path / "nowhere")

@@ -247,7 +247,7 @@ def test_base_model_mismatch_is_refused_unless_overridden(hub_server, hub_cache,
     # The constructor has the same switch; an unnamed model (from_config) is not checked.
     model, _ = tiny_model("llama")
     model.config.name_or_path = "someone/else"
-    with pytest.raises(ValueError, match="'tiny-llama'.*'someone/else'"):
+    with pytest.raises(ValueError, match=r"'tiny-llama'.*'someone/else'"):
         GuardedModelForCausalLM(model, guard)
     with pytest.warns(UserWarning, match="'someone/else'"):
         GuardedModelForCausalLM(model, guard, allow_base_model_mismatch=True)
@@ -260,7 +260,7 @@ def test_shape_mismatches_stay_errors_with_the_override():
     model, _ = tiny_model("llama")
     model.config.name_or_path = "someone/else"
     guard.config.hook.num_hidden_layers = 12
-    with pytest.raises(ValueError, match="12 decoder layers.*has 4"):
+    with pytest.raises(ValueError, match=r"12 decoder layers.*has 4"):
         GuardedModelForCausalLM(model, guard, allow_base_model_mismatch=True)
     guard = fresh_guard()
     guard.config.hook.hidden_size = 48

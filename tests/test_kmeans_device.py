@@ -41,7 +41,7 @@ def test_without_faiss_gpus_auto_is_the_cpu_and_gpu_is_an_error(monkeypatch):
     monkeypatch.delattr(faiss, "StandardGpuResources", raising=False)  # a faiss-cpu build
     assert faiss_gpu_count() == 0
     assert kmeans_device("auto") == "cpu" and kmeans_device("cpu") == "cpu"
-    with pytest.raises(RuntimeError, match="GPU k-means was requested but faiss .* has no GPU API .*faiss-gpu"):
+    with pytest.raises(RuntimeError, match=r"GPU k-means was requested but faiss .* has no GPU API .*faiss-gpu"):
         kmeans_device("gpu")
     with pytest.raises(RuntimeError, match="GPU k-means"), use_kmeans_device("gpu"):
         pytest.fail("the block must not run")

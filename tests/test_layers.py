@@ -87,9 +87,9 @@ def test_no_import_cycle():
     def visit(node: str, trail: list[str]) -> None:
         state[node] = 1
         for nxt in graph[node]:
-            assert state.get(nxt) != 1, f"import cycle: {' -> '.join(trail + [node, nxt])}"
+            assert state.get(nxt) != 1, f"import cycle: {' -> '.join([*trail, node, nxt])}"
             if nxt not in state:
-                visit(nxt, trail + [node])
+                visit(nxt, [*trail, node])
         state[node] = 2
 
     for node in graph:

@@ -6,7 +6,6 @@ here add ties at the operating point and the new functions.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch

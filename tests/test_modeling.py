@@ -21,7 +21,7 @@ def test_decoder_layers_are_found_for_common_architectures(architecture):
 
 def test_layer_out_of_range_is_a_clear_error():
     model, _ = tiny_model("llama")
-    with pytest.raises(IndexError, match="layer 4 is out of range.*4 decoder layers"):
+    with pytest.raises(IndexError, match=r"layer 4 is out of range.*4 decoder layers"):
         decoder_layer(model, 4)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy  # pipeline() changes its tokenizer's padding side: it gets a copy of the shared one
-
 import uuid
 
 import pytest
@@ -58,7 +57,7 @@ def test_plain_models_get_the_plain_pipeline_behaviour():
 
 
 def test_missing_attributes_are_forwarded_to_the_wrapped_model():
-    model, tokenizer, guard = tiny_guard()
+    model, _tokenizer, guard = tiny_guard()
     guarded = GuardedModelForCausalLM(model, guard)
     assert guarded.can_generate() and guarded.dtype == model.dtype
     assert guarded.get_input_embeddings() is model.get_input_embeddings()

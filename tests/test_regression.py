@@ -15,7 +15,7 @@ intended::
 from __future__ import annotations
 
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -26,9 +26,8 @@ from hf_lsad.calibration import fit_affine_calibration
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import DETECTORS, detector_class
 from hf_lsad.fitting import fit_guard
-from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
 from hf_lsad.hook_point import HookPoint
-from hf_lsad.guard import DEFAULT_GUARD
 from hf_lsad.sae import SAETrainConfig, train_sae
 
 FIXTURE = Path(__file__).parent / "data" / "seeded_scores.safetensors"
@@ -64,7 +63,7 @@ CALIBRATED_CASES = ("freqmask-global-l1", "gmm")
 """Cases whose scores also get a per-cluster affine calibration (probabilities compared)."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def fixture_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(safe ``[600, 16]``, unsafe ``[150, 16]``, test batch ``[200, 16]``): seeded Gaussian blobs."""
     g = torch.Generator().manual_seed(12)
@@ -75,7 +74,7 @@ def fixture_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return safe, unsafe, test
 
 
-@lru_cache(maxsize=None)
+@cache
 def fixture_sae():
     safe, _, _ = fixture_data()
     return train_sae(safe, D_SAE, SAETrainConfig(epochs=4, batch_size=64, l1_coefficient=1e-3, seed=0), progress=False)

@@ -27,10 +27,9 @@ from hf_lsad import (
     UnsafeGuardFileError,
 )
 from hf_lsad.capture import encode_prompts, generate_with_activations
-from hf_lsad.guard import upgrade_guard_folder
+from hf_lsad.guard import DEFAULT_GUARD, upgrade_guard_folder
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.testing import tiny_model
-from hf_lsad.guard import DEFAULT_GUARD
 
 
 @pytest.fixture
@@ -265,7 +264,7 @@ def test_exceptions_are_public_and_value_errors():
 def test_wrong_model_is_a_model_mismatch_error():
     other, _ = tiny_model("qwen2")
     other.config.hidden_size = 48
-    with pytest.raises(ModelMismatchError, match="hidden size 32.*has hidden size 48"):
+    with pytest.raises(ModelMismatchError, match=r"hidden size 32.*has hidden size 48"):
         GuardedModelForCausalLM(other, fresh_guard())
 
 

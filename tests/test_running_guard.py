@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import pytest
 import torch
 from tiny import LAYER, PROMPTS, tiny_guard
 
 from hf_lsad.capture import encode_prompts
-from hf_lsad.hook_point import HookPoint
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.running_fit import collect_response_activations, fit_running_guard
 from hf_lsad.running_guard import sequence_statistic
@@ -20,7 +20,7 @@ from hf_lsad.running_guard import sequence_statistic
 MAX_NEW = 8
 
 
-@lru_cache(maxsize=None)
+@cache
 def running_setup(patience: int = 2):
     model, tokenizer, base = tiny_guard("response_last")
     sequences = collect_response_activations(model, tokenizer, PROMPTS, layer=LAYER, max_new_tokens=MAX_NEW)

@@ -21,12 +21,12 @@ from huggingface_hub import HfApi
 from safetensors.numpy import save_file
 from safetensors.torch import save_file as save_torch
 
-from hf_lsad.hook_point import HookPoint
 from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.detectors.learned_mask import LearnedMaskConfig
 from hf_lsad.fitting import fit_guard
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.hook_point import HookPoint
 from hf_lsad.sae import SAEConfig, SparseAutoencoder
 from hf_lsad.sae_formats import (
     SAEFormatError,
@@ -260,7 +260,7 @@ def test_sparsify_folder_not_named_after_a_hookpoint_has_no_layer(tmp_path):
     loaded = read_sae(tmp_path / "my_sae")
     assert (loaded.layout, loaded.hook_name, loaded.layer) == ("sparsify", None, None)
     (tmp_path / "my_sae").rename(tmp_path / "layers.3.mlp")
-    with pytest.raises(SAEFormatError, match="'layers.3.mlp' is not the residual-stream output"):
+    with pytest.raises(SAEFormatError, match=r"'layers\.3\.mlp' is not the residual-stream output"):
         read_sae(tmp_path / "layers.3.mlp")
 
 
@@ -464,7 +464,7 @@ def test_unknown_layout(tmp_path):
 def test_missing_files(tmp_path):
     folder = write_saelens(tmp_path / "sae", weights(), "standard")
     (folder / "sae_weights.safetensors").unlink()
-    with pytest.raises(SAEFormatError, match="saelens SAE folder .* has no sae_weights.safetensors"):
+    with pytest.raises(SAEFormatError, match=r"saelens SAE folder .* has no sae_weights\.safetensors"):
         load_sae(folder, layout="saelens")
     with pytest.raises(FileNotFoundError):
         load_sae(tmp_path / "nowhere")

@@ -64,20 +64,20 @@ def test_stopped_rows_emit_the_refusal_then_eos(as_text):
     )
     for row in flagged.nonzero().flatten().tolist():
         new = out[row, prompt_length:].tolist()
-        assert new[: len(refusal_ids) + 1] == refusal_ids + [tokenizer.eos_token_id]
+        assert new[: len(refusal_ids) + 1] == [*refusal_ids, tokenizer.eos_token_id]
         assert all(t == tokenizer.pad_token_id for t in new[len(refusal_ids) + 1 :])
     assert_unflagged_rows_match(out, plain, flagged, tokenizer.pad_token_id)
 
 
 def test_a_refusal_longer_than_max_new_tokens_is_cut_like_any_response():
-    model, tokenizer, guarded, inputs, flagged = screening_setup()
+    _model, tokenizer, guarded, inputs, flagged = screening_setup()
     out = guarded.generate(**inputs, max_new_tokens=2, do_sample=False, on_flag="stop", refusal="no way")
     row = int(flagged.nonzero()[0])
     assert out[row, -2:].tolist() == tokenizer("no", add_special_tokens=False)["input_ids"]
 
 
 def test_stop_composes_with_sampling_streamers_and_user_criteria():
-    model, tokenizer, guarded, inputs, flagged = screening_setup()
+    _model, tokenizer, guarded, inputs, flagged = screening_setup()
     prompt_length = inputs["input_ids"].shape[1]
 
     class CountCalls(StoppingCriteria):
@@ -108,7 +108,7 @@ def test_stop_composes_with_sampling_streamers_and_user_criteria():
 
 
 def test_all_rows_flagged_ends_generation_after_one_step():
-    model, tokenizer, guarded, inputs, _ = screening_setup()
+    _model, tokenizer, guarded, inputs, _ = screening_setup()
     guarded.guard.config.threshold = -1.0
     out = guarded.generate(**inputs, max_new_tokens=8, do_sample=False, on_flag="stop")
     assert out.shape[1] == inputs["input_ids"].shape[1] + 1
@@ -117,7 +117,7 @@ def test_all_rows_flagged_ends_generation_after_one_step():
 
 
 def test_screen_gives_the_verdicts_of_generate():
-    model, tokenizer, guarded, inputs, _ = screening_setup()
+    model, _tokenizer, guarded, inputs, _ = screening_setup()
     screened = guarded.screen(BATCH)
     generated = guarded.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True).safety
     for a, b in zip(screened, generated):
@@ -149,7 +149,7 @@ def test_bad_arguments_are_refused():
 
 
 def test_on_step_reports_the_screening_verdict_from_the_generate_thread():
-    model, tokenizer, guarded, inputs, flagged = screening_setup()
+    _model, _tokenizer, guarded, inputs, flagged = screening_setup()
     seen = []
     guarded.generate(**inputs, max_new_tokens=3, do_sample=False, on_flag="stop", on_step=seen.append)
     assert len(seen) == 1 and seen[0].step == 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -23,7 +23,7 @@ PROMPTS = [f"question {i}: what is {i} plus {i * 3 % 7}?" for i in range(48)] + 
 MIXED_BATCH = ["hi", "a much longer prompt about baking bread at home, step by step", "medium prompt here"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def tiny_guard(position: str = "response_last"):
     """(model, tokenizer, guard) with the guard fitted on :data:`PROMPTS` at ``position``."""
     model, tokenizer = tiny_model("llama", seed=0)
@@ -59,6 +59,6 @@ def reports_of(model, guards, inputs, *, max_new_tokens: int = 4) -> list:
 
     return [
         GuardedModelForCausalLM(model, g).generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                                   return_dict_in_generate=True).safety  # fmt: skip
+                                                   return_dict_in_generate=True).safety
         for g in guards
     ]

@@ -17,14 +17,14 @@ from hf_lsad.data.pools import (
 )
 
 __all__ = [
-    "Prompt",
-    "POOLS",
-    "UNSAFE_POOLS",
     "DOMAINS",
+    "POOLS",
     "POOL_CATEGORY",
-    "pool_domains",
-    "load_pool",
+    "UNSAFE_POOLS",
+    "Prompt",
     "load_hub_prompts",
-    "load_prompts",
     "load_manifest",
+    "load_pool",
+    "load_prompts",
+    "pool_domains",
 ]

@@ -29,19 +29,19 @@ do not catch every unsafe request phrased indirectly.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = [
-    "MIN_CHARS",
     "ENGLISH_WORDS",
     "FOREIGN_WORDS",
     "JAILBREAK_PATTERNS",
+    "MIN_CHARS",
     "UNSAFE_PATTERNS",
-    "normalize",
+    "ContainmentIndex",
     "is_english",
     "is_jailbreak_like",
     "is_unsafe_request",
-    "ContainmentIndex",
+    "normalize",
 ]
 
 MIN_CHARS = 10
@@ -137,7 +137,8 @@ JAILBREAK_PATTERNS: tuple[str, ...] = (
 # (c) Obvious unsafe requests. Case-insensitive.
 UNSAFE_PATTERNS: tuple[str, ...] = (
     # weapons / explosives
-    r"\b(?:make|making|build|building|create|assemble|construct|manufactur\w*)\b[^.?!\n]{0,40}\b(?:bombs?|explosives?|pipe ?bombs?|grenades?|napalm|molotov|detonators?|ied|nerve agents?|bioweapons?|chemical weapons?|silencers?|ghost guns?)\b",
+    r"\b(?:make|making|build|building|create|assemble|construct|manufactur\w*)\b[^.?!\n]{0,40}"
+    r"\b(?:bombs?|explosives?|pipe ?bombs?|grenades?|napalm|molotov|detonators?|ied|nerve agents?|bioweapons?|chemical weapons?|silencers?|ghost guns?)\b",
     r"\b(?:bombs?|explosives?|napalm|molotov|nerve agents?|bioweapons?|chemical weapons?)\b[^.?!\n]{0,30}\b(?:recipe|instructions|step by step|at home)\b",
     # violence
     r"\bkill(?:ing)? (?:myself|yourself|himself|herself|themselves|him|her|them|people|someone|somebody|my \w+|a (?:person|human|child|kid|man|woman))\b",

@@ -66,21 +66,22 @@ import gzip
 import io
 import json
 import random
-from functools import lru_cache
+from collections.abc import Sequence
+from functools import cache
 from importlib import resources
-from typing import Any, NamedTuple, Sequence, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
-    "Prompt",
-    "POOLS",
-    "UNSAFE_POOLS",
     "DOMAINS",
+    "POOLS",
     "POOL_CATEGORY",
-    "pool_domains",
-    "load_pool",
+    "UNSAFE_POOLS",
+    "Prompt",
     "load_hub_prompts",
-    "load_prompts",
     "load_manifest",
+    "load_pool",
+    "load_prompts",
+    "pool_domains",
 ]
 
 
@@ -161,7 +162,7 @@ def _check_pool(name: str) -> None:
         raise ValueError(f"unknown pool {name!r}; valid pools: {', '.join(POOLS)}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _read_pool(name: str) -> tuple[Prompt, ...]:
     ref = resources.files(_POOL_PACKAGE).joinpath(_POOL_DIR, f"{name}.jsonl.gz")
     data = ref.read_bytes()

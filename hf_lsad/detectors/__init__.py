@@ -13,8 +13,8 @@ from .ocsvm import OCSVMConfig, OCSVMState, OneClassSVMDetector
 
 __all__ = [
     "CVDD",
-    "CVDDConfig",
     "DETECTORS",
+    "CVDDConfig",
     "DeepSVDD",
     "DeepSVDDConfig",
     "Detector",

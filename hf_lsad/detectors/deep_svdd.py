@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Literal, Protocol, get_args
 
 import torch
@@ -52,7 +53,7 @@ OBJECTIVES = get_args(Objective)
 def mlp(widths: Sequence[int]) -> nn.Sequential:
     """Bias-free linear layers ``widths[0] -> ... -> widths[-1]`` with leaky ReLUs between them."""
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+    for i, (a, b) in enumerate(pairwise(widths)):
         if i:
             layers.append(nn.LeakyReLU())
         layers.append(nn.Linear(a, b, bias=False))

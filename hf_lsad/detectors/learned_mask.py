@@ -47,7 +47,6 @@ from ..clustering import assign_clusters, cluster_space, fit_kmeans
 from ..sae import SparseAutoencoder
 from ..scores import check_precision_size, mahalanobis, ridge_precision, scaled_norm
 from .base import Detector, DetectorOutput, register_detector
-
 from .learned_mask_config import (
     BASE_SAE,
     LAMBDA_SWEEP,

@@ -25,11 +25,11 @@ from .report import package_versions, render_report, write_report
 from .sae_cache import SAE_TRAINING_FILE, load_or_train_sae, sae_summary
 
 __all__ = [
+    "SAE_TRAINING_FILE",
     "AblationSpec",
     "EvalData",
     "GridConfig",
     "MethodSpec",
-    "SAE_TRAINING_FILE",
     "Splits",
     "aggregate",
     "build_config",

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import datasets
-import numpy as np
-
 import evaluate  # a dependency only this adapter imports: no command pays its import time
+import numpy as np
 
 from ..metrics import auroc, fpr_at_tpr, tpr_at_fpr
 

@@ -132,7 +132,7 @@ def default_grid() -> GridConfig:
             MethodSpec(
                 "Local FreqMask-KM", "freqmask-km", base={"mask_scope": "local"},
                 grid={"kmeans.n_clusters": [10, 25, 50], "mask_size": [50, 100, 200]}, local=True,
-            ),  # fmt: skip
+            ),
             MethodSpec("Mahalanobis", "mahalanobis", grid={"ridge": [1e-5, 1e-3, 1e-1]}),
             MethodSpec("GMM", "gmm", grid={"n_components": [5, 10, 50]}),
             MethodSpec("One-Class SVM", "ocsvm", grid={"nu": [0.01, 0.1], "gamma": [1e-3, 1e-2]}),

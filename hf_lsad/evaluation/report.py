@@ -91,7 +91,7 @@ def render_report(report: Mapping[str, Any]) -> str:
         "",
         *_table2(results, categories, "tpr_at_fpr", f"TPR@{fpr:.0%}FPR"),
         "",
-        *(_table2(results, categories, "auroc_pooled", "AUROC, pooled negatives (test safe + benign OOD)") + [""]
+        *([*_table2(results, categories, "auroc_pooled", "AUROC, pooled negatives (test safe + benign OOD)"), ""]
           if "auroc_pooled" in next(iter(methods.values()))["test"]["mean"] else []),
         "## Operating point, benign OOD and selection",
         "",
@@ -231,7 +231,7 @@ def write_report(
             "text": PROTOCOL_TEXT.format(
                 fit=1 - config.test_fraction - config.validation_fraction, val=config.validation_fraction,
                 test=config.test_fraction, probe=config.unsafe_probe_fraction, uval=config.unsafe_validation_fraction, utest=utest,
-            ),  # fmt: skip
+            ),
         },
         "versions": package_versions(),
         "sae": dict(sae_info) if sae_info else None,

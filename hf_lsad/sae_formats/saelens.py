@@ -21,8 +21,15 @@ import torch
 
 from ..sae import SAEConfig
 from .common import (
-    LoadedSAE, SAEFormatError, build_sae, layer_of, positive_int, read_config, read_safetensors, take_tensors,
-)  # fmt: skip
+    LoadedSAE,
+    SAEFormatError,
+    build_sae,
+    layer_of,
+    positive_int,
+    read_config,
+    read_safetensors,
+    take_tensors,
+)
 
 SAELENS_CONFIG = "cfg.json"
 SAELENS_WEIGHTS = "sae_weights.safetensors"

@@ -16,8 +16,15 @@ from typing import Any
 
 from ..sae import SAEConfig
 from .common import (
-    LoadedSAE, SAEFormatError, build_sae, layer_of, positive_int, read_config, read_safetensors, take_tensors,
-)  # fmt: skip
+    LoadedSAE,
+    SAEFormatError,
+    build_sae,
+    layer_of,
+    positive_int,
+    read_config,
+    read_safetensors,
+    take_tensors,
+)
 
 SPARSIFY_CONFIG = "cfg.json"
 SPARSIFY_WEIGHTS = "sae.safetensors"

@@ -1,0 +1,30 @@
+"""The repository is lint-clean: ``ruff check`` with the rules of ``[tool.ruff]`` in pyproject.toml.
+
+ruff is in the ``test`` extra, so a missing ruff fails this test rather than skipping it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKED = ["hf_lsad", "tests", "examples", "scripts", "benchmarks"]
+
+
+def test_ruff_check_is_clean():
+    if importlib.util.find_spec("ruff") is None:
+        pytest.fail("ruff is not installed: it is a test dependency (pip install -e '.[test]')", pytrace=False)
+    # --no-cache: nothing is written into the checkout
+    command = [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", *CHECKED]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        pytest.fail(
+            f"`python -m ruff check {' '.join(CHECKED)}` in {ROOT} exited {result.returncode}:\n"
+            f"{result.stdout}{result.stderr}",
+            pytrace=False,
+        )
