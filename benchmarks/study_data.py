@@ -57,7 +57,7 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +65,11 @@ import numpy as np
 import torch
 
 from hf_lsad.calibration import fit_affine_calibration, importance_weights
-from hf_lsad.threshold import fpr_threshold
 from hf_lsad.data import POOLS, load_pool
 from hf_lsad.metrics import auroc
 from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
 from hf_lsad.store import load_activations
+from hf_lsad.threshold import fpr_threshold
 
 ARTIFACTS = Path(os.environ.get("HF_LSAD_ARTIFACTS", "/work/artifacts"))
 """Root of the activation stores; a frozen copy (snapshot) of growing stores can be named here."""
@@ -122,7 +122,7 @@ def split_of(pool: str, row_id: str, demo: set[str]) -> str:
     return "val" if u < 0.5 else "test"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _domain_by_id() -> dict[str, str]:
     """Every bundled row's domain by prompt id, from the data layer (its one home)."""
     return {prompt.id: prompt.domain for pool in POOLS for prompt in load_pool(pool)}
