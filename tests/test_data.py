@@ -283,7 +283,7 @@ def test_old_pools_unchanged_since_domains_were_added(name: str) -> None:
 def test_pool_files_have_domain_field() -> None:
     for name in POOLS:
         ref = resources.files("hf_lsad.data").joinpath("pools", f"{name}.jsonl.gz")
-        with gzip.open(ref.open("rb"), "rt", encoding="utf-8") as f:
+        with ref.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
             first = json.loads(f.readline())
         assert list(first) == ["id", "text", "source", "category", "license", "domain"]
 
