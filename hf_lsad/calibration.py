@@ -71,6 +71,11 @@ class AffineCalibration:
     labelled: list[int] = field(default_factory=list)
     """Labelled points per cluster in the calibration sample (0: the cluster kept the anchor)."""
 
+    labelled_unsafe: list[int] = field(default_factory=list)
+    """Labelled *unsafe* points per cluster (empty in guards saved before it was recorded). A cluster with labels
+    but none unsafe had its map fitted on safe labels alone: an unsafe input that falls there is scored by how
+    the cluster's safe rows look, so few clusters with unsafe labels means a calibration that sees little."""
+
     threshold: float = 0.5
     """Rows whose calibrated probability is strictly above this are flagged."""
 
@@ -79,6 +84,12 @@ class AffineCalibration:
             raise ValueError(f"{len(self.slopes)} slopes but {len(self.intercepts)} intercepts")
         if self.labelled and len(self.labelled) != len(self.slopes):
             raise ValueError(f"labelled has {len(self.labelled)} entries for {len(self.slopes)} clusters")
+        if self.labelled_unsafe and len(self.labelled_unsafe) != len(self.slopes):
+            raise ValueError(f"labelled_unsafe has {len(self.labelled_unsafe)} entries for {len(self.slopes)} clusters")
+        if self.labelled and self.labelled_unsafe and any(u > n for u, n in zip(self.labelled_unsafe, self.labelled)):
+            raise ValueError("labelled_unsafe exceeds labelled in some cluster")
+        if any(n < 0 for n in (*self.labelled, *self.labelled_unsafe)):
+            raise ValueError("labelled counts must be non-negative")
         if len(self.anchor) != 2:
             raise ValueError(f"anchor must be [a0, b0], got {self.anchor}")
         if not all(math.isfinite(v) for v in (*self.slopes, *self.intercepts, *self.anchor, self.lam)):
@@ -89,6 +100,13 @@ class AffineCalibration:
     @property
     def n_clusters(self) -> int:
         return len(self.slopes)
+
+    def coverage(self) -> str:
+        """How the labels cover the clusters, e.g. ``"20 clusters: 6 with labelled unsafe rows; 0 without any label, on the pooled anchor"``."""
+        unlabelled = f"{self.labelled.count(0)} without any label, on the pooled anchor" if self.labelled else "labels per cluster not recorded"
+        if not self.labelled_unsafe:
+            return f"{self.n_clusters} clusters, {unlabelled}"
+        return f"{self.n_clusters} clusters: {sum(n > 0 for n in self.labelled_unsafe)} with labelled unsafe rows; {unlabelled}"
 
     def logits(self, scores: Tensor, clusters: Tensor) -> Tensor:
         """``g = a_c s + b_c`` (float64); rows with a cluster outside ``[0, K)`` (e.g. ``-1``) use the anchor."""
@@ -165,13 +183,16 @@ def fit_affine_calibration(
     # Back to raw-score units: a s' + b = (a / scale) s + (b - a centre / scale).
     anchor = np.array([anchor[0] / scale, anchor[1] - anchor[0] * centre / scale])
     slopes, intercepts = slopes / scale, intercepts - slopes * centre / scale
-    labelled = np.bincount(c[(c >= 0) & (c < n_clusters)], minlength=n_clusters)
+    known = (c >= 0) & (c < n_clusters)
+    labelled = np.bincount(c[known], minlength=n_clusters)
+    labelled_unsafe = np.bincount(c[known & (y == 1)], minlength=n_clusters)
     return AffineCalibration(
         slopes=slopes.tolist(),
         intercepts=intercepts.tolist(),
         anchor=anchor.tolist(),
         lam=float(lam),
         labelled=labelled.tolist(),
+        labelled_unsafe=labelled_unsafe.tolist(),
         threshold=threshold,
     )
 

@@ -140,7 +140,7 @@ def run_calibrate(args: argparse.Namespace) -> None:
     counts = ", ".join(f"{n} {group}" for group, n in labelled.items())
     negative = sum(a < 0 for a in calibration.slopes)
     print(f"calibrated {guard.config.method} on {counts} labelled rows (budget {args.budget:g}); lambda "
-          f"{calibration.lam:g}, {negative} negative slopes, {calibration.labelled.count(0)} clusters on the anchor; "
+          f"{calibration.lam:g}, {negative} negative slopes, {calibration.coverage()}; "
           f"wrote {args.out}")  # fmt: skip
 
 

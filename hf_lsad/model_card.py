@@ -229,7 +229,7 @@ def guard_model_card(
     calibration = guard.calibration
     flag_rule = (
         f"its calibrated probability of being unsafe, sigmoid(a_c * score + b_c) with an affine map per cluster "
-        f"({calibration.n_clusters} clusters, {calibration.labelled.count(0)} of them on the pooled anchor), "
+        f"({calibration.coverage()}), "
         f"is above {calibration.threshold:g}"
         if calibration is not None
         else ""

@@ -95,6 +95,8 @@ def test_inverted_cluster_gets_a_negative_slope_and_auroc_rises_while_unlabelled
 
     assert calibration.slopes[2] < 0 < min(calibration.slopes[0], calibration.slopes[1])
     assert calibration.labelled == [180, 180, 180, 0]
+    assert calibration.labelled_unsafe == [30, 30, 30, 0]
+    assert calibration.coverage() == "4 clusters: 3 with labelled unsafe rows; 1 without any label, on the pooled anchor"
     assert (calibration.slopes[3], calibration.intercepts[3]) == tuple(calibration.anchor)
     assert calibration.lam in (1.0, 10.0, 100.0)
 
@@ -109,6 +111,26 @@ def test_inverted_cluster_gets_a_negative_slope_and_auroc_rises_while_unlabelled
     unlabelled = torch.from_numpy(test_s[test_c == 3])
     expected = calibration.anchor[0] * unlabelled.double() + calibration.anchor[1]
     assert torch.equal(calibration.logits(unlabelled, torch.full((len(unlabelled),), 3)), expected)
+
+
+BAD_COUNTS = [
+    (dict(labelled_unsafe=[1, 0]), "labelled_unsafe has 2 entries for 3 clusters"),
+    (dict(labelled_unsafe=[1, 4, 0]), "exceeds labelled"),
+    (dict(labelled=[5, -1, 0], labelled_unsafe=[]), "non-negative"),
+]
+
+
+@pytest.mark.parametrize("change, message", BAD_COUNTS)
+def test_bad_label_counts_are_clear_errors(change, message):
+    settings = dict(slopes=[1.0] * 3, intercepts=[0.0] * 3, anchor=[1.0, 0.0], lam=1.0, labelled=[5, 3, 0],
+                    labelled_unsafe=[1, 2, 0])  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        AffineCalibration(**(settings | change))
+
+
+def test_coverage_of_a_calibration_saved_without_unsafe_counts():
+    calibration = AffineCalibration(slopes=[1.0] * 3, intercepts=[0.0] * 3, anchor=[1.0, 0.0], lam=1.0, labelled=[5, 3, 0])
+    assert calibration.coverage() == "3 clusters, 1 without any label, on the pooled anchor"
 
 
 def test_rows_without_a_cluster_use_the_anchor():
@@ -213,6 +235,8 @@ def test_cli_calibrates_a_guard(tmp_path, capsys):
     calibration = SafetyGuard.from_pretrained(tmp_path / "calibrated").calibration
     assert calibration is not None and calibration.n_clusters == 3
     assert sum(calibration.labelled) == 40 + 15 + 10  # half of 80 held-out safe, 5% of 300 unsafe and of 200 OOD
+    assert sum(calibration.labelled_unsafe) == 15
+    assert f"{calibration.coverage()}; wrote" in capsys.readouterr().out
 
     # evaluate reports the flag rate the calibrated guard applies (by probability, not by score threshold)
     calibrated = SafetyGuard.from_pretrained(tmp_path / "calibrated")
