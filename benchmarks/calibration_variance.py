@@ -90,7 +90,8 @@ def markdown(record: dict[str, Any]) -> str:
     pools = s.get("unsafe_pools", list(sd.SPLIT_UNSAFE_POOLS))
     drawn_from = "1% of each unsafe pool" if s["stratified"] else "drawn from all unsafe pools together"
     if tuple(pools) != sd.SPLIT_UNSAFE_POOLS:
-        drawn_from = f"drawn from the {' and '.join(pools)} pools only" + ("" if "harmful" in pools else ": no label covers harmful requests")
+        drawn_from = f"drawn from the {' and '.join(pools)} pools only"
+        drawn_from += "" if "harmful" in pools else ": no label covers harmful requests"
     lines = [f"# Calibration draws and clustering ensembles: {s.get('model', 'smollm2')} {position} layer {s['layer']}", "",
              f"Command: `{record['env']['command']}` ({record['env']['utc']}, wall {record['wall_seconds']} s).", "",
              f"FreqMask-KM K={s['K']}, mask {s['mask']} ({s['scope']}), score {s['score']}; SAE {record['sae']['d_sae']} "

@@ -102,11 +102,19 @@ class AffineCalibration:
         return len(self.slopes)
 
     def coverage(self) -> str:
-        """How the labels cover the clusters, e.g. ``"20 clusters: 6 with labelled unsafe rows; 0 without any label, on the pooled anchor"``."""
-        unlabelled = f"{self.labelled.count(0)} without any label, on the pooled anchor" if self.labelled else "labels per cluster not recorded"
+        """How the labels cover the clusters.
+
+        E.g. ``"20 clusters: 6 with labelled unsafe rows; 0 without any label, on the pooled anchor"``.
+        """
+        unlabelled = (
+            f"{self.labelled.count(0)} without any label, on the pooled anchor"
+            if self.labelled
+            else "labels per cluster not recorded"
+        )
         if not self.labelled_unsafe:
             return f"{self.n_clusters} clusters, {unlabelled}"
-        return f"{self.n_clusters} clusters: {sum(n > 0 for n in self.labelled_unsafe)} with labelled unsafe rows; {unlabelled}"
+        with_unsafe = sum(n > 0 for n in self.labelled_unsafe)
+        return f"{self.n_clusters} clusters: {with_unsafe} with labelled unsafe rows; {unlabelled}"
 
     def logits(self, scores: Tensor, clusters: Tensor) -> Tensor:
         """``g = a_c s + b_c`` (float64); rows with a cluster outside ``[0, K)`` (e.g. ``-1``) use the anchor."""

@@ -96,7 +96,8 @@ def test_inverted_cluster_gets_a_negative_slope_and_auroc_rises_while_unlabelled
     assert calibration.slopes[2] < 0 < min(calibration.slopes[0], calibration.slopes[1])
     assert calibration.labelled == [180, 180, 180, 0]
     assert calibration.labelled_unsafe == [30, 30, 30, 0]
-    assert calibration.coverage() == "4 clusters: 3 with labelled unsafe rows; 1 without any label, on the pooled anchor"
+    coverage = "4 clusters: 3 with labelled unsafe rows; 1 without any label, on the pooled anchor"
+    assert calibration.coverage() == coverage
     assert (calibration.slopes[3], calibration.intercepts[3]) == tuple(calibration.anchor)
     assert calibration.lam in (1.0, 10.0, 100.0)
 
@@ -129,7 +130,9 @@ def test_bad_label_counts_are_clear_errors(change, message):
 
 
 def test_coverage_of_a_calibration_saved_without_unsafe_counts():
-    calibration = AffineCalibration(slopes=[1.0] * 3, intercepts=[0.0] * 3, anchor=[1.0, 0.0], lam=1.0, labelled=[5, 3, 0])
+    calibration = AffineCalibration(
+        slopes=[1.0] * 3, intercepts=[0.0] * 3, anchor=[1.0, 0.0], lam=1.0, labelled=[5, 3, 0]
+    )
     assert calibration.coverage() == "3 clusters, 1 without any label, on the pooled anchor"
 
 
