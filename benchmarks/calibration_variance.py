@@ -95,7 +95,7 @@ def markdown(record: dict[str, Any]) -> str:
     lines = [f"# Calibration draws and clustering ensembles: {s.get('model', 'smollm2')} {position} layer {s['layer']}", "",
              f"Command: `{record['env']['command']}` ({record['env']['utc']}, wall {record['wall_seconds']} s).", "",
              f"FreqMask-KM K={s['K']}, mask {s['mask']} ({s['scope']}), score {s['score']}; SAE {record['sae']['d_sae']} "
-             f"(L1 {record['sae']['l1']}). {s['draws']} labelled draws of the 1% budget "
+             f"(L1 {record['sae']['l1']}). {s['draws']} labelled draws of the {100 * s.get('budget', sd.BUDGET):g}% budget "
              f"({record['n_labelled_unsafe']} unsafe rows each, {drawn_from}, "
              f"validation split only); ensemble = {s['ensemble']} "
              "k-means seeds calibrated on the same draw, probabilities averaged. Test rows only in the test columns.", "",
@@ -140,6 +140,8 @@ def main() -> None:
     parser.add_argument("--scope", default="global", choices=["global", "local"])
     parser.add_argument("--score", default="centroid_l1", choices=["centroid_l1", "off_support_l1"])
     parser.add_argument("--draws", type=int, default=10)
+    parser.add_argument("--budget", type=float, default=sd.BUDGET,
+                        help="labelled fraction of the unsafe rows (the protocol's 1%%; other values for a label-budget curve)")
     parser.add_argument("--ensemble", type=int, default=10)
     parser.add_argument("--d-sae", type=int, default=2304)
     parser.add_argument("--l1-rel", type=float, default=0.1)
@@ -170,8 +172,10 @@ def main() -> None:
     record["single"], record["ensemble"], record["labelled_unsafe"] = [], [], []
     record["probe_budget_raw"], record["probe_budget_codes"] = [], []
     for draw in range(args.draws):
-        index, labels, groups = sd.calibration_sample(rows, draw, stratified=args.stratified, unsafe_pools=tuple(args.unsafe_pools))
-        weights = importance_weights(groups, sd.BUDGET)
+        index, labels, groups = sd.calibration_sample(
+            rows, draw, stratified=args.stratified, unsafe_pools=tuple(args.unsafe_pools), budget=args.budget
+        )
+        weights = importance_weights(groups, args.budget)
         drawn = np.zeros(len(rows.ids), bool)
         drawn[index] = True
         probabilities = []
@@ -197,6 +201,8 @@ def main() -> None:
     variant = ("_prompt_mean" if args.mean_pooled else "") + ("_stratified" if args.stratified else "")
     if tuple(args.unsafe_pools) != sd.SPLIT_UNSAFE_POOLS:
         variant += "_labels_" + "_".join(args.unsafe_pools)
+    if args.budget != sd.BUDGET:
+        variant += f"_budget{args.budget:g}"
     name = args.name or f"calibration_variance_{args.model}{variant}_l{args.layer}_{args.score}"
     sd.write_json(RESULTS / f"{name}.json", record)
     (RESULTS / f"{name}.md").write_text(markdown(record))

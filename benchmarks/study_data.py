@@ -296,13 +296,19 @@ def mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
 
 
 def calibration_sample(
-    rows: Rows, seed: int, *, stratified: bool = False, unsafe_pools: tuple[str, ...] = SPLIT_UNSAFE_POOLS
+    rows: Rows,
+    seed: int,
+    *,
+    stratified: bool = False,
+    unsafe_pools: tuple[str, ...] = SPLIT_UNSAFE_POOLS,
+    budget: float = BUDGET,
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(row indices, labels, groups) of the 1% labelled sample, drawn from the validation split only.
 
     ``stratified``: ``round(1% x rows of the pool)`` unsafe rows from EACH unsafe pool instead of 1% of all drawn
     together. ``unsafe_pools``: draw the unsafe rows from these pools only (the budget stays 1% of all unsafe
-    rows), to measure a harm category that no label covers."""
+    rows), to measure a harm category that no label covers. ``budget``: the labelled fraction (the protocol's 1%
+    unless a benchmark varies it)."""
     unknown = set(unsafe_pools) - set(SPLIT_UNSAFE_POOLS)
     if unknown or not unsafe_pools:
         raise ValueError(f"unsafe_pools must be a non-empty subset of {SPLIT_UNSAFE_POOLS}, got {unsafe_pools}")
@@ -311,7 +317,7 @@ def calibration_sample(
     drawn = []
     for pools, budget_pools in strata:
         candidates = np.flatnonzero(rows.m(pools, "val") & ~rows.demo)
-        k = max(1, round(BUDGET * int(rows.m(budget_pools).sum())))
+        k = max(1, round(budget * int(rows.m(budget_pools).sum())))
         drawn.append(rng.choice(candidates, size=min(k, len(candidates)), replace=False))
     drawn_unsafe = np.sort(np.concatenate(drawn))
     benign = np.flatnonzero(rows.m(BENIGN_POOLS, "val") & ~rows.demo)
