@@ -188,7 +188,10 @@ def test_knn_score_is_the_mean_cosine_distance_to_the_k_nearest_centred_fit_rows
     detector = KNNDistance(KNNConfig(k=4), D)
     detector.fit(safe, progress=False)
     mean = safe.mean(0)
-    unit = lambda v: (v - mean) / (v - mean).norm(dim=1, keepdim=True)  # noqa: E731
+
+    def unit(v: torch.Tensor) -> torch.Tensor:
+        return (v - mean) / (v - mean).norm(dim=1, keepdim=True)
+
     want = 1 - (unit(x) @ unit(safe).T).topk(4, dim=1).values.mean(1)
     got = detector(x).scores
     assert torch.allclose(got, want, atol=1e-6)

@@ -150,7 +150,10 @@ def evaluate_detector(
 ) -> dict[str, Any]:
     """Validation and test metrics of a fitted detector (module docstring)."""
     reads_sae = sae if type(detector).uses_sae else None
-    score = lambda x: score_rows(detector, x, reads_sae)  # noqa: E731
+
+    def score(x: Tensor) -> np.ndarray:
+        return score_rows(detector, x, reads_sae)
+
     safe_val, safe_test = score(data.safe[splits.safe_validation]), score(data.safe[splits.safe_test])
     ood = score(data.benign_ood) if data.benign_ood is not None else None
     threshold = fpr_threshold(torch.from_numpy(safe_test), target_fpr)
