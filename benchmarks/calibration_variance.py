@@ -14,6 +14,9 @@ on the same protocol as the chat study (``benchmarks/study_data.py``):
 validation and test AUROC (harmful vs chat), TPR at 5% chat FPR, the test-chat flag rate, and the verdict on
 the README's demo harmful prompt (a test row: never fitted, labelled or used for a threshold). The supervised
 probe's verdict on the same row is given for reference. Benchmark only: the package ships no ensemble.
+Also reported: where each group's rows fall among the clusters (``occupancy``). Variants: ``--stratified``,
+``--unsafe-pools toxic jailbreak`` (a harm category that no label covers), ``--budget B`` (a label-budget
+curve), ``--model qwen05``, ``--mean-pooled``; each results file names its command in its header.
 
     HF_LSAD_ARTIFACTS=/work/artifacts/study/snap_pl2 PYTHONPATH=. python benchmarks/calibration_variance.py \
         --layer 12 --K 20 --mask 100 --scope global --draws 10 --ensemble 10
