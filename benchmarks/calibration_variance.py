@@ -35,6 +35,7 @@ import torch
 import study_data as sd
 from chat_study import CodesAsInput, fit_freqmask, freqmask_variant, l1_for, local_residual_scores, score_detector
 from hf_lsad.calibration import fit_affine_calibration, importance_weights
+from hf_lsad.evaluation.diagnostics import clusters_holding
 
 RESULTS = Path(__file__).parent / "results"
 METRICS = ("val_auroc_chat", "val_tpr5_chat", "auroc_chat", "tpr5_chat", "chat_test_flag_rate")
@@ -71,9 +72,8 @@ def occupancy(clusters: np.ndarray, rows: sd.Rows, K: int) -> dict[str, dict[str
         if not mask.any():
             continue
         counts = np.bincount(clusters[mask], minlength=K)
-        order = np.argsort(-counts, kind="stable")
-        need = int(np.searchsorted(np.cumsum(counts[order]), mask.sum() / 2) + 1)
-        inside = np.isin(clusters, order[:need])
+        need = clusters_holding(torch.from_numpy(counts / counts.sum()))
+        inside = np.isin(clusters, np.argsort(-counts, kind="stable")[:need])
         out[name] = {"rows": int(mask.sum()), "clusters_for_half": need,
                      "chat_share": float((inside & rows.m("chat")).sum() / rows.m("chat").sum()),
                      "task_share": float((inside & rows.m("safe")).sum() / rows.m("safe").sum())}
