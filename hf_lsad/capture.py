@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -42,6 +42,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .errors import InputError
 from .hook_point import POSITIONS, decoder_layer
+from .input_checks import check_prompt_tensors
 from .prompt_inputs import InputProfile
 
 
@@ -134,17 +135,42 @@ def eos_token_ids(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> li
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
+def num_return_sequences(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> int:
+    """Sequences ``generate`` returns per prompt: it repeats each input row this many times, consecutively."""
+    n = generate_kwargs.get("num_return_sequences")
+    if n is None:
+        config = generate_kwargs.get("generation_config") or model.generation_config
+        n = getattr(config, "num_return_sequences", None)
+    return int(n or 1)
+
+
 def check_generate_kwargs(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> Tensor:
-    """Refuse generation modes a guard cannot follow; return ``input_ids``."""
+    """Refuse inputs and generation modes a guard cannot follow; return ``input_ids``."""
     input_ids = generate_kwargs.get("input_ids")
     if input_ids is None:
         raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
+    check_prompt_tensors(input_ids, generate_kwargs.get("attention_mask"))
     config = generate_kwargs.get("generation_config") or model.generation_config
     if (generate_kwargs.get("num_beams") or config.num_beams or 1) != 1:
         raise ValueError("beam search reorders hypotheses between steps; guarded generation needs num_beams=1")
     if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
         raise ValueError("assisted decoding is not supported by guarded generation")
     return input_ids
+
+
+def generation_recorder(model: PreTrainedModel, layer: int, generate_kwargs: dict[str, Any]) -> LastPositionRecorder:
+    """The recorder of block ``layer`` for one ``model.generate(**generate_kwargs)`` call.
+
+    Every path that reads the layer while generating (reports, screening with ``on_flag="stop"``,
+    ``on_step``, running guards) builds its recorder here, so each reads the same positions: a
+    right-padded row at its last real token on the prefill call (:func:`last_token_positions`),
+    repeated as ``generate`` repeats the row for ``num_return_sequences``.
+    """
+    _, module = decoder_layer(model, layer)
+    first_positions = last_token_positions(generate_kwargs.get("attention_mask"))
+    if first_positions is not None:
+        first_positions = first_positions.repeat_interleave(num_return_sequences(model, generate_kwargs))
+    return LastPositionRecorder(module, first_positions)
 
 
 def generate_with_activations(
@@ -159,8 +185,7 @@ def generate_with_activations(
     if position not in POSITIONS:
         raise ValueError(f"unknown position {position!r}; choose one of {POSITIONS}")
     input_ids = check_generate_kwargs(model, generate_kwargs)
-    _, module = decoder_layer(model, layer)
-    with LastPositionRecorder(module, last_token_positions(generate_kwargs.get("attention_mask"))) as recorder:
+    with generation_recorder(model, layer, generate_kwargs) as recorder:
         output = model.generate(**generate_kwargs)
     sequences = output if isinstance(output, Tensor) else output.sequences
     new_tokens = sequences[:, input_ids.shape[1] :]
@@ -175,20 +200,34 @@ def generate_with_activations(
 
 
 def check_prompts(prompts: Sequence[str]) -> None:
-    """Raise ``ValueError`` for an empty list or an empty/whitespace prompt."""
+    """Raise ``TypeError`` for a non-list or a non-string prompt, ``ValueError`` for an empty list or prompt."""
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings, not a single string")
+    if not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of strings, got a {type(prompts).__name__}")
     if len(prompts) == 0:
         raise ValueError("the prompt list is empty")
     for i, prompt in enumerate(prompts):
-        if not isinstance(prompt, str) or not prompt.strip():
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt {i} is a {type(prompt).__name__}, not a string: {prompt!r}")
+        if not prompt.strip():
             raise ValueError(f"prompt {i} is empty: {prompt!r}")
 
 
 def encode_prompts(
-    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, chat_template: bool = True
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    chat_template: bool = True,
+    padding_side: Literal["left", "right"] = "left",
 ) -> dict[str, Tensor]:
-    """Tokenise prompts with left padding, as user turns of the chat template when it has one."""
+    """Tokenise prompts as user turns of the chat template when it has one, padded on ``padding_side``.
+
+    Left padding (the default) is what decoder-only generation expects; guarded ``generate`` and
+    ``screen`` read right-padded rows at their last real token too, with the same scores.
+    """
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     check_prompts(prompts)
     if chat_template and tokenizer.chat_template:
         texts = [
@@ -202,7 +241,9 @@ def encode_prompts(
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
     # padding_side as an argument, not by setting tokenizer.padding_side and back: that raced between threads.
     return dict(
-        tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens, padding_side="left")
+        tokenizer(
+            texts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens, padding_side=padding_side
+        )
     )
 
 

@@ -96,6 +96,21 @@ def _requested(argv: Sequence[str]) -> tuple[str | None, str]:
     return command, method
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps descriptions as written and ends every option's help with its default (when it has one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or not action.option_strings or default is None or default is False:
+            return text
+        if default == argparse.SUPPRESS or default == []:
+            return text
+        if default == "":
+            return f"{text} (default: none)"
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser(command: str | None = None, method: str = DEFAULT_METHOD) -> argparse.ArgumentParser:
     """The parser; only ``command``'s arguments are built (they may import the library), the others list their help."""
     parser = argparse.ArgumentParser(prog="hf-lsad", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,7 +118,7 @@ def build_parser(command: str | None = None, method: str = DEFAULT_METHOD) -> ar
     parser.add_argument("--version", action="version", version=f"hf-lsad {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, (summary, add_arguments, run, description) in COMMANDS.items():
-        sub = commands.add_parser(name, help=summary, description=description or summary)
+        sub = commands.add_parser(name, help=summary, description=description or summary, formatter_class=HelpFormatter)
         if name == command:
             add_arguments(sub, method, DEFAULT_METHOD) if name == "fit" else add_arguments(sub)
         sub.set_defaults(run=run)
@@ -130,6 +145,10 @@ def entry(argv: Sequence[str] | None = None) -> None:
     def checked(args: Sequence[str]) -> None:
         args = list(args)
         command, method = _requested(args)
+        if command is None:  # argparse would only say that a command is missing, not what was wrong
+            unknown = [a for a in args if a.startswith("-") and a not in ("-h", "--help", "--version")]
+            if unknown:
+                build_parser().error(f"unrecognized argument {unknown[0]!r} (commands: {', '.join(COMMANDS)})")
         if command == "fit":
             from .detectors import DETECTORS
 

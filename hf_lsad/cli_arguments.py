@@ -66,27 +66,27 @@ def collect_arguments(parser: argparse.ArgumentParser) -> None:
     hub.add_argument("--text-field", help="column holding the prompt text (default: prompt)")
     hub.add_argument("--subset", help="dataset configuration (load_dataset's name=)")
     parser.add_argument("--limit", type=int, default=None, help="seeded random subset of this many prompts")
-    parser.add_argument("--layer", type=int, default=20)
-    parser.add_argument("--position", choices=POSITIONS, default="response_last")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--layer", type=int, default=20, help="decoder block whose output is read (0-based; -1: the last)")
+    parser.add_argument("--position", choices=POSITIONS, default="response_last", help="token whose activation is kept")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="response length for response positions")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
+    parser.add_argument("--out", required=True, help="activation store folder to write")
     _runtime_arguments(parser, ModelRuntime)
 
 
 def train_sae_arguments(parser: argparse.ArgumentParser) -> None:
     from .sae import SAETrainConfig
 
-    parser.add_argument("--activations", required=True)
-    parser.add_argument("--d-sae", type=int, default=2304)
-    parser.add_argument("--l1", type=float, default=SAETrainConfig.l1_coefficient)
-    parser.add_argument("--lr", type=float, default=SAETrainConfig.lr)
-    parser.add_argument("--batch-size", type=int, default=SAETrainConfig.batch_size)
-    parser.add_argument("--epochs", type=int, default=SAETrainConfig.epochs)
-    parser.add_argument("--holdout-fraction", type=float, default=0.2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--activations", required=True, help="safe activation store (its fit split trains the SAE)")
+    parser.add_argument("--d-sae", type=int, default=2304, help="dictionary features of the SAE")
+    parser.add_argument("--l1", type=float, default=SAETrainConfig.l1_coefficient, help="L1 coefficient on the codes")
+    parser.add_argument("--lr", type=float, default=SAETrainConfig.lr, help="Adam learning rate")
+    parser.add_argument("--batch-size", type=int, default=SAETrainConfig.batch_size, help="activations per step")
+    parser.add_argument("--epochs", type=int, default=SAETrainConfig.epochs, help="passes over the fit split")
+    parser.add_argument("--holdout-fraction", type=float, default=0.2, help="safe rows held out (not trained on)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split and the initialisation")
+    parser.add_argument("--out", required=True, help="SAE folder to write")
     _runtime_arguments(parser, FitRuntime)
 
 
@@ -105,12 +105,12 @@ def fit_arguments(parser: argparse.ArgumentParser, method: str, default_method: 
     parser.add_argument("--target-fpr", type=float, default=0.05, help="safe FPR the threshold is set at")
     parser.add_argument("--holdout-fraction", type=float, default=0.2, help="safe rows held out for the threshold")
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the fit / held-out split")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="guard folder to write")
     parser.add_argument("--push-to-hub", metavar="REPO", help="also push the guard, with a model card, to this Hub repo")
     parser.add_argument("--subfolder", default="", help="folder of the guard in the Hub repo (several guards per repo)")
     parser.add_argument("--private", action="store_true", help="create the Hub repo private")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="any config field, dotted for nested ones (kmeans.n_clusters=25); values are JSON")  # fmt: skip
+                        help="any config field, dotted for nested ones (kmeans.n_clusters=25); values are JSON; repeatable, none by default")  # fmt: skip
     _runtime_arguments(parser, GuardFitRuntime)
     add_config_arguments(parser, cls.config_class, title=f"{method} settings ({cls.config_class.__name__}, API defaults)")
 
@@ -122,8 +122,8 @@ def calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benign-ood", required=True, help="benign out-of-distribution store (--budget drawn)")
     parser.add_argument("--budget", type=float, default=0.01, help="coupled budget p")
     parser.add_argument("--probability-threshold", type=float, default=0.5, help="flag rows above this probability")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the labelled draw")
+    parser.add_argument("--out", required=True, help="calibrated guard folder to write")
 
 
 def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,27 +139,27 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", help="grid mode: override the grid's seeds")
     parser.add_argument("--sae", help="grid mode: SAE folder; trained on the safe fit split and saved there if absent")
     parser.add_argument("--d-sae", type=int, default=2304, help="width of an SAE trained here")
-    parser.add_argument("--sae-l1", type=float, default=SAETrainConfig.l1_coefficient)
-    parser.add_argument("--sae-epochs", type=int, default=SAETrainConfig.epochs)
-    parser.add_argument("--sae-seed", type=int, default=0)
+    parser.add_argument("--sae-l1", type=float, default=SAETrainConfig.l1_coefficient, help="L1 of an SAE trained here")
+    parser.add_argument("--sae-epochs", type=int, default=SAETrainConfig.epochs, help="epochs of an SAE trained here")
+    parser.add_argument("--sae-seed", type=int, default=0, help="seed of an SAE trained here")
     parser.add_argument("--out", help="grid mode: report folder")
     parser.add_argument("--title", default="hf-lsad evaluation", help="grid mode: report title")
     parser.add_argument("--command-line", help="grid mode: the command recorded in the report (default: this one)")
 
 
 def generate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompts", nargs="+")
-    parser.add_argument("--model", default="default")
+    parser.add_argument("prompts", nargs="+", help="prompts, each sent as a user turn of the chat template")
+    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
     _guard_arguments(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="response length")
     _runtime_arguments(parser, ModelRuntime)
 
 
 def explain_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompts", nargs="+")
+    parser.add_argument("prompts", nargs="+", help="prompts to explain, each sent as a user turn of the chat template")
     _guard_arguments(parser)
     parser.add_argument("--activations", required=True, help="activation store whose prompts illustrate each feature")
-    parser.add_argument("--model", default="default")
+    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
     parser.add_argument("--top-k", type=int, default=10, help="features listed per prompt")
     parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")

@@ -40,7 +40,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 # arguments naming activation stores that must exist, per command
 _STORES = {"train-sae": ["activations"], "fit": ["activations"], "calibrate": ["safe", "unsafe", "benign_ood"],
-           "evaluate": ["safe", "unsafe", "benign_ood"]}  # fmt: skip
+           "evaluate": ["safe", "unsafe", "benign_ood"], "explain": ["activations"]}  # fmt: skip
 
 
 def _flag(name: str) -> str:
@@ -62,6 +62,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                 parser.error(f"argument {_flag(name)}: no activation store folder {value!r}")
     if args.command == "fit" and getattr(args, "sae", None):
         _check_sae(parser, args.sae, args.sae_subfolder)
+    if args.command in ("generate", "explain"):
+        from .capture import check_prompts
+
+        try:
+            check_prompts(args.prompts)
+        except (TypeError, ValueError) as err:
+            parser.error(f"argument prompts: {_one_line(err)}")
     if getattr(args, "grid", None) and not Path(args.grid).is_file():
         parser.error(f"argument --grid: no file {args.grid!r}")
     device = getattr(args, "runtime:device", None)

@@ -57,6 +57,11 @@ def fit_guard(
     The guard keeps ``inputs`` (default: the store's record of how its prompts were formatted),
     so that ``generate`` warns about inputs unlike them (:mod:`hf_lsad.prompt_inputs`).
     """
+    if sae is not None and sae.config.d_in != hook.hidden_size:
+        raise ValueError(
+            f"the SAE reads width {sae.config.d_in}, but the hook point {hook.layer_module} of {hook.base_model or 'the model'} "
+            f"has hidden size {hook.hidden_size}: train or load an SAE on this model's layer"
+        )
     if isinstance(safe_activations, ActivationStore):
         if safe_activations.width != hook.hidden_size:
             raise ValueError(

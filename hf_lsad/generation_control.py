@@ -1,8 +1,10 @@
 """Acting on the guard's verdict while ``generate`` runs: stop a flagged row, force EOS or a refusal.
 
-The guard reads the hidden state that the model computes anyway. A forward hook on
-the hooked block keeps the last position of every forward call (prefill, then one
-call per new token); transformers calls the logits processors right after each
+The guard reads the hidden state that the model computes anyway. The recorder of
+:func:`hf_lsad.capture.generation_recorder` (the same one the report path and collection
+use: it ignores other threads' forward passes and reads a right-padded prompt at its last
+real token) keeps the last position of every forward call (prefill, then one call per new
+token); transformers calls the logits processors right after each
 forward call and before it picks the next token, so that is where the verdict is
 made:
 
@@ -28,9 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from transformers import LogitsProcessor, StoppingCriteria
 
+from .capture import LastPositionRecorder
+from .errors import InputError
 from .guard import SafetyGuard, SafetyReport
 
 ON_FLAG = ("report", "stop")
@@ -40,8 +44,14 @@ SCREEN_POSITIONS = ("prompt_last",)
 RUNNING_POSITIONS = ("response_running",)
 
 
-def refusal_token_ids(refusal: str | Sequence[int] | Tensor | None, tokenizer: Any = None) -> list[int]:
-    """Token ids of a refusal given as ids or as text (text needs a tokenizer); ``None`` is no refusal."""
+def refusal_token_ids(
+    refusal: str | Sequence[int] | Tensor | None, tokenizer: Any = None, vocab_size: int | None = None
+) -> list[int]:
+    """Token ids of a refusal given as ids or as text (text needs a tokenizer); ``None`` is no refusal.
+
+    With ``vocab_size``, an id outside ``[0, vocab_size)`` is an :class:`~hf_lsad.errors.InputError`
+    here, before generation, rather than an ``IndexError`` on the step that would force it.
+    """
     if refusal is None:
         return []
     if isinstance(refusal, str):
@@ -49,8 +59,11 @@ def refusal_token_ids(refusal: str | Sequence[int] | Tensor | None, tokenizer: A
             raise ValueError("a refusal given as text needs the tokenizer: pass tokenizer=... (or give token ids)")
         return list(tokenizer(refusal, add_special_tokens=False)["input_ids"])
     ids = refusal.tolist() if isinstance(refusal, Tensor) else list(refusal)
-    if not all(isinstance(i, int) for i in ids):
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise TypeError(f"refusal token ids must be ints, got {ids!r}")
+    outside = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
+    if outside:
+        raise InputError(f"refusal token ids {outside} are outside the model's vocabulary [0, {vocab_size})")
     return ids
 
 
@@ -79,8 +92,8 @@ class GuardedGenerationState:
     """Tokens a stopped row emits: the refusal, then the first EOS id (if there is one)."""
     patience: int = 1
     """Consecutive flagged tokens that flag a row (running guards)."""
-    records: list[Tensor] = field(default_factory=list)
-    """Hidden state of the last position of each forward call, ``[batch, hidden]``."""
+    recorder: LastPositionRecorder | None = None
+    """Reads the hooked block during the call (:func:`hf_lsad.capture.generation_recorder`)."""
     on_step: Callable[[StepVerdict], None] | None = None
     """Called after every scoring step (from the thread running ``generate``)."""
 
@@ -106,9 +119,12 @@ class GuardedGenerationState:
     def position(self) -> str:
         return self.guard.config.hook.position
 
-    def hook(self, module: nn.Module, args: Any, output: Any) -> None:
-        hidden = output[0] if isinstance(output, tuple) else output
-        self.records.append(hidden[:, -1, :].detach().clone())
+    @property
+    def records(self) -> list[Tensor]:
+        """Hidden state at the read position of each forward call so far, ``[batch, hidden]`` each."""
+        if self.recorder is None:
+            raise RuntimeError("GuardedGenerationState has no recorder")
+        return self.recorder.records
 
     @property
     def stopped(self) -> Tensor:
@@ -135,7 +151,7 @@ class GuardedGenerationState:
         elif self.position in RUNNING_POSITIONS and step > 0:
             # records[step] is the hidden state of response token step - 1 (the one just consumed).
             active = ~self.finished & (self.flag_step < 0)
-            output, _ = self.guard._score(self.records[step])
+            output = self.guard(self.records[step])
             flags = output.flagged.cpu() & active
             scores = output.scores.float().cpu().masked_fill(~active, float("nan"))
             self.step_scores.append(scores)

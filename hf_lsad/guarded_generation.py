@@ -17,7 +17,13 @@ from torch import Tensor
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation import GenerateDecoderOnlyOutput
 
-from .capture import check_generate_kwargs, eos_token_ids, generate_with_activations
+from .capture import (
+    check_generate_kwargs,
+    eos_token_ids,
+    generate_with_activations,
+    generation_recorder,
+    num_return_sequences,
+)
 from .generation_control import (
     ON_FLAG,
     RUNNING_POSITIONS,
@@ -28,7 +34,6 @@ from .generation_control import (
     refusal_token_ids,
 )
 from .guard import SafetyGuard, SafetyReport
-from .hook_point import decoder_layer
 
 
 @dataclass
@@ -69,17 +74,19 @@ def generate_guarded(
         output, activations = generate_with_activations(model, hook.layer, hook.position, **kwargs)
         return output, guard.reports(activations, explain=explain, top_k=top_k)  # fails closed per row
     # The verdict is needed while generating: the guard's logits processor and stopping criteria go after the
-    # caller's, and its hook on the block for this call only.
+    # caller's, and the recorder (the report path's) reads the block for this call only.
     input_ids = check_generate_kwargs(model, kwargs)
     eos = eos_token_ids(model, kwargs)
+    recorder = generation_recorder(model, hook.layer, kwargs)
     state = GuardedGenerationState(
         guard=guard,
-        batch_size=input_ids.shape[0],
+        batch_size=input_ids.shape[0] * num_return_sequences(model, kwargs),  # generate repeats each row
         prompt_length=input_ids.shape[1],
         eos_token_ids=eos,
         stop=on_flag == "stop",
-        forced_tokens=refusal_token_ids(refusal, tokenizer) + eos[:1],
+        forced_tokens=refusal_token_ids(refusal, tokenizer, vocabulary_size(model)) + eos[:1],
         patience=guard.running.patience if guard.running is not None else 1,
+        recorder=recorder,
         on_step=on_step,
     )
     kwargs["logits_processor"] = LogitsProcessorList(
@@ -88,10 +95,14 @@ def generate_guarded(
     kwargs["stopping_criteria"] = StoppingCriteriaList(
         [*(kwargs.get("stopping_criteria") or []), GuardStoppingCriteria(state)]
     )
-    _, module = decoder_layer(model, hook.layer)
-    handle = module.register_forward_hook(state.hook)
-    try:
+    with recorder:
         output = model.generate(**kwargs)
-    finally:
-        handle.remove()
     return output, state.reports(explain=explain, top_k=top_k)
+
+
+def vocabulary_size(model: PreTrainedModel) -> int:
+    """Rows of the logits ``generate`` picks tokens from (the output embedding; the config's vocab_size without one)."""
+    head = model.get_output_embeddings()
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)

@@ -109,13 +109,19 @@ class HookPoint:
         """Raise :class:`~hf_lsad.errors.ModelMismatchError` (a ``ValueError``) if ``model`` cannot be read at this
         hook point, or is not the guard's base model.
 
-        Hidden size, layer count and the hooked block's module name must match: always an error.
+        Model type (``config.model_type``), hidden size, layer count and the hooked block's module
+        name must match: always an error, whatever the names say.
         The model's name (``model.config.name_or_path``) must match :attr:`base_model` under
         :func:`same_base_model`; a mismatch is an error unless ``allow_base_model_mismatch``,
         which turns it into a ``UserWarning``. When either name is empty (a model built with
         ``from_config``, or a guard fitted on one) there is nothing to compare and no check.
         """
         text_config = model.config.get_text_config()
+        if model.config.model_type != self.model_type:
+            raise ModelMismatchError(
+                f"guard was fitted on a {self.model_type!r} model ({self.base_model or 'unnamed'}), but "
+                f"{model.config.name_or_path or type(model).__name__} is a {model.config.model_type!r} model"
+            )
         if text_config.hidden_size != self.hidden_size:
             raise ModelMismatchError(
                 f"guard expects hidden size {self.hidden_size} (fitted on {self.base_model}), "

@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 from .capture import encode_prompts, prefill_activations
 from .guard import SafetyGuard, SafetyReport
 from .guarded_generation import GuardedGenerateDecoderOnlyOutput, check_generate_options, generate_guarded
-from .input_checks import check_generate_inputs
+from .input_checks import check_context, check_generate_inputs
 from .modeling_files import (
     GUARD_SUBFOLDER,
     GUARDED_CONFIG,
@@ -266,7 +266,8 @@ class GuardedModelForCausalLM(nn.Module):
         ``prompts`` are strings (encoded with the wrapper's ``tokenizer`` as user turns of its chat
         template, left-padded, as :func:`hf_lsad.capture.encode_prompts`) or left-padded
         ``input_ids`` with their ``attention_mask``. Needs a ``prompt_last`` guard: the verdict
-        equals the one ``generate`` reports for the same prompts.
+        equals the one ``generate`` reports for the same prompts, and the same inputs are refused
+        (:func:`hf_lsad.input_checks.check_context`: malformed tensors, prompts beyond the model's context).
         """
         hook = self.guard.config.hook
         if hook.position != "prompt_last":
@@ -279,6 +280,7 @@ class GuardedModelForCausalLM(nn.Module):
                 raise ValueError("screen() of strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)")
             inputs = encode_prompts(self.tokenizer, prompts, chat_template=chat_template)
             input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+        check_context(self.model, input_ids, attention_mask)  # the rule generate applies
         self._input_warner.warn(self.guard.inputs, self.tokenizer, input_ids, attention_mask)
         device = self.model.device
         activations = prefill_activations(self.model, hook.layer, input_ids.to(device), attention_mask.to(device))

@@ -262,7 +262,7 @@ def test_exceptions_are_public_and_value_errors():
 
 
 def test_wrong_model_is_a_model_mismatch_error():
-    other, _ = tiny_model("qwen2")
+    other, _ = tiny_model("llama")
     other.config.hidden_size = 48
     with pytest.raises(ModelMismatchError, match=r"hidden size 32.*has hidden size 48"):
         GuardedModelForCausalLM(other, fresh_guard())
@@ -468,6 +468,11 @@ def test_cli_layer_out_of_range_is_a_usage_error_before_loading(capsys, weightle
         (["generate", "--max-new-tokens", "-1", "hi"], "argument --max-new-tokens: -1 is not a positive integer"),
         (["collect", "--model", "./nowhere", "--pool", "harmful", "--out", "x"],
          "argument --model: './nowhere' is not a model folder"),
+        (["--bogus"], "unrecognized argument '--bogus'"),
+        (["--bogus", "generate", "hi"], "unrecognized arguments: --bogus"),
+        (["generate", "--model", "no-such-org/no-such-model", ""], "argument prompts: prompt 0 is empty: ''"),
+        (["explain", "--model", "no-such-org/no-such-model", "--activations", "missing", "hi"],
+         "argument --activations: no activation store folder 'missing'"),
     ],
 )  # fmt: skip
 def test_cli_usage_errors_are_one_line_with_exit_code_2(capsys, argv, message):
@@ -493,3 +498,21 @@ def test_cli_failures_are_one_line_with_exit_code_1_and_debug_shows_the_tracebac
 
     with pytest.raises(GuardFormatError, match="missing file"):
         entry(["--debug", *argv])
+
+
+def test_cli_every_option_has_help_text_and_its_default():
+    import argparse
+
+    from hf_lsad.cli import COMMANDS, build_parser
+
+    for name in COMMANDS:
+        subparsers = next(a for a in build_parser(name)._actions if isinstance(a, argparse._SubParsersAction))
+        parser = subparsers.choices[name]
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"hf-lsad {name} {action.option_strings or action.dest} has no help text"
+            shown = formatter._expand_help(action)
+            if action.option_strings and action.default not in (None, False, []):
+                assert "default" in shown, f"hf-lsad {name} {action.option_strings} does not show its default"

@@ -2,34 +2,14 @@
 
 from __future__ import annotations
 
-from functools import cache
-
 import pytest
 import torch
-from tiny import LAYER, PROMPTS, tiny_guard
+from tiny import PROMPTS, RUNNING_MAX_NEW as MAX_NEW, tiny_running_guard as running_setup
 
 from hf_lsad.capture import encode_prompts
-from hf_lsad.clustering import KMeansConfig
-from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.hook_point import HookPoint
 from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.running_fit import collect_response_activations, fit_running_guard
 from hf_lsad.running_guard import sequence_statistic
-
-MAX_NEW = 8
-
-
-@cache
-def running_setup(patience: int = 2):
-    model, tokenizer, base = tiny_guard("response_last")
-    sequences = collect_response_activations(model, tokenizer, PROMPTS, layer=LAYER, max_new_tokens=MAX_NEW)
-    hook = HookPoint.from_model(model, LAYER, "response_running", base_model="tiny-llama")
-    config = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=16)
-    fit = fit_running_guard(
-        sequences, hook, "freqmask-km", config, base.sae, patience=patience, max_new_tokens=MAX_NEW, target_fpr=0.1
-    )
-    return model, tokenizer, fit, sequences
 
 
 def test_sequence_statistic_is_the_max_over_windows_of_the_min():

@@ -37,6 +37,26 @@ def tiny_guard(position: str = "response_last"):
     return model, tokenizer, guard
 
 
+RUNNING_MAX_NEW = 8
+"""Response length the running guard's threshold was set at."""
+
+
+@cache
+def tiny_running_guard(patience: int = 2):
+    """(model, tokenizer, fit, sequences): a ``response_running`` guard fitted on the responses to :data:`PROMPTS`."""
+    from hf_lsad.running_fit import collect_response_activations, fit_running_guard
+
+    model, tokenizer, base = tiny_guard("response_last")
+    sequences = collect_response_activations(model, tokenizer, PROMPTS, layer=LAYER, max_new_tokens=RUNNING_MAX_NEW)
+    hook = HookPoint.from_model(model, LAYER, "response_running", base_model="tiny-llama")
+    config = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=16)
+    fit = fit_running_guard(
+        sequences, hook, "freqmask-km", config, base.sae, patience=patience, max_new_tokens=RUNNING_MAX_NEW,
+        target_fpr=0.1,
+    )
+    return model, tokenizer, fit, sequences
+
+
 def fresh_guard(position: str = "response_last") -> SafetyGuard:
     """A copy of the cached guard that a test may modify."""
     _, _, guard = tiny_guard(position)

@@ -1,0 +1,144 @@
+"""Inputs that used to crash deep inside transformers, or pass silently: each is a typed error before any
+forward pass, or the right behaviour."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from tiny import MIXED_BATCH, fresh_guard, tiny_guard
+
+from hf_lsad.capture import check_prompts, encode_prompts
+from hf_lsad.errors import InputError, ModelMismatchError
+from hf_lsad.modeling import GuardedModelForCausalLM
+from hf_lsad.testing import tiny_model
+
+
+def screening_model() -> GuardedModelForCausalLM:
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    return GuardedModelForCausalLM(model, fresh_guard("prompt_last"), tokenizer=tokenizer)
+
+
+def no_forward(guarded: GuardedModelForCausalLM) -> Any:
+    """A hook that fails the test if the model runs a forward pass."""
+
+    def hook(*_: Any) -> None:
+        raise AssertionError("a forward pass ran before the input was refused")
+
+    return guarded.model.register_forward_pre_hook(hook)
+
+
+GOOD = {"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
+BAD_GENERATE_INPUTS = [
+    ("no rows", {"input_ids": torch.zeros(0, 5, dtype=torch.long)}, InputError, "holds no prompt token"),
+    ("no tokens", {"input_ids": torch.zeros(1, 0, dtype=torch.long)}, InputError, "holds no prompt token"),
+    ("a list", {"input_ids": [[5, 6, 7]]}, TypeError, "must be a torch.Tensor"),
+    ("1-D", {"input_ids": torch.tensor([5, 6, 7])}, InputError, r"must be 2-D.*input_ids\[None\]"),
+    ("floats", {"input_ids": torch.tensor([[5.0, 6.0]])}, TypeError, "integer token ids"),
+    ("mask shape", {**GOOD, "attention_mask": torch.ones(1, 2, dtype=torch.long)}, InputError, "must match"),
+    ("all padding", {**GOOD, "attention_mask": torch.zeros(1, 3, dtype=torch.long)}, InputError, "all padding"),
+    ("past context", {"input_ids": torch.full((1, 600), 9)}, InputError, "longer than the context"),
+]
+
+
+@pytest.mark.parametrize("on_flag", ["report", "stop"])
+@pytest.mark.parametrize(("case", "inputs", "error", "message"), BAD_GENERATE_INPUTS, ids=[c[0] for c in BAD_GENERATE_INPUTS])
+def test_bad_generate_inputs_are_typed_errors_before_a_forward_pass(case, inputs, error, message, on_flag):
+    guarded = screening_model()
+    handle = no_forward(guarded)
+    try:
+        with pytest.raises(error, match=message):
+            guarded.generate(**inputs, max_new_tokens=2, on_flag=on_flag)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize(("case", "inputs", "error", "message"), BAD_GENERATE_INPUTS, ids=[c[0] for c in BAD_GENERATE_INPUTS])
+def test_screen_refuses_what_generate_refuses(case, inputs, error, message):
+    if case == "a list":  # screen reads a list as prompt strings
+        message = "prompt 0 is a list, not a string"
+    guarded = screening_model()
+    handle = no_forward(guarded)
+    try:
+        with pytest.raises(error, match=message):
+            guarded.screen(inputs["input_ids"], inputs.get("attention_mask"))
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize(
+    ("prompts", "error", "message"),
+    [
+        ([123], TypeError, "prompt 0 is a int, not a string"),
+        (["ok", None], TypeError, "prompt 1 is a NoneType"),
+        (["ok", "  "], ValueError, "prompt 1 is empty"),
+        ([], ValueError, "the prompt list is empty"),
+        ("one string", TypeError, "not a single string"),
+        (42, TypeError, "got a int"),
+    ],
+)
+def test_bad_prompt_lists_say_what_is_wrong(prompts, error, message):
+    with pytest.raises(error, match=message):
+        check_prompts(prompts)
+    guarded = screening_model()
+    with pytest.raises(error, match=message):
+        guarded.screen(prompts)
+
+
+@pytest.mark.parametrize("refusal", [[10_000], [-1], torch.tensor([3, 999_999])])
+def test_refusal_ids_outside_the_vocabulary_are_refused_before_generation(refusal):
+    guarded = screening_model()
+    inputs = encode_prompts(guarded.tokenizer, MIXED_BATCH)
+    handle = no_forward(guarded)
+    try:
+        with pytest.raises(InputError, match="outside the model's vocabulary"):
+            guarded.generate(**inputs, max_new_tokens=2, on_flag="stop", refusal=refusal)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("path", ["stop", "on_step"])
+def test_stop_with_several_sequences_per_prompt_and_sampling(path):
+    """generate repeats each row num_return_sequences times: the guard's rows follow it."""
+    guarded = screening_model()
+    inputs = encode_prompts(guarded.tokenizer, MIXED_BATCH, padding_side="right")
+    alone = [guarded.screen([p])[0] for p in MIXED_BATCH]
+    guarded.guard.config.threshold = sorted(r.score for r in alone)[1]  # flags one row of three
+    flagged = [r.score > guarded.guard.config.threshold for r in alone]
+    steps: list[Any] = []
+    options = {"on_flag": "stop"} if path == "stop" else {"on_step": steps.append}
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers: right padding
+        out = guarded.generate(**inputs, max_new_tokens=3, do_sample=True, num_return_sequences=2,
+                               return_dict_in_generate=True, **options)  # fmt: skip
+    assert out.sequences.shape[0] == len(out.safety) == 6
+    for row, report in enumerate(out.safety):
+        assert report.score == pytest.approx(alone[row // 2].score, abs=1e-4)
+        assert report.stopped == (path == "stop" and flagged[row // 2])
+    if path == "on_step":
+        assert steps[0].scores.shape == (6,)
+
+
+def test_a_guard_for_another_model_type_is_refused_even_without_names():
+    other, _ = tiny_model("qwen2")  # same widths and depth, another architecture
+    other.config.name_or_path = ""
+    copied = fresh_guard("prompt_last")
+    copied.config.hook.base_model = ""
+    with pytest.raises(ModelMismatchError, match=r"fitted on a 'llama' model.*is a 'qwen2' model"):
+        GuardedModelForCausalLM(other, copied)
+
+
+def test_fit_guard_refuses_an_sae_of_another_width_up_front():
+    from hf_lsad.clustering import KMeansConfig
+    from hf_lsad.detectors import FreqMaskConfig
+    from hf_lsad.fitting import fit_guard
+    from hf_lsad.sae import SAEConfig, SparseAutoencoder
+
+    _, _, guard = tiny_guard("prompt_last")
+    wrong = SparseAutoencoder(SAEConfig(d_in=48, d_sae=64))
+    config = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=16)
+    with pytest.raises(ValueError, match=r"SAE reads width 48.*hidden size 32"):
+        fit_guard(torch.randn(100, 32), guard.config.hook, "freqmask-km", config, wrong, progress=False)
