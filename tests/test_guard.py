@@ -46,7 +46,7 @@ def test_guarded_model_loads_a_guard_folder(saved_guard, tmp_path):
 
 def test_guard_for_another_hidden_size_is_refused(saved_guard):
     _, path = saved_guard
-    other, _ = tiny_model("qwen2")
+    other, _ = tiny_model("llama")
     other.config.hidden_size = 48
     with pytest.raises(ValueError, match=r"hidden size 32.*has hidden size 48"):
         GuardedModelForCausalLM(other, SafetyGuard.from_pretrained(path))
