@@ -16,7 +16,7 @@ Three modes, each computing exactly what its dedicated script computes:
   (prefill + one greedy token, record of the prefill call); records as there.
 - ``smollm2-response-last``: ``benchmarks/collect_response_layers.py``'s
   ``generate_batch`` (greedy, ``--max-new-tokens``; the row picked by
-  ``hf_lsad.capture.final_call_index``); records carry ``response``.
+  ``hf_lsad.capture.recorder.final_call_index``); records carry ``response``.
 - ``qwen05-prompt-last``: ``benchmarks/collect_qwen05.py``'s ``prefill_layers``
   (forward pass cut after the highest layer); records carry ``prompt_tokens``.
 
@@ -24,7 +24,7 @@ Stores that exist for every layer are resumed: their rows are kept (matched by p
 and only the missing prompts are collected.
 
 ``--check N`` first compares one layer on N prompts with
-``hf_lsad.capture.collect_activations`` and logs the max |delta|.
+``hf_lsad.capture.collect.collect_activations`` and logs the max |delta|.
 
     python benchmarks/collect_anytime.py smollm2-prompt-last --out artifacts/smollm2/prompt_last \\
         --pools chat --first-domains assistant_requests mtbench writingbench --steps 4
@@ -49,11 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import collect_layer_sweep
 import collect_qwen05
 import collect_response_layers
-from hf_lsad.capture import collect_activations
+from hf_lsad.capture.collect import collect_activations
+from hf_lsad.capture.pretrained import load_model
+from hf_lsad.core.hook_point import HookPoint
 from hf_lsad.data import Prompt, load_pool
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.pretrained import load_model
-from hf_lsad.store import INDEX, load_activations, save_activations
+from hf_lsad.data.store import INDEX, load_activations, save_activations
 from qwen05_model import load_qwen05
 
 BatchFn = Callable[[list[str]], tuple[dict[int, torch.Tensor], list[dict[str, Any]]]]
@@ -227,7 +227,8 @@ def main() -> None:
         model, tokenizer = load_qwen05(args.gguf)
         args.layers = args.layers or [6, 10, 14, 18, 22]
     log(
-        f"{args.mode}: model {model.config.name_or_path} loaded in {time.perf_counter() - start:.0f} s; layers {args.layers}; "
+        f"{args.mode}: model {model.config.name_or_path} loaded in {time.perf_counter() - start:.0f} s; layers "
+        f"{args.layers}; "
         f"pad {tokenizer.pad_token!r}, tokenizer padding_side {tokenizer.padding_side!r} (encode_prompts pads left); "
         f"torch threads {torch.get_num_threads()}"
     )

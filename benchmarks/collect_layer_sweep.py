@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_lsad.capture import LastPositionRecorder, encode_prompts
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.pretrained import load_model
+from hf_lsad.capture.recorder import LastPositionRecorder
+from hf_lsad.core.hook_point import HookPoint, decoder_layer
 from hf_lsad.data import load_pool
-from hf_lsad.hook_point import HookPoint, decoder_layer
-from hf_lsad.pretrained import load_model
-from hf_lsad.store import INDEX, save_activations
+from hf_lsad.data.store import INDEX, save_activations
 
 POSITION = "prompt_last"
 
@@ -47,7 +48,9 @@ def collect_pool(
         batch = order[start : start + batch_size]
         inputs = encode_prompts(tokenizer, [texts[i] for i in batch])
         with ExitStack() as stack:
-            recorders = {layer: stack.enter_context(LastPositionRecorder(decoder_layer(model, layer)[1])) for layer in layers}
+            recorders = {
+                layer: stack.enter_context(LastPositionRecorder(decoder_layer(model, layer)[1])) for layer in layers
+            }
             model.generate(**inputs, max_new_tokens=1, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         for layer, recorder in recorders.items():
             out[layer][batch] = recorder.records[0].float().cpu()  # record 0: the prefill call
@@ -76,7 +79,10 @@ def main() -> None:
         for layer in args.layers:
             hook = HookPoint.from_model(model, layer, POSITION)
             save_activations(args.out / f"layer{layer}" / pool, acts[layer], records, hook)
-        print(f"{pool}: {len(prompts)} prompts x {len(args.layers)} layers in {time.perf_counter() - start:.0f} s", flush=True)
+        print(
+            f"{pool}: {len(prompts)} prompts x {len(args.layers)} layers in {time.perf_counter() - start:.0f} s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

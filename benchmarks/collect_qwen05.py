@@ -3,12 +3,12 @@
 The second model of the chat study (issue 13), benchmarks only. The model is the
 GGUF assembled by ``benchmarks/qwen05_model.py`` (header checked before loading).
 Prompts go through the chat template with left padding
-(:func:`hf_lsad.capture.encode_prompts`); each batch runs one forward pass that
+(:func:`hf_lsad.capture.collect.encode_prompts`); each batch runs one forward pass that
 stops after the highest requested block, as
-:func:`hf_lsad.capture.prefill_activations` does for one block (same position
+:func:`hf_lsad.capture.recorder.prefill_activations` does for one block (same position
 ids, no cache, no LM head), with a :class:`hf_lsad.capture.LastPositionRecorder`
 on every requested block. ``--check`` compares one layer on a few prompts with
-:func:`hf_lsad.capture.collect_activations` (``position="prompt_last"``).
+:func:`hf_lsad.capture.collect.collect_activations` (``position="prompt_last"``).
 
 Batches hold prompts of similar token length, at most ``--batch-size`` prompts
 and ``--max-batch-tokens`` padded tokens. One store per layer and pool::
@@ -38,10 +38,11 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hf_lsad.capture import LastPositionRecorder, collect_activations, encode_prompts
+from hf_lsad.capture.collect import collect_activations, encode_prompts
+from hf_lsad.capture.recorder import LastPositionRecorder
+from hf_lsad.core.hook_point import HookPoint, decoder_layer
 from hf_lsad.data import load_pool
-from hf_lsad.hook_point import HookPoint, decoder_layer
-from hf_lsad.store import INDEX, save_activations
+from hf_lsad.data.store import INDEX, save_activations
 from qwen05_model import load_qwen05
 
 POSITION = "prompt_last"
@@ -163,8 +164,10 @@ def main() -> None:
     start = time.perf_counter()
     model, tokenizer = load_qwen05(args.gguf)
     print(
-        f"model loaded in {time.perf_counter() - start:.0f} s: {model.config.model_type}, {model.config.num_hidden_layers} layers, "
-        f"hidden {model.config.hidden_size}; pad {tokenizer.pad_token!r} ({tokenizer.pad_token_id}), eos {tokenizer.eos_token!r}, "
+        f"model loaded in {time.perf_counter() - start:.0f} s: {model.config.model_type}, "
+        f"{model.config.num_hidden_layers} layers, "
+        f"hidden {model.config.hidden_size}; pad {tokenizer.pad_token!r} ({tokenizer.pad_token_id}), eos "
+        f"{tokenizer.eos_token!r}, "
         f"chat template {'yes' if tokenizer.chat_template else 'NO'}; torch threads {torch.get_num_threads()}",
         flush=True,
     )
@@ -176,7 +179,8 @@ def main() -> None:
         )
         delta = float((acts[args.check_layer] - ref.activations).abs().max())
         print(
-            f"check: {len(texts)} {pools[0][0]} prompts, layer {args.check_layer}: max |delta| vs collect_activations = {delta:.3g}",
+            f"check: {len(texts)} {pools[0][0]} prompts, layer {args.check_layer}: max |delta| vs collect_activations "
+            f"= {delta:.3g}",
             flush=True,
         )
     total_rows, total_start = 0, time.perf_counter()
@@ -199,7 +203,8 @@ def main() -> None:
             )
         elapsed = time.perf_counter() - t0
         print(
-            f"{pool}: {len(prompts)} prompts ({sum(lengths)} tokens, max {max(lengths)}) x {len(args.layers)} layers in {elapsed:.0f} s "
+            f"{pool}: {len(prompts)} prompts ({sum(lengths)} tokens, max {max(lengths)}) x {len(args.layers)} layers "
+            f"in {elapsed:.0f} s "
             f"({len(prompts) / elapsed:.2f} prompts/s, {sum(lengths) / elapsed:.0f} tokens/s)",
             flush=True,
         )

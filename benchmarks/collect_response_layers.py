@@ -3,11 +3,11 @@
 For the chat study (issue 13). Every prompt is answered once (greedy, ``--max-new-tokens``
 new tokens, left-padded batches of prompts of similar length) with a
 :class:`hf_lsad.capture.LastPositionRecorder` on each requested decoder block; the
-row of each layer is picked with :func:`hf_lsad.capture.final_call_index`, exactly
-as :func:`hf_lsad.capture.generate_with_activations` picks it for one layer, so a
+row of each layer is picked with :func:`hf_lsad.capture.recorder.final_call_index`, exactly
+as :func:`hf_lsad.capture.recorder.generate_with_activations` picks it for one layer, so a
 layer's store holds what ``hf-lsad collect --position response_last --layer L``
 records (``--check`` verifies this against
-:func:`hf_lsad.capture.collect_activations` on a few prompts). One store per
+:func:`hf_lsad.capture.collect.collect_activations` on a few prompts). One store per
 layer and pool::
 
     OUT/layer{L}/{pool}/index.json + shard-*.safetensors
@@ -34,17 +34,12 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_lsad.capture import (
-    LastPositionRecorder,
-    collect_activations,
-    encode_prompts,
-    eos_token_ids,
-    final_call_index,
-)
+from hf_lsad.capture.collect import collect_activations, encode_prompts
+from hf_lsad.capture.pretrained import load_model
+from hf_lsad.capture.recorder import LastPositionRecorder, eos_token_ids, final_call_index
+from hf_lsad.core.hook_point import HookPoint, decoder_layer
 from hf_lsad.data import load_pool
-from hf_lsad.hook_point import HookPoint, decoder_layer
-from hf_lsad.pretrained import load_model
-from hf_lsad.store import INDEX, save_activations
+from hf_lsad.data.store import INDEX, save_activations
 
 POSITION = "response_last"
 
@@ -161,14 +156,16 @@ def main() -> None:
     start = time.perf_counter()
     model, tokenizer = load_model("default")
     print(
-        f"model loaded in {time.perf_counter() - start:.0f} s; padding side {tokenizer.padding_side!r} (encode_prompts pads left)",
+        f"model loaded in {time.perf_counter() - start:.0f} s; padding side {tokenizer.padding_side!r} "
+        f"(encode_prompts pads left)",
         flush=True,
     )
     if args.check:
         texts = [p.text for p in load_pool(pools[0][0], limit=pools[0][1], seed=args.seed)[: args.check]]
         delta = check_equal(model, tokenizer, texts, args.layers, args.check_layer, args.max_new_tokens)
         print(
-            f"check: {len(texts)} {pools[0][0]} prompts, layer {args.check_layer}: max |delta| vs collect_activations = {delta:.3g}",
+            f"check: {len(texts)} {pools[0][0]} prompts, layer {args.check_layer}: max |delta| vs collect_activations "
+            f"= {delta:.3g}",
             flush=True,
         )
     total_rows, total_start = 0, time.perf_counter()
@@ -192,7 +189,8 @@ def main() -> None:
         elapsed = time.perf_counter() - t0
         cut = sum(not s for _, s in counts)
         print(
-            f"{pool}: {len(prompts)} prompts x {len(args.layers)} layers in {elapsed:.0f} s ({len(prompts) / elapsed:.2f} prompts/s); "
+            f"{pool}: {len(prompts)} prompts x {len(args.layers)} layers in {elapsed:.0f} s "
+            f"({len(prompts) / elapsed:.2f} prompts/s); "
             f"{cut} responses cut at {args.max_new_tokens} tokens (no EOS)",
             flush=True,
         )

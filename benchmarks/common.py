@@ -19,7 +19,7 @@ import torch
 import transformers
 
 import hf_lsad
-from hf_lsad.sae import SAEConfig, SparseAutoencoder
+from hf_lsad.sae.model import SAEConfig, SparseAutoencoder
 
 RESULTS = Path(__file__).parent / "results"
 

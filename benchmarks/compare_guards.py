@@ -38,8 +38,13 @@ def main() -> None:
             flagged = torch.cat([guard(rows.X[i : i + 2048]).flagged for i in range(0, len(rows.X), 2048)]).numpy()
         rates = {pool: float(flagged[rows.m(pool, "test")].mean()) for pool in POOLS if rows.m(pool, "test").any()}
         counts = {pool: int(rows.m(pool, "test").sum()) for pool in POOLS}
-        record["guards"][name] = {"folder": folder, "layer": hook.layer, "method": guard.config.method,
-                                  "test_flag_rate": rates, "test_rows": counts}  # fmt: skip
+        record["guards"][name] = {
+            "folder": folder,
+            "layer": hook.layer,
+            "method": guard.config.method,
+            "test_flag_rate": rates,
+            "test_rows": counts,
+        }
         print(name, f"layer {hook.layer}", {k: round(v, 3) for k, v in rates.items()}, flush=True)
     sd.write_json(sd.RESULTS / "compare_guards.json", record)
 

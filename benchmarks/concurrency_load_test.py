@@ -19,9 +19,9 @@ import torch
 
 from common import environment, load_average, write_result
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard
-from hf_lsad.capture import encode_prompts
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.pretrained import load_model
 from hf_lsad.data import load_prompts
-from hf_lsad.pretrained import load_model
 
 
 def main() -> None:
@@ -38,17 +38,23 @@ def main() -> None:
     model, tokenizer = load_model(args.model)
     guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(args.guard))
     print(f"loaded in {time.perf_counter() - t0:.1f} s; torch threads {torch.get_num_threads()}")
-    pool = [p.text for p in load_prompts("safe", limit=40, seed=0)] + [p.text for p in load_prompts("harmful", limit=20, seed=0)]
+    pool = [p.text for p in load_prompts("safe", limit=40, seed=0)] + [
+        p.text for p in load_prompts("harmful", limit=20, seed=0)
+    ]
     specs = {}
     for t in range(args.threads):
         for i in range(args.calls):
             start, size = (t * 31 + i * 7) % len(pool), 1 + (t + i) % 3
-            specs[(t, i)] = ([pool[(start + k) % len(pool)] for k in range(size)], 2 + (t * 3 + i) % (args.max_new_tokens - 1))
+            specs[(t, i)] = (
+                [pool[(start + k) % len(pool)] for k in range(size)],
+                2 + (t * 3 + i) % (args.max_new_tokens - 1),
+            )
 
     def call(key):
         prompts, new = specs[key]
-        out = guarded.generate(**encode_prompts(tokenizer, prompts), max_new_tokens=new, do_sample=False,
-                               return_dict_in_generate=True)  # fmt: skip
+        out = guarded.generate(
+            **encode_prompts(tokenizer, prompts), max_new_tokens=new, do_sample=False, return_dict_in_generate=True
+        )
         return out.sequences, out.safety
 
     t0 = time.perf_counter()
@@ -80,10 +86,14 @@ def main() -> None:
             flagged += r.flagged
         mismatches += not same
     n = args.threads * args.calls
-    print(f"{args.threads} threads x {args.calls} calls ({rows} rows, {flagged} flagged): {len(results)}/{n} returned, "
-          f"{len(errors)} raised, {mismatches} differ from the call alone, max |score delta| {max_delta:.2e}")
-    print(f"wall: sequential {sequential:.1f} s ({sequential / n:.2f} s/call), concurrent {concurrent:.1f} s "
-          f"({concurrent / n:.2f} s/call)")
+    print(
+        f"{args.threads} threads x {args.calls} calls ({rows} rows, {flagged} flagged): {len(results)}/{n} returned, "
+        f"{len(errors)} raised, {mismatches} differ from the call alone, max |score delta| {max_delta:.2e}"
+    )
+    print(
+        f"wall: sequential {sequential:.1f} s ({sequential / n:.2f} s/call), concurrent {concurrent:.1f} s "
+        f"({concurrent / n:.2f} s/call)"
+    )
     if errors:
         print("errors:", errors[:3])
     record = {

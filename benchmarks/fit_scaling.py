@@ -46,10 +46,10 @@ from common import (
     synthetic_activations,
     write_result,
 )
-from hf_lsad.clustering import KMeansConfig, training_sample
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.data.store import ActivationStore, TensorRows, save_activations
 from hf_lsad.detectors import FreqMaskConfig, FreqMaskKM
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.store import ActivationStore, TensorRows, save_activations
+from hf_lsad.detectors.clustering import KMeansConfig, training_sample
 
 MIB = 2**20
 CALIBRATION_ROWS = 2048

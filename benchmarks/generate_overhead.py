@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from hf_lsad.capture import encode_prompts
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.pretrained import load_model
 from hf_lsad.data import load_pool
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.pretrained import load_model
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -69,10 +69,15 @@ def main() -> None:
         print(batch_size, json.dumps(results[f"batch_{batch_size}"], indent=2))
     RESULTS.mkdir(exist_ok=True)
     record = {
-        "command": "python benchmarks/generate_overhead.py " + " ".join(
-            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()
+        "command": "python benchmarks/generate_overhead.py "
+        + " ".join(
+            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items()
         ),
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "machine": (
+            f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+            f"torch {torch.__version__}"
+        ),
         "results": results,
     }
     (RESULTS / "generate_overhead.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -26,11 +26,11 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
 from common import environment, load_average, mean_l0, set_threads, sparse_random_sae, write_result
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.core.hook_point import HookPoint
 from hf_lsad.detectors import FreqMaskConfig
-from hf_lsad.fitting import fit_guard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.modeling import GuardedModelForCausalLM
+from hf_lsad.detectors.clustering import KMeansConfig
+from hf_lsad.generation.model import GuardedModelForCausalLM
+from hf_lsad.guard.fitting import fit_guard
 
 
 @torch.no_grad()

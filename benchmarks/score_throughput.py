@@ -31,11 +31,11 @@ from common import (
     synthetic_activations,
     write_result,
 )
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.core.hook_point import HookPoint
 from hf_lsad.detectors import FreqMaskConfig
-from hf_lsad.fitting import fit_guard
+from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.hook_point import HookPoint
+from hf_lsad.guard.fitting import fit_guard
 
 
 def synchronize(device: torch.device) -> None:

@@ -6,7 +6,7 @@
 1. Throughput (prompts/s, median of ``--repeats``, the variants interleaved in each repeat so
    load drift hits all): ``screen()`` on pre-tokenised batches, ``screen()`` from strings
    (tokenisation included), a forward pass cut after the hooked block
-   (:func:`hf_lsad.capture.prefill_activations`, what ``screen`` is built on),
+   (:func:`hf_lsad.capture.recorder.prefill_activations`, what ``screen`` is built on),
    ``generate(max_new_tokens=1)`` and a full forward pass, on ``--n-prompts`` short chat
    prompts of the safe pool in batches of ``--batch-size``.
 2. ``on_flag="stop"`` on ``--harmful`` prompts of the harmful pool (greedy, ``--new-tokens``):
@@ -26,11 +26,12 @@ import time
 import torch
 
 from common import environment, load_average, write_result
-from hf_lsad.capture import encode_prompts, prefill_activations
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.pretrained import load_model
+from hf_lsad.capture.recorder import prefill_activations
 from hf_lsad.data import load_pool
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
-from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.pretrained import load_model
 
 
 def timed(fn) -> float:

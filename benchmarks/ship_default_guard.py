@@ -1,6 +1,7 @@
 """Install a guard written by ``fit_default_guard.py`` as the bundled default guard, with its model card.
 
-    python benchmarks/ship_default_guard.py --guard /tmp/newguard --results benchmarks/results/default_guard_smollm2.json
+    python benchmarks/ship_default_guard.py --guard artifacts/tmp/newguard \\
+        --results benchmarks/results/default_guard_smollm2.json
 
 The card's metrics are the measured test-split rates of ``fit_default_guard.py`` (never fitted,
 labelled or used for a threshold); nothing is typed in by hand.
@@ -35,15 +36,21 @@ def main() -> None:
         f"Command: `{record['env']['command']}`."
     )
     guard = SafetyGuard.from_pretrained(args.guard)
-    rows = "validation chat rows" if record["settings"].get("threshold_on", "chat") == "chat" else "all benign validation rows"
+    rows = (
+        "validation chat rows"
+        if record["settings"].get("threshold_on", "chat") == "chat"
+        else "all benign validation rows"
+    )
     threshold = (
         f"per-cluster affine calibration from 1% labelled validation rows; probability threshold at 5% FPR on {rows}"
         if guard.calibration is not None
         else f"no labels; score threshold at 5% FPR on {rows}"
     )
-    data = ("Fitted on the fit split (60%) of every benign domain bundled: task prompts (`safe` pool), chat "
-            "(`chat` pool: ShareGPT first turns, vauban harmless, MT-Bench, WritingBench) and benign-OOD "
-            f"(sarcasm headlines, wikiHow goals, sports, chit-chat); {threshold}.")
+    data = (
+        "Fitted on the fit split (60%) of every benign domain bundled: task prompts (`safe` pool), chat "
+        "(`chat` pool: ShareGPT first turns, vauban harmless, MT-Bench, WritingBench) and benign-OOD "
+        f"(sarcasm headlines, wikiHow goals, sports, chit-chat); {threshold}."
+    )
     shutil.rmtree(DEFAULT_GUARD)
     guard.save_pretrained(DEFAULT_GUARD)
     guard.model_card(metrics=metrics, metrics_note=note, data=data).save(DEFAULT_GUARD / "README.md")

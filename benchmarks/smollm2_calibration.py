@@ -1,4 +1,5 @@
-"""Per-cluster calibration against the coupled budget on SmolLM2-135M-Instruct (paper, appendix "Per-Cluster Calibration").
+"""Per-cluster calibration against the coupled budget on SmolLM2-135M-Instruct
+(paper, appendix "Per-Cluster Calibration").
 
 Protocol (paper): for a coupled budget p, the labelled sample holds a fraction p of
 the unsafe rows (harmful, toxic and jailbreak when collected, pooled), the same
@@ -12,7 +13,7 @@ calibration on the same evaluation rows:
 - benign-OOD FPR: the fraction of evaluation benign-OOD rows above that same threshold.
 
 "after" uses the default calibration on standardised scores; "after_raw_units" the paper's
-literal raw-score parametrisation (see :mod:`hf_lsad.calibration` for why they differ).
+literal raw-score parametrisation (see :mod:`hf_lsad.guard.calibration` for why they differ).
 
 The budget grid is the paper's {3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 2e-2}, keeping the
 values that give at least one labelled row per group (``round(p n) >= 1``); on the bundled
@@ -37,17 +38,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_lsad.calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
+from hf_lsad.core.metrics import auroc, flag_rate, mean_std
+from hf_lsad.core.splits import split_safe
 from hf_lsad.data import UNSAFE_POOLS
+from hf_lsad.data.store import load_activations
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.metrics import auroc, flag_rate, mean_std
-from hf_lsad.splits import split_safe
-from hf_lsad.store import load_activations
-from hf_lsad.threshold import fpr_threshold
+from hf_lsad.guard.calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
+from hf_lsad.guard.threshold import fpr_threshold
 
 PAPER_BUDGETS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 2e-2)
 SEEDS = (0, 1, 2, 3, 4)
-GUARDS = {"FreqMask-KM": "freqmask-km", "LearnedMask (Stage 1 only)": "learned-mask", "LearnedMask-LoRA": "learned-mask-lora"}
+GUARDS = {
+    "FreqMask-KM": "freqmask-km",
+    "LearnedMask (Stage 1 only)": "learned-mask",
+    "LearnedMask-LoRA": "learned-mask-lora",
+}
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -111,24 +116,31 @@ def evaluate_guard(guard: SafetyGuard, groups: dict[str, torch.Tensor], budgets:
 
 def markdown(results: dict, command: str, paper: list[float]) -> str:
     lines = [
-        f"Command: `{command}`", "",
+        f"Command: `{command}`",
+        "",
         "Mean (std) over 5 seeds. AUROC: negatives = evaluation safe + benign-OOD; recall and benign-OOD FPR "
         "at the 5% FPR threshold of the evaluation safe rows. `*` marks budgets outside the paper's grid. "
-        "before -> after (standardised scores, the default) [after in the paper's raw-score units].", "",
+        "before -> after (standardised scores, the default) [after in the paper's raw-score units].",
+        "",
         "| method | p | labelled (safe / unsafe / OOD) | AUROC | recall@5% safe FPR | benign-OOD FPR | neg. slopes |",
         "|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for name, table in results.items():
         for budget, row in table.items():
             cells = []
             for key in ("auroc", "recall_at_5fpr", "benign_ood_fpr"):
                 before, after, raw = row[f"before/{key}"], row[f"after/{key}"], row[f"after_raw_units/{key}"]
-                cells.append(f"{before['mean']:.3f} ({before['std']:.3f}) -> {after['mean']:.3f} ({after['std']:.3f}) "
-                             f"[{raw['mean']:.3f}]")  # fmt: skip
+                cells.append(
+                    f"{before['mean']:.3f} ({before['std']:.3f}) -> {after['mean']:.3f} ({after['std']:.3f}) "
+                    f"[{raw['mean']:.3f}]"
+                )
             n = row["labelled"]
             mark = "" if float(budget) in paper else "*"
-            lines.append(f"| {name} | {budget}{mark} | {n['safe']} / {n['unsafe']} / {n['benign_ood']} | " + " | ".join(cells)
-                         + f" | {np.mean(row['negative_slopes']):.1f} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {budget}{mark} | {n['safe']} / {n['unsafe']} / {n['benign_ood']} | "
+                + " | ".join(cells)
+                + f" | {np.mean(row['negative_slopes']):.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -22,16 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.core.metrics import auroc, tpr_at_fpr
+from hf_lsad.core.splits import split_safe
 from hf_lsad.data import UNSAFE_POOLS
+from hf_lsad.data.store import load_activations
 from hf_lsad.detectors import FreqMaskConfig
-from hf_lsad.fitting import fit_guard
+from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.guard import DEFAULT_GUARD
-from hf_lsad.metrics import auroc, tpr_at_fpr
-from hf_lsad.model_card import describe_records
-from hf_lsad.sae import SAETrainConfig, sae_stats, train_sae
-from hf_lsad.splits import split_safe
-from hf_lsad.store import load_activations
+from hf_lsad.guard.card import describe_records
+from hf_lsad.guard.fitting import fit_guard
+from hf_lsad.sae.training import SAETrainConfig, sae_stats, train_sae
 
 D_SAE = 2304
 SAE_TRAINING = SAETrainConfig(l1_coefficient=1.0, epochs=30, seed=0)
@@ -84,20 +84,27 @@ def run_position(stores: Path, position: str) -> tuple[dict, object]:
 
 def markdown(results: dict) -> str:
     lines = [
-        "| position | " + " | ".join(f"{p} AUROC / TPR@5%FPR" for p in UNSAFE_POOLS)
+        "| position | "
+        + " | ".join(f"{p} AUROC / TPR@5%FPR" for p in UNSAFE_POOLS)
         + " | mean | pooled AUROC (safe + benign-OOD negatives) | benign-OOD flagged |",
         "|---" * (len(UNSAFE_POOLS) + 4) + "|",
     ]
     for position, row in results.items():
         cells = [
-            f"{row['categories'][p]['auroc']:.3f} / {row['categories'][p]['tpr_at_5fpr']:.3f}" if p in row["categories"] else "-"
+            f"{row['categories'][p]['auroc']:.3f} / {row['categories'][p]['tpr_at_5fpr']:.3f}"
+            if p in row["categories"]
+            else "-"
             for p in UNSAFE_POOLS
         ]
         ood = row["categories"].get("benign_ood", {}).get("flagged_at_threshold")
         lines.append(
-            f"| {position} | " + " | ".join(cells) + f" | {row['mean_auroc']:.3f} / {row['mean_tpr_at_5fpr']:.3f} | "
-            + (f"{row['pooled_auroc_all_unsafe']:.3f}" if "pooled_auroc_all_unsafe" in row else "-") + " | "
-            + (f"{ood:.3f}" if ood is not None else "-") + " |"
+            f"| {position} | "
+            + " | ".join(cells)
+            + f" | {row['mean_auroc']:.3f} / {row['mean_tpr_at_5fpr']:.3f} | "
+            + (f"{row['pooled_auroc_all_unsafe']:.3f}" if "pooled_auroc_all_unsafe" in row else "-")
+            + " | "
+            + (f"{ood:.3f}" if ood is not None else "-")
+            + " |"
         )
     return "\n".join(lines) + "\n"
 
@@ -113,7 +120,11 @@ def main() -> None:
         results[position], guards[position] = run_position(args.stores, position)
         print(position, json.dumps(results[position], indent=2))
     RESULTS.mkdir(exist_ok=True)
-    settings = {"d_sae": D_SAE, "sae_training": SAE_TRAINING.__dict__, "detector": DETECTOR.__dict__ | {"kmeans": DETECTOR.kmeans.__dict__}}
+    settings = {
+        "d_sae": D_SAE,
+        "sae_training": SAE_TRAINING.__dict__,
+        "detector": DETECTOR.__dict__ | {"kmeans": DETECTOR.kmeans.__dict__},
+    }
     path = RESULTS / "smollm2_freqmask.json"
     if path.is_file():  # positions not run this time keep their earlier results
         earlier = json.loads(path.read_text())
@@ -125,8 +136,11 @@ def main() -> None:
     if args.save_guard:
         guard, records = guards[args.save_guard]
         row = results[args.save_guard]["categories"]
-        metrics = {pool: {k: row[pool][k] for k in ("auroc", "pooled_auroc", "tpr_at_5fpr") if k in row[pool]}
-                   for pool in UNSAFE_POOLS if pool in row}  # fmt: skip
+        metrics = {
+            pool: {k: row[pool][k] for k in ("auroc", "pooled_auroc", "tpr_at_5fpr") if k in row[pool]}
+            for pool in UNSAFE_POOLS
+            if pool in row
+        }
         if "benign_ood" in row:
             metrics["benign_ood"] = {"flagged": row["benign_ood"]["flagged_at_threshold"]}
         data = describe_records(records, what="safe prompts of the bundled pool (hf_lsad.data, `safe`)")

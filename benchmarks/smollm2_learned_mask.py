@@ -8,7 +8,7 @@ the safe store, seed 0), so the FreqMask-KM row is comparable with that script:
 1. fit each detector on the fit split (timed), threshold at 5% FPR on the 0.2
    held-out safe split; AUROC and TPR@5%FPR per unsafe category with the
    held-out safe rows as negatives;
-2. calibrated rows: per-cluster affine calibration (:mod:`hf_lsad.calibration`)
+2. calibrated rows: per-cluster affine calibration (:mod:`hf_lsad.guard.calibration`)
    at a coupled budget p = 1% (1% of the pooled unsafe rows and of the benign-OOD rows,
    half of the held-out safe rows, importance-weighted), 5 seeds; each category is then
    scored on the rows *not* drawn for calibration (negatives: the other half of the
@@ -44,18 +44,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_lsad.calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.core.metrics import auroc, flag_rate, mean_std, tpr_at_fpr
+from hf_lsad.core.splits import split_safe
 from hf_lsad.data import UNSAFE_POOLS
+from hf_lsad.data.store import load_activations
 from hf_lsad.detectors import FreqMaskConfig, GMMConfig, MahalanobisConfig, OCSVMConfig, detector_class
+from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.detectors.learned_mask import LearnedMaskConfig
-from hf_lsad.fitting import fit_guard
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.metrics import auroc, flag_rate, mean_std, tpr_at_fpr
-from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
-from hf_lsad.splits import split_safe
-from hf_lsad.store import load_activations
-from hf_lsad.threshold import fpr_threshold
+from hf_lsad.guard.calibration import coupled_budget_sample, fit_affine_calibration, importance_weights
+from hf_lsad.guard.fitting import fit_guard
+from hf_lsad.guard.threshold import fpr_threshold
+from hf_lsad.sae.model import SparseAutoencoder
+from hf_lsad.sae.training import SAETrainConfig, sae_stats, train_sae
 
 D_SAE = 2304
 SAE_TRAINING = SAETrainConfig(l1_coefficient=1.0, epochs=30, seed=0)
@@ -105,8 +106,11 @@ def calibrated_rows(guard: SafetyGuard, holdout: torch.Tensor, pools: dict[str, 
     unsafe_scores = torch.cat([outputs[p].scores for p in unsafe_names])
     unsafe_clusters = torch.cat([outputs[p].clusters for p in unsafe_names])
     unsafe_category = np.concatenate([[p] * len(outputs[p].scores) for p in unsafe_names])
-    groups = {"safe": (outputs["safe"].scores, outputs["safe"].clusters), "unsafe": (unsafe_scores, unsafe_clusters),
-              "benign_ood": (outputs["benign_ood"].scores, outputs["benign_ood"].clusters)}  # fmt: skip
+    groups = {
+        "safe": (outputs["safe"].scores, outputs["safe"].clusters),
+        "unsafe": (unsafe_scores, unsafe_clusters),
+        "benign_ood": (outputs["benign_ood"].scores, outputs["benign_ood"].clusters),
+    }
     per_seed: dict[str, dict[str, list[float]]] = {}
     first_calibration = None
     for seed in SEEDS:
@@ -122,6 +126,7 @@ def calibrated_rows(guard: SafetyGuard, holdout: torch.Tensor, pools: dict[str, 
         )
         first_calibration = first_calibration or calibration
         for kind in ("raw", "calibrated"):
+
             def transform(g: str, rows: np.ndarray, kind=kind, calibration=calibration) -> np.ndarray:
                 s, c = groups[g][0][rows], groups[g][1][rows]
                 return s.numpy() if kind == "raw" else calibration.logits(s, c).numpy()
@@ -137,7 +142,9 @@ def calibrated_rows(guard: SafetyGuard, holdout: torch.Tensor, pools: dict[str, 
             ood = transform("benign_ood", split["benign_ood"][1])
             per_seed.setdefault(f"{kind}/benign_ood/flagged", []).append(flag_rate(ood, threshold))
             per_seed.setdefault(f"{kind}/unsafe/auroc", []).append(auroc(negatives, positives_all))
-            per_seed.setdefault(f"{kind}/pooled/auroc", []).append(auroc(np.concatenate([negatives, ood]), positives_all))
+            per_seed.setdefault(f"{kind}/pooled/auroc", []).append(
+                auroc(np.concatenate([negatives, ood]), positives_all)
+            )
     summary = {key: dict(zip(("mean", "std"), mean_std(values))) for key, values in per_seed.items()}
     return summary, first_calibration
 
@@ -156,9 +163,9 @@ def check_round_trip(guard: SafetyGuard, folder: Path, rows: torch.Tensor, gener
             torch.equal(guard.calibration.probabilities(*before[:2]), loaded.calibration.probabilities(*after[:2]))
         )
     if generate:
-        from hf_lsad.capture import encode_prompts
-        from hf_lsad.modeling import GuardedModelForCausalLM
-        from hf_lsad.pretrained import load_model
+        from hf_lsad.capture.collect import encode_prompts
+        from hf_lsad.capture.pretrained import load_model
+        from hf_lsad.generation.model import GuardedModelForCausalLM
 
         model, tokenizer = load_model("default")
         inputs = encode_prompts(tokenizer, GENERATE_PROMPTS)
@@ -177,8 +184,11 @@ def run_position(stores: Path, position: str, generate: bool) -> dict:
     safe = load_activations(stores / position / "safe")
     split = split_safe(len(safe.activations), 0.2, seed=0)
     sae, sae_info = load_or_train_sae(stores, position, safe.activations[split.fit])
-    pools = {p: load_activations(stores / position / p).activations
-             for p in (*UNSAFE_POOLS, "benign_ood") if (stores / position / p / "index.json").is_file()}  # fmt: skip
+    pools = {
+        p: load_activations(stores / position / p).activations
+        for p in (*UNSAFE_POOLS, "benign_ood")
+        if (stores / position / p / "index.json").is_file()
+    }
     holdout = safe.activations[split.holdout]
     row = {
         "n_safe_fit": len(split.fit),
@@ -197,12 +207,19 @@ def run_position(stores: Path, position: str, generate: bool) -> dict:
         entry = {"fit_seconds": seconds, "threshold": guard.threshold, "categories": {}}
         if method == "learned-mask-lora":
             stages = guard.detector.state.cluster_stages
-            entry["clusters"] = {"base_sae": stages.count(0), "mask_only": stages.count(1), "mask_and_lora": stages.count(2)}
+            entry["clusters"] = {
+                "base_sae": stages.count(0),
+                "mask_only": stages.count(1),
+                "mask_and_lora": stages.count(2),
+            }
             entry["mask_sizes"] = guard.detector.masks.sum(1).tolist()
         for pool, acts in pools.items():
             with torch.no_grad():
                 scores = guard(acts).scores.numpy()
-            entry["categories"][pool] = {**category_metrics(negatives, scores), "flagged": float((scores > guard.threshold).mean())}
+            entry["categories"][pool] = {
+                **category_metrics(negatives, scores),
+                "flagged": float((scores > guard.threshold).mean()),
+            }
         unsafe = [entry["categories"][p] for p in UNSAFE_POOLS if p in pools]
         entry["mean_auroc"] = float(np.mean([c["auroc"] for c in unsafe]))
         entry["mean_tpr_at_5fpr"] = float(np.mean([c["tpr_at_5fpr"] for c in unsafe]))
@@ -211,8 +228,13 @@ def run_position(stores: Path, position: str, generate: bool) -> dict:
         entry["round_trip"] = check_round_trip(guard, folder, holdout, generate and name == "LearnedMask-LoRA")
         if name == "LearnedMask-LoRA":
             guard.set_calibration(calibration)
-            entry["calibrated_round_trip"] = check_round_trip(guard, folder.with_name(folder.name + "-calibrated"), holdout, generate)
-            entry["calibration_seed0"] = {"lam": calibration.lam, "negative_slopes": sum(a < 0 for a in calibration.slopes)}
+            entry["calibrated_round_trip"] = check_round_trip(
+                guard, folder.with_name(folder.name + "-calibrated"), holdout, generate
+            )
+            entry["calibration_seed0"] = {
+                "lam": calibration.lam,
+                "negative_slopes": sum(a < 0 for a in calibration.slopes),
+            }
         row["methods"][name] = entry
         print(name, json.dumps({k: v for k, v in entry.items() if k != "mask_sizes"}, indent=2), flush=True)
     return row
@@ -222,37 +244,63 @@ def markdown(results: dict, command: str) -> str:
     lines = [f"Command: `{command}`", ""]
     for position, row in results.items():
         categories = [p for p in UNSAFE_POOLS if p in row["n"]]
-        lines += [f"### {position}", "",
-                  "Held-out safe negatives (the paper's main protocol). Cells: AUROC / TPR@5%FPR.", "",
-                  "| method | fit (s) | " + " | ".join(categories) + " | mean | benign-OOD flagged |",
-                  "|---" * (len(categories) + 4) + "|"]  # fmt: skip
+        lines += [
+            f"### {position}",
+            "",
+            "Held-out safe negatives (the paper's main protocol). Cells: AUROC / TPR@5%FPR.",
+            "",
+            "| method | fit (s) | " + " | ".join(categories) + " | mean | benign-OOD flagged |",
+            "|---" * (len(categories) + 4) + "|",
+        ]
         for name, entry in row["methods"].items():
-            cells = [f"{entry['categories'][p]['auroc']:.3f} / {entry['categories'][p]['tpr_at_5fpr']:.3f}" for p in categories]
-            lines.append(f"| {name} | {entry['fit_seconds']:.0f} | " + " | ".join(cells)
-                         + f" | {entry['mean_auroc']:.3f} / {entry['mean_tpr_at_5fpr']:.3f} | "
-                         f"{entry['categories']['benign_ood']['flagged']:.3f} |")  # fmt: skip
-        lines += ["", f"Safe-only vs pooled negatives, uncalibrated -> per-cluster calibrated at coupled budget p = {BUDGET:g} "
-                  f"(mean over {len(SEEDS)} seeds, rows not drawn for calibration). Safe-only AUROC: held-out safe negatives "
-                  "(the paper's Table 2); pooled AUROC: held-out safe + benign-OOD negatives (Table 5); benign-OOD FPR "
-                  "at the threshold flagging 5% of the held-out safe rows. Positives: all unsafe categories.", "",
-                  "| method | safe-only AUROC | pooled AUROC | benign-OOD FPR |", "|---|---|---|---|"]  # fmt: skip
+            cells = [
+                f"{entry['categories'][p]['auroc']:.3f} / {entry['categories'][p]['tpr_at_5fpr']:.3f}"
+                for p in categories
+            ]
+            lines.append(
+                f"| {name} | {entry['fit_seconds']:.0f} | "
+                + " | ".join(cells)
+                + f" | {entry['mean_auroc']:.3f} / {entry['mean_tpr_at_5fpr']:.3f} | "
+                f"{entry['categories']['benign_ood']['flagged']:.3f} |"
+            )
+        lines += [
+            "",
+            f"Safe-only vs pooled negatives, uncalibrated -> per-cluster calibrated at coupled budget p = {BUDGET:g} "
+            f"(mean over {len(SEEDS)} seeds, rows not drawn for calibration). Safe-only AUROC: held-out safe negatives "
+            "(the paper's Table 2); pooled AUROC: held-out safe + benign-OOD negatives (Table 5); benign-OOD FPR "
+            "at the threshold flagging 5% of the held-out safe rows. Positives: all unsafe categories.",
+            "",
+            "| method | safe-only AUROC | pooled AUROC | benign-OOD FPR |",
+            "|---|---|---|---|",
+        ]
         for name, entry in row["methods"].items():
             cal = entry["calibration_at_1pct"]
-            cells = [f"{cal[f'raw/{key}']['mean']:.3f} -> {cal[f'calibrated/{key}']['mean']:.3f}"
-                     for key in ("unsafe/auroc", "pooled/auroc", "benign_ood/flagged")]  # fmt: skip
+            cells = [
+                f"{cal[f'raw/{key}']['mean']:.3f} -> {cal[f'calibrated/{key}']['mean']:.3f}"
+                for key in ("unsafe/auroc", "pooled/auroc", "benign_ood/flagged")
+            ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        lines += ["", f"Per-cluster calibration at coupled budget p = {BUDGET:g}, mean over {len(SEEDS)} seeds, on the rows "
-                  "not drawn for calibration (negatives: the other half of the held-out safe rows). "
-                  "Raw = the same detector uncalibrated on exactly those rows. Cells: AUROC / TPR@5%FPR.", "",
-                  "| method | " + " | ".join(categories) + " | benign-OOD flagged at 5% safe FPR "
-                  "| AUROC, negatives safe + benign-OOD |",
-                  "|---" * (len(categories) + 3) + "|"]  # fmt: skip
+        lines += [
+            "",
+            f"Per-cluster calibration at coupled budget p = {BUDGET:g}, mean over {len(SEEDS)} seeds, on the rows "
+            "not drawn for calibration (negatives: the other half of the held-out safe rows). "
+            "Raw = the same detector uncalibrated on exactly those rows. Cells: AUROC / TPR@5%FPR.",
+            "",
+            "| method | " + " | ".join(categories) + " | benign-OOD flagged at 5% safe FPR "
+            "| AUROC, negatives safe + benign-OOD |",
+            "|---" * (len(categories) + 3) + "|",
+        ]
         for name, entry in row["methods"].items():
             cal = entry["calibration_at_1pct"]
             for kind, label in (("raw", name), ("calibrated", f"{name}, calibrated")):
-                cells = [f"{cal[f'{kind}/{p}/auroc']['mean']:.3f} / {cal[f'{kind}/{p}/tpr_at_5fpr']['mean']:.3f}" for p in categories]
-                lines.append(f"| {label} | " + " | ".join(cells) + f" | {cal[f'{kind}/benign_ood/flagged']['mean']:.3f} "
-                             f"| {cal[f'{kind}/pooled/auroc']['mean']:.3f} |")
+                cells = [
+                    f"{cal[f'{kind}/{p}/auroc']['mean']:.3f} / {cal[f'{kind}/{p}/tpr_at_5fpr']['mean']:.3f}"
+                    for p in categories
+                ]
+                lines.append(
+                    f"| {label} | " + " | ".join(cells) + f" | {cal[f'{kind}/benign_ood/flagged']['mean']:.3f} "
+                    f"| {cal[f'{kind}/pooled/auroc']['mean']:.3f} |"
+                )
         lines.append("")
     return "\n".join(lines)
 
@@ -261,7 +309,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stores", type=Path, default=Path("artifacts/smollm2"))
     parser.add_argument("--positions", nargs="+", default=["prompt_last"])
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core machine)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core machine)"
+    )
     parser.add_argument("--no-generate", action="store_true", help="skip the SmolLM2 generate round-trip check")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -269,7 +319,9 @@ def main() -> None:
     settings = {
         "d_sae": D_SAE,
         "sae_training": dataclasses.asdict(SAE_TRAINING),
-        "methods": {name: {"method": method, **dataclasses.asdict(config)} for name, (method, config) in METHODS.items()},
+        "methods": {
+            name: {"method": method, **dataclasses.asdict(config)} for name, (method, config) in METHODS.items()
+        },
         "calibration": {"budget": BUDGET, "seeds": list(SEEDS)},
         "threads": args.threads,
     }

@@ -56,7 +56,7 @@ sweep() {
         [ -f "$layer_dir/benign_ood/index.json" ] && ood=(--benign-ood "$layer_dir/benign_ood")
         local l1
         l1=$(python -c "
-from hf_lsad.store import load_activations
+from hf_lsad.data.store import load_activations
 rms = lambda p: load_activations(p).activations.pow(2).mean().sqrt().item()
 print(f'{rms(\"$layer_dir/safe\") / rms(\"$root/layer20/safe\"):.4g}')")
         hf-lsad evaluate --safe "$layer_dir/safe" --unsafe "${unsafe[@]}" "${ood[@]}" \

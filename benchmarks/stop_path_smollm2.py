@@ -29,10 +29,10 @@ from typing import Any
 
 from common import environment, write_result
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard
-from hf_lsad.capture import encode_prompts
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.pretrained import load_model
 from hf_lsad.data import load_prompts
-from hf_lsad.pretrained import load_model
-from hf_lsad.running_guard import RunningConfig
+from hf_lsad.guard.running import RunningConfig
 
 PATHS = ("report", "stop", "on_step", "running")
 
@@ -73,34 +73,41 @@ def right_padding_case(guarded: GuardedModelForCausalLM, harmful: list[str], cha
         rows = []
         for row, (prompt, report) in enumerate(zip(batch, out.safety)):
             first = int(out.sequences[row, out.prompt_length])
-            rows.append({
-                "flagged_alone": alone[prompt].flagged,
-                "flagged": report.flagged,
-                "stopped": report.stopped,
-                "first_token_is_eos": first in eos,
-                "probability": report.probability,
-                "score_delta": abs(report.score - alone[prompt].score),
-            })
+            rows.append(
+                {
+                    "flagged_alone": alone[prompt].flagged,
+                    "flagged": report.flagged,
+                    "stopped": report.stopped,
+                    "first_token_is_eos": first in eos,
+                    "probability": report.probability,
+                    "score_delta": abs(report.score - alone[prompt].score),
+                }
+            )
         should_stop = path != "report"
         result[path] = {
             "rows": rows,
             "verdicts_equal_alone": all(r["flagged"] == r["flagged_alone"] for r in rows),
             "flagged_alone_stopped_before_first_token": all(
                 r["stopped"] and r["first_token_is_eos"] for r in rows if r["flagged_alone"]
-            ) if should_stop else None,
+            )
+            if should_stop
+            else None,
             "max_score_delta": max(r["score_delta"] for r in rows),
-        }  # fmt: skip
-        print(f"right padding, {path}: {result[path]['verdicts_equal_alone']=}, "
-              f"stopped={result[path]['flagged_alone_stopped_before_first_token']}, "
-              f"max |delta| {result[path]['max_score_delta']:.2e}")  # fmt: skip
+        }
+        print(
+            f"right padding, {path}: {result[path]['verdicts_equal_alone']=}, "
+            f"stopped={result[path]['flagged_alone_stopped_before_first_token']}, "
+            f"max |delta| {result[path]['max_score_delta']:.2e}"
+        )
     return result
 
 
 def threads_case(guarded: dict[str, GuardedModelForCausalLM], pool: list[str], threads: int, calls: int) -> dict:
     results = {}
     for path in PATHS:
-        results[path] = concurrent_calls(guarded["running" if path == "running" else "screening"], path, pool, threads,
-                                         calls)  # fmt: skip
+        results[path] = concurrent_calls(
+            guarded["running" if path == "running" else "screening"], path, pool, threads, calls
+        )
         print(f"threads {threads} x {calls}, {path}: {results[path]}")
     return results
 
@@ -142,9 +149,14 @@ def concurrent_calls(model: GuardedModelForCausalLM, path: str, pool: list[str],
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as executor:
         counts = list(executor.map(worker, range(threads)))
-    return {"calls": sum(c for c, _ in counts), "raised": sum(r for _, r in counts),
-            "different_from_alone": len(failures), "failures": failures[:10], "errors": errors[:10],
-            "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+    return {
+        "calls": sum(c for c, _ in counts),
+        "raised": sum(r for _, r in counts),
+        "different_from_alone": len(failures),
+        "failures": failures[:10],
+        "errors": errors[:10],
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def main() -> None:

@@ -4,8 +4,8 @@ Used by ``chat_study.py``, ``leave_one_domain_out.py`` and ``fit_default_guard.p
 
 Protocol (fixed here, once)
 ---------------------------
-* **Rows.** Activation stores ``/work/artifacts/<model>/<position>/layer<L>/<pool>``
-  (``hf_lsad.store``). Benign pools: ``safe`` (task prompts), ``chat`` (ShareGPT first
+* **Rows.** Activation stores ``artifacts/<model>/<position>/layer<L>/<pool>``
+  (``hf_lsad.data.store``). Benign pools: ``safe`` (task prompts), ``chat`` (ShareGPT first
   turns, vauban harmless, MT-Bench, WritingBench) and ``benign_ood`` (sarcasm headlines,
   wikiHow goals, sports, chatterbot chit-chat). Unsafe pools: ``harmful`` (AdvBench +
   HarmBench), ``toxic``, ``jailbreak``; ``harmful_vauban`` is test-only.
@@ -29,14 +29,14 @@ Protocol (fixed here, once)
 * **Headline metrics** (test): AUROC of harmful requests (harmful test + all of
   harmful_vauban) vs test chat; the same positives vs test task prompts (``safe``);
   TPR at 5% chat FPR: threshold = the order statistic ``ceil(0.95 m)`` of the m
-  validation chat scores (``hf_lsad.calibration.fpr_threshold``), TPR of the test
+  validation chat scores (``hf_lsad.guard.calibration.fpr_threshold``), TPR of the test
   harmful positives above it; the realised test-chat flag rate at that threshold.
-* **Calibration** (paper appendix B, ``hf_lsad.calibration``): per-cluster affine
+* **Calibration** (paper appendix B, ``hf_lsad.guard.calibration``): per-cluster affine
   map of (score, cluster) at a 1% labelled budget. The labelled sample comes only from
   the validation split: ``round(0.01 * N_unsafe)`` unsafe rows (``N_unsafe`` = all rows
   of the harmful, toxic and jailbreak stores) drawn from the unsafe validation rows, and
   half of the benign validation rows (label safe); importance weights ``1/p`` and ``2``
-  (:func:`hf_lsad.calibration.importance_weights`). Calibrated metrics are the
+  (:func:`hf_lsad.guard.calibration.importance_weights`). Calibrated metrics are the
   mean over 3 draws (seeds 0-2); validation metrics leave the drawn rows out.
   Detectors without clusters (Mahalanobis, kNN) only get the anchor, a monotone map:
   their calibrated numbers equal the uncalibrated ones.
@@ -64,16 +64,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_lsad.calibration import fit_affine_calibration, importance_weights
+from hf_lsad.core.metrics import auroc
 from hf_lsad.data import POOLS, load_pool
-from hf_lsad.metrics import auroc
-from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
-from hf_lsad.store import load_activations
-from hf_lsad.threshold import fpr_threshold
+from hf_lsad.data.store import load_activations
+from hf_lsad.guard.calibration import fit_affine_calibration, importance_weights
+from hf_lsad.guard.threshold import fpr_threshold
+from hf_lsad.sae.model import SparseAutoencoder
+from hf_lsad.sae.training import SAETrainConfig, sae_stats, train_sae
 
-ARTIFACTS = Path(os.environ.get("HF_LSAD_ARTIFACTS", "/work/artifacts"))
+ARTIFACTS = Path(os.environ.get("HF_LSAD_ARTIFACTS", "artifacts"))
 """Root of the activation stores; a frozen copy (snapshot) of growing stores can be named here."""
-STUDY = Path(os.environ.get("HF_LSAD_STUDY", "/work/artifacts/study"))
+STUDY = Path(os.environ.get("HF_LSAD_STUDY", "artifacts/study"))
 """Cache of the study's SAEs (keyed by settings and a hash of the fit row ids)."""
 RESULTS = Path(__file__).parent / "results"
 SPLIT_SEED = 0
@@ -227,14 +228,26 @@ def get_sae(
     if meta_path.is_file():
         return SparseAutoencoder.from_pretrained(path), json.loads(meta_path.read_text())
     start = time.time()
-    sae = train_sae(rows.X[torch.from_numpy(fit_mask)], d_sae, SAETrainConfig(l1_coefficient=l1, epochs=epochs, lr=lr, batch_size=batch_size), progress=False)
+    sae = train_sae(
+        rows.X[torch.from_numpy(fit_mask)],
+        d_sae,
+        SAETrainConfig(l1_coefficient=l1, epochs=epochs, lr=lr, batch_size=batch_size),
+        progress=False,
+    )
     seconds = time.time() - start
     val = rows.m(BENIGN_POOLS, "val")
     stats = sae_stats(sae, rows.X[torch.from_numpy(val)])
     meta = {
-        "d_sae": d_sae, "l1": l1, "epochs": epochs, "lr": lr, "batch_size": batch_size, "n_fit": int(fit_mask.sum()),
-        "train_seconds": round(seconds, 1), "load_average": [round(x, 2) for x in os.getloadavg()],
-        "val_l0": round(stats.l0, 2), "val_fve": round(stats.fraction_variance_explained, 4),
+        "d_sae": d_sae,
+        "l1": l1,
+        "epochs": epochs,
+        "lr": lr,
+        "batch_size": batch_size,
+        "n_fit": int(fit_mask.sum()),
+        "train_seconds": round(seconds, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "val_l0": round(stats.l0, 2),
+        "val_fve": round(stats.fraction_variance_explained, 4),
         "val_dead_fraction": round(stats.dead_fraction, 4),
     }
     sae.save_pretrained(path)
@@ -328,7 +341,9 @@ def calibration_sample(
     return index, labels, groups
 
 
-def calibrated_runs(scores: np.ndarray, clusters: np.ndarray, n_clusters: int, rows: Rows) -> list[tuple[np.ndarray, np.ndarray]]:
+def calibrated_runs(
+    scores: np.ndarray, clusters: np.ndarray, n_clusters: int, rows: Rows
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per seed: (calibrated logit per row, mask of the rows drawn for calibration)."""
     out = []
     for seed in CAL_SEEDS:

@@ -65,24 +65,33 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         "# SmolLM2-135M-Instruct: extraction-layer sweep (prompt_last)",
         "",
-        "Regenerate with `bash benchmarks/smollm2_report.sh sweep` (stores from `python benchmarks/collect_layer_sweep.py`).",
+        "Regenerate with `bash benchmarks/smollm2_report.sh sweep` (stores from `python "
+        "benchmarks/collect_layer_sweep.py`).",
         "Each layer: a fresh SAE (d_sae 2304, 30 epochs, L1 scaled by the layer's activation RMS relative to layer 20) "
         "on the safe fit split; hyperparameters selected on the validation split; test metrics, one seed. "
         "Full reports per layer in `layer_sweep/layer*/report.md`.",
         "",
-        "| layer | method | " + " | ".join(f"{c} AUROC" for c in categories)
-        + " | mean AUROC | mean TPR@5%FPR | benign-OOD FPR | selected | SAE L1 / L0 / FVE | d90 raw / global / per-cluster median |",
+        "| layer | method | "
+        + " | ".join(f"{c} AUROC" for c in categories)
+        + " | mean AUROC | mean TPR@5%FPR | benign-OOD FPR | selected | SAE L1 / L0 / FVE"
+        + " | d90 raw / global / per-cluster median |",
         "|---:|---|" + "---:|" * (len(categories) + 3) + "---|---|---|",
     ]
     for row in rows:
         d90 = row.get("d90")
         d90_text = (
             f"{d90['raw_sae']} / {d90['global_mask']} / "
-            + (f"{d90['per_cluster_median']:.1f} ({d90['per_cluster_eligible']} clusters)" if d90["per_cluster_median"] is not None else "–")
-            if d90 else "–"
+            + (
+                f"{d90['per_cluster_median']:.1f} ({d90['per_cluster_eligible']} clusters)"
+                if d90["per_cluster_median"] is not None
+                else "–"
+            )
+            if d90
+            else "–"
         )
         lines.append(
-            f"| {row['layer']} | {row['method']} | " + " | ".join(_fmt(row["auroc"][c]) for c in categories)
+            f"| {row['layer']} | {row['method']} | "
+            + " | ".join(_fmt(row["auroc"][c]) for c in categories)
             + f" | {_fmt(row['auroc']['mean'])} | {_fmt(row['tpr_at_5fpr']['mean'])} | {_fmt(row['benign_ood_fpr'])} | "
             + ", ".join(f"{k}={v}" for k, v in row["selected"].items())
             + f" | {_fmt(row['sae_l1'], 3)} / {_fmt(row['sae_l0'], 1)} / {_fmt(row['sae_fve'], 3)} | {d90_text} |"

@@ -1,4 +1,5 @@
-"""Does a data-rich SAE rescue the paper's mechanism? An SAE trained on every prompt TOKEN, not one row per prompt (issue 13).
+"""Does a data-rich SAE rescue the paper's mechanism? An SAE trained on every prompt TOKEN, not one row per
+prompt (issue 13).
 
 The study's SAEs see one ``prompt_last`` vector per fit prompt (about 6.5k rows for 2304 features: 72-86%
 of the features never fire on validation rows). Here the SAE of layer ``--layer`` is trained on the
@@ -10,9 +11,12 @@ calibrated and uncalibrated, same splits, same probe).
 
 Two steps, both cached under ``$HF_LSAD_STUDY/token_sae``:
 
-    HF_LSAD_ARTIFACTS=/work/artifacts/study/snap_pl2 PYTHONPATH=. python benchmarks/token_sae.py collect --prompts 7000 --shard 0 --num-shards 2
-    HF_LSAD_ARTIFACTS=/work/artifacts/study/snap_pl2 PYTHONPATH=. python benchmarks/token_sae.py collect --prompts 7000 --shard 1 --num-shards 2
-    HF_LSAD_ARTIFACTS=/work/artifacts/study/snap_pl2 PYTHONPATH=. python benchmarks/token_sae.py study --num-shards 2 \
+    HF_LSAD_ARTIFACTS=artifacts/study/snap_pl2 PYTHONPATH=. \\
+        python benchmarks/token_sae.py collect --prompts 7000 --shard 0 --num-shards 2
+    HF_LSAD_ARTIFACTS=artifacts/study/snap_pl2 PYTHONPATH=. \\
+        python benchmarks/token_sae.py collect --prompts 7000 --shard 1 --num-shards 2
+    HF_LSAD_ARTIFACTS=artifacts/study/snap_pl2 PYTHONPATH=. \\
+        python benchmarks/token_sae.py study --num-shards 2 \
         --l1-rels 0.1 0.3 --name chat_study_smollm2_prompt_last_token_sae_L12_part1
     (part2: --l1-rels 1.0; part3: --widths 4608 --l1-rels 0.3)
 
@@ -32,11 +36,11 @@ from safetensors.torch import load_file, save_file
 
 import study_data as sd
 from chat_study import eval_freqmask_grid, markdown
-from hf_lsad.capture import encode_prompts
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.pretrained import load_model
+from hf_lsad.core.hook_point import decoder_layer
 from hf_lsad.data import POOLS, load_pool
-from hf_lsad.hook_point import decoder_layer
-from hf_lsad.pretrained import load_model
-from hf_lsad.sae import SAETrainConfig, sae_stats, train_sae
+from hf_lsad.sae.training import SAETrainConfig, sae_stats, train_sae
 
 CACHE = sd.STUDY / "token_sae"
 
@@ -61,7 +65,8 @@ class BlockOutput:
 
 @torch.no_grad()
 def prefill_block_output(model, tokenizer, texts: list[str], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``([B, T, H] output of decoder block ``layer`` on the prefill, [B] real-token counts)`` of left-padded prompts."""
+    """``([B, T, H] output of decoder block ``layer`` on the prefill, [B] real-token counts)`` of left-padded
+    prompts."""
     inputs = encode_prompts(tokenizer, texts)
     recorder = BlockOutput(decoder_layer(model, layer)[1])
     try:
@@ -76,7 +81,9 @@ def collect(args) -> None:
     rows = sd.load_rows("smollm2", "prompt_last", args.layer)
     by_id = {i: k for k, i in enumerate(rows.ids)}
     fit_ids = [i for i, s in zip(rows.ids, rows.split) if s == "fit"]
-    chosen = sorted(np.random.default_rng(args.seed).choice(len(fit_ids), size=min(args.prompts, len(fit_ids)), replace=False))
+    chosen = sorted(
+        np.random.default_rng(args.seed).choice(len(fit_ids), size=min(args.prompts, len(fit_ids)), replace=False)
+    )
     wanted = {fit_ids[k] for k in chosen}
     prompts = [p for pool in POOLS for p in load_pool(pool) if p.id in wanted]
     prompts.sort(key=lambda p: len(p.text))
@@ -92,15 +99,23 @@ def collect(args) -> None:
         for i, p in enumerate(batch):
             positions = np.arange(T - int(lengths[i]) + skip, T)
             if len(positions) > args.tokens_per_prompt:
-                positions = np.append(np.sort(rng.choice(positions[:-1], args.tokens_per_prompt - 1, replace=False)), T - 1)
+                positions = np.append(
+                    np.sort(rng.choice(positions[:-1], args.tokens_per_prompt - 1, replace=False)), T - 1
+                )
             tokens.append(hidden[i, positions])
             max_delta = max(max_delta, float((hidden[i, -1] - rows.X[by_id[p.id]]).abs().max()))
         done = b + len(batch)
-        print(f"[{time.strftime('%H:%M:%S')}] {done}/{len(prompts)} prompts, {sum(len(t) for t in tokens)} tokens, "
-              f"{done / (time.time() - start):.2f} prompts/s, max |last token - store row| {max_delta:.2e}", flush=True)
+        print(
+            f"[{time.strftime('%H:%M:%S')}] {done}/{len(prompts)} prompts, {sum(len(t) for t in tokens)} tokens, "
+            f"{done / (time.time() - start):.2f} prompts/s, max |last token - store row| {max_delta:.2e}",
+            flush=True,
+        )
     CACHE.mkdir(parents=True, exist_ok=True)
-    save_file({"tokens": torch.cat(tokens)}, str(CACHE / f"layer{args.layer}_tokens_{args.shard}of{args.num_shards}.safetensors"),
-              metadata={"prompts": str(len(prompts)), "max_delta": f"{max_delta:.3e}", "skip": str(skip)})
+    save_file(
+        {"tokens": torch.cat(tokens)},
+        str(CACHE / f"layer{args.layer}_tokens_{args.shard}of{args.num_shards}.safetensors"),
+        metadata={"prompts": str(len(prompts)), "max_delta": f"{max_delta:.3e}", "skip": str(skip)},
+    )
 
 
 def study(args) -> None:
@@ -112,20 +127,38 @@ def study(args) -> None:
     rows = sd.load_rows("smollm2", "prompt_last", args.layer)
     fit_rows = torch.from_numpy(np.flatnonzero(rows.fit_mask))
     rms = data.pow(2).mean().sqrt().item()
-    record: dict[str, Any] = {"model": "smollm2", "position": "prompt_last", "env": sd.environment(),
-                              "settings": dict(vars(args)), "protocol": sd.__doc__, "n_tokens": len(data), "sweep": {}}
+    record: dict[str, Any] = {
+        "model": "smollm2",
+        "position": "prompt_last",
+        "env": sd.environment(),
+        "settings": dict(vars(args)),
+        "protocol": sd.__doc__,
+        "n_tokens": len(data),
+        "sweep": {},
+    }
     entries = record["sweep"][str(args.layer)] = {"saes": []}
     for d_sae, rel in [(d, r) for d in args.widths for r in args.l1_rels]:
         l1 = round(rel * rms, 4)
         t = time.time()
         sae = train_sae(data, d_sae, SAETrainConfig(l1_coefficient=l1, epochs=args.epochs), progress=False)
         stats = sae_stats(sae, rows.X[torch.from_numpy(rows.m(sd.BENIGN_POOLS, "val"))])
-        meta = {"d_sae": d_sae, "l1": l1, "l1_rel": rel, "epochs": args.epochs, "n_fit": len(data),
-                "train_seconds": round(time.time() - t, 1), "val_l0": round(stats.l0, 2),
-                "val_fve": round(stats.fraction_variance_explained, 4), "val_dead_fraction": round(stats.dead_fraction, 4)}
+        meta = {
+            "d_sae": d_sae,
+            "l1": l1,
+            "l1_rel": rel,
+            "epochs": args.epochs,
+            "n_fit": len(data),
+            "train_seconds": round(time.time() - t, 1),
+            "val_l0": round(stats.l0, 2),
+            "val_fve": round(stats.fraction_variance_explained, 4),
+            "val_dead_fraction": round(stats.dead_fraction, 4),
+        }
         print(f"[{time.strftime('%H:%M:%S')}] SAE {meta}", flush=True)
         codes = sd.encode(sae, rows.X)
-        entry = {"sae": meta, "freqmask": eval_freqmask_grid(codes, rows, fit_rows, args.ks, args.masks, ["global", "local"], sae=sae)}
+        entry = {
+            "sae": meta,
+            "freqmask": eval_freqmask_grid(codes, rows, fit_rows, args.ks, args.masks, ["global", "local"], sae=sae),
+        }
         entry["probe (SAE codes)"] = sd.evaluate_scores(sd.probe_scores(codes.numpy(), rows), None, 1, rows)
         entries["saes"].append(entry)
         print(f"[{time.strftime('%H:%M:%S')}] evaluated", flush=True)
@@ -133,8 +166,12 @@ def study(args) -> None:
     record["wall_seconds"] = round(time.time() - start)
     name = args.name or f"chat_study_smollm2_prompt_last_token_sae_L{args.layer}"
     sd.write_json(sd.RESULTS / f"{name}.json", record)
-    (sd.RESULTS / f"{name}.md").write_text(markdown(record).replace(
-        "# Chat study: smollm2 prompt_last", f"# Chat study: smollm2 prompt_last, SAE trained on {len(data)} prompt tokens"))
+    (sd.RESULTS / f"{name}.md").write_text(
+        markdown(record).replace(
+            "# Chat study: smollm2 prompt_last",
+            f"# Chat study: smollm2 prompt_last, SAE trained on {len(data)} prompt tokens",
+        )
+    )
     print((sd.RESULTS / f"{name}.md").read_text())
 
 

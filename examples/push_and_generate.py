@@ -37,21 +37,23 @@ DEMO_PROMPTS = [
 ]
 SETTINGS = {  # small and fast for the tiny model; the benchmark's settings scaled down for SmolLM2
     "tiny": dict(layer=2, n_safe=96, n_unsafe=32, max_new_tokens=6, d_sae=64, sae_epochs=20, clusters=3, mask_size=16),
-    "default": dict(layer=20, n_safe=400, n_unsafe=100, max_new_tokens=32, d_sae=2304, sae_epochs=5, clusters=10, mask_size=100),
-}  # fmt: skip
+    "default": dict(
+        layer=20, n_safe=400, n_unsafe=100, max_new_tokens=32, d_sae=2304, sae_epochs=5, clusters=10, mask_size=100
+    ),
+}
 UNSAFE_POOLS = ("harmful", "toxic")
 
 
 def fit_and_push(args: argparse.Namespace, workdir: Path) -> tuple[str, str, Path | None]:
     """Steps 1-4; returns the repo id, the commit sha, and the tiny model's folder (None for SmolLM2)."""
     from hf_lsad import FreqMaskConfig, SAETrainConfig, fit_guard, train_sae
-    from hf_lsad.capture import collect_activations
-    from hf_lsad.clustering import KMeansConfig
+    from hf_lsad.capture.collect import collect_activations
+    from hf_lsad.capture.pretrained import load_model
+    from hf_lsad.core.hook_point import HookPoint
+    from hf_lsad.core.metrics import auroc, flag_rate, tpr_at_fpr
     from hf_lsad.data import load_pool
-    from hf_lsad.hook_point import HookPoint
-    from hf_lsad.metrics import auroc, flag_rate, tpr_at_fpr
-    from hf_lsad.model_card import describe_records
-    from hf_lsad.pretrained import load_model
+    from hf_lsad.detectors.clustering import KMeansConfig
+    from hf_lsad.guard.card import describe_records
     from hf_lsad.testing import tiny_model
 
     settings = SETTINGS[args.model]
@@ -67,16 +69,26 @@ def fit_and_push(args: argparse.Namespace, workdir: Path) -> tuple[str, str, Pat
 
     def collect(prompts):
         return collect_activations(
-            model, tokenizer, [p.text for p in prompts], layer=settings["layer"], position="response_last",
-            batch_size=16, max_new_tokens=settings["max_new_tokens"], progress=False,
-        ).activations  # fmt: skip
+            model,
+            tokenizer,
+            [p.text for p in prompts],
+            layer=settings["layer"],
+            position="response_last",
+            batch_size=16,
+            max_new_tokens=settings["max_new_tokens"],
+            progress=False,
+        ).activations
 
     safe_prompts = load_pool("safe", limit=settings["n_safe"], seed=args.seed)
     print(f"[fit] collecting {len(safe_prompts)} safe activations from {model.config.name_or_path}", flush=True)
     safe = collect(safe_prompts)
     hook = HookPoint.from_model(model, settings["layer"], "response_last")
-    sae = train_sae(safe, settings["d_sae"], SAETrainConfig(epochs=settings["sae_epochs"], seed=args.seed), progress=False)
-    detector = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=settings["clusters"], seed=args.seed), mask_size=settings["mask_size"])
+    sae = train_sae(
+        safe, settings["d_sae"], SAETrainConfig(epochs=settings["sae_epochs"], seed=args.seed), progress=False
+    )
+    detector = FreqMaskConfig(
+        kmeans=KMeansConfig(n_clusters=settings["clusters"], seed=args.seed), mask_size=settings["mask_size"]
+    )
     result = fit_guard(safe, hook, "freqmask-km", detector, sae, target_fpr=0.05, seed=args.seed, progress=False)
     guard = result.guard
     print(f"[fit] threshold {guard.threshold:.4g} at 5% FPR on {len(result.split.holdout)} held-out safe rows")
@@ -107,8 +119,8 @@ def pull_and_generate(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
     from hf_lsad import GuardedModelForCausalLM, SafetyGuard
-    from hf_lsad.capture import encode_prompts
-    from hf_lsad.pretrained import load_model
+    from hf_lsad.capture.collect import encode_prompts
+    from hf_lsad.capture.pretrained import load_model
 
     guard_kwargs = {"revision": args.revision, "cache_dir": args.cache_dir}
     if args.model_dir:
@@ -118,8 +130,10 @@ def pull_and_generate(args: argparse.Namespace) -> None:
         model, tokenizer = load_model("default")
         guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(args.pull, **guard_kwargs))
     hook = guarded.guard.config.hook
-    print(f"[pull] {args.pull}@{args.revision[:12]}: {guarded.guard.config.method} on {hook.layer_module} "
-          f"of {hook.base_model}, threshold {guarded.guard.threshold:.4g}")  # fmt: skip
+    print(
+        f"[pull] {args.pull}@{args.revision[:12]}: {guarded.guard.config.method} on {hook.layer_module} "
+        f"of {hook.base_model}, threshold {guarded.guard.threshold:.4g}"
+    )
     inputs = encode_prompts(tokenizer, DEMO_PROMPTS)
     with torch.no_grad():
         output = guarded.generate(
@@ -127,8 +141,10 @@ def pull_and_generate(args: argparse.Namespace) -> None:
         )
     responses = tokenizer.batch_decode(output.sequences[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     for prompt, response, report in zip(DEMO_PROMPTS, responses, output.safety):
-        print(f"[generate] prompt:   {prompt}\n[generate] response: {response.strip()!r}\n[generate] safety:   "
-              f"{'FLAGGED' if report.flagged else 'ok'} {report}")  # fmt: skip
+        print(
+            f"[generate] prompt:   {prompt}\n[generate] response: {response.strip()!r}\n[generate] safety:   "
+            f"{'FLAGGED' if report.flagged else 'ok'} {report}"
+        )
 
 
 def main() -> None:
@@ -152,10 +168,18 @@ def main() -> None:
         workdir = Path(tmp)
         repo_id, sha, model_dir = fit_and_push(args, workdir)
         command = [
-            sys.executable, os.path.abspath(__file__), "--model", args.model, "--pull", repo_id, "--revision", sha,
-            "--cache-dir", str(workdir / "fresh-hf-cache"),  # an empty cache: the guard really comes from the Hub
+            sys.executable,
+            os.path.abspath(__file__),
+            "--model",
+            args.model,
+            "--pull",
+            repo_id,
+            "--revision",
+            sha,
+            "--cache-dir",
+            str(workdir / "fresh-hf-cache"),  # an empty cache: the guard really comes from the Hub
             *(["--model-dir", str(model_dir)] if model_dir else []),
-        ]  # fmt: skip
+        ]
         print("[pull] starting a fresh process", flush=True)
         subprocess.run(command, check=True)
 

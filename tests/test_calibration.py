@@ -10,22 +10,22 @@ import pytest
 import torch
 from tiny import MIXED_BATCH, fresh_guard, reports_of, tiny_guard
 
-from hf_lsad.calibration import (
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.cli.main import main
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.core.metrics import auroc
+from hf_lsad.core.serialization import GuardFormatError
+from hf_lsad.data.store import save_activations
+from hf_lsad.generation.model import GuardedModelForCausalLM
+from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.calibration import (
     AffineCalibration,
     _newton,
     coupled_budget_sample,
     fit_affine_calibration,
     importance_weights,
 )
-from hf_lsad.capture import encode_prompts
-from hf_lsad.cli import main
-from hf_lsad.guard import SafetyGuard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.metrics import auroc
-from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.sae import SAEConfig, SparseAutoencoder
-from hf_lsad.serialization import GuardFormatError
-from hf_lsad.store import save_activations
+from hf_lsad.sae.model import SAEConfig, SparseAutoencoder
 
 # Per cluster: (safe mean, unsafe mean, spread). Cluster 2 is inverted: its unsafe rows sit closer to
 # the centroid (lower score) than its safe rows. Cluster 3 appears at test time only.
@@ -91,7 +91,9 @@ def test_inverted_cluster_gets_a_negative_slope_and_auroc_rises_while_unlabelled
     budget = 0.1
     s, c, y = sample(150, 30, [0, 1, 2], rng)  # no labelled point of cluster 3
     groups = np.where(y == 1, "unsafe", "safe")
-    calibration = fit_affine_calibration(s, c, y, importance_weights(groups, budget), 4, seed=0, standardize=standardize)
+    calibration = fit_affine_calibration(
+        s, c, y, importance_weights(groups, budget), 4, seed=0, standardize=standardize
+    )
 
     assert calibration.slopes[2] < 0 < min(calibration.slopes[0], calibration.slopes[1])
     assert calibration.labelled == [180, 180, 180, 0]
@@ -123,8 +125,14 @@ BAD_COUNTS = [
 
 @pytest.mark.parametrize("change, message", BAD_COUNTS)
 def test_bad_label_counts_are_clear_errors(change, message):
-    settings = dict(slopes=[1.0] * 3, intercepts=[0.0] * 3, anchor=[1.0, 0.0], lam=1.0, labelled=[5, 3, 0],
-                    labelled_unsafe=[1, 2, 0])  # fmt: skip
+    settings = dict(
+        slopes=[1.0] * 3,
+        intercepts=[0.0] * 3,
+        anchor=[1.0, 0.0],
+        lam=1.0,
+        labelled=[5, 3, 0],
+        labelled_unsafe=[1, 2, 0],
+    )
     with pytest.raises(ValueError, match=message):
         AffineCalibration(**(settings | change))
 
@@ -178,7 +186,9 @@ def test_calibrated_guard_reports_probabilities_and_flags_by_them():
         a, b = guard.calibration.slopes[report.cluster], guard.calibration.intercepts[report.cluster]
         assert math.isclose(report.probability, 1 / (1 + math.exp(-(a * report.score + b))), rel_tol=1e-6)
         assert report.flagged == (report.probability > 0.5) and report.threshold == 0.5
-        assert report.describe().startswith(f"{'FLAGGED' if report.flagged else 'ok'}: P(unsafe) {report.probability:.3f}")
+        assert report.describe().startswith(
+            f"{'FLAGGED' if report.flagged else 'ok'}: P(unsafe) {report.probability:.3f}"
+        )
 
 
 def test_calibration_survives_save_and_load_and_generate(tmp_path):
@@ -222,19 +232,56 @@ def test_calibration_must_match_the_detectors_clusters():
 
 def test_cli_calibrates_a_guard(tmp_path, capsys):
     g = torch.Generator().manual_seed(0)
-    hook = HookPoint(base_model="synthetic", model_type="llama", hidden_size=16, num_hidden_layers=4, layer=2,
-                     layer_module="model.layers.2", position="prompt_last")  # fmt: skip
-    stores = {"safe": torch.randn(400, 16, generator=g), "unsafe": 3 + torch.randn(300, 16, generator=g),
-              "ood": 2 * torch.randn(200, 16, generator=g)}  # fmt: skip
+    hook = HookPoint(
+        base_model="synthetic",
+        model_type="llama",
+        hidden_size=16,
+        num_hidden_layers=4,
+        layer=2,
+        layer_module="model.layers.2",
+        position="prompt_last",
+    )
+    stores = {
+        "safe": torch.randn(400, 16, generator=g),
+        "unsafe": 3 + torch.randn(300, 16, generator=g),
+        "ood": 2 * torch.randn(200, 16, generator=g),
+    }
     for name, rows in stores.items():
         save_activations(tmp_path / name, rows, [{"id": i} for i in range(len(rows))], hook)
     torch.manual_seed(0)
     SparseAutoencoder(SAEConfig(16, 48)).save_pretrained(tmp_path / "sae")
-    main(["fit", "--activations", str(tmp_path / "safe"), "--sae", str(tmp_path / "sae"), "--kmeans.n-clusters", "3",
-          "--mask-size", "8", "--out", str(tmp_path / "guard")])  # fmt: skip
-    main(["calibrate", "--guard", str(tmp_path / "guard"), "--safe", str(tmp_path / "safe"), "--unsafe",
-          str(tmp_path / "unsafe"), "--benign-ood", str(tmp_path / "ood"), "--budget", "0.05", "--out",
-          str(tmp_path / "calibrated")])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--activations",
+            str(tmp_path / "safe"),
+            "--sae",
+            str(tmp_path / "sae"),
+            "--kmeans.n-clusters",
+            "3",
+            "--mask-size",
+            "8",
+            "--out",
+            str(tmp_path / "guard"),
+        ]
+    )
+    main(
+        [
+            "calibrate",
+            "--guard",
+            str(tmp_path / "guard"),
+            "--safe",
+            str(tmp_path / "safe"),
+            "--unsafe",
+            str(tmp_path / "unsafe"),
+            "--benign-ood",
+            str(tmp_path / "ood"),
+            "--budget",
+            "0.05",
+            "--out",
+            str(tmp_path / "calibrated"),
+        ]
+    )
     calibration = SafetyGuard.from_pretrained(tmp_path / "calibrated").calibration
     assert calibration is not None and calibration.n_clusters == 3
     assert sum(calibration.labelled) == 40 + 15 + 10  # half of 80 held-out safe, 5% of 300 unsafe and of 200 OOD
@@ -244,8 +291,19 @@ def test_cli_calibrates_a_guard(tmp_path, capsys):
     # evaluate reports the flag rate the calibrated guard applies (by probability, not by score threshold)
     calibrated = SafetyGuard.from_pretrained(tmp_path / "calibrated")
     capsys.readouterr()
-    main(["evaluate", "--guard", str(tmp_path / "calibrated"), "--safe", str(tmp_path / "safe"),
-          "--unsafe", str(tmp_path / "unsafe"), "--benign-ood", str(tmp_path / "ood")])  # fmt: skip
+    main(
+        [
+            "evaluate",
+            "--guard",
+            str(tmp_path / "calibrated"),
+            "--safe",
+            str(tmp_path / "safe"),
+            "--unsafe",
+            str(tmp_path / "unsafe"),
+            "--benign-ood",
+            str(tmp_path / "ood"),
+        ]
+    )
     rows = json.loads(capsys.readouterr().out)
     for name, store in (("unsafe", "unsafe"), ("benign_ood", "ood")):
         assert rows[name]["flagged"] == pytest.approx(calibrated(stores[store]).flagged.double().mean().item())

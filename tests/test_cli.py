@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from hf_lsad.cli import main
+from hf_lsad.cli.main import main
+from hf_lsad.data.store import load_activations
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.store import load_activations
 
 
 def test_cli_pipeline(model_dir, tmp_path, capsys):
@@ -21,25 +21,71 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
     assert safe.hook.layer == 2 and safe.hook.position == "response_last"
     assert all(record["category"] == "benign_ood" and "response" in record for record in safe.records)
 
-    main(["train-sae", "--activations", str(tmp_path / "safe"), "--d-sae", "64", "--l1", "1e-3", "--epochs", "5",
-          "--out", str(tmp_path / "sae")])  # fmt: skip
+    main(
+        [
+            "train-sae",
+            "--activations",
+            str(tmp_path / "safe"),
+            "--d-sae",
+            "64",
+            "--l1",
+            "1e-3",
+            "--epochs",
+            "5",
+            "--out",
+            str(tmp_path / "sae"),
+        ]
+    )
     out = capsys.readouterr().out
     stats = json.loads(out[out.index("{") :])
     assert stats["held_out"]["l0"] > 0 and stats["held_out"]["fraction_variance_explained"] <= 1.0
-    main(["fit", "--activations", str(tmp_path / "safe"), "--sae", str(tmp_path / "sae"), "--kmeans.n-clusters", "3",
-          "--mask-size", "16", "--out", str(tmp_path / "guard")])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--activations",
+            str(tmp_path / "safe"),
+            "--sae",
+            str(tmp_path / "sae"),
+            "--kmeans.n-clusters",
+            "3",
+            "--mask-size",
+            "16",
+            "--out",
+            str(tmp_path / "guard"),
+        ]
+    )
     guard = SafetyGuard.from_pretrained(tmp_path / "guard")
     assert guard.config.n_fit == 48 and guard.config.n_holdout == 12
     assert guard.config.hook.base_model.endswith("tiny-llama")
 
     capsys.readouterr()
-    main(["evaluate", "--guard", str(tmp_path / "guard"), "--safe", str(tmp_path / "safe"),
-          "--unsafe", str(tmp_path / "harmful")])  # fmt: skip
+    main(
+        [
+            "evaluate",
+            "--guard",
+            str(tmp_path / "guard"),
+            "--safe",
+            str(tmp_path / "safe"),
+            "--unsafe",
+            str(tmp_path / "harmful"),
+        ]
+    )
     metrics = json.loads(capsys.readouterr().out)
     assert set(metrics) == {"harmful"} and 0.0 <= metrics["harmful"]["auroc"] <= 1.0
     # Any store can play benign OOD: its flag rate is reported, with a warning above 10%.
-    main(["evaluate", "--guard", str(tmp_path / "guard"), "--safe", str(tmp_path / "safe"),
-          "--unsafe", str(tmp_path / "harmful"), "--benign-ood", str(tmp_path / "harmful")])  # fmt: skip
+    main(
+        [
+            "evaluate",
+            "--guard",
+            str(tmp_path / "guard"),
+            "--safe",
+            str(tmp_path / "safe"),
+            "--unsafe",
+            str(tmp_path / "harmful"),
+            "--benign-ood",
+            str(tmp_path / "harmful"),
+        ]
+    )
     captured = capsys.readouterr()
     with_ood = json.loads(captured.out)
     flagged = with_ood["benign_ood"]["flagged"]
@@ -49,8 +95,19 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
     assert with_ood["harmful"]["auroc_pooled"] == pytest.approx((12 * metrics["harmful"]["auroc"] + 20 * 0.5) / 32)
     assert ("warning: This guard flags" in captured.err) == (flagged > 0.10)
 
-    main(["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guard"), "--max-new-tokens", "3",
-          "hi there", "a somewhat longer prompt about bread"])  # fmt: skip
+    main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--guard",
+            str(tmp_path / "guard"),
+            "--max-new-tokens",
+            "3",
+            "hi there",
+            "a somewhat longer prompt about bread",
+        ]
+    )
     out = capsys.readouterr().out
     assert out.count("safety:") == 2 and out.count(f" {guard.threshold:.4g} (cluster ") == 2  # score <=/> threshold
     assert out.count("p-value ") == 2  # conformal p-value against the held-out safe scores

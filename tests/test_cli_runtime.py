@@ -11,10 +11,10 @@ import torch
 from huggingface_hub.errors import EntryNotFoundError
 from tiny import fresh_guard
 
-from hf_lsad import pretrained
-from hf_lsad.cli import entry, main
-from hf_lsad.pretrained import placement
-from hf_lsad.store import load_activations
+from hf_lsad.capture import pretrained
+from hf_lsad.capture.pretrained import placement
+from hf_lsad.cli.main import entry, main
+from hf_lsad.data.store import load_activations
 from hf_lsad.version import __version__
 
 
@@ -56,8 +56,19 @@ def test_bad_device_and_dtype_fail_before_the_model_loads(capsys, monkeypatch, t
 @pytest.mark.skipif(hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0, reason="faiss has GPUs here")
 def test_gpu_kmeans_without_faiss_gpus_is_a_usage_error(capsys, monkeypatch, tmp_path):
     (tmp_path / "store").mkdir()
-    err = usage_error(capsys, monkeypatch, "fit", "--activations", str(tmp_path / "store"), "--kmeans-device", "gpu",
-                      "--method", "mahalanobis", "--out", str(tmp_path / "g"))  # fmt: skip
+    err = usage_error(
+        capsys,
+        monkeypatch,
+        "fit",
+        "--activations",
+        str(tmp_path / "store"),
+        "--kmeans-device",
+        "gpu",
+        "--method",
+        "mahalanobis",
+        "--out",
+        str(tmp_path / "g"),
+    )
     assert "argument --kmeans-device: GPU k-means was requested but faiss" in err
 
 
@@ -72,11 +83,37 @@ def test_dataset_flags_belong_to_dataset_pools(capsys, monkeypatch, tmp_path):
 def test_collect_reads_a_local_dataset_folder(model_dir, tmp_path):
     # datasets.load_dataset on a folder of JSON lines: what a user does with a Hub dataset, offline.
     (tmp_path / "prompts").mkdir()
-    rows = [{"instruction": f"tell me fact number {i}", "other": i} for i in range(6)] + [{"instruction": " ", "other": 6}]
+    rows = [{"instruction": f"tell me fact number {i}", "other": i} for i in range(6)] + [
+        {"instruction": " ", "other": 6}
+    ]
     (tmp_path / "prompts" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    main(["collect", "--model", str(model_dir), "--pool", str(tmp_path / "prompts"), "--category", "safe", "--split",
-          "test", "--text-field", "instruction", "--limit", "4", "--layer", "1", "--position", "prompt_last",
-          "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path / "store")])  # fmt: skip
+    main(
+        [
+            "collect",
+            "--model",
+            str(model_dir),
+            "--pool",
+            str(tmp_path / "prompts"),
+            "--category",
+            "safe",
+            "--split",
+            "test",
+            "--text-field",
+            "instruction",
+            "--limit",
+            "4",
+            "--layer",
+            "1",
+            "--position",
+            "prompt_last",
+            "--device",
+            "cpu",
+            "--dtype",
+            "fp32",
+            "--out",
+            str(tmp_path / "store"),
+        ]
+    )
     store = load_activations(tmp_path / "store")
     source = str(tmp_path / "prompts")
     assert store.activations.shape == (4, 32)
@@ -88,8 +125,19 @@ def test_collect_refuses_a_dataset_without_prompts(tmp_path, capsys):
     (tmp_path / "prompts").mkdir()
     (tmp_path / "prompts" / "train.jsonl").write_text(json.dumps({"prompt": "  "}) + "\n")
     with pytest.raises(SystemExit) as exit_:
-        entry(["collect", "--pool", str(tmp_path / "prompts"), "--category", "safe", "--layer", "1",
-               "--out", str(tmp_path / "store")])  # fmt: skip
+        entry(
+            [
+                "collect",
+                "--pool",
+                str(tmp_path / "prompts"),
+                "--category",
+                "safe",
+                "--layer",
+                "1",
+                "--out",
+                str(tmp_path / "store"),
+            ]
+        )
     assert exit_.value.code == 2 and "holds no non-empty prompt" in capsys.readouterr().err
     assert not (tmp_path / "store").exists()
 
@@ -97,8 +145,24 @@ def test_collect_refuses_a_dataset_without_prompts(tmp_path, capsys):
 def test_generate_in_bf16_with_a_guard_in_a_subfolder(model_dir, tmp_path, capsys):
     guard = fresh_guard("prompt_last")
     guard.save_pretrained(tmp_path / "guards" / "screen")
-    main(["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guards"), "--subfolder", "screen",
-          "--dtype", "bf16", "--device", "cpu", "--max-new-tokens", "2", "hi there"])  # fmt: skip
+    main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--guard",
+            str(tmp_path / "guards"),
+            "--subfolder",
+            "screen",
+            "--dtype",
+            "bf16",
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "2",
+            "hi there",
+        ]
+    )
     out = capsys.readouterr().out
     assert "(bf16)" in out and out.count("safety:") == 1 and f" {guard.threshold:.4g} (cluster " in out
 
@@ -107,7 +171,18 @@ def test_generate_reads_a_guard_at_a_hub_revision(model_dir, hub_server, capsys)
     repo = f"hf-lsad-org/runtime-{id(capsys):x}"
     guard = fresh_guard("prompt_last")
     guard.push_to_hub(repo, subfolder="screen", revision="v1")
-    argv = ["generate", "--model", str(model_dir), "--guard", repo, "--subfolder", "screen", "--max-new-tokens", "1", "hi"]
+    argv = [
+        "generate",
+        "--model",
+        str(model_dir),
+        "--guard",
+        repo,
+        "--subfolder",
+        "screen",
+        "--max-new-tokens",
+        "1",
+        "hi",
+    ]
     main([*argv, "--revision", "v1"])
     assert f" {guard.threshold:.4g} (cluster " in capsys.readouterr().out
     with pytest.raises(EntryNotFoundError, match="has no subfolder 'screen' at revision 'main'"):

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from tiny import PROMPTS, tiny_guard
 
-from hf_lsad.capture import encode_prompts
-from hf_lsad.modeling import GuardedModelForCausalLM
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.generation.model import GuardedModelForCausalLM
 
 MIXED = ["hi", "a much longer prompt about baking bread at home, step by step", "medium prompt here", *PROMPTS[::7]]
 
@@ -38,7 +38,8 @@ def assert_same(got, want):
 
 
 def load_test(n_threads: int, n_calls: int) -> int:
-    """Every call of ``n_threads`` x ``n_calls`` concurrent calls equals the same call run alone; returns calls checked."""
+    """Every call of ``n_threads`` x ``n_calls`` concurrent calls equals the same call run alone; returns calls
+    checked."""
     model, tokenizer, guard = tiny_guard()
     guarded = GuardedModelForCausalLM(model, guard)
     specs = {(t, i): call_spec(t, i) for t in range(n_threads) for i in range(n_calls)}

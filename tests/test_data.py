@@ -24,13 +24,7 @@ from hf_lsad.data import (
     load_prompts,
     pool_domains,
 )
-from hf_lsad.data.chat_filters import (
-    ContainmentIndex,
-    is_english,
-    is_jailbreak_like,
-    is_unsafe_request,
-    normalize,
-)
+from hf_lsad.data.chat_filters import ContainmentIndex, is_english, is_jailbreak_like, is_unsafe_request, normalize
 
 OLD_POOLS = ("safe", "harmful", "toxic", "jailbreak", "benign_ood")
 
@@ -258,8 +252,9 @@ def test_containment_index() -> None:
 def _repo_pool(name: str, rev: str) -> list[dict] | None:
     root = Path(__file__).resolve().parent.parent
     try:
-        data = subprocess.run(["git", "show", f"{rev}:hf_lsad/data/pools/{name}.jsonl.gz"], cwd=root,
-                              capture_output=True, check=True).stdout
+        data = subprocess.run(
+            ["git", "show", f"{rev}:hf_lsad/data/pools/{name}.jsonl.gz"], cwd=root, capture_output=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     return [json.loads(line) for line in gzip.decompress(data).decode("utf-8").split("\n") if line.strip()]
@@ -275,9 +270,7 @@ def test_old_pools_unchanged_since_domains_were_added(name: str) -> None:
     if old is None:
         pytest.skip("git history not available")
     new = load_pool(name)
-    assert [(r["id"], r["text"], r["source"], r["category"], r["license"]) for r in old] == [
-        tuple(p[:5]) for p in new
-    ]
+    assert [(r["id"], r["text"], r["source"], r["category"], r["license"]) for r in old] == [tuple(p[:5]) for p in new]
 
 
 def test_pool_files_have_domain_field() -> None:
@@ -309,7 +302,9 @@ def test_load_pool_returns_fresh_list() -> None:
 
 
 def test_unknown_pool_error() -> None:
-    with pytest.raises(ValueError, match="valid pools: safe, harmful, toxic, jailbreak, benign_ood, chat, harmful_vauban"):
+    with pytest.raises(
+        ValueError, match="valid pools: safe, harmful, toxic, jailbreak, benign_ood, chat, harmful_vauban"
+    ):
         load_pool("nope")
     with pytest.raises(ValueError):
         load_pool("safe", limit=-1)

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hf_lsad.cli import main
+from hf_lsad.cli.main import main
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.data.store import save_activations
 from hf_lsad.detectors import Detector, DetectorConfig, DetectorOutput, register_detector
 from hf_lsad.evaluation import EvalData, GridConfig, MethodSpec, run_grid
-from hf_lsad.fitting import fit_guard
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.sae import SparseAutoencoder
-from hf_lsad.store import save_activations
+from hf_lsad.guard.fitting import fit_guard
+from hf_lsad.sae.model import SparseAutoencoder
 
 D = 8
 
@@ -74,15 +74,23 @@ class NearestSample(Detector):
 register_detector(NearestSample)
 
 HOOK = HookPoint(
-    base_model="synthetic", model_type="llama", hidden_size=D, num_hidden_layers=4, layer=2,
-    layer_module="model.layers.2", position="prompt_last",
-)  # fmt: skip
+    base_model="synthetic",
+    model_type="llama",
+    hidden_size=D,
+    num_hidden_layers=4,
+    layer=2,
+    layer_module="model.layers.2",
+    position="prompt_last",
+)
 
 
 def stores(tmp_path) -> dict[str, Tensor]:
     g = torch.Generator().manual_seed(0)
-    sets = {"safe": torch.randn(200, D, generator=g), "unsafe": 3 + torch.randn(200, D, generator=g),
-            "ood": 1.5 * torch.randn(100, D, generator=g)}  # fmt: skip
+    sets = {
+        "safe": torch.randn(200, D, generator=g),
+        "unsafe": 3 + torch.randn(200, D, generator=g),
+        "ood": 1.5 * torch.randn(100, D, generator=g),
+    }
     for name, rows in sets.items():
         save_activations(tmp_path / name, rows, [{"id": i} for i in range(len(rows))], HOOK)
     return sets
@@ -103,9 +111,23 @@ def test_fit_save_load_push_pull_calibrate(tmp_path, hub_server, hub_cache):
     pulled = SafetyGuard.from_pretrained(repo_id, cache_dir=hub_cache)
     assert torch.equal(pulled(sets["ood"]).scores, guard(sets["ood"]).scores)
 
-    main(["calibrate", "--guard", str(tmp_path / "guard"), "--safe", str(tmp_path / "safe"), "--unsafe",
-          str(tmp_path / "unsafe"), "--benign-ood", str(tmp_path / "ood"), "--budget", "0.1", "--out",
-          str(tmp_path / "calibrated")])  # fmt: skip
+    main(
+        [
+            "calibrate",
+            "--guard",
+            str(tmp_path / "guard"),
+            "--safe",
+            str(tmp_path / "safe"),
+            "--unsafe",
+            str(tmp_path / "unsafe"),
+            "--benign-ood",
+            str(tmp_path / "ood"),
+            "--budget",
+            "0.1",
+            "--out",
+            str(tmp_path / "calibrated"),
+        ]
+    )
     calibrated = SafetyGuard.from_pretrained(tmp_path / "calibrated")
     calibration = calibrated.calibration
     assert calibration is not None and calibration.n_clusters == 3 and sum(calibration.labelled) == 20 + 20 + 10
@@ -115,11 +137,33 @@ def test_fit_save_load_push_pull_calibrate(tmp_path, hub_server, hub_cache):
 
 def test_cli_fit_uses_generated_flags_and_the_api_defaults(tmp_path):
     stores(tmp_path)
-    main(["fit", "--method", NearestSample.method, "--activations", str(tmp_path / "safe"), "--n-centres", "2",
-          "--out", str(tmp_path / "flags")])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--method",
+            NearestSample.method,
+            "--activations",
+            str(tmp_path / "safe"),
+            "--n-centres",
+            "2",
+            "--out",
+            str(tmp_path / "flags"),
+        ]
+    )
     assert SafetyGuard.from_pretrained(tmp_path / "flags").detector.config == NearestSampleConfig(n_centres=2)
-    main(["fit", "--method", NearestSample.method, "--activations", str(tmp_path / "safe"), "--set", "seed=5",
-          "--out", str(tmp_path / "set")])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--method",
+            NearestSample.method,
+            "--activations",
+            str(tmp_path / "safe"),
+            "--set",
+            "seed=5",
+            "--out",
+            str(tmp_path / "set"),
+        ]
+    )
     saved = json.loads((tmp_path / "set" / "config.json").read_text())["detector"]
     assert saved == {"n_centres": 4, "seed": 5, "n_fit": 160}
 
@@ -127,9 +171,12 @@ def test_cli_fit_uses_generated_flags_and_the_api_defaults(tmp_path):
 def test_evaluation_grid_runs_the_method():
     g = torch.Generator().manual_seed(1)
     data = EvalData(
-        safe=torch.randn(200, D, generator=g), unsafe={"far": 4 + torch.randn(100, D, generator=g)},
-        benign_ood=None, hook={}, sources={},
-    )  # fmt: skip
+        safe=torch.randn(200, D, generator=g),
+        unsafe={"far": 4 + torch.randn(100, D, generator=g)},
+        benign_ood=None,
+        hook={},
+        sources={},
+    )
     grid = GridConfig(methods=[MethodSpec("Nearest sample", NearestSample.method, grid={"n_centres": [2, 5]})])
     results = run_grid(data, grid, None, progress=False)
     method = results["methods"]["Nearest sample"]

@@ -11,7 +11,8 @@ from sklearn.mixture import GaussianMixture
 from sklearn.svm import OneClassSVM
 from torch import nn
 
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.core.serialization import GuardFormatError, load_module, save_module
 from hf_lsad.detectors import (
     CVDD,
     DETECTORS,
@@ -33,11 +34,10 @@ from hf_lsad.detectors import (
     OneClassSVMDetector,
     detector_class,
 )
-from hf_lsad.fitting import fit_guard
+from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.sae import SAEConfig, SparseAutoencoder
-from hf_lsad.serialization import GuardFormatError, load_module, save_module
+from hf_lsad.guard.fitting import fit_guard
+from hf_lsad.sae.model import SAEConfig, SparseAutoencoder
 
 
 class IdentityEncoder(nn.Module):
@@ -219,7 +219,12 @@ def test_knn_max_rows_keeps_a_seeded_subsample_and_k_is_checked():
 def test_only_the_probe_is_supervised():
     assert {name for name, cls in DETECTORS.items() if cls.supervised} == {"linear-probe"}
     assert {name for name, cls in DETECTORS.items() if not cls.uses_sae} >= {
-        "mahalanobis", "gmm", "ocsvm", "deep-svdd", "cvdd", "knn",
+        "mahalanobis",
+        "gmm",
+        "ocsvm",
+        "deep-svdd",
+        "cvdd",
+        "knn",
     }
 
 
@@ -236,7 +241,10 @@ CASES = {
     "knn": KNNConfig(k=3),
     "freqmask-km": FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=4),
     "learned-mask-lora": LearnedMaskConfig(
-        kmeans=KMeansConfig(n_clusters=2), lambdas=[1e-3, 1e-2], min_cluster_size=20, lora_min_cluster_size=40,
+        kmeans=KMeansConfig(n_clusters=2),
+        lambdas=[1e-3, 1e-2],
+        min_cluster_size=20,
+        lora_min_cluster_size=40,
         lora_epochs=2,
     ),
 }
@@ -286,8 +294,13 @@ def test_fit_is_deterministic_and_save_load_gives_identical_scores(method, tmp_p
 
 def hook(hidden_size: int) -> HookPoint:
     return HookPoint(
-        base_model="synthetic", model_type="llama", hidden_size=hidden_size, num_hidden_layers=4,
-        layer=2, layer_module="model.layers.2", position="response_last",
+        base_model="synthetic",
+        model_type="llama",
+        hidden_size=hidden_size,
+        num_hidden_layers=4,
+        layer=2,
+        layer_module="model.layers.2",
+        position="response_last",
     )
 
 

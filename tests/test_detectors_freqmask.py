@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.core.metrics import auroc
+from hf_lsad.core.serialization import load_module, save_module
 from hf_lsad.detectors import FreqMaskConfig, FreqMaskKM
-from hf_lsad.metrics import auroc
-from hf_lsad.sae import SAEConfig, SparseAutoencoder
-from hf_lsad.serialization import load_module, save_module
+from hf_lsad.detectors.clustering import KMeansConfig
+from hf_lsad.sae.model import SAEConfig, SparseAutoencoder
 
 
 class IdentityEncoder(nn.Module):
@@ -50,7 +50,9 @@ def test_mask_rescues_score_from_weak_sparse_noise_at_d4096():
     assert masked >= 0.99
     # The unmasked L1 score's population AUROC at D=4096 is Phi(1.75 / 3.86) = 0.675 (see proof:
     # mean gap 1.75, noise sd b(1-2p)sqrt(2Dp(1-p))); it tends to 1/2 only as D grows.
-    analytic = 0.5 * (1 + math.erf(1.75 / math.sqrt(2 * (0.104 + (4096**-0.125 * (1 - 2 / 64)) ** 2 * 2 * 64 * 63 / 64))))
+    analytic = 0.5 * (
+        1 + math.erf(1.75 / math.sqrt(2 * (0.104 + (4096**-0.125 * (1 - 2 / 64)) ** 2 * 2 * 64 * 63 / 64)))
+    )
     assert abs(unmasked - analytic) < 0.03
 
 

@@ -10,9 +10,12 @@ import torch
 from peft import PeftModel
 from tiny import LAYER, MIXED_BATCH, PROMPTS, reports_of, tiny_guard
 
-from hf_lsad.capture import collect_activations, encode_prompts
-from hf_lsad.cli import main
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.capture.collect import collect_activations, encode_prompts
+from hf_lsad.cli.main import main
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.core.metrics import auroc
+from hf_lsad.data.store import save_activations
+from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.detectors.learned_mask import (
     BASE_SAE,
     MASK_AND_LORA,
@@ -20,15 +23,12 @@ from hf_lsad.detectors.learned_mask import (
     LearnedMaskConfig,
     LearnedMaskLoRA,
     LearnedMaskState,
-    _MaskedSAE,
 )
-from hf_lsad.fitting import fit_guard
+from hf_lsad.detectors.learned_mask.training import _MaskedSAE
+from hf_lsad.detectors.masks import straight_through_mask
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.masks import straight_through_mask
-from hf_lsad.metrics import auroc
-from hf_lsad.sae import SAEConfig, SparseAutoencoder
-from hf_lsad.store import save_activations
+from hf_lsad.guard.fitting import fit_guard
+from hf_lsad.sae.model import SAEConfig, SparseAutoencoder
 
 
 @pytest.fixture(autouse=True)
@@ -208,7 +208,9 @@ def test_bad_settings_are_clear_errors(settings, message):
 
 def test_a_fitted_state_that_does_not_fit_the_config_is_a_clear_error():
     with pytest.raises(ValueError, match="one entry per cluster"):
-        LearnedMaskLoRA(LearnedMaskConfig(kmeans=KMeansConfig(n_clusters=3)), 16, 48, LearnedMaskState(cluster_stages=[1, 2]))
+        LearnedMaskLoRA(
+            LearnedMaskConfig(kmeans=KMeansConfig(n_clusters=3)), 16, 48, LearnedMaskState(cluster_stages=[1, 2])
+        )
 
 
 def test_fit_keeps_the_config_it_was_given():
@@ -230,7 +232,14 @@ def test_unfitted_detector_refuses_to_score():
 def test_guard_round_trip_gives_identical_scores_in_guarded_generate(tmp_path):
     model, tokenizer, reference = tiny_guard("response_last")  # positional: the cache entry fresh_guard uses
     collected = collect_activations(
-        model, tokenizer, PROMPTS, layer=LAYER, position="response_last", batch_size=16, max_new_tokens=6, progress=False
+        model,
+        tokenizer,
+        PROMPTS,
+        layer=LAYER,
+        position="response_last",
+        batch_size=16,
+        max_new_tokens=6,
+        progress=False,
     )
     hook = reference.config.hook
     config = LearnedMaskConfig(kmeans=KMeansConfig(n_clusters=3), min_cluster_size=10, lora_min_cluster_size=10, **FAST)
@@ -248,12 +257,36 @@ def test_guard_round_trip_gives_identical_scores_in_guarded_generate(tmp_path):
 
 def test_cli_fits_a_learned_mask_lora_guard(tmp_path):
     data = three_clusters((240, 90, 12), torch.Generator().manual_seed(1))
-    hook = HookPoint(base_model="synthetic", model_type="llama", hidden_size=16, num_hidden_layers=4, layer=2,
-                     layer_module="model.layers.2", position="prompt_last")  # fmt: skip
+    hook = HookPoint(
+        base_model="synthetic",
+        model_type="llama",
+        hidden_size=16,
+        num_hidden_layers=4,
+        layer=2,
+        layer_module="model.layers.2",
+        position="prompt_last",
+    )
     save_activations(tmp_path / "acts", data, [{"id": i} for i in range(len(data))], hook)
     random_sae().save_pretrained(tmp_path / "sae")
-    main(["fit", "--activations", str(tmp_path / "acts"), "--sae", str(tmp_path / "sae"), "--out", str(tmp_path / "guard"),
-          "--method", "learned-mask-lora", "--kmeans.n-clusters", "3", "--min-cluster-size", "30", "--lora-min-cluster-size", "150"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--activations",
+            str(tmp_path / "acts"),
+            "--sae",
+            str(tmp_path / "sae"),
+            "--out",
+            str(tmp_path / "guard"),
+            "--method",
+            "learned-mask-lora",
+            "--kmeans.n-clusters",
+            "3",
+            "--min-cluster-size",
+            "30",
+            "--lora-min-cluster-size",
+            "150",
+        ]
+    )
     guard = SafetyGuard.from_pretrained(tmp_path / "guard")
     assert guard.config.method == "learned-mask-lora"
     assert sorted(guard.detector.state.cluster_stages) == [BASE_SAE, MASK_ONLY, MASK_AND_LORA]

@@ -13,8 +13,9 @@ import torch
 from accelerate import dispatch_model
 from tiny import LAYER, MIXED_BATCH, fresh_guard, tiny_guard
 
-from hf_lsad.capture import encode_prompts, prefill_activations
-from hf_lsad.modeling import GuardedModelForCausalLM
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.recorder import prefill_activations
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.testing import tiny_model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

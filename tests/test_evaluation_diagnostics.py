@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from hf_lsad.clustering import KMeansConfig
 from hf_lsad.detectors import FreqMaskConfig, FreqMaskKM
+from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.evaluation import diagnostics
 from hf_lsad.evaluation.diagnostics import (
     active_support_overlap,
@@ -157,7 +157,9 @@ def test_freqmask_diagnostics_on_blobs(tmp_path, monkeypatch):
     safe = centres[torch.arange(300) % 3] + 0.3 * torch.randn(300, d, generator=g)
     unsafe = centres[torch.zeros(60, dtype=torch.long)] + 2.0 * torch.randn(60, d, generator=g).abs()
     sae = PositivePart(d)
-    detector = FreqMaskKM(FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3, seed=0), mask_size=4, mask_scope="local"), d, d)
+    detector = FreqMaskKM(
+        FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3, seed=0), mask_size=4, mask_scope="local"), d, d
+    )
     detector.fit(safe[:240], sae, progress=False)
     out = freqmask_diagnostics(
         detector, sae, safe[:240], {"safe_test": safe[240:], "harmful": unsafe}, unsafe_sets=("harmful", "toxic")

@@ -8,7 +8,9 @@ import sys
 import pytest
 import torch
 
-from hf_lsad.cli import main
+from hf_lsad.cli.main import main
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.data.store import save_activations
 from hf_lsad.evaluation import (
     EvalData,
     GridConfig,
@@ -21,8 +23,6 @@ from hf_lsad.evaluation import (
     make_splits,
     run_grid,
 )
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.store import save_activations
 
 D = 16
 
@@ -65,7 +65,9 @@ def test_build_config_dotted_keys_seeds_and_grid_points():
     assert config.hidden_dims == (8, 4)  # JSON lists become the config's tuples
     with pytest.raises(ValueError, match="no field"):
         build_config("mahalanobis", {"ridge_typo": 1.0}, 0)
-    spec = MethodSpec("F", "freqmask-km", base={"mask_scope": "local"}, grid={"mask_size": [4, 8], "kmeans.n_clusters": [2, 3]})
+    spec = MethodSpec(
+        "F", "freqmask-km", base={"mask_scope": "local"}, grid={"mask_size": [4, 8], "kmeans.n_clusters": [2, 3]}
+    )
     points = grid_points(spec)
     assert len(points) == 4 and all(p["mask_scope"] == "local" for p in points)
 
@@ -83,19 +85,27 @@ def test_selection_uses_the_validation_split_only():
     test_unsafe = torch.randn(60, 6, generator=g) * scale
     test_unsafe[:, 0] += 35.0
     data = EvalData(safe, {"harmful": torch.cat([val_unsafe, test_unsafe])}, None, {}, {})
-    config = GridConfig(methods=[MethodSpec("Mahalanobis", "mahalanobis", grid={"ridge": [1e-5, 1e4]})], diagnostics=False)
+    config = GridConfig(
+        methods=[MethodSpec("Mahalanobis", "mahalanobis", grid={"ridge": [1e-5, 1e4]})], diagnostics=False
+    )
     base = make_splits(400, {"harmful": 100}, config)
     splits = Splits(
-        base.safe_fit, base.safe_validation, base.safe_test,
-        {"harmful": torch.arange(0)}, {"harmful": torch.arange(40)}, {"harmful": torch.arange(40, 100)},
-    )  # fmt: skip
+        base.safe_fit,
+        base.safe_validation,
+        base.safe_test,
+        {"harmful": torch.arange(0)},
+        {"harmful": torch.arange(40)},
+        {"harmful": torch.arange(40, 100)},
+    )
     result = run_grid(data, config, None, splits=splits, progress=False)["methods"]["Mahalanobis"]
     assert result["selected"] == {"ridge": 1e-5}
     validation = {p["settings"]["ridge"]: p["validation_auroc"] for p in result["grid"]}
     assert validation[1e-5] > validation[1e4]
     # the test split would have preferred the other point
     other = fit_detector("mahalanobis", build_config("mahalanobis", {"ridge": 1e4}, 0)[0], data, splits, None)
-    assert evaluate_detector(other, data, splits, None, 0.05)["test"]["mean"]["auroc"] > result["test"]["mean"]["auroc"][0]
+    assert (
+        evaluate_detector(other, data, splits, None, 0.05)["test"]["mean"]["auroc"] > result["test"]["mean"]["auroc"][0]
+    )
 
     # replacing every test row changes the test numbers, never the selection
     shuffled = EvalData(safe, {"harmful": torch.cat([val_unsafe, -test_unsafe])}, None, {}, {})
@@ -106,17 +116,29 @@ def test_selection_uses_the_validation_split_only():
 def test_cli_grid_end_to_end_writes_the_report(tmp_path, monkeypatch):
     stores = tmp_path / "stores"
     for name, (n, seed, shift) in {
-        "safe": (360, 0, 0.0), "harmful": (90, 1, 6.0), "toxic": (90, 2, 3.0), "benign_ood": (60, 3, 4.0)
-    }.items():  # fmt: skip
+        "safe": (360, 0, 0.0),
+        "harmful": (90, 1, 6.0),
+        "toxic": (90, 2, 3.0),
+        "benign_ood": (60, 3, 4.0),
+    }.items():
         activations = clustered(n, seed, shift)
         records = [{"id": f"{name}-{i}", "category": name} for i in range(n)]
         save_activations(stores / name, activations, records, hook())
     grid = {
         "methods": [
-            {"name": "FreqMask-KM", "method": "freqmask-km", "base": {"mask_size": 8},
-             "grid": {"kmeans.n_clusters": [2, 3]}, "local": True},
-            {"name": "Local FreqMask-KM", "method": "freqmask-km", "base": {"mask_size": 8, "mask_scope": "local",
-             "kmeans.n_clusters": 3}, "local": True},
+            {
+                "name": "FreqMask-KM",
+                "method": "freqmask-km",
+                "base": {"mask_size": 8},
+                "grid": {"kmeans.n_clusters": [2, 3]},
+                "local": True,
+            },
+            {
+                "name": "Local FreqMask-KM",
+                "method": "freqmask-km",
+                "base": {"mask_size": 8, "mask_scope": "local", "kmeans.n_clusters": 3},
+                "local": True,
+            },
             {"name": "Mahalanobis", "method": "mahalanobis", "grid": {"ridge": [1e-3, 1.0]}},
             {"name": "Linear probe", "method": "linear-probe", "base": {"epochs": 5}},
         ],
@@ -125,14 +147,33 @@ def test_cli_grid_end_to_end_writes_the_report(tmp_path, monkeypatch):
             {"name": "mask on/off", "method": "FreqMask-KM", "key": "use_mask", "values": [True, False]},
         ],
         "seeds": [0, 1],
-    }  # fmt: skip
+    }
     (tmp_path / "grid.json").write_text(json.dumps(grid))
     out, sae = tmp_path / "report", tmp_path / "sae"
     args = [
-        "evaluate", "--safe", str(stores / "safe"), "--unsafe", str(stores / "harmful"), str(stores / "toxic"),
-        "--benign-ood", str(stores / "benign_ood"), "--grid", str(tmp_path / "grid.json"), "--sae", str(sae),
-        "--d-sae", "32", "--sae-l1", "0.01", "--sae-epochs", "3", "--out", str(out), "--title", "tiny",
-    ]  # fmt: skip
+        "evaluate",
+        "--safe",
+        str(stores / "safe"),
+        "--unsafe",
+        str(stores / "harmful"),
+        str(stores / "toxic"),
+        "--benign-ood",
+        str(stores / "benign_ood"),
+        "--grid",
+        str(tmp_path / "grid.json"),
+        "--sae",
+        str(sae),
+        "--d-sae",
+        "32",
+        "--sae-l1",
+        "0.01",
+        "--sae-epochs",
+        "3",
+        "--out",
+        str(out),
+        "--title",
+        "tiny",
+    ]
     monkeypatch.setattr(sys, "argv", ["hf-lsad", *args])  # the report records the command line it ran
     main(args)
     assert (sae / "training.json").is_file()  # trained on the fit split, cached for the next run

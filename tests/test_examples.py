@@ -21,8 +21,12 @@ def test_push_and_generate(hub_server, tmp_path):
     env = dict(os.environ, PYTHONWARNINGS="ignore::DeprecationWarning", TQDM_DISABLE="1")
     run = subprocess.run(
         [sys.executable, str(EXAMPLES / "push_and_generate.py"), "--repo", repo_id],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout
 

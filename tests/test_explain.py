@@ -9,27 +9,37 @@ import pytest
 import torch
 from tiny import LAYER, MIXED_BATCH, PROMPTS, tiny_guard
 
-from hf_lsad.capture import collect_activations, encode_prompts
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.capture.collect import collect_activations, encode_prompts
+from hf_lsad.cli.explain import explain_command
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.data.store import ActivationStore, save_activations
 from hf_lsad.detectors import FreqMaskConfig
-from hf_lsad.explain_cli import explain_command
-from hf_lsad.fitting import fit_guard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.store import ActivationStore, save_activations
+from hf_lsad.detectors.clustering import KMeansConfig
+from hf_lsad.generation.model import GuardedModelForCausalLM
+from hf_lsad.guard.fitting import fit_guard
 
 
 def guard_with(metric: str, use_mask: bool = True, scope: str = "global"):
     model, tokenizer, base = tiny_guard("prompt_last")
-    activations = collect_activations(model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False).activations
-    config = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=16, score_metric=metric, use_mask=use_mask, mask_scope=scope)
+    activations = collect_activations(
+        model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False
+    ).activations
+    config = FreqMaskConfig(
+        kmeans=KMeansConfig(n_clusters=3), mask_size=16, score_metric=metric, use_mask=use_mask, mask_scope=scope
+    )
     guard = fit_guard(activations, base.config.hook, "freqmask-km", config, base.sae, progress=False).guard
     return model, tokenizer, guard, activations
 
 
 @pytest.mark.parametrize(
     "metric,use_mask,scope",
-    [("l1", True, "global"), ("l2", True, "global"), ("l1", True, "local"), ("l2", False, "global"), ("mahalanobis", True, "global")],
+    [
+        ("l1", True, "global"),
+        ("l2", True, "global"),
+        ("l1", True, "local"),
+        ("l2", False, "global"),
+        ("mahalanobis", True, "global"),
+    ],
 )
 def test_contributions_sum_to_the_score(metric, use_mask, scope):
     _, _, guard, activations = guard_with(metric, use_mask, scope)
@@ -76,7 +86,9 @@ def test_explain_needs_sae_features():
     from hf_lsad.detectors import detector_class
 
     model, tokenizer, base = tiny_guard("prompt_last")
-    activations = collect_activations(model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False).activations
+    activations = collect_activations(
+        model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False
+    ).activations
     method = detector_class("mahalanobis")
     guard = fit_guard(activations, base.config.hook, "mahalanobis", method.config_class(), None, progress=False).guard
     with pytest.raises(NotImplementedError, match="does not score SAE features"):
@@ -84,13 +96,16 @@ def test_explain_needs_sae_features():
 
 
 def saved_model_guard_and_store(tmp_path):
-    """The tiny model (its folder is returned), its prompt_last guard under ``guard/`` and a store of PROMPTS under ``store/``."""
+    """The tiny model (its folder is returned), its prompt_last guard under ``guard/`` and a store of PROMPTS under
+    ``store/``."""
     model, tokenizer, guard = tiny_guard("prompt_last")
     model_dir = tmp_path / "tiny-llama"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     guard.save_pretrained(tmp_path / "guard")
-    activations = collect_activations(model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False).activations
+    activations = collect_activations(
+        model, tokenizer, PROMPTS, layer=LAYER, position="prompt_last", progress=False
+    ).activations
     records = [{"id": f"p{i}", "text": p} for i, p in enumerate(PROMPTS)]
     save_activations(tmp_path / "store", activations, records, HookPoint.from_model(model, LAYER, "prompt_last"))
     return model_dir
@@ -100,7 +115,11 @@ def test_explain_command_prints_features_and_top_prompts(tmp_path):
     model_dir = saved_model_guard_and_store(tmp_path)
     out = io.StringIO()
     args = argparse.Namespace(
-        guard=str(tmp_path / "guard"), activations=str(tmp_path / "store"), model=str(model_dir), top_k=3, examples=2,
+        guard=str(tmp_path / "guard"),
+        activations=str(tmp_path / "store"),
+        model=str(model_dir),
+        top_k=3,
+        examples=2,
         prompts=["hello there", "question 7: what is 7 plus 0?"],
     )
     explain_command(args, out=out)
@@ -112,10 +131,22 @@ def test_explain_command_prints_features_and_top_prompts(tmp_path):
 
 
 def test_explain_subcommand(tmp_path, capsys):
-    from hf_lsad.cli import main
+    from hf_lsad.cli.main import main
 
     model_dir = saved_model_guard_and_store(tmp_path)
-    main(["explain", "--guard", str(tmp_path / "guard"), "--activations", str(tmp_path / "store"),
-          "--model", str(model_dir), "--top-k", "2", "hello there"])  # fmt: skip
+    main(
+        [
+            "explain",
+            "--guard",
+            str(tmp_path / "guard"),
+            "--activations",
+            str(tmp_path / "store"),
+            "--model",
+            str(model_dir),
+            "--top-k",
+            "2",
+            "hello there",
+        ]
+    )
     out = capsys.readouterr().out
     assert "prompt: 'hello there'" in out and out.count("\n  ") >= 3

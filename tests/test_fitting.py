@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import hf_lsad.detectors.freqmask as freqmask
-from hf_lsad.clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans, training_sample
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.data.store import ActivationStore, load_activations, save_activations
 from hf_lsad.detectors import FreqMaskConfig, FreqMaskKM
-from hf_lsad.fitting import fit_guard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.masks import top_k_mask
-from hf_lsad.sae import SAEConfig, SparseAutoencoder
-from hf_lsad.store import ActivationStore, load_activations, save_activations
+from hf_lsad.detectors.clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans, training_sample
+from hf_lsad.detectors.masks import top_k_mask
+from hf_lsad.guard.fitting import fit_guard
+from hf_lsad.sae.model import SAEConfig, SparseAutoencoder
 
 D_IN, D_SAE, K = 32, 128, 4
 HOOK = HookPoint("test/model", "llama", D_IN, 4, 2, "model.layers.2", "prompt_last")

@@ -19,9 +19,9 @@ import pytest
 import torch
 from tiny import MIXED_BATCH, PROMPTS, RUNNING_MAX_NEW, fresh_guard, tiny_guard, tiny_running_guard
 
-from hf_lsad.capture import encode_prompts
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.modeling import GuardedModelForCausalLM
 
 UNDER_TEST = [*MIXED_BATCH, PROMPTS[3], PROMPTS[60], "x y z", "tell me a story about a dragon, please"]
 PATHS = ("report", "stop", "on_step", "running_report", "running_stop")
@@ -85,7 +85,7 @@ def _running_reference(guarded: GuardedModelForCausalLM, prompt: str, response: 
     EOS and has not been flagged (``patience`` consecutive scores above the threshold). Returns
     ``(statistic, flagged, stopped, step)`` as the report gives them.
     """
-    from hf_lsad.running_guard import sequence_statistic
+    from hf_lsad.guard.running import sequence_statistic
 
     guard, eos = guarded.guard, guarded.generation_config.eos_token_id
     ids = encode_prompts(guarded.tokenizer, [prompt])["input_ids"][0]
@@ -137,8 +137,9 @@ def check_call(
             assert not report.stopped
     if path == "on_step":
         assert out.steps[0].step == 0
-        torch.testing.assert_close(out.steps[0].scores, torch.tensor([want[p].score for p in prompts]), atol=1e-4,
-                                   rtol=0)
+        torch.testing.assert_close(
+            out.steps[0].scores, torch.tensor([want[p].score for p in prompts]), atol=1e-4, rtol=0
+        )
 
 
 @pytest.mark.parametrize("threads", (1, 4))

@@ -8,11 +8,12 @@ import pytest
 import torch
 from tiny import MIXED_BATCH, fresh_guard, tiny_guard
 
-from hf_lsad.capture import encode_prompts
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.core.serialization import GuardFormatError
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard, SafetyReport
-from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
-from hf_lsad.serialization import GuardFormatError
+from hf_lsad.sae.model import SparseAutoencoder
+from hf_lsad.sae.training import SAETrainConfig, sae_stats, train_sae
 from hf_lsad.testing import tiny_model
 
 
@@ -26,7 +27,11 @@ def saved_guard(tmp_path):
 def test_round_trip_gives_identical_scores(saved_guard):
     guard, path = saved_guard
     assert sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()) == [
-        "config.json", "detector.safetensors", "sae/config.json", "sae/sae.safetensors", "threshold.safetensors",
+        "config.json",
+        "detector.safetensors",
+        "sae/config.json",
+        "sae/sae.safetensors",
+        "threshold.safetensors",
     ]
     reloaded = SafetyGuard.from_pretrained(path)
     activations = torch.randn(7, guard.config.hook.hidden_size)
@@ -178,11 +183,18 @@ def test_a_guard_without_held_out_scores_reports_no_p_value(tmp_path):
     [
         (SafetyReport(301.2, 230.5, True, 3, None, 0.002), "FLAGGED: score 301.2 > 230.5 (cluster 3, p-value 0.002)"),
         (SafetyReport(12.0, 230.5, False, 1, None), "ok: score 12 <= 230.5 (cluster 1)"),
-        (SafetyReport(49.62, 0.7013, False, 17, 0.127, 0.375),
-         "ok: P(unsafe) 0.127 <= 0.7013 (score 49.62, cluster 17, p-value 0.375)"),
-        (SafetyReport(9.5, 0.7013, True, 2, 0.91, 0.5), "FLAGGED: P(unsafe) 0.910 > 0.7013 (score 9.5, cluster 2, p-value 0.5)"),
-        (SafetyReport(float("nan"), 230.5, True, -1, None, error="NaN in the activation"),
-         "FLAGGED: not scored (NaN in the activation)"),
+        (
+            SafetyReport(49.62, 0.7013, False, 17, 0.127, 0.375),
+            "ok: P(unsafe) 0.127 <= 0.7013 (score 49.62, cluster 17, p-value 0.375)",
+        ),
+        (
+            SafetyReport(9.5, 0.7013, True, 2, 0.91, 0.5),
+            "FLAGGED: P(unsafe) 0.910 > 0.7013 (score 9.5, cluster 2, p-value 0.5)",
+        ),
+        (
+            SafetyReport(float("nan"), 230.5, True, -1, None, error="NaN in the activation"),
+            "FLAGGED: not scored (NaN in the activation)",
+        ),
     ],
 )
 def test_report_describe_compares_what_decided_the_verdict_with_its_threshold(report, line):

@@ -16,14 +16,14 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, Mo
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 from tiny import LAYER, MIXED_BATCH, fresh_guard, tiny_guard
 
-from hf_lsad.capture import encode_prompts
-from hf_lsad.cli import main as cli_main
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.cli.main import main as cli_main
+from hf_lsad.core.hook_point import HookPoint, base_model_key, same_base_model
+from hf_lsad.core.serialization import GuardFormatError
+from hf_lsad.data.store import save_activations
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.hook_point import HookPoint, base_model_key, same_base_model
-from hf_lsad.model_card import GUARD_TAGS, guard_model_card
-from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.serialization import GuardFormatError
-from hf_lsad.store import save_activations
+from hf_lsad.guard.card import GUARD_TAGS, guard_model_card
 from hf_lsad.testing import tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>' to upload raw bytes:DeprecationWarning")
@@ -33,8 +33,13 @@ METRICS = {
     "toxic": {"auroc": 0.88, "tpr_at_5fpr": 0.5},
 }
 GUARD_FILES = [
-    "README.md", "config.json", "detector.safetensors", "sae/config.json", "sae/sae.safetensors", "threshold.safetensors"
-]  # fmt: skip
+    "README.md",
+    "config.json",
+    "detector.safetensors",
+    "sae/config.json",
+    "sae/sae.safetensors",
+    "threshold.safetensors",
+]
 
 
 @pytest.fixture
@@ -120,7 +125,9 @@ def test_push_to_a_branch_and_as_a_pull_request(hub_server, hub_cache, repo_id):
     pr = guard.push_to_hub(repo_id, create_pr=True)
     assert pr.pr_revision == "refs/pr/1"
     assert SafetyGuard.from_pretrained(repo_id, revision="refit", cache_dir=hub_cache).threshold == guard.threshold
-    assert SafetyGuard.from_pretrained(repo_id, revision=pr.pr_revision, cache_dir=hub_cache).threshold == guard.threshold
+    assert (
+        SafetyGuard.from_pretrained(repo_id, revision=pr.pr_revision, cache_dir=hub_cache).threshold == guard.threshold
+    )
     assert SafetyGuard.from_pretrained(repo_id, cache_dir=hub_cache).threshold == guard.threshold - 0.5
     card = ModelCard.load(hf_hub_download(repo_id, "README.md", revision=branch.oid, cache_dir=hub_cache))
     assert '"revision": "refit"' in card.text
@@ -172,9 +179,7 @@ def test_missing_repo_revision_subfolder_and_file(hub_server, hub_cache, repo_id
 @pytest.mark.parametrize("pickle_path", ["sae/weights.bin", "detector.pt", "extra/state.pkl"])
 def test_pickle_files_are_refused(hub_server, hub_cache, repo_id, pickle_path):
     fresh_guard().push_to_hub(repo_id)
-    HfApi().create_commit(
-        repo_id, [CommitOperationAdd(pickle_path, b"\x80\x04pickle")], commit_message="Add a pickle"
-    )
+    HfApi().create_commit(repo_id, [CommitOperationAdd(pickle_path, b"\x80\x04pickle")], commit_message="Add a pickle")
     with pytest.raises(ValueError, match=re.escape(pickle_path)):
         SafetyGuard.from_pretrained(repo_id, cache_dir=hub_cache)
     assert not list(hub_cache.glob("*/snapshots/*/*"))  # refused before downloading anything
@@ -237,7 +242,9 @@ def test_base_model_mismatch_is_refused_unless_overridden(hub_server, hub_cache,
     other = save_tiny_model(tmp_path / "other-llama")
     kwargs = dict(guard=repo_id, guard_kwargs={"revision": commit.oid, "cache_dir": hub_cache})
 
-    with pytest.raises(ValueError, match=r"fitted on base model 'tiny-llama'.*model to guard is '.*other-llama'") as err:
+    with pytest.raises(
+        ValueError, match=r"fitted on base model 'tiny-llama'.*model to guard is '.*other-llama'"
+    ) as err:
         GuardedModelForCausalLM.from_pretrained(other, **kwargs)
     assert "allow_base_model_mismatch=True" in str(err.value)
     with pytest.warns(UserWarning, match=r"'tiny-llama'.*other-llama.*using it anyway"):
@@ -343,7 +350,7 @@ def test_card_template_ships_inside_the_package():
     """Wheels carry package files only: the template must be reachable from the package."""
     from importlib.resources import files
 
-    from hf_lsad.model_card import GUARD_CARD_TEMPLATE
+    from hf_lsad.guard.card import GUARD_CARD_TEMPLATE
 
     packaged = files("hf_lsad") / "model_cards" / "guard_card.md"
     assert packaged.is_file() and Path(str(packaged)).samefile(GUARD_CARD_TEMPLATE)
@@ -352,16 +359,18 @@ def test_card_template_ships_inside_the_package():
 
 
 def test_model_card_puts_pooled_auroc_next_to_safe_only_auroc():
-    from hf_lsad.model_card import _metrics_table
+    from hf_lsad.guard.card import _metrics_table
 
-    header, rows = _metrics_table({"harmful": {"tpr_at_5fpr": 0.5, "pooled_auroc": 0.8, "auroc": 0.9}, "benign_ood": {"flagged": 0.2}})
+    header, rows = _metrics_table(
+        {"harmful": {"tpr_at_5fpr": 0.5, "pooled_auroc": 0.8, "auroc": 0.9}, "benign_ood": {"flagged": 0.2}}
+    )
     assert header == ["AUROC", "AUROC, safe + benign-OOD negatives", "TPR@5%FPR", "Flagged at threshold"]
     assert rows == [("harmful", ["0.9000", "0.8000", "0.5000", "–"]), ("benign_ood", ["–", "–", "–", "0.2000"])]
 
 
 def test_model_card_without_metrics_says_so(tmp_path):
     guard = fresh_guard()
-    card = guard_model_card(guard)
+    card = guard_model_card(guard.parts())
     assert "No metrics were measured for this guard" in card.text and "| Category |" not in card.text
     assert "The uploader did not describe the prompts" in card.text
     guard.save_pretrained(tmp_path / "plain")
@@ -369,16 +378,18 @@ def test_model_card_without_metrics_says_so(tmp_path):
     guard.save_pretrained(tmp_path / "described", data="96 prompts about arithmetic and the weather.")
     saved = ModelCard.load(tmp_path / "described" / "README.md")
     assert "96 prompts about arithmetic and the weather." in saved.text and "No metrics were measured" in saved.text
-    assert SafetyGuard.from_pretrained(tmp_path / "described").config == guard.config  # the card does not get in the way
+    assert (
+        SafetyGuard.from_pretrained(tmp_path / "described").config == guard.config
+    )  # the card does not get in the way
 
 
 @pytest.mark.parametrize("flag_rate, warns", [(0.97, True), (0.11, True), (0.10, False), (0.02, False)])
 def test_model_card_warns_when_benign_ood_flag_rate_exceeds_ten_percent(flag_rate, warns):
     metrics = {"harmful": {"auroc": 0.99}, "benign_ood": {"flagged": flag_rate}}
-    text = guard_model_card(fresh_guard(), metrics=metrics).text
+    text = guard_model_card(fresh_guard().parts(), metrics=metrics).text
     assert ("**Warning:**" in text) is warns
     assert (f"flags {flag_rate:.0%} of benign out-of-distribution prompts" in text) is warns
-    assert "**Warning:**" not in guard_model_card(fresh_guard(), metrics={"harmful": {"auroc": 0.99}}).text
+    assert "**Warning:**" not in guard_model_card(fresh_guard().parts(), metrics={"harmful": {"auroc": 0.99}}).text
 
 
 @pytest.mark.parametrize(
@@ -387,13 +398,13 @@ def test_model_card_warns_when_benign_ood_flag_rate_exceeds_ten_percent(flag_rat
 )
 def test_model_card_rejects_malformed_metrics(metrics, error):
     with pytest.raises(error):
-        guard_model_card(fresh_guard(), metrics=metrics)
+        guard_model_card(fresh_guard().parts(), metrics=metrics)
 
 
 def test_model_card_local_base_model_is_not_hub_metadata(tmp_path):
     guard = fresh_guard()
     guard.config.hook.base_model = str(tmp_path / "models" / "my-llama")
-    card = guard_model_card(guard, repo_id="org/name")
+    card = guard_model_card(guard.parts(), repo_id="org/name")
     assert card.data.base_model is None and f"`{tmp_path / 'models' / 'my-llama'}` (a local model)" in card.text
 
 
@@ -416,14 +427,31 @@ def test_model_card_usage_snippet_runs(hub_server, repo_id, tmp_path, monkeypatc
 def test_cli_fit_pushes_to_the_hub(hub_server, hub_cache, repo_id, tmp_path, capsys):
     _, _, guard = tiny_guard()
     activations = torch.randn(60, 32, generator=torch.Generator().manual_seed(1))
-    records = [{"id": f"safe-{i}", "source": "bigbench/strategyqa" if i % 3 else "humaneval", "category": "safe"}
-               for i in range(60)]  # fmt: skip
+    records = [
+        {"id": f"safe-{i}", "source": "bigbench/strategyqa" if i % 3 else "humaneval", "category": "safe"}
+        for i in range(60)
+    ]
     save_activations(tmp_path / "acts", activations, records, guard.config.hook)
     guard.sae.save_pretrained(tmp_path / "sae")
-    cli_main([
-        "fit", "--activations", str(tmp_path / "acts"), "--sae", str(tmp_path / "sae"), "--kmeans.n-clusters", "3",
-        "--mask-size", "16", "--out", str(tmp_path / "guard"), "--push-to-hub", repo_id, "--subfolder", "layer_2",
-    ])  # fmt: skip
+    cli_main(
+        [
+            "fit",
+            "--activations",
+            str(tmp_path / "acts"),
+            "--sae",
+            str(tmp_path / "sae"),
+            "--kmeans.n-clusters",
+            "3",
+            "--mask-size",
+            "16",
+            "--out",
+            str(tmp_path / "guard"),
+            "--push-to-hub",
+            repo_id,
+            "--subfolder",
+            "layer_2",
+        ]
+    )
     assert f"pushed to {repo_id}/layer_2 at " in capsys.readouterr().out
     pulled = SafetyGuard.from_pretrained(repo_id, subfolder="layer_2", cache_dir=hub_cache)
     assert_same_guard(pulled, SafetyGuard.from_pretrained(tmp_path / "guard"))

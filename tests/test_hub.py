@@ -19,7 +19,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import get_session
 from safetensors.numpy import save_file
 
-from hf_lsad.hub import resolve_pretrained_dir, upload_pretrained_dir
+from hf_lsad.core.hub import resolve_pretrained_dir, upload_pretrained_dir
 
 # huggingface_hub's legacy LFS upload (the path taken with HF_HUB_DISABLE_XET=1) PUTs with `data=`, which httpx2
 # deprecates; that is the client's business, not ours.

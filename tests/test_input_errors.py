@@ -10,9 +10,9 @@ import pytest
 import torch
 from tiny import MIXED_BATCH, fresh_guard, tiny_guard
 
-from hf_lsad.capture import check_prompts, encode_prompts
+from hf_lsad.capture.collect import check_prompts, encode_prompts
 from hf_lsad.errors import InputError, ModelMismatchError
-from hf_lsad.modeling import GuardedModelForCausalLM
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.testing import tiny_model
 
 
@@ -44,7 +44,9 @@ BAD_GENERATE_INPUTS = [
 
 
 @pytest.mark.parametrize("on_flag", ["report", "stop"])
-@pytest.mark.parametrize(("case", "inputs", "error", "message"), BAD_GENERATE_INPUTS, ids=[c[0] for c in BAD_GENERATE_INPUTS])
+@pytest.mark.parametrize(
+    ("case", "inputs", "error", "message"), BAD_GENERATE_INPUTS, ids=[c[0] for c in BAD_GENERATE_INPUTS]
+)
 def test_bad_generate_inputs_are_typed_errors_before_a_forward_pass(case, inputs, error, message, on_flag):
     guarded = screening_model()
     handle = no_forward(guarded)
@@ -55,7 +57,9 @@ def test_bad_generate_inputs_are_typed_errors_before_a_forward_pass(case, inputs
         handle.remove()
 
 
-@pytest.mark.parametrize(("case", "inputs", "error", "message"), BAD_GENERATE_INPUTS, ids=[c[0] for c in BAD_GENERATE_INPUTS])
+@pytest.mark.parametrize(
+    ("case", "inputs", "error", "message"), BAD_GENERATE_INPUTS, ids=[c[0] for c in BAD_GENERATE_INPUTS]
+)
 def test_screen_refuses_what_generate_refuses(case, inputs, error, message):
     if case == "a list":  # screen reads a list as prompt strings
         message = "prompt 0 is a list, not a string"
@@ -112,8 +116,9 @@ def test_stop_with_several_sequences_per_prompt_and_sampling(path):
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers: right padding
-        out = guarded.generate(**inputs, max_new_tokens=3, do_sample=True, num_return_sequences=2,
-                               return_dict_in_generate=True, **options)  # fmt: skip
+        out = guarded.generate(
+            **inputs, max_new_tokens=3, do_sample=True, num_return_sequences=2, return_dict_in_generate=True, **options
+        )
     assert out.sequences.shape[0] == len(out.safety) == 6
     for row, report in enumerate(out.safety):
         assert report.score == pytest.approx(alone[row // 2].score, abs=1e-4)
@@ -132,10 +137,10 @@ def test_a_guard_for_another_model_type_is_refused_even_without_names():
 
 
 def test_fit_guard_refuses_an_sae_of_another_width_up_front():
-    from hf_lsad.clustering import KMeansConfig
     from hf_lsad.detectors import FreqMaskConfig
-    from hf_lsad.fitting import fit_guard
-    from hf_lsad.sae import SAEConfig, SparseAutoencoder
+    from hf_lsad.detectors.clustering import KMeansConfig
+    from hf_lsad.guard.fitting import fit_guard
+    from hf_lsad.sae.model import SAEConfig, SparseAutoencoder
 
     _, _, guard = tiny_guard("prompt_last")
     wrong = SparseAutoencoder(SAEConfig(d_in=48, d_sae=64))

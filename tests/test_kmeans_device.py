@@ -10,9 +10,9 @@ import faiss
 import pytest
 import torch
 
-from hf_lsad import clustering
-from hf_lsad.clustering import KMeansConfig, faiss_gpu_count, fit_kmeans, kmeans_device, use_kmeans_device
-from hf_lsad.runtime import GuardFitRuntime
+from hf_lsad.core.runtime import GuardFitRuntime
+from hf_lsad.detectors import clustering
+from hf_lsad.detectors.clustering import KMeansConfig, faiss_gpu_count, fit_kmeans, kmeans_device, use_kmeans_device
 
 
 def points() -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_lsad.masks import straight_through_mask, top_k_mask
+from hf_lsad.detectors.masks import straight_through_mask, top_k_mask
 
 
 def test_top_k_mask_breaks_ties_to_the_lower_index_and_sorts():

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from hf_lsad.core.metrics import auroc, flag_rate, fpr_at_tpr, mean_std, tpr_at_fpr
 from hf_lsad.evaluation.evaluate_metric import DetectionMetrics
-from hf_lsad.metrics import auroc, flag_rate, fpr_at_tpr, mean_std, tpr_at_fpr
-from hf_lsad.threshold import fpr_threshold
+from hf_lsad.guard.threshold import fpr_threshold
 
 NEGATIVES = np.arange(20.0)  # 0..19: each negative is 5% of the FPR
 POSITIVES = np.array([2.5, 10.5, 12.5, 15.5, 16.5, 17.5, 18.5, 19.5, 25.0, 30.0])  # each is 10% of the TPR

@@ -6,9 +6,10 @@ import pytest
 import torch
 from tiny import LAYER, MIXED_BATCH, last_layer_output, tiny_guard
 
-from hf_lsad.capture import encode_prompts, final_call_index, generate_with_activations, prefill_activations
-from hf_lsad.hook_point import decoder_layer
-from hf_lsad.modeling import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.recorder import final_call_index, generate_with_activations, prefill_activations
+from hf_lsad.core.hook_point import decoder_layer
+from hf_lsad.generation.model import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
 from hf_lsad.testing import tiny_model
 
 
@@ -71,7 +72,9 @@ def test_generate_returns_the_plain_models_sequences_and_reports():
     tensor_out = guarded.generate(**inputs, max_new_tokens=6, do_sample=False)
     assert torch.equal(plain, tensor_out)
     assert len(guarded.last_safety) == 3
-    dict_out = guarded.generate(**inputs, max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    dict_out = guarded.generate(
+        **inputs, max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True
+    )
     assert isinstance(dict_out, GuardedGenerateDecoderOnlyOutput)
     assert torch.equal(dict_out.sequences, plain) and len(dict_out.scores) == 6
     for report in dict_out.safety:

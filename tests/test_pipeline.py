@@ -10,10 +10,10 @@ import torch
 from tiny import MIXED_BATCH, fresh_guard, tiny_guard
 from transformers import TextGenerationPipeline, pipeline
 
-from hf_lsad.capture import encode_prompts
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.generation.model import GUARDED_CONFIG, GuardedModelForCausalLM
+from hf_lsad.generation.pipeline import GuardedTextGenerationPipeline
 from hf_lsad.guard import SafetyReport
-from hf_lsad.modeling import GUARDED_CONFIG, GuardedModelForCausalLM
-from hf_lsad.pipeline import GuardedTextGenerationPipeline
 
 
 def test_pipeline_outputs_carry_the_reports():
@@ -23,14 +23,19 @@ def test_pipeline_outputs_carry_the_reports():
     assert isinstance(pipe, GuardedTextGenerationPipeline)
     settings = dict(max_new_tokens=5, do_sample=False, return_full_text=False)
     outputs = pipe(MIXED_BATCH, **settings)
-    reference = guarded.generate(**encode_prompts(tokenizer, MIXED_BATCH, chat_template=False), max_new_tokens=5, do_sample=False)
+    reference = guarded.generate(
+        **encode_prompts(tokenizer, MIXED_BATCH, chat_template=False), max_new_tokens=5, do_sample=False
+    )
     expected = guarded.last_safety
     assert len(outputs) == 3
     for out, want, row in zip(outputs, expected, reference):
         record = out[0]
         assert isinstance(record["safety"], SafetyReport)
         assert record["safety"].score == pytest.approx(want.score, abs=1e-4)
-        assert record["generated_text"] == tokenizer.decode(row[-5:], skip_special_tokens=True)[: len(record["generated_text"])]
+        assert (
+            record["generated_text"]
+            == tokenizer.decode(row[-5:], skip_special_tokens=True)[: len(record["generated_text"])]
+        )
     batched = pipe(MIXED_BATCH, batch_size=2, **settings)
     for single, batch in zip(outputs, batched):
         assert batch[0]["safety"].score == pytest.approx(single[0]["safety"].score, abs=1e-4)
@@ -43,7 +48,9 @@ def test_pipeline_passes_guard_arguments_and_chat_input():
     guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
     pipe = pipeline("text-generation", model=guarded, tokenizer=copy.deepcopy(tokenizer))
     out = pipe([{"role": "user", "content": "hello"}], max_new_tokens=5, do_sample=False, on_flag="stop", refusal="no.")
-    refusal = tokenizer.decode(tokenizer("no.", add_special_tokens=False)["input_ids"])  # the tiny tokenizer spaces chars
+    refusal = tokenizer.decode(
+        tokenizer("no.", add_special_tokens=False)["input_ids"]
+    )  # the tiny tokenizer spaces chars
     assert out[0]["generated_text"][-1] == {"role": "assistant", "content": refusal}
     assert out[0]["safety"].stopped and out[0]["safety"].step == 0
 
@@ -88,7 +95,9 @@ def test_save_pretrained_round_trip(tmp_path):
     model = type(tiny_guard()[0]).from_pretrained(folder)
     guarded = GuardedModelForCausalLM(model, guard, allow_base_model_mismatch=True)
     guarded.save_pretrained(tmp_path / "guarded")
-    assert (tmp_path / "guarded" / GUARDED_CONFIG).is_file() and (tmp_path / "guarded" / "guard" / "config.json").is_file()
+    assert (tmp_path / "guarded" / GUARDED_CONFIG).is_file() and (
+        tmp_path / "guarded" / "guard" / "config.json"
+    ).is_file()
     assert not list((tmp_path / "guarded").glob("*.safetensors"))  # a reference to the base model, not its weights
     loaded = GuardedModelForCausalLM.from_pretrained(tmp_path / "guarded", allow_base_model_mismatch=True)
     assert loaded.model.config.name_or_path == str(folder)
@@ -106,7 +115,9 @@ def test_push_to_hub_round_trip(hub_server, hub_cache, tmp_path):
     repo_id = f"hf-lsad-org/guarded-{uuid.uuid4().hex[:8]}"
     commit = guarded.push_to_hub(repo_id)
     loaded = GuardedModelForCausalLM.from_pretrained(
-        repo_id, guard_kwargs={"revision": commit.oid, "cache_dir": hub_cache}, cache_dir=hub_cache,
+        repo_id,
+        guard_kwargs={"revision": commit.oid, "cache_dir": hub_cache},
+        cache_dir=hub_cache,
         allow_base_model_mismatch=True,
     )
     assert loaded.model.config.name_or_path == base_repo

@@ -1,4 +1,5 @@
-"""hf_lsad.prompt_inputs: guards record how their prompts were formatted and how long they were; generate warns on inputs unlike them."""
+"""hf_lsad.core.prompt_inputs: guards record how their prompts were formatted and how long they were; generate warns on
+inputs unlike them."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import torch
 from tiny import LAYER, MIXED_BATCH, PROMPTS, fresh_guard, tiny_guard
 
 from hf_lsad import GuardedModelForCausalLM
-from hf_lsad.capture import collect_activations, encode_prompts
+from hf_lsad.capture.collect import collect_activations, encode_prompts
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.core.prompt_inputs import LONG_PROMPT_FACTOR, InputProfile, input_warnings, template_markers
+from hf_lsad.data.store import ActivationStore, load_activations, save_activations
 from hf_lsad.errors import GuardFormatError, GuardMismatchError
-from hf_lsad.fitting import fit_guard
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.prompt_inputs import LONG_PROMPT_FACTOR, InputProfile, input_warnings, template_markers
-from hf_lsad.store import ActivationStore, load_activations, save_activations
+from hf_lsad.guard.fitting import fit_guard
 
 
 def guarded_with(profile: InputProfile | None) -> tuple[GuardedModelForCausalLM, object]:
@@ -76,7 +77,9 @@ def test_a_store_without_a_profile_gives_a_guard_without_one(tmp_path):
     model, _, _ = tiny_guard("prompt_last")
     hook = HookPoint.from_model(model, LAYER, "prompt_last", base_model="tiny-llama")
     save_activations(tmp_path / "store", torch.randn(30, hook.hidden_size), [{"id": str(i)} for i in range(30)], hook)
-    guard = fit_guard(ActivationStore(tmp_path / "store"), hook, "mahalanobis", _mahalanobis_config(), None, progress=False)
+    guard = fit_guard(
+        ActivationStore(tmp_path / "store"), hook, "mahalanobis", _mahalanobis_config(), None, progress=False
+    )
     assert guard.guard.inputs is None
     guarded = GuardedModelForCausalLM(model, guard.guard, tokenizer=tiny_guard("prompt_last")[1])
     assert generate_warnings(guarded, encode_prompts(guarded.tokenizer, ["no profile, no check"])) == []

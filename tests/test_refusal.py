@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_lsad.refusal import RefusalCounts, is_refusal, refusal_counts
+from hf_lsad.data.refusal import RefusalCounts, is_refusal, refusal_counts
 
 CASES = [
     # (response, refusal?) -- first-person declines followed by an act of answering

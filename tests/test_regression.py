@@ -22,34 +22,51 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_lsad.calibration import fit_affine_calibration
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.core.hook_point import HookPoint
 from hf_lsad.detectors import DETECTORS, detector_class
-from hf_lsad.fitting import fit_guard
+from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.sae import SAETrainConfig, train_sae
+from hf_lsad.guard.calibration import fit_affine_calibration
+from hf_lsad.guard.fitting import fit_guard
+from hf_lsad.sae.training import SAETrainConfig, train_sae
 
 FIXTURE = Path(__file__).parent / "data" / "seeded_scores.safetensors"
 D_IN, D_SAE = 16, 32
 HOOK = HookPoint(
-    base_model="seeded-fixture", model_type="llama", layer=0, layer_module="model.layers.0",
-    position="prompt_last", hidden_size=D_IN, num_hidden_layers=1,
-)  # fmt: skip
+    base_model="seeded-fixture",
+    model_type="llama",
+    layer=0,
+    layer_module="model.layers.0",
+    position="prompt_last",
+    hidden_size=D_IN,
+    num_hidden_layers=1,
+)
 SMALL_KMEANS = {"n_clusters": 4, "seed": 7}
 LEARNED = {
-    "kmeans": {"n_clusters": 3, "seed": 7}, "lambdas": [1e-3, 1e-2], "stage1_steps": 15, "min_cluster_size": 20,
-    "lora_min_cluster_size": 20, "lora_epochs": 2, "lora_batch_size": 64, "seed": 3,
-}  # fmt: skip
+    "kmeans": {"n_clusters": 3, "seed": 7},
+    "lambdas": [1e-3, 1e-2],
+    "stage1_steps": 15,
+    "min_cluster_size": 20,
+    "lora_min_cluster_size": 20,
+    "lora_epochs": 2,
+    "lora_batch_size": 64,
+    "seed": 3,
+}
 ENCODER = {"hidden_dims": (12,), "rep_dim": 6, "epochs": 3, "pretrain_epochs": 2, "batch_size": 64, "seed": 5}
 CASES: dict[str, tuple[str, dict]] = {
     "freqmask-global-l1": ("freqmask-km", {"kmeans": SMALL_KMEANS, "mask_size": 8}),
-    "freqmask-local-l2": ("freqmask-km", {"kmeans": SMALL_KMEANS, "mask_size": 8, "mask_scope": "local", "score_metric": "l2"}),
+    "freqmask-local-l2": (
+        "freqmask-km",
+        {"kmeans": SMALL_KMEANS, "mask_size": 8, "mask_scope": "local", "score_metric": "l2"},
+    ),
     "freqmask-mahalanobis": ("freqmask-km", {"kmeans": SMALL_KMEANS, "mask_size": 8, "score_metric": "mahalanobis"}),
     "freqmask-hamming-nomask": ("freqmask-km", {"kmeans": {**SMALL_KMEANS, "metric": "hamming"}, "use_mask": False}),
     "freqmask-l1-clusters": ("freqmask-km", {"kmeans": {**SMALL_KMEANS, "metric": "l1"}, "mask_size": 8}),
     "learned-mask-lora": ("learned-mask-lora", LEARNED),
-    "learned-mask-mahalanobis": ("learned-mask-lora", {**LEARNED, "score_metric": "mahalanobis", "mask_type": "continuous"}),
+    "learned-mask-mahalanobis": (
+        "learned-mask-lora",
+        {**LEARNED, "score_metric": "mahalanobis", "mask_type": "continuous"},
+    ),
     "mahalanobis": ("mahalanobis", {"ridge": 1e-3}),
     "gmm": ("gmm", {"n_components": 3, "seed": 2}),
     "ocsvm": ("ocsvm", {"nu": 0.2, "gamma": 0.05, "max_samples": 300, "seed": 1}),

@@ -26,9 +26,10 @@ from hf_lsad import (
     SafetyGuard,
     UnsafeGuardFileError,
 )
-from hf_lsad.capture import encode_prompts, generate_with_activations
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.capture.recorder import generate_with_activations
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import DEFAULT_GUARD, upgrade_guard_folder
-from hf_lsad.modeling import GuardedModelForCausalLM
 from hf_lsad.testing import tiny_model
 
 
@@ -63,68 +64,188 @@ def nudge_tensor(file: Path, name: str) -> None:
 # config.json: (id, edit, error type, regex the message must match: file, key, value, expectation)
 CONFIG_CASES = [
     # silent wrong results on the original code
-    ("threshold-nan", lambda c: c["guard"].update(threshold=float("nan")), GuardFormatError,
-     r"config\.json:guard: key 'threshold' is nan .*finite number"),
-    ("threshold-inf", lambda c: c["guard"].update(threshold=float("inf")), GuardFormatError,
-     r"config\.json:guard: key 'threshold' is inf .*finite"),
-    ("score-metric-edited", lambda c: c["detector"].update(score_metric="l2"), GuardMismatchError,
-     r"config\.json: .*detector\.score_metric is 'l2' now but was 'l1'"),
-    ("threshold-edited", lambda c: c["guard"].update(threshold=c["guard"]["threshold"] * 2), GuardMismatchError,
-     r"guard\.threshold is .* now but was"),
-    ("mask-scope-edited", lambda c: c["detector"].update(mask_scope="local"), GuardMismatchError,
-     r"detector\.mask_scope is 'local' now but was 'global'"),
-    ("position-edited", lambda c: c["guard"]["hook"].update(position="prompt_last"), GuardMismatchError,
-     r"guard\.hook\.position is 'prompt_last' now but was 'response_last'"),
-    ("settings-record-edited-too",
-     lambda c: (c["detector"].update(score_metric="l2"), c["integrity"]["settings"]["detector"].update(score_metric="l2")),
-     GuardMismatchError, r"integrity\.settings: the recorded settings were edited"),
+    (
+        "threshold-nan",
+        lambda c: c["guard"].update(threshold=float("nan")),
+        GuardFormatError,
+        r"config\.json:guard: key 'threshold' is nan .*finite number",
+    ),
+    (
+        "threshold-inf",
+        lambda c: c["guard"].update(threshold=float("inf")),
+        GuardFormatError,
+        r"config\.json:guard: key 'threshold' is inf .*finite",
+    ),
+    (
+        "score-metric-edited",
+        lambda c: c["detector"].update(score_metric="l2"),
+        GuardMismatchError,
+        r"config\.json: .*detector\.score_metric is 'l2' now but was 'l1'",
+    ),
+    (
+        "threshold-edited",
+        lambda c: c["guard"].update(threshold=c["guard"]["threshold"] * 2),
+        GuardMismatchError,
+        r"guard\.threshold is .* now but was",
+    ),
+    (
+        "mask-scope-edited",
+        lambda c: c["detector"].update(mask_scope="local"),
+        GuardMismatchError,
+        r"detector\.mask_scope is 'local' now but was 'global'",
+    ),
+    (
+        "position-edited",
+        lambda c: c["guard"]["hook"].update(position="prompt_last"),
+        GuardMismatchError,
+        r"guard\.hook\.position is 'prompt_last' now but was 'response_last'",
+    ),
+    (
+        "settings-record-edited-too",
+        lambda c: (
+            c["detector"].update(score_metric="l2"),
+            c["integrity"]["settings"]["detector"].update(score_metric="l2"),
+        ),
+        GuardMismatchError,
+        r"integrity\.settings: the recorded settings were edited",
+    ),
     # unclear or late errors on the original code
-    ("threshold-string", lambda c: c["guard"].update(threshold="204.5"), GuardFormatError,
-     r"config\.json:guard: key 'threshold' is '204\.5' \(str\), expected a finite number"),
-    ("layer-string", lambda c: c["guard"]["hook"].update(layer="2"), GuardFormatError,
-     r"config\.json:guard:hook: key 'layer' is '2' \(str\), expected an integer"),
-    ("hidden-size-string", lambda c: c["guard"]["hook"].update(hidden_size="32"), GuardFormatError,
-     r"key 'hidden_size' is '32' \(str\), expected an integer"),
+    (
+        "threshold-string",
+        lambda c: c["guard"].update(threshold="204.5"),
+        GuardFormatError,
+        r"config\.json:guard: key 'threshold' is '204\.5' \(str\), expected a finite number",
+    ),
+    (
+        "layer-string",
+        lambda c: c["guard"]["hook"].update(layer="2"),
+        GuardFormatError,
+        r"config\.json:guard:hook: key 'layer' is '2' \(str\), expected an integer",
+    ),
+    (
+        "hidden-size-string",
+        lambda c: c["guard"]["hook"].update(hidden_size="32"),
+        GuardFormatError,
+        r"key 'hidden_size' is '32' \(str\), expected an integer",
+    ),
     ("config-is-a-list", lambda c: [c], GuardFormatError, r"config\.json: expected a JSON object .*got a JSON list"),
-    ("unknown-top-level-key", lambda c: c.update(surprise=1), GuardFormatError,
-     r"config\.json: unknown key\(s\) \['surprise'\]"),
-    ("missing-versions", lambda c: c.pop("versions"), GuardFormatError, r"config\.json: missing key\(s\) \['versions'\]"),
-    ("unknown-versions-key", lambda c: c["versions"].update(numpy="2"), GuardFormatError,
-     r"config\.json:versions: unknown key\(s\) \['numpy'\]"),
-    ("versions-not-strings", lambda c: c["versions"].update(torch=2), GuardFormatError,
-     r"versions: key 'torch' is 2 \(int\), expected a string"),
-    ("unknown-nested-key", lambda c: c["detector"]["kmeans"].update(surprise=1), GuardFormatError,
-     r"config\.json:detector.*kmeans.*unknown config key\(s\) \['surprise'\]"),
+    (
+        "unknown-top-level-key",
+        lambda c: c.update(surprise=1),
+        GuardFormatError,
+        r"config\.json: unknown key\(s\) \['surprise'\]",
+    ),
+    (
+        "missing-versions",
+        lambda c: c.pop("versions"),
+        GuardFormatError,
+        r"config\.json: missing key\(s\) \['versions'\]",
+    ),
+    (
+        "unknown-versions-key",
+        lambda c: c["versions"].update(numpy="2"),
+        GuardFormatError,
+        r"config\.json:versions: unknown key\(s\) \['numpy'\]",
+    ),
+    (
+        "versions-not-strings",
+        lambda c: c["versions"].update(torch=2),
+        GuardFormatError,
+        r"versions: key 'torch' is 2 \(int\), expected a string",
+    ),
+    (
+        "unknown-nested-key",
+        lambda c: c["detector"]["kmeans"].update(surprise=1),
+        GuardFormatError,
+        r"config\.json:detector.*kmeans.*unknown config key\(s\) \['surprise'\]",
+    ),
     ("layer-bool", lambda c: c["guard"]["hook"].update(layer=True), GuardFormatError, r"key 'layer' is True"),
-    ("layer-out-of-range", lambda c: c["guard"]["hook"].update(layer=7), GuardFormatError,
-     r"key 'layer' is 7, expected a layer index below num_hidden_layers=4"),
-    ("negative-hidden-size", lambda c: c["guard"]["hook"].update(hidden_size=-32), GuardFormatError,
-     r"key 'hidden_size' is -32, expected a positive integer"),
-    ("target-fpr-out-of-range", lambda c: c["guard"].update(target_fpr=1.5), GuardFormatError,
-     r"key 'target_fpr' is 1\.5, expected a number in \(0, 1\)"),
-    ("zero-clusters", lambda c: c["detector"]["kmeans"].update(n_clusters=0), GuardFormatError,
-     r"detector:kmeans: key 'n_clusters' is 0, expected a positive integer"),
-    ("unknown-enum", lambda c: c["detector"].update(score_metric="cosine"), GuardFormatError,
-     r"config\.json:detector.*score_metric.*'cosine'"),
-    ("unknown-position", lambda c: c["guard"]["hook"].update(position="middle"), GuardFormatError,
-     r"unknown position 'middle'"),
-    ("unknown-method", lambda c: c["guard"].update(method="nope"), GuardFormatError,
-     r"config\.json:guard: key 'method': unknown detector method 'nope'"),
-    ("d-sae-string", lambda c: c.update(d_sae="64"), GuardFormatError, r"key 'd_sae' is '64' \(str\), expected an integer"),
-    ("d-sae-null-for-an-sae-method", lambda c: c.update(d_sae=None), GuardFormatError,
-     r"key 'd_sae' is None, but freqmask-km reads SAE codes"),
-    ("mask-larger-than-sae", lambda c: c["detector"].update(mask_size=65), GuardFormatError,
-     r"config\.json(:detector)?: mask_size=65 exceeds the SAE width d_sae=64"),
+    (
+        "layer-out-of-range",
+        lambda c: c["guard"]["hook"].update(layer=7),
+        GuardFormatError,
+        r"key 'layer' is 7, expected a layer index below num_hidden_layers=4",
+    ),
+    (
+        "negative-hidden-size",
+        lambda c: c["guard"]["hook"].update(hidden_size=-32),
+        GuardFormatError,
+        r"key 'hidden_size' is -32, expected a positive integer",
+    ),
+    (
+        "target-fpr-out-of-range",
+        lambda c: c["guard"].update(target_fpr=1.5),
+        GuardFormatError,
+        r"key 'target_fpr' is 1\.5, expected a number in \(0, 1\)",
+    ),
+    (
+        "zero-clusters",
+        lambda c: c["detector"]["kmeans"].update(n_clusters=0),
+        GuardFormatError,
+        r"detector:kmeans: key 'n_clusters' is 0, expected a positive integer",
+    ),
+    (
+        "unknown-enum",
+        lambda c: c["detector"].update(score_metric="cosine"),
+        GuardFormatError,
+        r"config\.json:detector.*score_metric.*'cosine'",
+    ),
+    (
+        "unknown-position",
+        lambda c: c["guard"]["hook"].update(position="middle"),
+        GuardFormatError,
+        r"unknown position 'middle'",
+    ),
+    (
+        "unknown-method",
+        lambda c: c["guard"].update(method="nope"),
+        GuardFormatError,
+        r"config\.json:guard: key 'method': unknown detector method 'nope'",
+    ),
+    (
+        "d-sae-string",
+        lambda c: c.update(d_sae="64"),
+        GuardFormatError,
+        r"key 'd_sae' is '64' \(str\), expected an integer",
+    ),
+    (
+        "d-sae-null-for-an-sae-method",
+        lambda c: c.update(d_sae=None),
+        GuardFormatError,
+        r"key 'd_sae' is None, but freqmask-km reads SAE codes",
+    ),
+    (
+        "mask-larger-than-sae",
+        lambda c: c["detector"].update(mask_size=65),
+        GuardFormatError,
+        r"config\.json(:detector)?: mask_size=65 exceeds the SAE width d_sae=64",
+    ),
     ("format-version", lambda c: c.update(format_version=2), GuardFormatError, r"format_version 2, expected 1"),
-    ("no-integrity-record", lambda c: c.pop("integrity"), GuardFormatError,
-     r"config\.json: no 'integrity' record .*upgrade_guard_folder"),
-    ("integrity-file-list", lambda c: c["integrity"]["files"].pop("sae/sae.safetensors"), GuardFormatError,
-     r"integrity\.files: records \['detector\.safetensors', 'threshold\.safetensors'\], but this guard reads"),
-    ("integrity-unknown-key", lambda c: c["integrity"].update(note="x"), GuardFormatError,
-     r"config\.json:integrity: .*unknown key\(s\) \['note'\]"),
-    ("integrity-bad-digest", lambda c: c["integrity"]["files"].update({"detector.safetensors": "abc"}),
-     GuardFormatError, r"integrity\.files: expected .*SHA-256"),
-]  # fmt: skip
+    (
+        "no-integrity-record",
+        lambda c: c.pop("integrity"),
+        GuardFormatError,
+        r"config\.json: no 'integrity' record .*upgrade_guard_folder",
+    ),
+    (
+        "integrity-file-list",
+        lambda c: c["integrity"]["files"].pop("sae/sae.safetensors"),
+        GuardFormatError,
+        r"integrity\.files: records \['detector\.safetensors', 'threshold\.safetensors'\], but this guard reads",
+    ),
+    (
+        "integrity-unknown-key",
+        lambda c: c["integrity"].update(note="x"),
+        GuardFormatError,
+        r"config\.json:integrity: .*unknown key\(s\) \['note'\]",
+    ),
+    (
+        "integrity-bad-digest",
+        lambda c: c["integrity"]["files"].update({"detector.safetensors": "abc"}),
+        GuardFormatError,
+        r"integrity\.files: expected .*SHA-256",
+    ),
+]
 
 
 @pytest.mark.parametrize("case, edit, error, message", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
@@ -158,35 +279,80 @@ def _add_pickle(path: Path) -> None:
 
 # tensor files and folder contents: (id, edit, error type, regex)
 FILE_CASES = [
-    ("detector-value-changed", lambda p: nudge_tensor(p / "detector.safetensors", "centroids"), GuardMismatchError,
-     r"detector\.safetensors: SHA-256 .* differs .*modified or corrupted"),
-    ("sae-value-changed", lambda p: nudge_tensor(p / "sae" / "sae.safetensors", "encoder.weight"), GuardMismatchError,
-     r"sae/sae\.safetensors: SHA-256 .* differs"),
-    ("truncated-safetensors", lambda p: (p / "detector.safetensors").write_bytes((p / "detector.safetensors")
-     .read_bytes()[:100]), GuardFormatError, r"detector\.safetensors is not a readable safetensors file"),
-    ("empty-safetensors", lambda p: (p / "detector.safetensors").write_bytes(b""), GuardFormatError,
-     r"detector\.safetensors is not a readable safetensors file"),
+    (
+        "detector-value-changed",
+        lambda p: nudge_tensor(p / "detector.safetensors", "centroids"),
+        GuardMismatchError,
+        r"detector\.safetensors: SHA-256 .* differs .*modified or corrupted",
+    ),
+    (
+        "sae-value-changed",
+        lambda p: nudge_tensor(p / "sae" / "sae.safetensors", "encoder.weight"),
+        GuardMismatchError,
+        r"sae/sae\.safetensors: SHA-256 .* differs",
+    ),
+    (
+        "truncated-safetensors",
+        lambda p: (p / "detector.safetensors").write_bytes((p / "detector.safetensors").read_bytes()[:100]),
+        GuardFormatError,
+        r"detector\.safetensors is not a readable safetensors file",
+    ),
+    (
+        "empty-safetensors",
+        lambda p: (p / "detector.safetensors").write_bytes(b""),
+        GuardFormatError,
+        r"detector\.safetensors is not a readable safetensors file",
+    ),
     ("nan-tensor", _write_nan, GuardFormatError, r"detector\.safetensors: tensor 'centroids' holds NaN or inf"),
     ("missing-tensor", _drop_tensor, GuardFormatError, r"detector\.safetensors: missing tensors \['centroids'\]"),
-    ("missing-file", lambda p: (p / "sae" / "sae.safetensors").unlink(), GuardFormatError,
-     r"missing file .*sae/sae\.safetensors"),
-    ("sae-config-unknown-key", lambda p: (p / "sae" / "config.json").write_text(
-        json.dumps({"format_version": 1, "sae": {"d_in": 32, "d_sae": 64}, "extra": 1})), GuardFormatError,
-     r"sae/config\.json: unknown key\(s\) \['extra'\]"),
-    ("sae-config-string-size", lambda p: (p / "sae" / "config.json").write_text(
-        json.dumps({"format_version": 1, "sae": {"d_in": "32", "d_sae": 64}})), GuardFormatError,
-     r"sae/config\.json: key 'd_in' is '32' \(str\), expected an integer"),
+    (
+        "missing-file",
+        lambda p: (p / "sae" / "sae.safetensors").unlink(),
+        GuardFormatError,
+        r"missing file .*sae/sae\.safetensors",
+    ),
+    (
+        "sae-config-unknown-key",
+        lambda p: (p / "sae" / "config.json").write_text(
+            json.dumps({"format_version": 1, "sae": {"d_in": 32, "d_sae": 64}, "extra": 1})
+        ),
+        GuardFormatError,
+        r"sae/config\.json: unknown key\(s\) \['extra'\]",
+    ),
+    (
+        "sae-config-string-size",
+        lambda p: (p / "sae" / "config.json").write_text(
+            json.dumps({"format_version": 1, "sae": {"d_in": "32", "d_sae": 64}})
+        ),
+        GuardFormatError,
+        r"sae/config\.json: key 'd_in' is '32' \(str\), expected an integer",
+    ),
     ("pickle-file", _add_pickle, UnsafeGuardFileError, r"pickle files.*sae/extra\.pt"),
-    ("symlink-outside", lambda p: (p / "notes.md").symlink_to("/etc/hostname"), UnsafeGuardFileError,
-     r"notes\.md links to /etc/hostname, outside the guard folder"),
-    ("symlink-loop", lambda p: ((p / "a").symlink_to(p / "b"), (p / "b").symlink_to(p / "a")), UnsafeGuardFileError,
-     r"link .*[ab] is broken or loops"),
-    ("symlink-dev-zero", lambda p: ((p / "detector.safetensors").unlink(),
-     (p / "detector.safetensors").symlink_to("/dev/zero")), UnsafeGuardFileError,
-     r"detector\.safetensors links to /dev/zero, outside the guard folder"),
-    ("symlinked-folder-outside", lambda p: (p / "more").symlink_to(p.parent.parent, target_is_directory=True),
-     UnsafeGuardFileError, r"more links to .*, outside the guard folder"),
-]  # fmt: skip
+    (
+        "symlink-outside",
+        lambda p: (p / "notes.md").symlink_to("/etc/hostname"),
+        UnsafeGuardFileError,
+        r"notes\.md links to /etc/hostname, outside the guard folder",
+    ),
+    (
+        "symlink-loop",
+        lambda p: ((p / "a").symlink_to(p / "b"), (p / "b").symlink_to(p / "a")),
+        UnsafeGuardFileError,
+        r"link .*[ab] is broken or loops",
+    ),
+    (
+        "symlink-dev-zero",
+        lambda p: ((p / "detector.safetensors").unlink(), (p / "detector.safetensors").symlink_to("/dev/zero")),
+        UnsafeGuardFileError,
+        r"detector\.safetensors links to /dev/zero, outside the guard folder",
+    ),
+    (
+        "symlinked-folder-outside",
+        lambda p: (p / "more").symlink_to(p.parent.parent, target_is_directory=True),
+        UnsafeGuardFileError,
+        r"more links to .*, outside the guard folder",
+    ),
+]
 
 
 @pytest.mark.parametrize("case, edit, error, message", FILE_CASES, ids=[c[0] for c in FILE_CASES])
@@ -215,7 +381,7 @@ def test_a_folder_that_is_not_a_guard_fails_fast():
 
 def test_a_huge_folder_fails_without_walking_it_all(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    for i in range(hf_lsad.guard_integrity.MAX_GUARD_ENTRIES + 1):
+    for i in range(hf_lsad.core.integrity.MAX_GUARD_ENTRIES + 1):
         (tmp_path / f"f{i}").touch()
     with pytest.raises(GuardFormatError, match=r"more than 10000 files and folders: not a guard folder"):
         SafetyGuard.from_pretrained(tmp_path)
@@ -225,7 +391,11 @@ def test_save_pretrained_output_round_trips_with_its_integrity_record(saved):
     guard, path = saved
     config = json.loads((path / "config.json").read_text())
     assert set(config["integrity"]) == {"files", "settings", "settings_sha256"}
-    assert sorted(config["integrity"]["files"]) == ["detector.safetensors", "sae/sae.safetensors", "threshold.safetensors"]
+    assert sorted(config["integrity"]["files"]) == [
+        "detector.safetensors",
+        "sae/sae.safetensors",
+        "threshold.safetensors",
+    ]
     assert config["integrity"]["settings"]["detector"]["score_metric"] == "l1"
     reloaded = SafetyGuard.from_pretrained(path)
     x = torch.randn(9, 32)
@@ -251,7 +421,11 @@ def test_an_older_guard_is_upgraded_only_explicitly(saved):
 def test_the_bundled_guard_loads_with_its_integrity_record():
     guard = SafetyGuard.from_pretrained(DEFAULT_GUARD)
     config = json.loads((DEFAULT_GUARD / "config.json").read_text())
-    assert sorted(config["integrity"]["files"]) == ["detector.safetensors", "sae/sae.safetensors", "threshold.safetensors"]
+    assert sorted(config["integrity"]["files"]) == [
+        "detector.safetensors",
+        "sae/sae.safetensors",
+        "threshold.safetensors",
+    ]
     assert guard.config.hook.position == "prompt_last" and math.isfinite(guard.threshold)
 
 
@@ -319,16 +493,24 @@ def test_smollm2_tokenizer_default_padding_is_right_and_supported():
     """The SmolLM2 tokenizer as a transformers user gets it (right padding, no chat template) on a small model."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from hf_lsad.pretrained import GGUF_FILE, bundled_model_dir
+    from hf_lsad.capture.pretrained import GGUF_FILE, bundled_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir(), gguf_file=GGUF_FILE)
     assert tokenizer.padding_side == "right"
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     config = AutoConfig.for_model(
-        "llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
+        "llama",
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     guarded = GuardedModelForCausalLM(model, fresh_guard("prompt_last"))
@@ -376,7 +558,7 @@ def test_nan_activation_row_fails_closed_and_keeps_the_batch():
         hidden[1] = float("nan")
         return output
 
-    _, block = hf_lsad.capture.decoder_layer(model, LAYER)
+    _, block = hf_lsad.capture.recorder.decoder_layer(model, LAYER)
     handle = block.register_forward_hook(poison_row_1)
     try:
         with pytest.warns(RuntimeWarning, match=r"rows \[1\] hold NaN or inf"):
@@ -408,7 +590,7 @@ def test_to_bfloat16_casts_the_model_and_keeps_the_guard_in_float32():
 
 
 def test_sae_that_explains_little_variance_warns():
-    from hf_lsad.sae import SAETrainConfig, train_sae
+    from hf_lsad.sae.training import SAETrainConfig, train_sae
 
     noise = torch.randn(256, 16, generator=torch.Generator().manual_seed(0))
     with pytest.warns(hf_lsad.errors.DegenerateFitWarning, match=r"explains -?\d\.\d+ of the variance .*below 0\.5"):
@@ -416,15 +598,16 @@ def test_sae_that_explains_little_variance_warns():
 
 
 def test_clusters_too_small_for_the_fit_warn():
-    from hf_lsad.clustering import KMeansConfig
     from hf_lsad.detectors import FreqMaskConfig, FreqMaskKM
+    from hf_lsad.detectors.clustering import KMeansConfig
 
     _, _, guard = tiny_guard()
     x = torch.randn(30, 32, generator=torch.Generator().manual_seed(0))
     detector = FreqMaskKM(FreqMaskConfig(kmeans=KMeansConfig(n_clusters=10), mask_size=8), 32, guard.sae.config.d_sae)
-    with pytest.warns(hf_lsad.errors.DegenerateFitWarning, match=r"cluster\(s\) with fewer than \d+ rows .*smallest: \d+"):
+    with pytest.warns(
+        hf_lsad.errors.DegenerateFitWarning, match=r"cluster\(s\) with fewer than \d+ rows .*smallest: \d+"
+    ):
         detector.fit(x, guard.sae, progress=False)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,7 +615,7 @@ def test_clusters_too_small_for_the_fit_warn():
 
 
 def cli(capsys, *argv):
-    from hf_lsad.cli import entry
+    from hf_lsad.cli.main import entry
 
     with pytest.raises(SystemExit) as info:
         entry(list(argv))
@@ -449,8 +632,18 @@ def weightless_model(tmp_path):
 
 
 def test_cli_layer_out_of_range_is_a_usage_error_before_loading(capsys, weightless_model, tmp_path):
-    code, err = cli(capsys, "collect", "--model", str(weightless_model), "--pool", "harmful", "--layer", "9",
-                    "--out", str(tmp_path / "x"))  # fmt: skip
+    code, err = cli(
+        capsys,
+        "collect",
+        "--model",
+        str(weightless_model),
+        "--pool",
+        "harmful",
+        "--layer",
+        "9",
+        "--out",
+        str(tmp_path / "x"),
+    )
     assert code == 2 and err.strip().splitlines()[-1] == (
         f"hf-lsad: error: argument --layer: layer 9 is out of range: {weightless_model} has 4 decoder layers"
     )
@@ -459,22 +652,33 @@ def test_cli_layer_out_of_range_is_a_usage_error_before_loading(capsys, weightle
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["fit", "--activations", "no-such-store", "--sae", "x", "--out", "g"],
-         "argument --activations: no activation store folder 'no-such-store'"),
-        (["train-sae", "--activations", ".", "--d-sae", "0", "--out", "s"], "argument --d-sae: 0 is not a positive integer"),
-        (["evaluate", "--guard", "default", "--safe", ".", "--unsafe", ".", "--benign-ood", "missing"],
-         "argument --benign-ood: no activation store folder 'missing'"),
+        (
+            ["fit", "--activations", "no-such-store", "--sae", "x", "--out", "g"],
+            "argument --activations: no activation store folder 'no-such-store'",
+        ),
+        (
+            ["train-sae", "--activations", ".", "--d-sae", "0", "--out", "s"],
+            "argument --d-sae: 0 is not a positive integer",
+        ),
+        (
+            ["evaluate", "--guard", "default", "--safe", ".", "--unsafe", ".", "--benign-ood", "missing"],
+            "argument --benign-ood: no activation store folder 'missing'",
+        ),
         (["generate", "--guard", "/usr", "hi"], "argument --guard: '/usr' is not a guard folder"),
         (["generate", "--max-new-tokens", "-1", "hi"], "argument --max-new-tokens: -1 is not a positive integer"),
-        (["collect", "--model", "./nowhere", "--pool", "harmful", "--out", "x"],
-         "argument --model: './nowhere' is not a model folder"),
+        (
+            ["collect", "--model", "./nowhere", "--pool", "harmful", "--out", "x"],
+            "argument --model: './nowhere' is not a model folder",
+        ),
         (["--bogus"], "unrecognized argument '--bogus'"),
         (["--bogus", "generate", "hi"], "unrecognized arguments: --bogus"),
         (["generate", "--model", "no-such-org/no-such-model", ""], "argument prompts: prompt 0 is empty: ''"),
-        (["explain", "--model", "no-such-org/no-such-model", "--activations", "missing", "hi"],
-         "argument --activations: no activation store folder 'missing'"),
+        (
+            ["explain", "--model", "no-such-org/no-such-model", "--activations", "missing", "hi"],
+            "argument --activations: no activation store folder 'missing'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_cli_usage_errors_are_one_line_with_exit_code_2(capsys, argv, message):
     code, err = cli(capsys, *argv)
     assert code == 2 and err.strip().splitlines()[-1].startswith(f"hf-lsad: error: {message}")
@@ -494,7 +698,7 @@ def test_cli_failures_are_one_line_with_exit_code_1_and_debug_shows_the_tracebac
     lines = err.strip().splitlines()
     assert code == 1 and len(lines) == 1
     assert lines[0].startswith("hf-lsad: error: GuardFormatError: missing file ") and "--debug" in lines[0]
-    from hf_lsad.cli import entry
+    from hf_lsad.cli.main import entry
 
     with pytest.raises(GuardFormatError, match="missing file"):
         entry(["--debug", *argv])
@@ -503,7 +707,7 @@ def test_cli_failures_are_one_line_with_exit_code_1_and_debug_shows_the_tracebac
 def test_cli_every_option_has_help_text_and_its_default():
     import argparse
 
-    from hf_lsad.cli import COMMANDS, build_parser
+    from hf_lsad.cli.main import COMMANDS, build_parser
 
     for name in COMMANDS:
         subparsers = next(a for a in build_parser(name)._actions if isinstance(a, argparse._SubParsersAction))

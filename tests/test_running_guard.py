@@ -6,10 +6,10 @@ import pytest
 import torch
 from tiny import PROMPTS, RUNNING_MAX_NEW as MAX_NEW, tiny_running_guard as running_setup
 
-from hf_lsad.capture import encode_prompts
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.modeling import GuardedModelForCausalLM
-from hf_lsad.running_guard import sequence_statistic
+from hf_lsad.guard.running import sequence_statistic
 
 
 def test_sequence_statistic_is_the_max_over_windows_of_the_min():
@@ -27,7 +27,9 @@ def test_collected_tokens_are_the_ones_generate_scores():
     model, tokenizer, fit, sequences = running_setup()
     guarded = GuardedModelForCausalLM(model, fit.guard)
     prompts = PROMPTS[:4]
-    out = guarded.generate(**encode_prompts(tokenizer, prompts), max_new_tokens=MAX_NEW, do_sample=False, return_dict_in_generate=True)
+    out = guarded.generate(
+        **encode_prompts(tokenizer, prompts), max_new_tokens=MAX_NEW, do_sample=False, return_dict_in_generate=True
+    )
     for i, report in enumerate(out.safety):
         scores = fit.guard(sequences[i]).scores
         expected, _ = sequence_statistic(scores[None], fit.guard.running.patience)
@@ -56,13 +58,17 @@ def test_a_flagged_row_stops_at_the_flagged_step_after_patience_tokens(tmp_path)
     prompts = PROMPTS[:6]
     inputs = encode_prompts(tokenizer, prompts)
     prompt_length = inputs["input_ids"].shape[1]
-    plain = GuardedModelForCausalLM(model, guard).generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False, return_dict_in_generate=True)
+    plain = GuardedModelForCausalLM(model, guard).generate(
+        **inputs, max_new_tokens=MAX_NEW, do_sample=False, return_dict_in_generate=True
+    )
     # pick a threshold so that some rows are flagged mid-way
     scores = sorted(r.score for r in plain.safety)
     guard.config.threshold = scores[len(scores) // 2]
     guarded = GuardedModelForCausalLM(model, guard)
     reported = guarded.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False, return_dict_in_generate=True)
-    out = guarded.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False, on_flag="stop", return_dict_in_generate=True)
+    out = guarded.generate(
+        **inputs, max_new_tokens=MAX_NEW, do_sample=False, on_flag="stop", return_dict_in_generate=True
+    )
     flagged_any = False
     for row, (r_report, s_report) in enumerate(zip(reported.safety, out.safety)):
         if not s_report.stopped:

@@ -1,7 +1,7 @@
 """External SAE layouts (SAELens, sparsify, Gemma Scope) -> hf-lsad SparseAutoencoder.
 
 Each layout is written here from known tensors with the file names, keys and orientations the
-anchor's own loader expects (cited per writer), loaded with :func:`hf_lsad.sae_formats.load_sae`,
+anchor's own loader expects (cited per writer), loaded with :func:`hf_lsad.sae.formats.load_sae`,
 and its codes compared with a NumPy reference of that architecture written from the anchor's
 formulas. A guard is then fitted on it and round-tripped through save_pretrained / from_pretrained.
 """
@@ -21,14 +21,14 @@ from huggingface_hub import HfApi
 from safetensors.numpy import save_file
 from safetensors.torch import save_file as save_torch
 
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.core.serialization import GuardFormatError
 from hf_lsad.detectors import FreqMaskConfig
+from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.detectors.learned_mask import LearnedMaskConfig
-from hf_lsad.fitting import fit_guard
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.sae import SAEConfig, SparseAutoencoder
-from hf_lsad.sae_formats import (
+from hf_lsad.guard.fitting import fit_guard
+from hf_lsad.sae.formats import (
     SAEFormatError,
     SAELayerMismatchError,
     detect_sae_layout,
@@ -36,7 +36,7 @@ from hf_lsad.sae_formats import (
     read_sae,
     sae_hook_layer,
 )
-from hf_lsad.serialization import GuardFormatError
+from hf_lsad.sae.model import SAEConfig, SparseAutoencoder
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>' to upload raw bytes:DeprecationWarning")
 
@@ -105,8 +105,13 @@ def codes(sae: SparseAutoencoder, x: torch.Tensor) -> np.ndarray:
 # --- writers, each in its anchor's layout --------------------------------------------------------
 
 
-def write_saelens(folder: Path, w: dict, architecture: str, hook_name: str = f"blocks.{LAYER}.hook_resid_post",
-                  cfg_overrides: dict | None = None) -> Path:
+def write_saelens(
+    folder: Path,
+    w: dict,
+    architecture: str,
+    hook_name: str = f"blocks.{LAYER}.hook_resid_post",
+    cfg_overrides: dict | None = None,
+) -> Path:
     """jbloomAus/SAELens sae_lens/constants.py (cfg.json, sae_weights.safetensors) and
     sae_lens/saes/sae.py (SAE.save_model: state_dict W_enc/b_enc/W_dec/b_dec [+ threshold]; cfg.to_dict() with
     architecture and metadata.hook_name, SAELens >= 6)."""
@@ -121,7 +126,10 @@ def write_saelens(folder: Path, w: dict, architecture: str, hook_name: str = f"b
         "normalize_activations": "none",
         "reshape_activations": "none",
         "metadata": {
-            "sae_lens_version": "6.18.0", "model_name": "tiny", "hook_name": hook_name, "hook_head_index": None,
+            "sae_lens_version": "6.18.0",
+            "model_name": "tiny",
+            "hook_name": hook_name,
+            "hook_head_index": None,
         },
     }
     if architecture == "topk":
@@ -140,8 +148,15 @@ def write_sparsify(root: Path, w: dict, layer: int = LAYER, **cfg_overrides) -> 
     folder = root / f"layers.{layer}"
     folder.mkdir(parents=True)
     cfg = {
-        "activation": "topk", "expansion_factor": 32, "normalize_decoder": True, "num_latents": D_SAE, "k": K,
-        "multi_topk": False, "skip_connection": False, "transcode": False, "d_in": D_IN,
+        "activation": "topk",
+        "expansion_factor": 32,
+        "normalize_decoder": True,
+        "num_latents": D_SAE,
+        "k": K,
+        "multi_topk": False,
+        "skip_connection": False,
+        "transcode": False,
+        "d_in": D_IN,
     } | cfg_overrides
     (folder / "cfg.json").write_text(json.dumps(cfg))
     tensors = {
@@ -211,9 +226,15 @@ def test_saelens_pre_6_config(tmp_path):
     folder = tmp_path / "old"
     folder.mkdir()
     cfg = {
-        "d_in": D_IN, "d_sae": D_SAE, "dtype": "float32", "hook_point": "blocks.3.hook_resid_pre",
-        "hook_point_layer": 3, "activation_fn_str": "topk", "activation_fn_kwargs": {"k": K},
-        "normalize_activations": False, "sae_lens_training_version": "3.13.0",
+        "d_in": D_IN,
+        "d_sae": D_SAE,
+        "dtype": "float32",
+        "hook_point": "blocks.3.hook_resid_pre",
+        "hook_point_layer": 3,
+        "activation_fn_str": "topk",
+        "activation_fn_kwargs": {"k": K},
+        "normalize_activations": False,
+        "sae_lens_training_version": "3.13.0",
     }
     (folder / "cfg.json").write_text(json.dumps(cfg))
     save_file({key: w[key] for key in ("W_enc", "b_enc", "W_dec", "b_dec")}, folder / "sae_weights.safetensors")
@@ -290,7 +311,10 @@ def test_layout_detection(tmp_path):
     gemma, _ = write_gemma_scope(tmp_path / "c", weights())
     SparseAutoencoder(SAEConfig(D_IN, D_SAE)).save_pretrained(tmp_path / "d")
     assert [detect_sae_layout(p) for p in (tmp_path / "a", folder, gemma, tmp_path / "d")] == [
-        "saelens", "sparsify", "gemma-scope", "hf-lsad",
+        "saelens",
+        "sparsify",
+        "gemma-scope",
+        "hf-lsad",
     ]
     native = read_sae(tmp_path / "d")
     assert (native.layout, native.layer) == ("hf-lsad", None)
@@ -301,8 +325,13 @@ def test_layout_detection(tmp_path):
 
 def hook() -> HookPoint:
     return HookPoint(
-        base_model="tiny", model_type="llama", hidden_size=D_IN, num_hidden_layers=4, layer=LAYER,
-        layer_module=f"model.layers.{LAYER}", position="response_last",
+        base_model="tiny",
+        model_type="llama",
+        hidden_size=D_IN,
+        num_hidden_layers=4,
+        layer=LAYER,
+        layer_module=f"model.layers.{LAYER}",
+        position="response_last",
     )
 
 
@@ -346,8 +375,13 @@ def test_learned_mask_guard_uses_the_sae_activation(kind, tmp_path):
     """LearnedMask-LoRA re-applies the nonlinearity to (LoRA-adapted) pre-activations: it must be the SAE's."""
     sae = sae_of_each_layout(tmp_path)[kind]
     config = LearnedMaskConfig(
-        kmeans=KMeansConfig(n_clusters=2), lambdas=[1e-3], min_cluster_size=20, lora_min_cluster_size=40,
-        stage1_steps=20, lora_epochs=1, lora_batch_size=64,
+        kmeans=KMeansConfig(n_clusters=2),
+        lambdas=[1e-3],
+        min_cluster_size=20,
+        lora_min_cluster_size=40,
+        stage1_steps=20,
+        lora_epochs=1,
+        lora_batch_size=64,
     )
     guard = fit_guard(X, hook(), "learned-mask-lora", config, sae, progress=False).guard
     detector = guard.detector
@@ -412,16 +446,30 @@ def test_jumprelu_threshold_is_a_saved_buffer(tmp_path):
 
 @pytest.mark.parametrize(
     ("hook_name", "layer"),
-    [("blocks.20.hook_resid_post", 20), ("blocks.21.hook_resid_pre", 20), ("layers.20", 20),
-     ("model.layers.20", 20), ("h.0", 0), ("blocks.0.hook_resid_post", 0)],
+    [
+        ("blocks.20.hook_resid_post", 20),
+        ("blocks.21.hook_resid_pre", 20),
+        ("layers.20", 20),
+        ("model.layers.20", 20),
+        ("h.0", 0),
+        ("blocks.0.hook_resid_post", 0),
+    ],
 )
 def test_hook_names_map_to_decoder_block_outputs(hook_name, layer):
     assert sae_hook_layer(hook_name) == layer
 
 
 @pytest.mark.parametrize(
-    "hook_name", ["blocks.5.hook_mlp_out", "blocks.5.attn.hook_z", "blocks.5.hook_resid_mid", "hook_embed",
-                  "blocks.0.hook_resid_pre", "layers.5.mlp", "embed_tokens"],
+    "hook_name",
+    [
+        "blocks.5.hook_mlp_out",
+        "blocks.5.attn.hook_z",
+        "blocks.5.hook_resid_mid",
+        "hook_embed",
+        "blocks.0.hook_resid_pre",
+        "layers.5.mlp",
+        "embed_tokens",
+    ],
 )
 def test_other_hooks_are_refused(hook_name):
     with pytest.raises(SAEFormatError, match="hook"):
@@ -454,8 +502,11 @@ def test_unknown_layer_warns(tmp_path):
 def test_unknown_layout(tmp_path):
     (tmp_path / "weights.txt").write_text("?")
     (tmp_path / "layers.3").mkdir()
-    with pytest.raises(SAEFormatError, match=r"Unknown SAE layout .*weights.txt.*saelens: cfg.json \+ sae_weights"
-                                             r".*subfolders \['layers.3'\]: pass subfolder="):
+    with pytest.raises(
+        SAEFormatError,
+        match=r"Unknown SAE layout .*weights.txt.*saelens: cfg.json \+ sae_weights"
+        r".*subfolders \['layers.3'\]: pass subfolder=",
+    ):
         load_sae(tmp_path)
     with pytest.raises(ValueError, match="unknown SAE layout 'dictionary'"):
         load_sae(tmp_path, layout="dictionary")
@@ -481,8 +532,10 @@ def test_wrong_shapes_and_missing_tensors(tmp_path):
         save_file({key: w[key] for key in ("W_enc", "b_enc", "W_dec", "b_dec")}, folder / "sae_weights.safetensors")
         load_sae(folder)
     folder = write_sparsify(tmp_path / "c", w)
-    save_file({"encoder.weight": w["W_enc"], "encoder.bias": w["b_enc"], "W_dec": w["W_dec"], "b_dec": w["b_dec"]},
-              folder / "sae.safetensors")
+    save_file(
+        {"encoder.weight": w["W_enc"], "encoder.bias": w["b_enc"], "W_dec": w["W_dec"], "b_dec": w["b_dec"]},
+        folder / "sae.safetensors",
+    )
     with pytest.raises(SAEFormatError, match=r"tensor 'encoder.weight' has shape \(16, 48\), expected \(48, 16\)"):
         load_sae(folder)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_lsad.scores import (
+from hf_lsad.detectors.scores import (
     check_precision_size,
     l1,
     l2,
@@ -25,7 +25,9 @@ def covariance(d: int, seed: int) -> torch.Tensor:
 def test_precision_and_whitening_give_the_same_mahalanobis_distance():
     cov, diff = covariance(5, 0), torch.randn(7, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     precision, whitening = ridge_precision(cov, 1e-3), ridge_whitening(cov, 1e-3)
-    expected = torch.einsum("bi,ij,bj->b", diff, torch.linalg.inv(cov + 1e-3 * torch.eye(5, dtype=torch.float64)), diff).sqrt()
+    expected = torch.einsum(
+        "bi,ij,bj->b", diff, torch.linalg.inv(cov + 1e-3 * torch.eye(5, dtype=torch.float64)), diff
+    ).sqrt()
     torch.testing.assert_close(mahalanobis(diff, precision.expand(7, 5, 5)), expected)
     torch.testing.assert_close(whitened_norm(diff, whitening), expected)
 

@@ -7,8 +7,8 @@ import torch
 from tiny import MIXED_BATCH, PROMPTS, fresh_guard, tiny_guard
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
-from hf_lsad.capture import encode_prompts
-from hf_lsad.modeling import GuardedModelForCausalLM
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.generation.model import GuardedModelForCausalLM
 
 BATCH = MIXED_BATCH + PROMPTS[:3] + PROMPTS[60:62]
 

@@ -1,4 +1,5 @@
-"""``hf-lsad collect`` under ``accelerate launch``: two CPU processes write the store one process writes, row for row."""
+"""``hf-lsad collect`` under ``accelerate launch``: two CPU processes write the store one process writes, row for
+row."""
 
 from __future__ import annotations
 
@@ -10,28 +11,65 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_lsad.cli import main
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.prompt_inputs import InputProfile
-from hf_lsad.sharded_collection import PARTS, Shard, merge_parts, write_part
-from hf_lsad.store import load_activations, save_activations
+from hf_lsad.capture.sharded import PARTS, Shard, merge_parts, write_part
+from hf_lsad.cli.main import main
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.core.prompt_inputs import InputProfile
+from hf_lsad.data.store import load_activations, save_activations
 
 ROOT = Path(__file__).parents[1]
 
 
 def test_two_accelerate_processes_write_the_one_process_store(model_dir, tmp_path):
     # 13 prompts: shards of 7 and 6, each batched (by length) differently from the one-process run.
-    collect = ["collect", "--model", str(model_dir), "--pool", "harmful", "--limit", "13", "--layer", "2",
-               "--position", "response_last", "--max-new-tokens", "3", "--batch-size", "4", "--device", "cpu"]  # fmt: skip
+    collect = [
+        "collect",
+        "--model",
+        str(model_dir),
+        "--pool",
+        "harmful",
+        "--limit",
+        "13",
+        "--layer",
+        "2",
+        "--position",
+        "response_last",
+        "--max-new-tokens",
+        "3",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+    ]
     main([*collect, "--out", str(tmp_path / "one")])
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
-              "-m", "hf_lsad.cli"]  # fmt: skip
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "0",
+        "-m",
+        "hf_lsad.cli",
+    ]
     # The processes import this checkout's hf_lsad, one thread each (the machine may have one core for both).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # fmt: skip
-    run = subprocess.run([*launch, *collect, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    run = subprocess.run(
+        [*launch, *collect, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("wrote 13 activations") == 1 and "by 2 processes" in run.stdout  # process 0 reports
     one, two = load_activations(tmp_path / "one"), load_activations(tmp_path / "two")
@@ -42,8 +80,15 @@ def test_two_accelerate_processes_write_the_one_process_store(model_dir, tmp_pat
 
 
 def hook() -> HookPoint:
-    return HookPoint(base_model="tiny", model_type="llama", hidden_size=4, num_hidden_layers=2, layer=1,
-                     layer_module="model.layers.1", position="prompt_last")  # fmt: skip
+    return HookPoint(
+        base_model="tiny",
+        model_type="llama",
+        hidden_size=4,
+        num_hidden_layers=2,
+        layer=1,
+        layer_module="model.layers.1",
+        position="prompt_last",
+    )
 
 
 def test_merge_keeps_rank_order_and_skips_a_process_without_prompts(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_lsad.splits import holdout_rows, seeded_cut, split_safe
+from hf_lsad.core.splits import holdout_rows, seeded_cut, split_safe
 
 
 def test_split_safe_is_the_seeded_cut_and_holdout_rows_finds_it_again():

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_lsad.metrics import auroc, tpr_at_fpr
-from hf_lsad.threshold import conformal_p_values, fpr_threshold, sorted_holdout
+from hf_lsad.core.metrics import auroc, tpr_at_fpr
+from hf_lsad.guard.threshold import conformal_p_values, fpr_threshold, sorted_holdout
 
 
 @pytest.mark.parametrize(

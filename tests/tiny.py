@@ -7,13 +7,13 @@ from functools import cache
 
 import torch
 
-from hf_lsad.capture import collect_activations
-from hf_lsad.clustering import KMeansConfig
+from hf_lsad.capture.collect import collect_activations
+from hf_lsad.core.hook_point import HookPoint
 from hf_lsad.detectors import FreqMaskConfig
-from hf_lsad.fitting import fit_guard
+from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.hook_point import HookPoint
-from hf_lsad.sae import SAETrainConfig, train_sae
+from hf_lsad.guard.fitting import fit_guard
+from hf_lsad.sae.training import SAETrainConfig, train_sae
 from hf_lsad.testing import tiny_model
 
 LAYER = 2
@@ -30,7 +30,9 @@ def tiny_guard(position: str = "response_last"):
     collected = collect_activations(
         model, tokenizer, PROMPTS, layer=LAYER, position=position, batch_size=16, max_new_tokens=6, progress=False
     )
-    sae = train_sae(collected.activations, 64, SAETrainConfig(epochs=20, batch_size=32, l1_coefficient=1e-3), progress=False)
+    sae = train_sae(
+        collected.activations, 64, SAETrainConfig(epochs=20, batch_size=32, l1_coefficient=1e-3), progress=False
+    )
     config = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=16)
     hook = HookPoint.from_model(model, LAYER, position, base_model="tiny-llama")
     guard = fit_guard(collected.activations, hook, "freqmask-km", config, sae, progress=False).guard
@@ -44,14 +46,20 @@ RUNNING_MAX_NEW = 8
 @cache
 def tiny_running_guard(patience: int = 2):
     """(model, tokenizer, fit, sequences): a ``response_running`` guard fitted on the responses to :data:`PROMPTS`."""
-    from hf_lsad.running_fit import collect_response_activations, fit_running_guard
+    from hf_lsad.guard.running_fit import collect_response_activations, fit_running_guard
 
     model, tokenizer, base = tiny_guard("response_last")
     sequences = collect_response_activations(model, tokenizer, PROMPTS, layer=LAYER, max_new_tokens=RUNNING_MAX_NEW)
     hook = HookPoint.from_model(model, LAYER, "response_running", base_model="tiny-llama")
     config = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=16)
     fit = fit_running_guard(
-        sequences, hook, "freqmask-km", config, base.sae, patience=patience, max_new_tokens=RUNNING_MAX_NEW,
+        sequences,
+        hook,
+        "freqmask-km",
+        config,
+        base.sae,
+        patience=patience,
+        max_new_tokens=RUNNING_MAX_NEW,
         target_fpr=0.1,
     )
     return model, tokenizer, fit, sequences
@@ -75,10 +83,11 @@ def last_layer_output(model, sequence: torch.Tensor) -> torch.Tensor:
 
 def reports_of(model, guards, inputs, *, max_new_tokens: int = 4) -> list:
     """The reports of a guarded greedy ``generate`` on ``inputs``, once per guard (to compare saved and loaded)."""
-    from hf_lsad.modeling import GuardedModelForCausalLM
+    from hf_lsad.generation.model import GuardedModelForCausalLM
 
     return [
-        GuardedModelForCausalLM(model, g).generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                                   return_dict_in_generate=True).safety
+        GuardedModelForCausalLM(model, g)
+        .generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
+        .safety
         for g in guards
     ]

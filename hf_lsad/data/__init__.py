@@ -3,7 +3,7 @@
 See :mod:`hf_lsad.data.pools` for the pool contents and API.
 """
 
-from hf_lsad.data.pools import (
+from .pools import (
     DOMAINS,
     POOL_CATEGORY,
     POOLS,

@@ -103,10 +103,13 @@ JAILBREAK_PATTERNS: tuple[str, ...] = (
     r"\bjail ?br(?:eak|oken)",
     r"\bdeveloper mode\b",
     r"\bdev mode\b",
-    r"\bignore (?:all |any )?(?:of )?(?:the |your )?(?:previous|prior|above|earlier|preceding) (?:instructions|prompts?|rules|directions)",
+    r"\bignore (?:all |any )?(?:of )?(?:the |your )?(?:previous|prior|above|earlier|preceding) "
+    r"(?:instructions|prompts?|rules|directions)",
     r"\bignore (?:all |any )?(?:of )?(?:your|the) (?:rules|guidelines|programming|restrictions|filters|content polic)",
-    r"\bignore (?:all |any )?(?:of )?(?:the |your )?(?:instructions|prompts?|directions|rules) (?:before|above|prior|given)",
-    r"\bdisregard (?:all |any )?(?:of )?(?:the |your )?(?:previous|prior|above|earlier|preceding)? ?(?:instructions?|prompts?|rules|directions)",
+    r"\bignore (?:all |any )?(?:of )?(?:the |your )?(?:instructions|prompts?|directions|rules) "
+    r"(?:before|above|prior|given)",
+    r"\bdisregard (?:all |any )?(?:of )?(?:the |your )?(?:previous|prior|above|earlier|preceding)? "
+    r"?(?:instructions?|prompts?|rules|directions)",
     r"\bforget (?:all |everything )?(?:your |the )?(?:previous |prior )?(?:instructions|rules|guidelines|programming)",
     r"\byou are going to pretend\b",
     r"\bpretend (?:to be|you are|you're) (?:an? )?(?:evil|unrestricted|unfiltered|uncensored|amoral)",
@@ -138,10 +141,13 @@ JAILBREAK_PATTERNS: tuple[str, ...] = (
 UNSAFE_PATTERNS: tuple[str, ...] = (
     # weapons / explosives
     r"\b(?:make|making|build|building|create|assemble|construct|manufactur\w*)\b[^.?!\n]{0,40}"
-    r"\b(?:bombs?|explosives?|pipe ?bombs?|grenades?|napalm|molotov|detonators?|ied|nerve agents?|bioweapons?|chemical weapons?|silencers?|ghost guns?)\b",
-    r"\b(?:bombs?|explosives?|napalm|molotov|nerve agents?|bioweapons?|chemical weapons?)\b[^.?!\n]{0,30}\b(?:recipe|instructions|step by step|at home)\b",
+    r"\b(?:bombs?|explosives?|pipe ?bombs?|grenades?|napalm|molotov|detonators?|ied|nerve "
+    r"agents?|bioweapons?|chemical weapons?|silencers?|ghost guns?)\b",
+    r"\b(?:bombs?|explosives?|napalm|molotov|nerve agents?|bioweapons?|chemical "
+    r"weapons?)\b[^.?!\n]{0,30}\b(?:recipe|instructions|step by step|at home)\b",
     # violence
-    r"\bkill(?:ing)? (?:myself|yourself|himself|herself|themselves|him|her|them|people|someone|somebody|my \w+|a (?:person|human|child|kid|man|woman))\b",
+    r"\bkill(?:ing)? (?:myself|yourself|himself|herself|themselves|him|her|them|people|someone|somebody|my \w+|a "
+    r"(?:person|human|child|kid|man|woman))\b",
     r"\bhow (?:to|do i|can i|would i|could i) (?:kill|murder|poison|strangle|stab|shoot)\b",
     r"\b(?:murder|assassinat\w*|massacre|genocide|terroris[mt]\w*|mass shooting|school shooting|torture)\b",
     r"\b(?:poison(?:ing)?|kidnap\w*|abduct\w*|human trafficking)\b",

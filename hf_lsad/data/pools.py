@@ -128,8 +128,16 @@ POOL_CATEGORY: dict[str, str] = {
 """The ``category`` of every row of each bundled pool."""
 
 DOMAINS: dict[str, tuple[str, ...]] = {
-    "safe": ("strategyqa", "social_iqa", "date_understanding", "periodic_elements", "natural_instructions",
-             "bigbench_other", "humaneval", "openai_evals"),
+    "safe": (
+        "strategyqa",
+        "social_iqa",
+        "date_understanding",
+        "periodic_elements",
+        "natural_instructions",
+        "bigbench_other",
+        "humaneval",
+        "openai_evals",
+    ),
     "harmful": ("advbench", "harmbench"),
     "toxic": ("realtoxicityprompts", "donotanswer"),
     "jailbreak": ("inthewild", "pyrit_templates"),
@@ -224,7 +232,8 @@ def load_hub_prompts(
     seed: int = 0,
     domain: str | None = None,
 ) -> list[Prompt]:
-    """Load prompts from a Hugging Face Hub dataset or a local one (needs ``datasets``; internet or a cache for the Hub).
+    """Load prompts from a Hugging Face Hub dataset or a local one (needs ``datasets``; internet or a cache for
+    the Hub).
 
     Args:
         dataset: Hub dataset name or a local path (a folder of JSON / CSV / Parquet files, or
@@ -259,8 +268,7 @@ def load_hub_prompts(
     columns = list(getattr(ds, "column_names", None) or [])
     if text_field not in columns:
         raise ValueError(
-            f"text field {text_field!r} not found in {dataset!r} (split {split!r}); "
-            f"available columns: {columns}"
+            f"text field {text_field!r} not found in {dataset!r} (split {split!r}); available columns: {columns}"
         )
     source = f"{dataset}:{name}" if name else dataset
     info = getattr(ds, "info", None)

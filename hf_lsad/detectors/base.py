@@ -28,9 +28,9 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..sae import SparseAutoencoder
-from ..serialization import config_from_dict, config_to_dict
-from ..store import DEFAULT_BATCH_SIZE, RowSource
+from ..core.serialization import config_from_dict, config_to_dict
+from ..data.store import DEFAULT_BATCH_SIZE, RowSource
+from ..sae.model import SparseAutoencoder
 
 
 @dataclass
@@ -43,6 +43,19 @@ class DetectorOutput(NamedTuple):
     """Anomaly score per row, ``[batch]`` float: higher means less like the safe data."""
     clusters: Tensor
     """Assigned cluster per row, ``[batch]`` long; ``-1`` for methods without clusters."""
+
+
+class ScoreTerms(NamedTuple):
+    """All terms of a batch's scores (:meth:`Detector.score_terms`), ``[batch, width]`` each (width: masked
+    features)."""
+
+    features: Tensor
+    activations: Tensor
+    contributions: Tensor
+    typical: Tensor
+    scores: Tensor
+    """``[batch]``, the scores the terms sum to (as ``forward`` computes them)."""
+    clusters: Tensor
 
 
 class Detector(nn.Module, ABC):
@@ -70,7 +83,9 @@ class Detector(nn.Module, ABC):
         if self.uses_sae and d_sae is None:
             raise ValueError(f"{self.method} reads SAE codes: pass an SAE")
         if state is not None and (self.state_class is None or not isinstance(state, self.state_class)):
-            raise TypeError(f"{type(self).__name__} takes a {getattr(self.state_class, '__name__', 'no')} state, got {state!r}")
+            raise TypeError(
+                f"{type(self).__name__} takes a {getattr(self.state_class, '__name__', 'no')} state, got {state!r}"
+            )
         self.config = config
         """The settings passed in; fitting never replaces them."""
         self.state = state if state is not None or self.state_class is None else self.state_class()
@@ -135,8 +150,20 @@ class Detector(nn.Module, ABC):
         config = config_from_dict(cls.config_class, {k: v for k, v in data.items() if k not in names}, source=source)
         if cls.state_class is None:
             return cls(config, d_in, d_sae)
-        state = config_from_dict(cls.state_class, {k: v for k, v in data.items() if k in names}, source=f"{source} (state)")
+        state = config_from_dict(
+            cls.state_class, {k: v for k, v in data.items() if k in names}, source=f"{source} (state)"
+        )
         return cls(config, d_in, d_sae, state)
+
+    def score_terms(self, activations: Tensor, sae: SparseAutoencoder | None) -> ScoreTerms:
+        """Each row's score split into one term per SAE feature, summing to ``forward``'s score.
+
+        What explanations read (:mod:`hf_lsad.guard.explain`); methods whose score is not a sum over
+        SAE features do not override it.
+        """
+        raise NotImplementedError(
+            f"{self.method} does not score SAE features; explanations need a detector that does (FreqMask-KM)"
+        )
 
     @abstractmethod
     def forward(self, activations: Tensor, sae: SparseAutoencoder | None) -> DetectorOutput:

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..checks import check_activations
-from ..clustering import KMeansConfig, fit_kmeans
-from ..sae import SparseAutoencoder
+from ..core.checks import check_activations
+from ..sae.model import SparseAutoencoder
 from .base import Detector, DetectorOutput, register_detector
+from .clustering import KMeansConfig, fit_kmeans
 from .deep_svdd import EncoderTrainingConfig, StandardizedEncoder, mlp, pretrain_autoencoder, seeded_init, train
 
 

@@ -41,8 +41,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..checks import check_activations
-from ..sae import SparseAutoencoder
+from ..core.checks import check_activations
+from ..sae.model import SparseAutoencoder
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 from .gmm import fit_standardizer
 

@@ -29,13 +29,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans, training_sample
-from ..fit_checks import MIN_CLUSTER_ROWS, check_cluster_sizes
-from ..masks import top_k_mask
-from ..sae import SparseAutoencoder
-from ..scores import check_precision_size, l1, l2, mahalanobis, ridge_precision
-from ..store import DEFAULT_BATCH_SIZE, RowSource, TensorRows, row_batches
-from .base import Detector, DetectorConfig, DetectorOutput, register_detector
+from ..core.fit_checks import MIN_CLUSTER_ROWS, check_cluster_sizes
+from ..data.store import DEFAULT_BATCH_SIZE, RowSource, TensorRows, row_batches
+from ..sae.model import SparseAutoencoder
+from .base import Detector, DetectorConfig, DetectorOutput, ScoreTerms, register_detector
+from .clustering import KMeansConfig, assign_clusters, cluster_space, fit_kmeans, training_sample
+from .masks import top_k_mask
+from .scores import check_precision_size, l1, l2, mahalanobis, ridge_precision
 
 ScoreMetric = Literal["l1", "l2", "mahalanobis"]
 MaskScope = Literal["global", "local"]
@@ -105,9 +105,13 @@ class FreqMaskKM(Detector):
 
     @torch.no_grad()
     def fit(
-        self, activations: Tensor, sae: SparseAutoencoder | None, *, progress: bool = True,
+        self,
+        activations: Tensor,
+        sae: SparseAutoencoder | None,
+        *,
+        progress: bool = True,
         batch_size: int = DEFAULT_BATCH_SIZE,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Fit on in-memory safe activations ``[n, d_in]``: :meth:`fit_rows` over the tensor."""
         self.fit_rows(TensorRows(activations), sae, progress=progress, batch_size=batch_size)
 
@@ -128,7 +132,7 @@ class FreqMaskKM(Detector):
         ``n x d_sae`` is ever held:
 
         1. k-means (faiss, on the CPU) trains on the dense codes of the
-           :func:`~hf_lsad.clustering.training_sample` only;
+           :func:`~hf_lsad.detectors.clustering.training_sample` only;
         2. one pass over all rows assigns each to its nearest k-means centroid and
            accumulates cluster sizes, per-cluster sums of codes (float64) and counts
            of active features, which give the centroids (member means), the
@@ -165,8 +169,11 @@ class FreqMaskKM(Detector):
         sizes = torch.bincount(members, minlength=n_clusters)
         width = config.mask_size if config.use_mask else self.d_sae
         if config.score_metric == "mahalanobis":
-            check_cluster_sizes(sizes.tolist(), min_rows=max(MIN_CLUSTER_ROWS, width + 1),
-                                why=f"a {width}-feature covariance needs more rows than features")  # fmt: skip
+            check_cluster_sizes(
+                sizes.tolist(),
+                min_rows=max(MIN_CLUSTER_ROWS, width + 1),
+                why=f"a {width}-feature covariance needs more rows than features",
+            )
         else:
             check_cluster_sizes(sizes.tolist(), min_rows=MIN_CLUSTER_ROWS, why="centroids and frequencies need rows")
         per_cluster = sizes.clamp_min(1).unsqueeze(1).double()
@@ -225,14 +232,12 @@ class FreqMaskKM(Detector):
         return DetectorOutput(scores, clusters)
 
     @torch.no_grad()
-    def score_terms(self, activations: Tensor, sae: SparseAutoencoder | None):  # -> explain.ScoreTerms
-        """The score of each row split into one term per masked feature (:mod:`hf_lsad.explain`).
+    def score_terms(self, activations: Tensor, sae: SparseAutoencoder | None) -> ScoreTerms:
+        """The score of each row split into one term per masked feature (:mod:`hf_lsad.guard.explain`).
 
         The terms sum to ``forward``'s score: ``|d_i|`` (l1), ``d_i^2 / s`` (l2),
         ``d_i (P_c d)_i / s`` (mahalanobis), with ``d`` the masked difference to the centroid.
         """
-        from ..explain import ScoreTerms
-
         codes = _encode(sae, activations)
         metric = self.config.kmeans.metric
         assign_to = self.cluster_frequency if metric == "hamming" else self.centroids

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_activations
-from ..sae import SparseAutoencoder
+from ..core.checks import check_activations
+from ..sae.model import SparseAutoencoder
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 
 InitParams = Literal["k-means++", "random", "kmeans", "random_from_data"]
@@ -111,7 +111,8 @@ class GaussianMixtureDetector(Detector):
         config = self.config
         if len(activations) < max(config.n_components, 2):
             raise ValueError(
-                f"GMM with n_components={config.n_components} needs at least that many safe rows, got {len(activations)}"
+                f"GMM with n_components={config.n_components} needs at least that many safe rows, got "
+                f"{len(activations)}"
             )
         mean, scale = fit_standardizer(activations)
         x = ((activations.detach().double().cpu() - mean) / scale).numpy()

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_activations
-from ..sae import SparseAutoencoder
+from ..core.checks import check_activations
+from ..sae.model import SparseAutoencoder
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 
 SCORE_BATCH = 1024
@@ -75,7 +75,9 @@ class KNNDistance(Detector):
     def fit(self, activations: Tensor, sae: SparseAutoencoder | None = None, *, progress: bool = True) -> None:
         check_activations(activations, self.d_in, name="safe activations")
         if len(activations) < self.config.k:
-            raise ValueError(f"kNN with k={self.config.k} needs at least {self.config.k} safe rows, got {len(activations)}")
+            raise ValueError(
+                f"kNN with k={self.config.k} needs at least {self.config.k} safe rows, got {len(activations)}"
+            )
         x = activations.float()
         if self.config.max_rows is not None and len(x) > self.config.max_rows:
             generator = torch.Generator().manual_seed(self.config.seed)

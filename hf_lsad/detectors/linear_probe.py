@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..checks import check_activations
-from ..sae import SparseAutoencoder
+from ..core.checks import check_activations
+from ..sae.model import SparseAutoencoder
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 from .deep_svdd import train
 
@@ -92,9 +92,7 @@ class LinearProbe(Detector):
         self.train()
         train(
             [self.weight, self.bias],
-            lambda batch, _: nn.functional.binary_cross_entropy_with_logits(
-                self._logits(batch[:, :-1]), batch[:, -1]
-            ),
+            lambda batch, _: nn.functional.binary_cross_entropy_with_logits(self._logits(batch[:, :-1]), batch[:, -1]),
             data,
             config,
             epochs=config.epochs,

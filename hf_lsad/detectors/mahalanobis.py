@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..checks import check_activations
-from ..sae import SparseAutoencoder
-from ..scores import ridge_whitening, whitened_norm
+from ..core.checks import check_activations
+from ..sae.model import SparseAutoencoder
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
+from .scores import ridge_whitening, whitened_norm
 
 
 @dataclass

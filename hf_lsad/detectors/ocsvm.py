@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_activations
-from ..sae import SparseAutoencoder
+from ..core.checks import check_activations
+from ..sae.model import SparseAutoencoder
 from .base import Detector, DetectorConfig, DetectorOutput, register_detector
 from .gmm import fit_standardizer
 
@@ -106,7 +106,9 @@ class OneClassSVMDetector(Detector):
     uses_sae = False
     state_class = OCSVMState
 
-    def __init__(self, config: OCSVMConfig, d_in: int, d_sae: int | None = None, state: OCSVMState | None = None) -> None:
+    def __init__(
+        self, config: OCSVMConfig, d_in: int, d_sae: int | None = None, state: OCSVMState | None = None
+    ) -> None:
         super().__init__(config, d_in, d_sae, state)
         self.register_buffer("input_mean", torch.zeros(d_in, dtype=torch.float64))
         self.register_buffer("input_scale", torch.ones(d_in, dtype=torch.float64))

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..masks import top_k_mask
+from ..detectors.masks import top_k_mask
 
 VARIANCE_THRESHOLD = 0.9
 """``d90``: the share of variance the leading principal components must reach."""

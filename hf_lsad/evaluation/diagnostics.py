@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from ..detectors.freqmask import FreqMaskKM
-from ..masks import top_k_mask
-from ..sae import SparseAutoencoder
+from ..detectors.masks import top_k_mask
+from ..sae.model import SparseAutoencoder
 from .diagnostic_measures import (
     VARIANCE_THRESHOLD,
     active_support_overlap,
@@ -32,9 +32,19 @@ from .diagnostic_measures import (
     total_variation,
 )
 
-__all__ = ["VARIANCE_THRESHOLD", "active_support_overlap", "cluster_occupancy", "cluster_score_summary",
-           "clusters_holding", "effective_dimension", "effective_dimensions", "freqmask_diagnostics",
-           "plots_available", "save_plots", "total_variation"]  # fmt: skip
+__all__ = [
+    "VARIANCE_THRESHOLD",
+    "active_support_overlap",
+    "cluster_occupancy",
+    "cluster_score_summary",
+    "clusters_holding",
+    "effective_dimension",
+    "effective_dimensions",
+    "freqmask_diagnostics",
+    "plots_available",
+    "save_plots",
+    "total_variation",
+]
 
 
 @torch.no_grad()
@@ -64,9 +74,7 @@ def freqmask_diagnostics(
     pooled_frequency = (fit_codes > 0).float().mean(0)
     mask_size = config.mask_size
     global_mask = top_k_mask(pooled_frequency, mask_size)
-    mask_indices = (
-        detector.mask_indices if config.use_mask else torch.arange(detector.d_sae).expand(n_clusters, -1)
-    )
+    mask_indices = detector.mask_indices if config.use_mask else torch.arange(detector.d_sae).expand(n_clusters, -1)
     result: dict[str, Any] = {
         "effective_dimension": effective_dimensions(fit_codes, fit_out.clusters, global_mask, mask_size=mask_size),
         "occupancy": cluster_occupancy(

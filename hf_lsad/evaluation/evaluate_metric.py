@@ -12,7 +12,7 @@ import datasets
 import evaluate  # a dependency only this adapter imports: no command pays its import time
 import numpy as np
 
-from ..metrics import auroc, fpr_at_tpr, tpr_at_fpr
+from ..core.metrics import auroc, fpr_at_tpr, tpr_at_fpr
 
 
 class DetectionMetrics(evaluate.Metric):
@@ -36,7 +36,9 @@ class DetectionMetrics(evaluate.Metric):
             description="Detection metrics for anomaly scores: AUROC, TPR at a target FPR, FPR at a target TPR.",
             citation="",
             inputs_description="predictions: float anomaly scores; references: 1 = unsafe (positive), 0 = safe.",
-            features=datasets.Features({"predictions": datasets.Value("float64"), "references": datasets.Value("int32")}),
+            features=datasets.Features(
+                {"predictions": datasets.Value("float64"), "references": datasets.Value("int32")}
+            ),
         )
 
     def _compute(

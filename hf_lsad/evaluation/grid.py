@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from ..core.metrics import mean_std
+from ..core.serialization import config_to_dict
+from ..core.settings import build_config as build_settings, has_seed
 from ..detectors import detector_class
 from ..detectors.freqmask import FreqMaskKM
-from ..metrics import mean_std
-from ..sae import SparseAutoencoder
-from ..serialization import config_to_dict
-from ..settings import build_config as build_settings, has_seed
+from ..sae.model import SparseAutoencoder
 from .diagnostics import freqmask_diagnostics
 from .protocol import EvalData, Splits, evaluate_detector, fit_detector, make_splits
 
@@ -83,7 +83,8 @@ class GridConfig:
     split_seed: int = 0
     target_fpr: float = 0.05
     diagnostics: bool = True
-    """Run :func:`hf_lsad.evaluation.diagnostics.freqmask_diagnostics` on each selected FreqMask-KM method (first seed)."""
+    """Run :func:`hf_lsad.evaluation.diagnostics.freqmask_diagnostics` on each selected FreqMask-KM method (first
+    seed)."""
 
     def __post_init__(self) -> None:
         if not self.methods:
@@ -128,10 +129,18 @@ def default_grid() -> GridConfig:
     """The paper's methods with small CPU-sized sweeps, and the FreqMask-KM ablations."""
     return GridConfig(
         methods=[
-            MethodSpec("FreqMask-KM", "freqmask-km", grid={"kmeans.n_clusters": [10, 25, 50], "mask_size": [50, 100, 200]}, local=True),
             MethodSpec(
-                "Local FreqMask-KM", "freqmask-km", base={"mask_scope": "local"},
-                grid={"kmeans.n_clusters": [10, 25, 50], "mask_size": [50, 100, 200]}, local=True,
+                "FreqMask-KM",
+                "freqmask-km",
+                grid={"kmeans.n_clusters": [10, 25, 50], "mask_size": [50, 100, 200]},
+                local=True,
+            ),
+            MethodSpec(
+                "Local FreqMask-KM",
+                "freqmask-km",
+                base={"mask_scope": "local"},
+                grid={"kmeans.n_clusters": [10, 25, 50], "mask_size": [50, 100, 200]},
+                local=True,
             ),
             MethodSpec("Mahalanobis", "mahalanobis", grid={"ridge": [1e-5, 1e-3, 1e-1]}),
             MethodSpec("GMM", "gmm", grid={"n_components": [5, 10, 50]}),
@@ -155,7 +164,9 @@ def build_config(method: str, settings: Mapping[str, Any], seed: int | None) -> 
     """The config of ``method`` with dotted ``settings`` applied and every seed field set (to 0 without
     a seed); and whether it has seeds."""
     cls = detector_class(method).config_class
-    config = build_settings(cls, settings, seed=seed if seed is not None else 0, source=f"{method} grid point {dict(settings)}")
+    config = build_settings(
+        cls, settings, seed=seed if seed is not None else 0, source=f"{method} grid point {dict(settings)}"
+    )
     return config, has_seed(cls)
 
 
@@ -168,7 +179,9 @@ def grid_points(spec: MethodSpec) -> list[dict[str, Any]]:
 class _Runner:
     """Fits and evaluates grid points, caching each (method, settings, seed) run."""
 
-    def __init__(self, data: EvalData, splits: Splits, sae: SparseAutoencoder | None, config: GridConfig, progress: bool):
+    def __init__(
+        self, data: EvalData, splits: Splits, sae: SparseAutoencoder | None, config: GridConfig, progress: bool
+    ):
         self.data, self.splits, self.sae, self.config, self.progress = data, splits, sae, config, progress
         self.cache: dict[str, dict[str, Any]] = {}
 
@@ -192,8 +205,12 @@ class _Runner:
             **metrics,
         }
         if self.progress:
-            print(f"  {method} {dict(settings)} seed={result['seed']}: val AUROC {metrics['validation']['mean']['auroc']:.3f}, "
-                  f"test AUROC {metrics['test']['mean']['auroc']:.3f} ({fit_seconds:.1f} s fit)", flush=True)  # fmt: skip
+            print(
+                f"  {method} {dict(settings)} seed={result['seed']}: val AUROC "
+                f"{metrics['validation']['mean']['auroc']:.3f}, "
+                f"test AUROC {metrics['test']['mean']['auroc']:.3f} ({fit_seconds:.1f} s fit)",
+                flush=True,
+            )
         self.cache[key] = result
         return result
 
@@ -217,7 +234,12 @@ def aggregate(runs: Sequence[Mapping[str, Any]], split: str = "test") -> dict[st
 
 
 def run_grid(
-    data: EvalData, config: GridConfig, sae: SparseAutoencoder | None, *, splits: Splits | None = None, progress: bool = True
+    data: EvalData,
+    config: GridConfig,
+    sae: SparseAutoencoder | None,
+    *,
+    splits: Splits | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Run every method's grid over the seeds, select on validation, run the ablations and diagnostics.
 
@@ -237,11 +259,13 @@ def run_grid(
         points = []
         for settings in grid_points(spec):
             runs = runner.run_seeds(spec.method, settings, config.seeds)
-            points.append({
-                "settings": settings,
-                "validation_auroc": mean_std([r["validation"]["mean"]["auroc"] for r in runs])[0],
-                "runs": runs,
-            })  # fmt: skip
+            points.append(
+                {
+                    "settings": settings,
+                    "validation_auroc": mean_std([r["validation"]["mean"]["auroc"] for r in runs])[0],
+                    "runs": runs,
+                }
+            )
         best = max(range(len(points)), key=lambda i: (points[i]["validation_auroc"], -i))
         selected = points[best]
         methods[spec.name] = {
@@ -265,14 +289,27 @@ def run_grid(
         rows = []
         for value in ablation.values:
             runs = runner.run_seeds(spec.method, {**base, ablation.key: value}, seeds)
-            rows.append({"value": value, "validation": aggregate(runs, "validation"), "test": aggregate(runs), "seeds": len(runs)})
+            rows.append(
+                {
+                    "value": value,
+                    "validation": aggregate(runs, "validation"),
+                    "test": aggregate(runs),
+                    "seeds": len(runs),
+                }
+            )
         selected_value = config_to_dict(build_config(spec.method, base, None)[0])
         for part in ablation.key.split("."):
             selected_value = selected_value[part]
-        ablations.append({
-            "name": ablation.name, "method": ablation.method, "key": ablation.key, "base": base,
-            "selected_value": selected_value, "rows": rows,
-        })  # fmt: skip
+        ablations.append(
+            {
+                "name": ablation.name,
+                "method": ablation.method,
+                "key": ablation.key,
+                "base": base,
+                "selected_value": selected_value,
+                "rows": rows,
+            }
+        )
     diagnostics = {}
     if config.diagnostics:
         for spec in config.methods:
@@ -282,7 +319,12 @@ def run_grid(
 
 
 def _diagnose(
-    spec: MethodSpec, result: Mapping[str, Any], data: EvalData, splits: Splits, sae: SparseAutoencoder, config: GridConfig
+    spec: MethodSpec,
+    result: Mapping[str, Any],
+    data: EvalData,
+    splits: Splits,
+    sae: SparseAutoencoder,
+    config: GridConfig,
 ) -> dict[str, Any]:
     """Refit the selected FreqMask-KM point at the first seed and run the diagnostics on held-out sets."""
     run = result["runs"][0]
@@ -297,4 +339,3 @@ def _diagnose(
     )
     out["settings"], out["seed"] = result["selected"], run["seed"]
     return out
-

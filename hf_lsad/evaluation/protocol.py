@@ -15,11 +15,11 @@ Protocol (what :func:`hf_lsad.evaluation.grid.run_grid` does, and what the repor
   the validation unsafe rows. Ties keep the earlier grid point. Test rows and
   benign-OOD rows are never used to select anything.
 - **Test metrics** of the selected point, per seed and category
-  (:func:`hf_lsad.metrics.detection_metrics`): AUROC and TPR@5%FPR with the
+  (:func:`hf_lsad.core.metrics.detection_metrics`): AUROC and TPR@5%FPR with the
   test safe rows as negatives (the paper's protocol), FPR@95%TPR, AUROC with
   pooled negatives (test safe + benign OOD), the share of the category flagged
   and the benign-OOD FPR at the threshold that flags 5% of the test safe rows
-  (:func:`hf_lsad.threshold.fpr_threshold`), i.e. at the operating point where
+  (:func:`hf_lsad.guard.threshold.fpr_threshold`), i.e. at the operating point where
   TPR@5%FPR is read. The category mean is over the unsafe categories present;
   mean and sample std over seeds.
 - **Ablations** vary one field of a method's *selected* configuration at a
@@ -46,15 +46,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..calibration import AffineCalibration, coupled_budget_sample, fit_affine_calibration, importance_weights
+from ..core.metrics import detection_metrics, flag_rate
+from ..core.serialization import config_to_dict
+from ..core.splits import holdout_rows, seeded_cut
+from ..data.store import load_activations
 from ..detectors import Detector, detector_class
-from ..guard import SafetyGuard
-from ..metrics import detection_metrics, flag_rate
-from ..sae import SparseAutoencoder
-from ..serialization import config_to_dict
-from ..splits import holdout_rows, seeded_cut
-from ..store import load_activations
-from ..threshold import fpr_threshold
+from ..guard.calibration import AffineCalibration, coupled_budget_sample, fit_affine_calibration, importance_weights
+from ..guard.guard import SafetyGuard
+from ..guard.threshold import fpr_threshold
+from ..sae.model import SparseAutoencoder
 
 
 class SplitFractions(Protocol):
@@ -127,7 +127,9 @@ def load_eval_data(
     return EvalData(safe_set.activations, unsafe_sets, ood, config_to_dict(safe_set.hook), sources)
 
 
-def score_rows(detector: Detector, activations: Tensor, sae: SparseAutoencoder | None, batch_size: int = 4096) -> np.ndarray:
+def score_rows(
+    detector: Detector, activations: Tensor, sae: SparseAutoencoder | None, batch_size: int = 4096
+) -> np.ndarray:
     """The detector's scores (float64 numpy), ``batch_size`` rows at a time."""
     with torch.no_grad():
         parts = [detector(activations[i : i + batch_size], sae).scores for i in range(0, len(activations), batch_size)]
@@ -164,11 +166,21 @@ def evaluate_detector(
         test_pos = score(activations[splits.unsafe_test[category]])
         validation[category] = detection_metrics(safe_val, val_pos, target_fpr=target_fpr)
         test[category] = detection_metrics(
-            safe_test, test_pos, target_fpr=target_fpr, target_tpr=0.95, flagged=test_pos > threshold, pooled_negatives=ood
+            safe_test,
+            test_pos,
+            target_fpr=target_fpr,
+            target_tpr=0.95,
+            flagged=test_pos > threshold,
+            pooled_negatives=ood,
         )
     validation["mean"] = {k: float(np.mean([validation[c][k] for c in data.unsafe])) for k in ("auroc", "tpr_at_fpr")}
     test["mean"] = {k: float(np.mean([test[c][k] for c in data.unsafe])) for k in test[next(iter(data.unsafe))]}
-    out = {"validation": validation, "test": test, "threshold": threshold, "safe_test_flagged": flag_rate(safe_test, threshold)}
+    out = {
+        "validation": validation,
+        "test": test,
+        "threshold": threshold,
+        "safe_test_flagged": flag_rate(safe_test, threshold),
+    }
     if ood is not None:
         out["benign_ood_fpr"] = flag_rate(ood, threshold)
     return out
@@ -191,7 +203,7 @@ def evaluate_guard(
     *,
     target_fpr: float = 0.05,
 ) -> dict[str, dict[str, float]]:
-    """Per unsafe store (named by its folder): :func:`~hf_lsad.metrics.detection_metrics` against the guard's
+    """Per unsafe store (named by its folder): :func:`~hf_lsad.core.metrics.detection_metrics` against the guard's
     held-out safe rows; ``flagged`` as the guard flags (by probability once calibrated). With ``benign_ood``,
     also ``auroc_pooled`` and a ``benign_ood`` row holding its flag rate (the paper's Table-5 setting)."""
     negatives = guard(held_out_safe(guard, safe)).scores.numpy()
@@ -224,7 +236,7 @@ def calibrate_guard(
     """Fit the per-cluster affine calibration of ``guard`` on a coupled-budget labelled sample.
 
     Half of the guard's held-out safe rows and ``budget`` of the pooled unsafe and of the benign-OOD
-    rows are labelled (:func:`~hf_lsad.calibration.coupled_budget_sample`). Works for every detector
+    rows are labelled (:func:`~hf_lsad.guard.calibration.coupled_budget_sample`). Works for every detector
     with clusters (``detector.n_clusters > 0``). Returns the calibration (not yet set on the guard)
     and the number of labelled rows per group.
     """

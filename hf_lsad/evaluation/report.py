@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..model_card import BENIGN_OOD_WARNING_FPR, benign_ood_warning
+from ..guard.card import BENIGN_OOD_WARNING_FPR, benign_ood_warning
 from ..version import environment, library_versions
 from .diagnostics import save_plots
 from .grid import GridConfig
@@ -33,7 +33,12 @@ def _pm(value: Sequence[float]) -> str:
 
 def _table2(results: Mapping[str, Any], categories: Sequence[str], metric: str, title: str) -> list[str]:
     columns = [*categories, "mean"]
-    lines = [f"**{title}** (↑)", "", "| Method | Local | " + " | ".join(columns) + " |", "|---|:-:|" + "---:|" * len(columns)]
+    lines = [
+        f"**{title}** (↑)",
+        "",
+        "| Method | Local | " + " | ".join(columns) + " |",
+        "|---|:-:|" + "---:|" * len(columns),
+    ]
     methods = results["methods"]
     unsupervised = [name for name, m in methods.items() if not m["supervised"]]
     ranks: dict[str, list[str]] = {}
@@ -91,11 +96,15 @@ def render_report(report: Mapping[str, Any]) -> str:
         "",
         *_table2(results, categories, "tpr_at_fpr", f"TPR@{fpr:.0%}FPR"),
         "",
-        *([*_table2(results, categories, "auroc_pooled", "AUROC, pooled negatives (test safe + benign OOD)"), ""]
-          if "auroc_pooled" in next(iter(methods.values()))["test"]["mean"] else []),
+        *(
+            [*_table2(results, categories, "auroc_pooled", "AUROC, pooled negatives (test safe + benign OOD)"), ""]
+            if "auroc_pooled" in next(iter(methods.values()))["test"]["mean"]
+            else []
+        ),
         "## Operating point, benign OOD and selection",
         "",
-        f"Benign-OOD FPR: fraction of benign-OOD rows flagged at the threshold that flags {fpr:.0%} of the test safe rows. "
+        f"Benign-OOD FPR: fraction of benign-OOD rows flagged at the threshold that flags {fpr:.0%} of the test safe "
+        f"rows. "
         "Pooled AUROC: negatives are test safe + benign-OOD rows. FPR@95%TPR and pooled AUROC are category means.",
         "",
         "| Method | selected (validation) | val. AUROC | benign-OOD FPR | pooled AUROC | FPR@95%TPR | fit s |",
@@ -116,25 +125,38 @@ def render_report(report: Mapping[str, Any]) -> str:
         if "benign_ood_fpr" in m["test"] and benign_ood_warning(m["test"]["benign_ood_fpr"][0])
     ]
     if warned:
-        lines += ["", f"> **Warning:** {', '.join(f'{name} flags {rate:.0%}' for name, rate in warned)} of benign "
-                  f"out-of-distribution prompts at the {fpr:.0%}-safe-FPR threshold (more than "
-                  f"{BENIGN_OOD_WARNING_FPR:.0%}). These scores measure how unlike the safe pool a prompt is; "
-                  "calibrate per cluster (`hf-lsad calibrate`) or broaden the safe pool before deploying."]  # fmt: skip
+        lines += [
+            "",
+            f"> **Warning:** {', '.join(f'{name} flags {rate:.0%}' for name, rate in warned)} of benign "
+            f"out-of-distribution prompts at the {fpr:.0%}-safe-FPR threshold (more than "
+            f"{BENIGN_OOD_WARNING_FPR:.0%}). These scores measure how unlike the safe pool a prompt is; "
+            "calibrate per cluster (`hf-lsad calibrate`) or broaden the safe pool before deploying.",
+        ]
     if results["ablations"]:
-        lines += ["", "## Ablations", "", "One field of the selected configuration varied at a time; test metrics "
-                  f"(seeds {report['ablation_seeds']}). They describe the design space and select nothing.", ""]  # fmt: skip
+        lines += [
+            "",
+            "## Ablations",
+            "",
+            "One field of the selected configuration varied at a time; test metrics "
+            f"(seeds {report['ablation_seeds']}). They describe the design space and select nothing.",
+            "",
+        ]
         for ablation in results["ablations"]:
             lines += [
-                f"### {ablation['name']} ({ablation['method']}, `{ablation['key']}`; selected: {_settings(ablation['base'])})",
+                f"### {ablation['name']} ({ablation['method']}, `{ablation['key']}`; selected: "
+                f"{_settings(ablation['base'])})",
                 "",
-                "| value | val. AUROC | " + " | ".join(f"{c} AUROC" for c in categories) + " | mean AUROC | mean TPR@5%FPR |",
+                "| value | val. AUROC | "
+                + " | ".join(f"{c} AUROC" for c in categories)
+                + " | mean AUROC | mean TPR@5%FPR |",
                 "|---|---:|" + "---:|" * (len(categories) + 2),
             ]
             for row in ablation["rows"]:
                 mark = " (selected)" if row["value"] == ablation["selected_value"] else ""
                 cells = [f"{row['test'][c]['auroc'][0]:.3f}" for c in categories]
                 lines.append(
-                    f"| {row['value']}{mark} | {row['validation']['mean']['auroc'][0]:.3f} | " + " | ".join(cells)
+                    f"| {row['value']}{mark} | {row['validation']['mean']['auroc'][0]:.3f} | "
+                    + " | ".join(cells)
                     + f" | {row['test']['mean']['auroc'][0]:.3f} | {row['test']['mean']['tpr_at_fpr'][0]:.3f} |"
                 )
             lines.append("")
@@ -146,30 +168,46 @@ def render_report(report: Mapping[str, Any]) -> str:
             "",
             f"Effective dimension d90 on the safe fit rows: raw SAE {dims['raw_sae']} (of {dims['raw_sae_dim']}), "
             f"global mask {dims['global_mask']} (k={dims['mask_size']}); per cluster (own top-k mask, clusters with "
-            f">= {dims['per_cluster_min_size']} members: {dims['per_cluster_eligible']} of {dims['per_cluster_total']}): "
-            + (f"median {summary['median']:.1f}, min {summary['min']:.0f}, max {summary['max']:.0f}." if summary["n"] else "no eligible cluster."),
+            f">= {dims['per_cluster_min_size']} members: {dims['per_cluster_eligible']} of "
+            f"{dims['per_cluster_total']}): "
+            + (
+                f"median {summary['median']:.1f}, min {summary['min']:.0f}, max {summary['max']:.0f}."
+                if summary["n"]
+                else "no eligible cluster."
+            ),
             "",
             "| set | rows | TV distance to train occupancy | clusters holding half | empty clusters |",
             "|---|---:|---:|---:|---:|",
         ]
         for set_name, entry in occ["sets"].items():
-            lines.append(f"| {set_name} | {entry['n']} | {entry['tv_to_reference']:.3f} | {entry['clusters_holding_half']} | {entry['empty_clusters']} |")
+            lines.append(
+                f"| {set_name} | {entry['n']} | {entry['tv_to_reference']:.3f} | {entry['clusters_holding_half']} | "
+                f"{entry['empty_clusters']} |"
+            )
         if "support_overlap" in diag:
             overlap = diag["support_overlap"]
             counts, jac = overlap["counts"], overlap["jaccard_summary"]
             lines += [
                 "",
-                f"Within-cluster active support (features on > 50% of the population, restricted to the cluster's mask; "
-                f"test safe vs pooled test unsafe, {overlap['clusters_compared']} clusters with both): both {counts['both']}, "
+                f"Within-cluster active support (features on > 50% of the population, restricted to the cluster's "
+                f"mask; "
+                f"test safe vs pooled test unsafe, {overlap['clusters_compared']} clusters with both): both "
+                f"{counts['both']}, "
                 f"safe only {counts['safe_only']}, unsafe only {counts['unsafe_only']}, neither {counts['neither']}; "
-                + (f"Jaccard median {jac['median']:.2f} (min {jac['min']:.2f}, {jac['n']} clusters)." if jac["n"] else "no Jaccard defined."),
+                + (
+                    f"Jaccard median {jac['median']:.2f} (min {jac['min']:.2f}, {jac['n']} clusters)."
+                    if jac["n"]
+                    else "no Jaccard defined."
+                ),
             ]
         if "threshold" in diag["scores"]:
             t = diag["scores"]["threshold"]
             lines += [
                 "",
-                f"Per-cluster scores (full summaries in results.json): of {t['clusters_eligible']} clusters with >= {t['min_safe']} "
-                f"test safe rows, the global threshold {t['value']:.4g} is above every safe score in {t['above_every_safe_score']} "
+                f"Per-cluster scores (full summaries in results.json): of {t['clusters_eligible']} clusters with >= "
+                f"{t['min_safe']} "
+                f"test safe rows, the global threshold {t['value']:.4g} is above every safe score in "
+                f"{t['above_every_safe_score']} "
                 f"and below the median safe score in {t['below_median_safe_score']}.",
             ]
         lines.append("")
@@ -181,11 +219,15 @@ def render_report(report: Mapping[str, Any]) -> str:
 
 
 PROTOCOL_TEXT = (
-    "Safe rows are cut (seeded) into fit / validation / test ({fit:.0%} / {val:.0%} / {test:.0%}); each unsafe category "
+    "Safe rows are cut (seeded) into fit / validation / test ({fit:.0%} / {val:.0%} / {test:.0%}); each unsafe "
+    "category "
     "into probe / validation / test ({probe:.0%} / {uval:.0%} / {utest:.0%}). The SAE and every detector are fitted on "
-    "the safe fit rows only; the supervised linear probe also sees the unsafe *probe* rows. **Hyperparameters are selected "
-    "on the validation split only**: for each method, the grid point with the highest AUROC of validation safe (negatives) "
-    "vs validation unsafe (positives), averaged over categories and seeds. Test rows and benign-OOD rows select nothing. "
+    "the safe fit rows only; the supervised linear probe also sees the unsafe *probe* rows. **Hyperparameters are "
+    "selected "
+    "on the validation split only**: for each method, the grid point with the highest AUROC of validation safe "
+    "(negatives) "
+    "vs validation unsafe (positives), averaged over categories and seeds. Test rows and benign-OOD rows select "
+    "nothing. "
     "Benign-OOD rows are all used as test negatives."
 )
 
@@ -207,8 +249,15 @@ def write_report(
     plot_lines = []
     for name, diag in results["diagnostics"].items():
         written, reason = save_plots(diag, path / "plots" / name.lower().replace(" ", "-"))
-        plot_lines.append(f"- {name}: " + (", ".join(f"`plots/{name.lower().replace(' ', '-')}/{w}`" for w in written) if written else reason))
-    rows = {"safe fit": len(splits.safe_fit), "safe validation": len(splits.safe_validation), "safe test": len(splits.safe_test)}
+        plot_lines.append(
+            f"- {name}: "
+            + (", ".join(f"`plots/{name.lower().replace(' ', '-')}/{w}`" for w in written) if written else reason)
+        )
+    rows = {
+        "safe fit": len(splits.safe_fit),
+        "safe validation": len(splits.safe_validation),
+        "safe test": len(splits.safe_test),
+    }
     for category in data.unsafe:
         rows[f"{category} probe/val/test"] = "/".join(
             str(len(s[category])) for s in (splits.unsafe_probe, splits.unsafe_validation, splits.unsafe_test)
@@ -229,8 +278,12 @@ def write_report(
         "protocol": {
             "target_fpr": config.target_fpr,
             "text": PROTOCOL_TEXT.format(
-                fit=1 - config.test_fraction - config.validation_fraction, val=config.validation_fraction,
-                test=config.test_fraction, probe=config.unsafe_probe_fraction, uval=config.unsafe_validation_fraction, utest=utest,
+                fit=1 - config.test_fraction - config.validation_fraction,
+                val=config.validation_fraction,
+                test=config.test_fraction,
+                probe=config.unsafe_probe_fraction,
+                uval=config.unsafe_validation_fraction,
+                utest=utest,
             ),
         },
         "versions": package_versions(),
@@ -241,4 +294,3 @@ def write_report(
     (path / "results.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (path / "report.md").write_text(render_report(report))
     return path
-

@@ -10,8 +10,9 @@ from typing import Any
 
 from torch import Tensor
 
-from ..sae import SAETrainConfig, SparseAutoencoder, sae_stats, train_sae
-from ..serialization import config_to_dict, read_json, write_json
+from ..core.serialization import config_to_dict, read_json, write_json
+from ..sae.model import SparseAutoencoder
+from ..sae.training import SAETrainConfig, sae_stats, train_sae
 from .protocol import EvalData, Splits
 
 SAE_TRAINING_FILE = "training.json"
@@ -43,7 +44,9 @@ def load_or_train_sae(
         if (path / SAE_TRAINING_FILE).is_file():
             saved = read_json(path / SAE_TRAINING_FILE)
             if saved["fit_rows"] != rows:
-                raise ValueError(f"{path} was trained on other safe rows than this split's fit rows; use another folder")
+                raise ValueError(
+                    f"{path} was trained on other safe rows than this split's fit rows; use another folder"
+                )
             if training is not None and saved["training"] != config_to_dict(training):
                 raise ValueError(f"{path} was trained with {saved['training']}, asked for {config_to_dict(training)}")
             info["training"] = saved["training"]
@@ -56,8 +59,15 @@ def load_or_train_sae(
     sae = train_sae(fit_activations, d_sae, training, progress=progress)
     seconds = time.perf_counter() - start
     sae.save_pretrained(path)
-    write_json(path / SAE_TRAINING_FILE, {"training": config_to_dict(training), "fit_rows": rows, "train_seconds": seconds})
-    return sae, {"path": str(path), "trained_here": True, "training": config_to_dict(training), "train_seconds": seconds}
+    write_json(
+        path / SAE_TRAINING_FILE, {"training": config_to_dict(training), "fit_rows": rows, "train_seconds": seconds}
+    )
+    return sae, {
+        "path": str(path),
+        "trained_here": True,
+        "training": config_to_dict(training),
+        "train_seconds": seconds,
+    }
 
 
 def sae_summary(sae: SparseAutoencoder, data: EvalData, splits: Splits, info: Mapping[str, Any]) -> dict[str, Any]:

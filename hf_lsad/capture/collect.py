@@ -1,0 +1,131 @@
+"""Collecting activation sets: prompts encoded as the guard reads them, batched by length, one layer read.
+
+:func:`encode_prompts` is the one way prompts become model inputs (the user turn of the chat
+template, padded on the left by default), shared by collection, screening and the CLI, so a
+guard scores the token it was fitted on. :func:`collect_activations` runs the recorder of
+:mod:`hf_lsad.capture.recorder` over a prompt list: a forward pass cut after the hooked block
+for ``prompt_last``, greedy generation for the response positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..core.prompt_inputs import InputProfile
+from .recorder import generate_with_activations, prefill_activations
+
+
+def check_prompts(prompts: Sequence[str]) -> None:
+    """Raise ``TypeError`` for a non-list or a non-string prompt, ``ValueError`` for an empty list or prompt."""
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a list of strings, not a single string")
+    if not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of strings, got a {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("the prompt list is empty")
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt {i} is a {type(prompt).__name__}, not a string: {prompt!r}")
+        if not prompt.strip():
+            raise ValueError(f"prompt {i} is empty: {prompt!r}")
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    chat_template: bool = True,
+    padding_side: Literal["left", "right"] = "left",
+) -> dict[str, Tensor]:
+    """Tokenise prompts as user turns of the chat template when it has one, padded on ``padding_side``.
+
+    Left padding (the default) is what decoder-only generation expects; guarded ``generate`` and
+    ``screen`` read right-padded rows at their last real token too, with the same scores.
+    """
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    check_prompts(prompts)
+    if chat_template and tokenizer.chat_template:
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            for p in prompts
+        ]
+        add_special_tokens = False  # the template already holds them
+    else:
+        texts, add_special_tokens = list(prompts), True
+    if tokenizer.pad_token is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    # padding_side as an argument, not by setting tokenizer.padding_side and back: that raced between threads.
+    return dict(
+        tokenizer(
+            texts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens, padding_side=padding_side
+        )
+    )
+
+
+class Collected(NamedTuple):
+    activations: Tensor
+    """``[n_prompts, hidden]`` float32 on the CPU, in prompt order."""
+    responses: list[str]
+    """The model's greedy responses (empty strings for ``prompt_last``)."""
+    inputs: InputProfile
+    """How the prompts were formatted and the longest one, in tokens (for the store and the guard)."""
+
+
+@torch.no_grad()
+def collect_activations(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    layer: int,
+    position: str = "response_last",
+    batch_size: int = 16,
+    max_new_tokens: int = 64,
+    chat_template: bool = True,
+    progress: bool = True,
+) -> Collected:
+    """Activations of ``prompts`` at decoder block ``layer``: greedy generation, batched, left-padded.
+
+    Prompts are batched by length to waste little compute on padding; results
+    come back in the input order. ``prompt_last`` generates nothing: its
+    forward pass stops after block ``layer`` (:func:`prefill_activations`).
+    """
+    check_prompts(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    activations: list[Tensor] = [None] * len(prompts)  # type: ignore[list-item]
+    responses = [""] * len(prompts)
+    device = model.device
+    longest = 0
+    for start in tqdm(range(0, len(order), batch_size), desc=f"collect layer {layer} {position}", disable=not progress):
+        batch = order[start : start + batch_size]
+        inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
+        longest = max(longest, int(inputs["attention_mask"].sum(1).max()))
+        if position == "prompt_last":
+            acts = prefill_activations(
+                model, layer, inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
+            )
+            for row, i in enumerate(batch):
+                activations[i] = acts[row].float().cpu()
+            continue
+        output, acts = generate_with_activations(
+            model,
+            layer,
+            position,
+            **{k: v.to(device) for k, v in inputs.items()},
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        for row, i in enumerate(batch):
+            activations[i] = acts[row].float().cpu()
+            responses[i] = texts[row]
+    prompt_format = "chat_template" if chat_template and tokenizer.chat_template else "raw"
+    return Collected(torch.stack(activations), responses, InputProfile(prompt_format, longest))

@@ -1,0 +1,109 @@
+"""Checks on what a user passes to guarded ``generate`` and ``screen``, before any compute is spent.
+
+Decisions (README, "Thread safety and inputs"):
+
+- **Padding**: left and right padding are both supported; each row is read at its last
+  real token (:func:`hf_lsad.capture.recorder.last_token_positions`), so no check is needed here.
+- **Types and shapes**: ``input_ids`` is a 2-D integer tensor with a token in every row, and
+  ``attention_mask`` matches it (:func:`check_prompt_tensors`); anything else fails here with a
+  typed error instead of inside transformers.
+- **Context**: a row whose prompt is longer than the model's context
+  (``max_position_embeddings``) is an :class:`~hf_lsad.errors.InputError`: positions past
+  the context are outside what the model (and so the guard's activations) were trained on,
+  transformers only warns, and a verdict on such a row would look as trustworthy as any
+  other. For ``response_last`` a prompt that fits but leaves less room than
+  ``max_new_tokens`` warns: the response may run past the context. ``screen`` applies the same
+  rule (:func:`check_context`), so the two paths accept the same prompts.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from ..errors import InputError
+
+
+def _max_new_tokens(model: PreTrainedModel, kwargs: dict[str, Any]) -> int | None:
+    if kwargs.get("max_new_tokens") is not None:
+        return int(kwargs["max_new_tokens"])
+    config = kwargs.get("generation_config") or model.generation_config
+    return getattr(config, "max_new_tokens", None)
+
+
+def check_prompt_tensors(input_ids: Any, attention_mask: Any = None) -> None:
+    """Raise for ``input_ids`` / ``attention_mask`` that are not what a causal LM reads, before any forward pass.
+
+    ``input_ids`` must be a 2-D integer tensor ``[batch, seq]`` with at least one row and one
+    token (:class:`TypeError` for a list, a float tensor; :class:`InputError` for a wrong shape);
+    ``attention_mask``, when given, a tensor of the same shape.
+    """
+    if not isinstance(input_ids, Tensor):
+        raise TypeError(
+            f"input_ids must be a torch.Tensor [batch, seq] of token ids, got a {type(input_ids).__name__} "
+            "(tokenize with return_tensors='pt', or hf_lsad.encode_prompts)"
+        )
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.ndim != 2:
+        raise InputError(
+            f"input_ids must be 2-D [batch, seq], got shape {tuple(input_ids.shape)} (a single prompt: input_ids[None])"
+        )
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise InputError(f"input_ids of shape {tuple(input_ids.shape)} holds no prompt token")
+    if attention_mask is None:
+        return
+    if not isinstance(attention_mask, Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor, got a {type(attention_mask).__name__}")
+    if attention_mask.shape != input_ids.shape:
+        raise InputError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}: they must "
+            f"match"
+        )
+
+
+def prompt_lengths(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """Real (unpadded) tokens per row."""
+    if attention_mask is not None and attention_mask.ndim == 2:
+        return attention_mask.long().sum(1)
+    return input_ids.new_full((input_ids.shape[0],), input_ids.shape[1]).long()
+
+
+def check_context(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """Raise :class:`InputError` for a row longer than the model's context; return the rows' lengths."""
+    check_prompt_tensors(input_ids, attention_mask)
+    lengths = prompt_lengths(input_ids, attention_mask)
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    longest, row = int(lengths.max()), int(lengths.argmax())
+    if context and longest > context:
+        name = model.config.name_or_path or type(model).__name__
+        raise InputError(
+            f"row {row} holds a prompt of {longest} tokens, longer than the context of {name} "
+            f"(max_position_embeddings={context}); the model, and so the guard, cannot read it meaningfully. "
+            "Truncate the prompt (e.g. tokenizer(..., truncation=True, max_length=...))"
+        )
+    return lengths
+
+
+def check_generate_inputs(model: PreTrainedModel, guard: Any, kwargs: dict[str, Any]) -> None:
+    """Raise for malformed inputs (:func:`check_prompt_tensors`) and prompts beyond the model's context
+    (:func:`check_context`); warn when the response may run past it."""
+    input_ids = kwargs.get("input_ids")
+    if input_ids is None:
+        raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
+    lengths = check_context(model, input_ids, kwargs.get("attention_mask"))
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    longest, row = int(lengths.max()), int(lengths.argmax())
+    new = _max_new_tokens(model, kwargs)
+    if context and guard.config.hook.position == "response_last" and new is not None and longest + new > context:
+        name = model.config.name_or_path or type(model).__name__
+        warnings.warn(
+            f"row {row}: a prompt of {longest} tokens plus max_new_tokens={new} exceeds the context of {name} "
+            f"({context}); the response, and the token the guard scores, may run past it",
+            UserWarning,
+            stacklevel=3,
+        )

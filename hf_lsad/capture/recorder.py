@@ -1,0 +1,235 @@
+"""Reading the residual stream of a causal LM while it generates.
+
+One function, :func:`generate_with_activations`, serves both activation
+collection (fitting) and guarded generation (deployment), so a detector scores
+exactly the activation it was fitted on.
+
+A forward hook on decoder layer ``L`` records the hidden state of the *last
+position* of every forward call: the last prompt token on the prefill call,
+then the newest token on each decoding call. With left padding the last
+position of every row is a real token, so a row's record does not depend on
+the rest of the batch. A right-padded batch (a tokenizer's default
+``padding_side="right"``) is read at each row's last real token on the prefill
+call, found from the attention mask (:func:`last_token_positions`), so it is
+scored as the same prompt left-padded. The hook only records forward passes
+of the thread that registered it, so concurrent calls on one model do not mix.
+
+Positions (one activation per sequence):
+
+- ``prompt_last``: the last prompt token (from the prefill call), for
+  screening before any response exists.
+- ``response_last``: the *final response token*, defined as the last token
+  of the sequence that the model consumed: the token whose forward pass
+  produced the final generated token (the end-of-sequence token when the
+  model stopped by itself). With ``n`` generated tokens (counting the first
+  EOS, ignoring padding after it) that is the record of call ``n - 1``, and it
+  equals a fresh forward pass over ``prompt + response[:-1]`` at its last
+  position. The hidden state of the very last generated token is never
+  computed by ``generate`` (it would be fed back on the next step), so this
+  definition costs nothing: no extra forward pass.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from ..core.hook_point import POSITIONS, decoder_layer
+from ..errors import InputError
+from .inputs import check_prompt_tensors
+
+
+class LastPositionRecorder:
+    """Forward hook that keeps ``output[:, -1, :]`` of a module for every call made by the thread that entered it.
+
+    Use as a context manager; the hook is removed on exit, exceptions included.
+
+    - Calls from other threads are ignored, so several threads can each run a recorder on
+      the same module at once (concurrent guarded ``generate`` calls on one model): each
+      sees only the forward passes of its own call.
+    - ``first_positions`` (``[batch]`` long), when given, is the position read on the first
+      call instead of the last one: each row's last real token of a right-padded prompt
+      (:func:`last_token_positions`). Later calls (one new token each) read position ``-1``.
+    """
+
+    def __init__(self, module: nn.Module, first_positions: Tensor | None = None) -> None:
+        self.module = module
+        self.first_positions = first_positions
+        self.records: list[Tensor] = []
+        self._handle: Any = None
+        self._thread: int | None = None
+
+    def _hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return  # another thread's forward pass through the same module
+        hidden = output[0] if isinstance(output, tuple) else output  # older transformers return tuples
+        if not self.records and self.first_positions is not None:
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            self.records.append(hidden[rows, self.first_positions.to(hidden.device)].detach().clone())
+            return
+        # clone: keep [batch, hidden], not a view pinning the whole prefill tensor.
+        self.records.append(hidden[:, -1, :].detach().clone())
+
+    def __enter__(self) -> LastPositionRecorder:
+        self.records = []
+        self._thread = threading.get_ident()
+        self._handle = self.module.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()
+        self._handle = None
+
+
+def last_token_positions(attention_mask: Tensor | None) -> Tensor | None:
+    """Per row, the position of its last real token, or ``None`` when that is the last position of every row.
+
+    ``None`` (nothing to correct) for no mask or a left-padded / unpadded batch. For a
+    right-padded batch (what a tokenizer with ``padding_side="right"`` gives, e.g.
+    SmolLM2's by default) the last position of a short row is padding, and reading it
+    would score a pad token. Raises :class:`~hf_lsad.errors.InputError` for a row
+    without any real token.
+    """
+    if attention_mask is None or attention_mask.ndim != 2 or attention_mask.shape[1] == 0:
+        return None
+    mask = attention_mask.bool()
+    empty = (~mask.any(1)).nonzero().flatten().tolist()
+    if empty:
+        raise InputError(f"rows {empty} of attention_mask hold no real token (all padding)")
+    if mask[:, -1].all():
+        return None
+    return mask.shape[1] - 1 - mask.flip(1).long().argmax(1)
+
+
+def final_call_index(new_tokens: Tensor, eos_token_ids: Sequence[int], position: str) -> Tensor:
+    """For each row, the forward call whose record is that row's activation (see module docstring)."""
+    if position == "prompt_last":
+        return torch.zeros(len(new_tokens), dtype=torch.long, device=new_tokens.device)
+    if position != "response_last":
+        raise ValueError(f"unknown position {position!r}; choose one of {POSITIONS}")
+    n_new = new_tokens.shape[1]
+    if not eos_token_ids:
+        return torch.full((len(new_tokens),), n_new - 1, dtype=torch.long, device=new_tokens.device)
+    is_eos = torch.isin(new_tokens, torch.tensor(list(eos_token_ids), device=new_tokens.device))
+    steps = torch.arange(n_new, device=new_tokens.device).expand_as(new_tokens)
+    first_eos = torch.where(is_eos, steps, n_new).min(dim=1).values  # n_new when the row never stopped
+    return first_eos.clamp(max=n_new - 1)
+
+
+def eos_token_ids(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> list[int]:
+    """EOS ids generate will stop on: from the call's kwargs, else the model's generation config."""
+    eos = generate_kwargs.get("eos_token_id")
+    if eos is None and generate_kwargs.get("generation_config") is not None:
+        eos = generate_kwargs["generation_config"].eos_token_id
+    if eos is None:
+        eos = model.generation_config.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def num_return_sequences(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> int:
+    """Sequences ``generate`` returns per prompt: it repeats each input row this many times, consecutively."""
+    n = generate_kwargs.get("num_return_sequences")
+    if n is None:
+        config = generate_kwargs.get("generation_config") or model.generation_config
+        n = getattr(config, "num_return_sequences", None)
+    return int(n or 1)
+
+
+def check_generate_kwargs(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> Tensor:
+    """Refuse inputs and generation modes a guard cannot follow; return ``input_ids``."""
+    input_ids = generate_kwargs.get("input_ids")
+    if input_ids is None:
+        raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
+    check_prompt_tensors(input_ids, generate_kwargs.get("attention_mask"))
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    if (generate_kwargs.get("num_beams") or config.num_beams or 1) != 1:
+        raise ValueError("beam search reorders hypotheses between steps; guarded generation needs num_beams=1")
+    if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
+        raise ValueError("assisted decoding is not supported by guarded generation")
+    return input_ids
+
+
+def generation_recorder(model: PreTrainedModel, layer: int, generate_kwargs: dict[str, Any]) -> LastPositionRecorder:
+    """The recorder of block ``layer`` for one ``model.generate(**generate_kwargs)`` call.
+
+    Every path that reads the layer while generating (reports, screening with ``on_flag="stop"``,
+    ``on_step``, running guards) builds its recorder here, so each reads the same positions: a
+    right-padded row at its last real token on the prefill call (:func:`last_token_positions`),
+    repeated as ``generate`` repeats the row for ``num_return_sequences``.
+    """
+    _, module = decoder_layer(model, layer)
+    first_positions = last_token_positions(generate_kwargs.get("attention_mask"))
+    if first_positions is not None:
+        first_positions = first_positions.repeat_interleave(num_return_sequences(model, generate_kwargs))
+    return LastPositionRecorder(module, first_positions)
+
+
+def generate_with_activations(
+    model: PreTrainedModel, layer: int, position: str, **generate_kwargs: Any
+) -> tuple[Any, Tensor]:
+    """Run ``model.generate(**generate_kwargs)`` and return ``(its output, activations [batch, hidden])``.
+
+    The activation of each returned sequence is the residual stream after
+    decoder block ``layer`` at ``position`` (module docstring). Beam search and
+    assisted decoding reorder or batch positions and are refused.
+    """
+    if position not in POSITIONS:
+        raise ValueError(f"unknown position {position!r}; choose one of {POSITIONS}")
+    input_ids = check_generate_kwargs(model, generate_kwargs)
+    with generation_recorder(model, layer, generate_kwargs) as recorder:
+        output = model.generate(**generate_kwargs)
+    sequences = output if isinstance(output, Tensor) else output.sequences
+    new_tokens = sequences[:, input_ids.shape[1] :]
+    if len(recorder.records) != new_tokens.shape[1] or new_tokens.shape[1] == 0:
+        raise RuntimeError(
+            f"expected one forward call per generated token ({new_tokens.shape[1]}), "
+            f"saw {len(recorder.records)}; was prefill chunked or the cache disabled mid-way?"
+        )
+    index = final_call_index(new_tokens, eos_token_ids(model, generate_kwargs), position)
+    records = torch.stack(recorder.records)  # [calls, batch, hidden]
+    return output, records[index.to(records.device), torch.arange(len(index), device=records.device)]
+
+
+class _StopForward(Exception):
+    """Raised by :class:`_RecordThenStop`: nothing after the target block is needed."""
+
+
+class _RecordThenStop(LastPositionRecorder):
+    """A :class:`LastPositionRecorder` that ends the forward pass once it has recorded."""
+
+    def _hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
+        super()._hook(module, args, output)
+        raise _StopForward
+
+
+@torch.no_grad()
+def prefill_activations(model: PreTrainedModel, layer: int, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """``prompt_last`` activations ``[batch, hidden]`` from a forward pass cut after block ``layer``.
+
+    The same activation as :func:`generate_with_activations` records on its
+    prefill call (position ids are derived from the left-padded attention mask
+    as ``generate`` derives them), without the blocks above ``layer`` and the
+    LM head: collection for ``prompt_last`` costs about ``(layer + 1) /
+    num_layers`` of a forward pass.
+    """
+    _, module = decoder_layer(model, layer)
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    with _RecordThenStop(module, last_token_positions(attention_mask)) as recorder:
+        try:
+            model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        except _StopForward:
+            pass
+    if len(recorder.records) != 1:
+        raise RuntimeError(
+            f"decoder block {layer} ran {len(recorder.records)} times in one forward pass; expected once"
+        )
+    return recorder.records[0]

@@ -1,0 +1,188 @@
+"""The arguments of each ``hf-lsad`` command (:mod:`hf_lsad.cli` parses and calls).
+
+Each ``*_arguments`` function builds one command's parser and is called only for the
+command being run, so building them may import the library. ``--device`` / ``--dtype``
+are generated from :mod:`hf_lsad.core.runtime`'s ``ModelRuntime`` / ``FitRuntime`` / ``GuardFitRuntime``
+(group ``runtime``), a method's settings from its config (group ``setting``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..core.hook_point import POSITIONS
+from ..core.runtime import FitRuntime, GuardFitRuntime, ModelRuntime
+
+RUNTIME = "runtime"
+"""Destination group of the ``--device`` / ``--dtype`` flags (:func:`hf_lsad.core.settings.settings_from_args`)."""
+
+
+def runtime_config(args: argparse.Namespace, cls: type) -> Any:
+    """The ``--device`` / ``--dtype`` flags given to a command, as a ``cls`` config (defaults for the others)."""
+    from ..core.settings import build_config, settings_from_args
+
+    return build_config(cls, settings_from_args(args, group=RUNTIME), source="hf-lsad --device / --dtype")
+
+
+def guard_location(args: argparse.Namespace) -> dict[str, str]:
+    """``revision`` / ``subfolder`` keyword arguments of ``SafetyGuard.from_pretrained`` for ``--guard``."""
+    location = {"revision": getattr(args, "revision", None), "subfolder": getattr(args, "subfolder", "")}
+    return {key: value for key, value in location.items() if value}
+
+
+DATASET_FLAGS = ("category", "split", "text_field", "subset")
+"""``collect`` arguments that only a dataset pool (not a bundled one) takes."""
+
+
+def dataset_options(args: argparse.Namespace) -> dict[str, str]:
+    """``load_hub_prompts`` keyword arguments of a dataset ``--pool``."""
+    return dict(
+        category=args.category, split=args.split or "train", text_field=args.text_field or "prompt", name=args.subset
+    )
+
+
+def _runtime_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    from ..core.settings import add_config_arguments
+
+    add_config_arguments(parser, cls, title=f"device and precision ({cls.__name__})", group=RUNTIME)
+
+
+def _guard_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    kwargs = {"required": True} if required else {"default": "default"}
+    parser.add_argument("--guard", **kwargs, help="guard folder or Hub repo; 'default' = the bundled guard")
+    parser.add_argument("--revision", help="Hub branch, tag or commit of --guard (default: main)")
+    parser.add_argument("--subfolder", default="", help="folder of the guard inside --guard (several guards per repo)")
+
+
+def collect_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..data import POOLS
+
+    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    parser.add_argument(
+        "--pool", required=True, help=f"bundled pool ({', '.join(POOLS)}), or a datasets name or local dataset folder"
+    )
+    hub = parser.add_argument_group("dataset pools (a --pool that is not bundled: datasets.load_dataset)")
+    hub.add_argument("--category", help="category of every prompt (safe, harmful, ...): required for a dataset pool")
+    hub.add_argument("--split", help="split to read (default: train)")
+    hub.add_argument("--text-field", help="column holding the prompt text (default: prompt)")
+    hub.add_argument("--subset", help="dataset configuration (load_dataset's name=)")
+    parser.add_argument("--limit", type=int, default=None, help="seeded random subset of this many prompts")
+    parser.add_argument(
+        "--layer", type=int, default=20, help="decoder block whose output is read (0-based; -1: the last)"
+    )
+    parser.add_argument("--position", choices=POSITIONS, default="response_last", help="token whose activation is kept")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="response length for response positions")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
+    parser.add_argument("--out", required=True, help="activation store folder to write")
+    _runtime_arguments(parser, ModelRuntime)
+
+
+def train_sae_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..sae.training import SAETrainConfig
+
+    parser.add_argument("--activations", required=True, help="safe activation store (its fit split trains the SAE)")
+    parser.add_argument("--d-sae", type=int, default=2304, help="dictionary features of the SAE")
+    parser.add_argument("--l1", type=float, default=SAETrainConfig.l1_coefficient, help="L1 coefficient on the codes")
+    parser.add_argument("--lr", type=float, default=SAETrainConfig.lr, help="Adam learning rate")
+    parser.add_argument("--batch-size", type=int, default=SAETrainConfig.batch_size, help="activations per step")
+    parser.add_argument("--epochs", type=int, default=SAETrainConfig.epochs, help="passes over the fit split")
+    parser.add_argument("--holdout-fraction", type=float, default=0.2, help="safe rows held out (not trained on)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split and the initialisation")
+    parser.add_argument("--out", required=True, help="SAE folder to write")
+    _runtime_arguments(parser, FitRuntime)
+
+
+def fit_arguments(parser: argparse.ArgumentParser, method: str, default_method: str) -> None:
+    from ..core.settings import add_config_arguments
+    from ..detectors import DETECTORS, detector_class
+
+    cls = detector_class(method)
+    parser.add_argument("--activations", required=True, help="safe activation store")
+    parser.add_argument(
+        "--sae",
+        help="SAE folder or Hub repo: hf-lsad, SAELens, sparsify or Gemma Scope layout (methods that read SAE codes)",
+    )
+    parser.add_argument("--sae-revision", help="Hub branch, tag or commit of --sae (default: main)")
+    parser.add_argument("--sae-subfolder", default="", help="folder of the SAE inside --sae (e.g. layers.20)")
+    parser.add_argument(
+        "--method", choices=sorted(DETECTORS), default=default_method, help="registered detector method"
+    )
+    parser.add_argument("--unsafe", nargs="+", help="unsafe stores: training positives of a SUPERVISED method only")
+    parser.add_argument("--target-fpr", type=float, default=0.05, help="safe FPR the threshold is set at")
+    parser.add_argument("--holdout-fraction", type=float, default=0.2, help="safe rows held out for the threshold")
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the fit / held-out split")
+    parser.add_argument("--out", required=True, help="guard folder to write")
+    parser.add_argument(
+        "--push-to-hub", metavar="REPO", help="also push the guard, with a model card, to this Hub repo"
+    )
+    parser.add_argument("--subfolder", default="", help="folder of the guard in the Hub repo (several guards per repo)")
+    parser.add_argument("--private", action="store_true", help="create the Hub repo private")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=(
+            "any config field, dotted for nested ones (kmeans.n_clusters=25); values are JSON; "
+            "repeatable, none by default"
+        ),
+    )
+    _runtime_arguments(parser, GuardFitRuntime)
+    add_config_arguments(
+        parser, cls.config_class, title=f"{method} settings ({cls.config_class.__name__}, API defaults)"
+    )
+
+
+def calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    _guard_arguments(parser, required=True)
+    parser.add_argument("--safe", required=True, help="the guard's safe store (half its held-out split is drawn)")
+    parser.add_argument("--unsafe", required=True, nargs="+", help="unsafe stores (pooled; --budget of them drawn)")
+    parser.add_argument("--benign-ood", required=True, help="benign out-of-distribution store (--budget drawn)")
+    parser.add_argument("--budget", type=float, default=0.01, help="coupled budget p")
+    parser.add_argument("--probability-threshold", type=float, default=0.5, help="flag rows above this probability")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the labelled draw")
+    parser.add_argument("--out", required=True, help="calibrated guard folder to write")
+
+
+def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..sae.training import SAETrainConfig
+
+    parser.add_argument("--guard", help="a fitted guard: evaluate it alone (the simple mode)")
+    parser.add_argument("--revision", help="Hub branch, tag or commit of --guard (default: main)")
+    parser.add_argument("--subfolder", default="", help="folder of the guard inside --guard")
+    parser.add_argument("--safe", required=True, help="safe store (guard mode: the store the guard was fitted on)")
+    parser.add_argument("--unsafe", required=True, nargs="+", help="unsafe stores; the folder name is the category")
+    parser.add_argument(
+        "--benign-ood", help="benign out-of-distribution store: its flag rate (guard mode), test negatives (grid mode)"
+    )
+    parser.add_argument("--grid", help="grid mode: grid JSON file (hf_lsad.evaluation.GridConfig fields)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="grid mode: override the grid's seeds")
+    parser.add_argument("--sae", help="grid mode: SAE folder; trained on the safe fit split and saved there if absent")
+    parser.add_argument("--d-sae", type=int, default=2304, help="width of an SAE trained here")
+    parser.add_argument("--sae-l1", type=float, default=SAETrainConfig.l1_coefficient, help="L1 of an SAE trained here")
+    parser.add_argument("--sae-epochs", type=int, default=SAETrainConfig.epochs, help="epochs of an SAE trained here")
+    parser.add_argument("--sae-seed", type=int, default=0, help="seed of an SAE trained here")
+    parser.add_argument("--out", help="grid mode: report folder")
+    parser.add_argument("--title", default="hf-lsad evaluation", help="grid mode: report title")
+    parser.add_argument("--command-line", help="grid mode: the command recorded in the report (default: this one)")
+
+
+def generate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompts", nargs="+", help="prompts, each sent as a user turn of the chat template")
+    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    _guard_arguments(parser)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="response length")
+    _runtime_arguments(parser, ModelRuntime)
+
+
+def explain_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompts", nargs="+", help="prompts to explain, each sent as a user turn of the chat template")
+    _guard_arguments(parser)
+    parser.add_argument("--activations", required=True, help="activation store whose prompts illustrate each feature")
+    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    parser.add_argument("--top-k", type=int, default=10, help="features listed per prompt")
+    parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")
+    _runtime_arguments(parser, ModelRuntime)

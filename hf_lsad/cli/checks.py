@@ -1,0 +1,192 @@
+"""The ``hf-lsad`` command's contract with its user: arguments checked before any model is loaded, one-line errors.
+
+- :func:`check_args` runs right after parsing: numeric ranges, input folders and files,
+  the guard (loaded and verified: a few milliseconds), and for ``collect`` the layer
+  against the model's config (read without the weights). A bad argument is a usage
+  error: ``hf-lsad: error: ...`` and exit code 2, in seconds, not after a 30 s model load.
+- :func:`run` wraps a command: any failure prints ``hf-lsad: error: <message>`` (one line)
+  and exits with code 1; ``--debug`` (anywhere on the command line) shows the traceback
+  instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+PROG = "hf-lsad"
+
+# argument -> (check, what it must be)
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "limit": (lambda v: v >= 1, "a positive integer"),
+    "batch_size": (lambda v: v >= 1, "a positive integer"),
+    "max_new_tokens": (lambda v: v >= 1, "a positive integer"),
+    "d_sae": (lambda v: v >= 1, "a positive integer"),
+    "epochs": (lambda v: v >= 1, "a positive integer"),
+    "sae_epochs": (lambda v: v >= 1, "a positive integer"),
+    "clusters": (lambda v: v >= 1, "a positive integer"),
+    "mask_size": (lambda v: v >= 1, "a positive integer"),
+    "lr": (lambda v: v > 0, "a number > 0"),
+    "l1": (lambda v: v >= 0, "a number >= 0"),
+    "sae_l1": (lambda v: v >= 0, "a number >= 0"),
+    "ridge": (lambda v: v >= 0, "a number >= 0"),
+    "target_fpr": (lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "holdout_fraction": (lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "budget": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "probability_threshold": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+}
+# arguments naming activation stores that must exist, per command
+_STORES = {
+    "train-sae": ["activations"],
+    "fit": ["activations"],
+    "calibrate": ["safe", "unsafe", "benign_ood"],
+    "evaluate": ["safe", "unsafe", "benign_ood"],
+    "explain": ["activations"],
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors (``parser.error``: exit code 2) for arguments that cannot work, before any model is loaded."""
+    import math
+
+    for name, (ok, expected) in _RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and ((isinstance(value, float) and not math.isfinite(value)) or not ok(value)):
+            parser.error(f"argument {_flag(name)}: {value!r} is not {expected}")
+    for name in _STORES.get(args.command, []):
+        values = getattr(args, name, None)
+        for value in values if isinstance(values, list) else [values] if values else []:
+            if not Path(value).is_dir():
+                parser.error(f"argument {_flag(name)}: no activation store folder {value!r}")
+    if args.command == "fit" and getattr(args, "sae", None):
+        _check_sae(parser, args.sae, args.sae_subfolder)
+    if args.command in ("generate", "explain"):
+        from ..capture.collect import check_prompts
+
+        try:
+            check_prompts(args.prompts)
+        except (TypeError, ValueError) as err:
+            parser.error(f"argument prompts: {_one_line(err)}")
+    if getattr(args, "grid", None) and not Path(args.grid).is_file():
+        parser.error(f"argument --grid: no file {args.grid!r}")
+    device = getattr(args, "runtime:device", None)
+    if device is not None:
+        from ..core.runtime import check_device
+
+        try:
+            check_device(device)
+        except ValueError as err:
+            parser.error(f"argument --device: {_one_line(err)}")
+    if getattr(args, "runtime:kmeans_device", None) == "gpu":
+        from ..detectors.clustering import kmeans_device
+
+        try:
+            kmeans_device("gpu")
+        except RuntimeError as err:
+            parser.error(f"argument --kmeans-device: {_one_line(err)}")
+    if getattr(args, "guard", None):
+        _check_guard(parser, args.guard, getattr(args, "subfolder", "") if args.command != "fit" else "")
+    if args.command == "collect":
+        _check_pool(parser, args)
+        _check_layer(parser, args.model, args.layer)
+
+
+def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A bundled pool takes no dataset flags; a dataset pool needs ``--category``."""
+    from ..data import POOL_CATEGORY, POOLS
+    from .arguments import DATASET_FLAGS
+
+    given = [_flag(name) for name in DATASET_FLAGS if getattr(args, name, None) is not None]
+    if args.pool in POOLS and given:
+        parser.error(
+            f"argument {given[0]}: only for a dataset --pool; the bundled pool {args.pool!r} is "
+            f"category {POOL_CATEGORY[args.pool]!r}"
+        )
+    if args.pool not in POOLS and not args.category:
+        parser.error(
+            f"argument --category: required for the dataset pool {args.pool!r} (e.g. safe, harmful); "
+            f"bundled pools: {', '.join(POOLS)}"
+        )
+
+
+def _check_sae(parser: argparse.ArgumentParser, name: str, subfolder: str) -> None:
+    """A local ``--sae`` folder must hold an SAE of a known layout; a Hub id is checked when it is downloaded."""
+    from ..core.hub import _looks_like_path
+
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        if folder.exists() or _looks_like_path(name):
+            parser.error(f"argument --sae: no SAE folder {name!r}")
+        return
+    from ..sae.formats import detect_sae_layout
+
+    try:
+        detect_sae_layout(folder / subfolder if subfolder else folder)
+    except (ValueError, OSError) as err:
+        parser.error(f"argument --sae: {_one_line(err)}")
+
+
+def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> None:
+    from ..core.hub import _looks_like_path
+    from ..guard.guard import SafetyGuard
+
+    if name != "default" and not Path(name).expanduser().exists() and not _looks_like_path(name):
+        return  # a Hub repo id: checked when it is downloaded
+    try:
+        SafetyGuard.from_pretrained(name, **({"subfolder": subfolder} if subfolder else {}))
+    except (ValueError, OSError) as err:
+        parser.error(f"argument --guard: {_one_line(err)}")
+
+
+def _check_layer(parser: argparse.ArgumentParser, model: str, layer: int) -> None:
+    """The layer against the model's config, for a local model folder (the bundled model has 30 layers)."""
+    from ..capture.pretrained import DEFAULT_MODEL_ALIASES
+
+    if model in DEFAULT_MODEL_ALIASES:
+        n_layers: int | None = 30  # SmolLM2-135M-Instruct
+    elif (Path(model) / "config.json").is_file():
+        from transformers import AutoConfig
+
+        n_layers = AutoConfig.from_pretrained(model).get_text_config().num_hidden_layers
+    elif Path(model).expanduser().exists() or model.startswith(("/", "./", "../", "~")):
+        parser.error(f"argument --model: {model!r} is not a model folder (no config.json in it)")
+    else:
+        return  # a Hub id: checked when it is downloaded
+    if not -n_layers <= layer < n_layers:
+        parser.error(f"argument --layer: layer {layer} is out of range: {model} has {n_layers} decoder layers")
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
+
+
+def run(main: Callable[[Sequence[str]], None], argv: Sequence[str] | None = None) -> None:
+    """Run ``main(argv)`` as the ``hf-lsad`` command (module docstring); ``--debug`` shows tracebacks."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    if debug:
+        main(argv)
+        return
+    try:
+        main(argv)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):  # raise SystemExit("message") in a command: a usage problem
+            print(f"{PROG}: error: {_one_line(exit_)}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+    except Exception as err:  # the one place that turns any failure into a one-line error
+        name = type(err).__name__
+        print(f"{PROG}: error: {name}: {_one_line(err)} (run with --debug for the traceback)", file=sys.stderr)
+        raise SystemExit(1) from None

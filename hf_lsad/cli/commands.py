@@ -1,0 +1,278 @@
+"""The body of each ``hf-lsad`` command (:mod:`hf_lsad.cli` parses and calls them).
+
+Each command imports what it needs when it runs, so that building the parser (``hf-lsad --help``)
+imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import arguments
+
+
+def run_collect(args: argparse.Namespace) -> None:
+    from ..capture.collect import collect_activations
+    from ..capture.pretrained import load_model, placement
+    from ..capture.sharded import finish, process_state, select, shard_of, write_part
+    from ..core.hook_point import HookPoint
+    from ..core.runtime import ModelRuntime, torch_dtype
+    from ..data import POOLS, load_prompts
+
+    runtime = _runtime(args, ModelRuntime)
+    dataset = {} if args.pool in POOLS else arguments.dataset_options(args)
+    prompts = load_prompts(args.pool, limit=args.limit, seed=args.seed, **dataset)
+    if not prompts:
+        raise SystemExit(f"--pool {args.pool} holds no non-empty prompt")
+    state = process_state(runtime.device)  # one process, or one of N under accelerate launch / torchrun
+    shard = shard_of(state, len(prompts))
+    where = placement(runtime.device, state.device if shard.count > 1 else None)
+    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **where)
+    mine = select(prompts, shard)
+    hook = HookPoint.from_model(model, args.layer, args.position)
+    if mine:
+        collected = collect_activations(
+            model,
+            tokenizer,
+            [p.text for p in mine],
+            layer=args.layer,
+            position=args.position,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            progress=state.is_local_main_process,
+        )
+        records = [dict(p._asdict(), response=r) for p, r in zip(mine, collected.responses)]
+        for record in records:
+            del record["text"]  # the prompt text stays in the pool; the store keeps ids
+        write_part(args.out, shard, collected.activations, records, hook, inputs=collected.inputs)
+    finish(state, args.out, shard, len(prompts))
+    if state.is_main_process:
+        processes = f" by {shard.count} processes" if shard.count > 1 else ""
+        print(f"wrote {len(prompts)} activations of {hook.layer_module} ({args.position}){processes} to {args.out}")
+
+
+def _runtime(args: argparse.Namespace, cls: type) -> Any:
+    return arguments.runtime_config(args, cls)
+
+
+def _guard(args: argparse.Namespace) -> Any:
+    """The ``--guard`` at ``--revision`` / ``--subfolder``, through the strict Hub path."""
+    from ..guard.guard import SafetyGuard
+
+    return SafetyGuard.from_pretrained(args.guard, **arguments.guard_location(args))
+
+
+def run_train_sae(args: argparse.Namespace) -> None:
+    from ..core.runtime import FitRuntime, fit_device
+    from ..core.splits import split_safe
+    from ..data.store import load_activations
+    from ..sae.training import SAETrainConfig, sae_stats, train_sae
+
+    device = fit_device(_runtime(args, FitRuntime).device)
+    data = load_activations(args.activations)
+    split = split_safe(len(data.activations), args.holdout_fraction, args.seed)
+    config = SAETrainConfig(
+        l1_coefficient=args.l1, lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, seed=args.seed
+    )
+    sae = train_sae(data.activations[split.fit], args.d_sae, config, device=device)
+    sae.to("cpu").save_pretrained(args.out)
+    stats = {
+        "held_out": sae_stats(sae, data.activations[split.holdout]),
+        "train": sae_stats(sae, data.activations[split.fit]),
+    }
+    print(json.dumps({name: s._asdict() for name, s in stats.items()}, indent=2))
+
+
+def run_fit(args: argparse.Namespace) -> None:
+    import torch
+
+    from ..core.runtime import GuardFitRuntime, fit_device
+    from ..core.settings import build_config, settings_from_args
+    from ..data.store import ActivationStore, load_activations
+    from ..detectors import detector_class
+    from ..detectors.clustering import use_kmeans_device
+    from ..guard.fitting import fit_guard
+
+    cls = detector_class(args.method)
+    config = build_config(
+        cls.config_class, settings_from_args(args, args.set), source=f"hf-lsad fit --method {args.method}"
+    )
+    if cls.uses_sae and not args.sae:
+        raise SystemExit(f"{args.method} reads SAE codes: give --sae")
+    if cls.supervised != bool(args.unsafe):
+        raise SystemExit(
+            f"{args.method} is {'SUPERVISED: give' if cls.supervised else 'unsupervised: leave out'} --unsafe"
+        )
+    runtime = _runtime(args, GuardFitRuntime)
+    device = fit_device(runtime.device)
+    data = ActivationStore(args.activations)  # FreqMask-KM streams it; other methods read their fit split
+    sae = None
+    if args.sae:
+        from ..sae.formats import load_sae
+
+        # Any layout (hf-lsad, SAELens, sparsify, Gemma Scope); an SAE of another block than the store's is refused.
+        sae = load_sae(
+            args.sae, hook_layer=data.hook.layer, revision=args.sae_revision, subfolder=args.sae_subfolder or None
+        ).to(device)
+    unsafe = torch.cat([load_activations(folder).activations for folder in args.unsafe]) if args.unsafe else None
+    with use_kmeans_device(runtime.kmeans_device):
+        result = fit_guard(
+            data,
+            data.hook,
+            args.method,
+            config,
+            sae,
+            unsafe=unsafe,
+            target_fpr=args.target_fpr,
+            holdout_fraction=args.holdout_fraction,
+            seed=args.split_seed,
+            device=device,
+        )
+    result.guard.to("cpu")
+    result.guard.save_pretrained(args.out)
+    print(
+        f"fitted {result.guard.config.method} on {len(result.split.fit)} safe rows; "
+        f"threshold {result.guard.threshold:.4g} at {args.target_fpr:.0%} FPR on {len(result.split.holdout)} held-out "
+        f"rows"
+    )
+    if args.push_to_hub:
+        from ..guard.card import describe_records
+
+        commit = result.guard.push_to_hub(
+            args.push_to_hub,
+            subfolder=args.subfolder,
+            private=args.private or None,
+            data=describe_records(
+                data.records, what=f"safe prompts (activation store `{Path(args.activations).name}`)"
+            ),
+        )
+        print(f"pushed to {commit.repo_url.repo_id}{'/' + args.subfolder if args.subfolder else ''} at {commit.oid}")
+
+
+def run_calibrate(args: argparse.Namespace) -> None:
+    from ..evaluation.protocol import calibrate_guard
+
+    guard = _guard(args)
+    try:
+        calibration, labelled = calibrate_guard(
+            guard,
+            args.safe,
+            args.unsafe,
+            args.benign_ood,
+            budget=args.budget,
+            seed=args.seed,
+            probability_threshold=args.probability_threshold,
+        )
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    guard.set_calibration(calibration)
+    guard.save_pretrained(args.out)
+    counts = ", ".join(f"{n} {group}" for group, n in labelled.items())
+    negative = sum(a < 0 for a in calibration.slopes)
+    print(
+        f"calibrated {guard.config.method} on {counts} labelled rows (budget {args.budget:g}); lambda "
+        f"{calibration.lam:g}, {negative} negative slopes, {calibration.coverage()}; "
+        f"wrote {args.out}"
+    )
+
+
+def run_evaluate(args: argparse.Namespace) -> None:
+    if args.guard:
+        _evaluate_guard(args)
+    else:
+        _evaluate_grid(args)
+
+
+def _evaluate_guard(args: argparse.Namespace) -> None:
+    from ..evaluation.protocol import evaluate_guard
+    from ..guard.card import benign_ood_warning
+
+    guard = _guard(args)
+    try:
+        rows = evaluate_guard(guard, args.safe, args.unsafe, args.benign_ood)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    warning = benign_ood_warning(rows["benign_ood"]["flagged"]) if "benign_ood" in rows else ""
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(json.dumps(rows, indent=2))
+
+
+def _evaluate_grid(args: argparse.Namespace) -> None:
+    from ..evaluation import (
+        GridConfig,
+        default_grid,
+        load_eval_data,
+        load_or_train_sae,
+        make_splits,
+        run_grid,
+        sae_summary,
+        write_report,
+    )
+    from ..sae.training import SAETrainConfig
+
+    if not args.out:
+        raise SystemExit("a grid evaluation writes a report folder: give --out (or --guard to evaluate one guard)")
+    config = GridConfig.from_json(args.grid) if args.grid else default_grid()
+    if args.seeds:
+        config.seeds = args.seeds
+    data = load_eval_data(args.safe, args.unsafe, args.benign_ood)
+    splits = make_splits(len(data.safe), {c: len(x) for c, x in data.unsafe.items()}, config)
+    sae = sae_info = None
+    if args.sae:
+        training = SAETrainConfig(l1_coefficient=args.sae_l1, epochs=args.sae_epochs, seed=args.sae_seed)
+        sae, info = load_or_train_sae(
+            args.sae, data.safe[splits.safe_fit], splits.safe_fit, d_sae=args.d_sae, training=training
+        )
+        sae_info = sae_summary(sae, data, splits, info)
+    results = run_grid(data, config, sae, splits=splits)
+    command = args.command_line or "hf-lsad " + shlex.join(sys.argv[1:])
+    folder = write_report(
+        args.out, results, data=data, config=config, command=command, title=args.title, sae_info=sae_info
+    )
+    print(f"wrote {folder / 'report.md'} and {folder / 'results.json'}")
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    import torch
+
+    from ..capture.collect import encode_prompts
+    from ..capture.pretrained import load_model, placement
+    from ..core.runtime import ModelRuntime, torch_dtype
+    from ..generation.model import GuardedModelForCausalLM
+
+    runtime = _runtime(args, ModelRuntime)
+    model_name = "SmolLM2-135M-Instruct (bundled GGUF)" if args.model == "default" else args.model
+    guard_name = "the bundled SmolLM2 guard" if args.guard == "default" else args.guard
+    print(f"loading {model_name} ({runtime.dtype}) and {guard_name} ...", flush=True)
+    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
+    guarded = GuardedModelForCausalLM(model, _guard(args))
+    inputs = {name: value.to(guarded.device) for name, value in encode_prompts(tokenizer, args.prompts).items()}
+    print(f"generating up to {args.max_new_tokens} tokens for {len(args.prompts)} prompt(s) (greedy) ...\n", flush=True)
+    with torch.no_grad():
+        output = guarded.generate(
+            **inputs, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True
+        )
+    responses = tokenizer.batch_decode(output.sequences[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    guard = guarded.guard
+    print(
+        f"guard: {guard.config.method} on {guard.config.hook.layer_module} ({guard.config.hook.position}), "
+        + (
+            f"calibrated: flags P(unsafe) > {guard.calibration.threshold:.4g}\n"
+            if guard.calibration is not None
+            else f"flags scores > {guard.threshold:.4g} ({guard.config.target_fpr:.0%} safe FPR)\n"
+        )
+    )
+    for prompt, response, report in zip(args.prompts, responses, output.safety):
+        print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {report.describe()}\n")
+
+
+def run_explain(args: argparse.Namespace) -> None:
+    from .explain import explain_command
+
+    explain_command(args)

@@ -1,0 +1,83 @@
+"""``hf-lsad explain``: a report's top SAE features, each with the store prompts that activate it most.
+
+So that a person can name the features behind a flag (see :mod:`hf_lsad.guard.explain` for what a
+feature's contribution is).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TextIO
+
+from ..guard.explain import store_texts, top_activating
+
+
+def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None:
+    """``hf-lsad explain --guard G --activations STORE [--model M] [--top-k K] [--examples N] PROMPT...``.
+
+    Runs the guard on each prompt (a forward pass cut at the hooked block for a
+    ``prompt_last`` guard, greedy generation otherwise) and prints its report with the
+    top features, each followed by the store's prompts that activate it most.
+    ``args``: ``guard`` (with ``revision`` / ``subfolder``), ``activations``, ``model`` (default
+    ``default``), ``top_k`` (default 10), ``examples`` (default 3), ``prompts``, ``max_new_tokens``
+    (default 64), and the ``--device`` / ``--dtype`` flags (:class:`~hf_lsad.core.runtime.ModelRuntime`).
+    """
+    import sys
+
+    from ..capture.pretrained import load_model, placement
+    from ..core.runtime import ModelRuntime, torch_dtype
+    from ..data.store import ActivationStore
+    from ..generation.model import GuardedModelForCausalLM
+    from ..guard.guard import SafetyGuard
+    from .arguments import guard_location, runtime_config
+
+    out = out or sys.stdout
+    runtime = runtime_config(args, ModelRuntime)
+    guard = SafetyGuard.from_pretrained(args.guard, **guard_location(args))
+    model, tokenizer = load_model(
+        getattr(args, "model", None) or "default", dtype=torch_dtype(runtime.dtype), **placement(runtime.device)
+    )
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    top_k = getattr(args, "top_k", None) or 10
+    if guard.config.hook.position == "prompt_last":
+        reports = guarded.screen(list(args.prompts), explain=True, top_k=top_k)
+    else:
+        from ..capture.collect import encode_prompts
+
+        inputs = {
+            name: value.to(guarded.device) for name, value in encode_prompts(tokenizer, list(args.prompts)).items()
+        }
+        reports = guarded.generate(
+            **inputs,
+            max_new_tokens=getattr(args, "max_new_tokens", None) or 64,
+            do_sample=False,
+            return_dict_in_generate=True,
+            explain=True,
+            explain_top_k=top_k,
+        ).safety
+    store = ActivationStore(args.activations)
+    features = sorted({f.feature for report in reports for f in report.features})
+    examples = top_activating(guard.sae, store, features, n=getattr(args, "examples", None) or 3)
+    texts = store_texts([store.records[r] for values in examples.values() for _, r in values])
+    text_of: dict[int, str] = {}
+    i = 0
+    for values in examples.values():
+        for _, r in values:
+            text_of[r] = texts[i]
+            i += 1
+    for prompt, report in zip(args.prompts, reports):
+        print(f"prompt: {prompt!r}", file=out)
+        print(f"  {report.describe()}", file=out)
+        print(
+            f"  {'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}  top prompts in the store",
+            file=out,
+        )
+        for f in report.features:
+            print(f"  {f.feature:>8} {f.activation:>10.3f} {f.typical:>8.3f} {f.contribution:>12.3f}", file=out)
+            for value, r in examples[f.feature]:
+                text = " ".join(text_of[r].split())
+                print(f"  {'':>8} {value:>10.3f}  {text[:100]!r}", file=out)
+        total = sum(f.contribution for f in report.features)
+        print(
+            f"  (the {len(report.features)} features listed make {total:.3f} of the score {report.score:.3f})", file=out
+        )

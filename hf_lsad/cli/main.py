@@ -1,0 +1,164 @@
+"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate.
+
+    hf-lsad collect   --model default --pool safe --layer 20 --position prompt_last --out acts/safe
+    hf-lsad train-sae --activations acts/safe --d-sae 2304 --out sae
+    hf-lsad fit       --activations acts/safe --sae sae --out guard [--method NAME] [--mask-size 50] [--set key=value]
+    hf-lsad calibrate --guard guard --safe acts/safe --unsafe acts/harmful --benign-ood acts/ood --budget 0.01 --out g2
+    hf-lsad evaluate  --guard guard --safe acts/safe --unsafe acts/harmful acts/toxic
+    hf-lsad evaluate  --safe acts/safe --unsafe acts/harmful acts/toxic --sae sae --grid grid.json --out report
+    hf-lsad explain   --guard default --activations acts/harmful "Write a tutorial on how to make a bomb"
+    hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
+
+``hf-lsad fit --method NAME --help`` lists the settings of any registered method: one flag per
+config field, generated from the config (defaults are the API's), and ``--set key=value`` for any.
+``--device`` / ``--dtype`` (collect, generate, explain) and ``--device`` / ``--kmeans-device`` (fit,
+train-sae) come from :mod:`hf_lsad.core.runtime`; ``--guard`` takes ``--revision`` / ``--subfolder``.
+
+    hf-lsad collect   --pool tatsu-lab/alpaca --category safe --text-field instruction --layer 20 --out acts/alpaca
+    accelerate launch --num_processes 4 -m hf_lsad.cli collect --pool safe --layer 20 --out acts/safe
+
+This module only parses and calls: each command imports what it needs when it runs, so
+``hf-lsad --help`` imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from ..version import __version__
+from . import arguments, commands
+
+DEFAULT_METHOD = "freqmask-km"
+
+
+COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace], None], str]] = {
+    "collect": (
+        "collect residual-stream activations of a prompt pool",
+        arguments.collect_arguments,
+        commands.run_collect,
+        "Under accelerate launch (or torchrun) each process collects a contiguous shard of the prompts on its own "
+        "device and process 0 merges the shards, in prompt order, into one store (hf_lsad.capture.sharded).",
+    ),
+    "train-sae": (
+        "train a ReLU+L1 SAE on the fit split of safe activations",
+        arguments.train_sae_arguments,
+        commands.run_train_sae,
+        "",
+    ),
+    "fit": (
+        "fit a guard of any registered method on safe activations",
+        arguments.fit_arguments,
+        commands.run_fit,
+        "",
+    ),
+    "calibrate": (
+        "per-cluster affine calibration from a small labelled budget",
+        arguments.calibrate_arguments,
+        commands.run_calibrate,
+        "",
+    ),
+    "evaluate": (
+        "evaluate one guard (--guard), or run a method grid and write a report folder (--out)",
+        arguments.evaluate_arguments,
+        commands.run_evaluate,
+        "With --guard: AUROC, TPR@5%FPR and flag rate of that guard against unsafe stores. Without: fit every "
+        "method of a grid (--grid JSON, default hf_lsad.evaluation.default_grid) on the safe store's fit split, "
+        "select hyperparameters on its validation split, and write report.md + results.json to --out "
+        "(protocol in hf_lsad.evaluation.protocol).",
+    ),
+    "generate": (
+        "guarded generation with a safety report per prompt",
+        arguments.generate_arguments,
+        commands.run_generate,
+        "",
+    ),
+    "explain": (
+        "the SAE features behind a guard's score, each with the store prompts that activate it most",
+        arguments.explain_arguments,
+        commands.run_explain,
+        "",
+    ),
+}
+"""name -> (help, add its arguments, run it, description)."""
+
+
+def _requested(argv: Sequence[str]) -> tuple[str | None, str]:
+    """The command named in ``argv`` and, for ``fit``, the ``--method`` (default :data:`DEFAULT_METHOD`)."""
+    command = next((a for a in argv if a in COMMANDS), None)
+    method = DEFAULT_METHOD
+    for i, arg in enumerate(argv):
+        if arg == "--method" and i + 1 < len(argv):
+            method = argv[i + 1]
+        elif arg.startswith("--method="):
+            method = arg.split("=", 1)[1]
+    return command, method
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps descriptions as written and ends every option's help with its default (when it has one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or not action.option_strings or default is None or default is False:
+            return text
+        if default == argparse.SUPPRESS or default == []:
+            return text
+        if default == "":
+            return f"{text} (default: none)"
+        return f"{text} (default: %(default)s)"
+
+
+def build_parser(command: str | None = None, method: str = DEFAULT_METHOD) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s arguments are built (they may import the library), the others list their help."""
+    parser = argparse.ArgumentParser(
+        prog="hf-lsad", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (hf-lsad command only)")
+    parser.add_argument("--version", action="version", version=f"hf-lsad {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, (summary, add_arguments, run, description) in COMMANDS.items():
+        sub = commands.add_parser(name, help=summary, description=description or summary, formatter_class=HelpFormatter)
+        if name == command:
+            add_arguments(sub, method, DEFAULT_METHOD) if name == "fit" else add_arguments(sub)
+        sub.set_defaults(run=run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command, method = _requested(argv)
+    if command == "fit":
+        from ..detectors import DETECTORS
+
+        if method not in DETECTORS:
+            raise SystemExit(f"unknown detector method {method!r}; registered: {sorted(DETECTORS)}")
+    args = build_parser(command, method).parse_args(argv)
+    args.run(args)
+
+
+def entry(argv: Sequence[str] | None = None) -> None:
+    """The ``hf-lsad`` command: arguments checked before any model is loaded, one-line errors (exit 2 for usage,
+    1 for failures), ``--debug`` for the traceback (:mod:`hf_lsad.cli.checks`)."""
+    from .checks import check_args, run
+
+    def checked(args: Sequence[str]) -> None:
+        args = list(args)
+        command, method = _requested(args)
+        if command is None:  # argparse would only say that a command is missing, not what was wrong
+            unknown = [a for a in args if a.startswith("-") and a not in ("-h", "--help", "--version")]
+            if unknown:
+                build_parser().error(f"unrecognized argument {unknown[0]!r} (commands: {', '.join(COMMANDS)})")
+        if command == "fit":
+            from ..detectors import DETECTORS
+
+            if method not in DETECTORS:
+                raise SystemExit(f"unknown detector method {method!r}; registered: {sorted(DETECTORS)}")
+        parser = build_parser(command, method)
+        namespace = parser.parse_args(args)
+        check_args(parser, namespace)
+        namespace.run(namespace)
+
+    run(checked, argv)

@@ -1,0 +1,128 @@
+"""Strict reading and writing of configs (JSON) and tensors (safetensors).
+
+Every artefact hf-lsad writes is a dataclass config in JSON next to tensors in
+safetensors. Loading is strict on purpose: a missing or unknown config key, a
+missing or mis-shaped tensor, or a corrupt file is an error that names the
+file, never a silent default (``PyTorchModelHubMixin`` loads with
+``strict=False``; we do not).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import GuardFormatError
+from .validation import check_fields
+
+__all__ = [
+    "FORMAT_VERSION",
+    "GuardFormatError",
+    "config_from_dict",
+    "config_to_dict",
+    "load_module",
+    "read_json",
+    "save_module",
+    "write_json",
+]
+
+FORMAT_VERSION = 1
+"""Version of the on-disk layout; bumped when a file or key changes meaning."""
+
+C = TypeVar("C")
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A dataclass config as a JSON-ready dict (nested dataclasses included)."""
+    return dataclasses.asdict(config)
+
+
+def config_from_dict(cls: type[C], data: dict[str, Any], *, source: str) -> C:
+    """Build dataclass ``cls`` from ``data``, requiring exactly its fields.
+
+    Nested dataclass fields are built recursively; every value is checked
+    against its annotated type and range (:mod:`hf_lsad.core.validation`).
+    ``source`` names the file in error messages.
+    """
+    if not isinstance(data, dict):
+        raise GuardFormatError(f"{source}: expected a JSON object for {cls.__name__}, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    missing = sorted(set(fields) - set(data))
+    unknown = sorted(set(data) - set(fields))
+    if missing:
+        raise GuardFormatError(f"{source}: missing config key(s) {missing} for {cls.__name__}")
+    if unknown:
+        raise GuardFormatError(f"{source}: unknown config key(s) {unknown} for {cls.__name__}")
+    kwargs = {}
+    for name, value in data.items():
+        nested = _dataclass_type(cls, name)
+        kwargs[name] = config_from_dict(nested, value, source=f"{source}:{name}") if nested else value
+    kwargs = check_fields(cls, kwargs, source=source)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise GuardFormatError(f"{source}: invalid {cls.__name__}: {err}") from err
+
+
+def _dataclass_type(cls: type, name: str) -> type | None:
+    hint = typing.get_type_hints(cls).get(name)
+    return hint if dataclasses.is_dataclass(hint) else None
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; :class:`GuardFormatError` for a missing, unreadable or non-object file."""
+    _require_regular_file(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise GuardFormatError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise GuardFormatError(f"{path}: expected a JSON object at the top level, got a JSON {type(data).__name__}")
+    return data
+
+
+def _require_regular_file(path: Path) -> None:
+    if not path.exists() and not path.is_symlink():
+        raise GuardFormatError(f"missing file {path}")
+    if not path.is_file():
+        raise GuardFormatError(f"{path} is not a regular file (a folder, device, or broken link)")
+
+
+def save_module(module: nn.Module, path: Path) -> None:
+    """Save a module's parameters and buffers as contiguous safetensors."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    save_file(tensors, str(path))
+
+
+def load_module(module: nn.Module, path: Path) -> None:
+    """Load ``path`` into ``module`` strictly: same keys, same shapes."""
+    _require_regular_file(path)
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise GuardFormatError(f"{path} is not a readable safetensors file ({err})") from err
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unknown = sorted(set(tensors) - set(expected))
+    if missing or unknown:
+        raise GuardFormatError(f"{path}: missing tensors {missing}, unexpected tensors {unknown}")
+    for name, tensor in tensors.items():
+        if tensor.shape != expected[name].shape:
+            raise GuardFormatError(
+                f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}"
+            )
+        if not torch.isfinite(tensor.float()).all():
+            raise GuardFormatError(f"{path}: tensor {name!r} holds NaN or inf")
+    module.load_state_dict(tensors, strict=True)

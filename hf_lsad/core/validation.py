@@ -1,0 +1,218 @@
+"""Type and range checks for configs read from JSON, as strict as transformers is with a config.
+
+:func:`hf_lsad.core.serialization.config_from_dict` calls :func:`check_fields` on every
+dataclass it builds from a file, so a bad value fails when the file is loaded, with a
+message that names the file, the key, the value and what was expected, never later at
+the first scoring call:
+
+- every field's value must have its annotated type: ``int`` (not ``bool``, not ``"2"``),
+  ``float`` (an ``int`` is accepted; ``NaN`` and ``inf``, which Python's ``json`` reads,
+  are not), ``str``, ``bool``, ``list[...]``/``tuple[...]`` of those, ``X | None``;
+- :data:`FIELD_RANGES` bounds numeric fields (positive sizes, a false-positive rate in
+  (0, 1), a layer inside the model, ...); enums are checked by each config's own
+  ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import math
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Union
+
+from ..errors import GuardFormatError
+
+_NONE = type(None)
+
+
+def _positive(value: Any) -> str | None:
+    return None if value >= 1 else "a positive integer"
+
+
+def _non_negative(value: Any) -> str | None:
+    return None if value >= 0 else "a number >= 0"
+
+
+def _open_unit(value: Any) -> str | None:
+    return None if 0.0 < value < 1.0 else "a number in (0, 1)"
+
+
+def _closed_unit(value: Any) -> str | None:
+    return None if 0.0 <= value <= 1.0 else "a number in [0, 1]"
+
+
+FIELD_RANGES: dict[str, dict[str, Callable[[Any], str | None]]] = {
+    "HookPoint": {"hidden_size": _positive, "num_hidden_layers": _positive, "layer": _non_negative},
+    "GuardConfig": {"target_fpr": _open_unit, "n_fit": _positive, "n_holdout": _positive, "seed": _non_negative},
+    "SAEConfig": {"d_in": _positive, "d_sae": _positive},
+    "KMeansConfig": {
+        "n_clusters": _positive,
+        "niter": _positive,
+        "nredo": _positive,
+        "max_points_per_centroid": _positive,
+        "min_points_per_centroid": _non_negative,
+    },
+    "FreqMaskConfig": {"mask_size": _positive, "ridge": _non_negative},
+    "AffineCalibration": {"lam": _non_negative, "threshold": _closed_unit},
+}
+"""Per config class name, per field: a check returning ``None`` or what was expected."""
+
+
+def _cross_field(cls_name: str, values: dict[str, Any]) -> tuple[str, str] | None:
+    """Rules between fields: ``(key, expected)`` of the first one broken."""
+    if cls_name == "HookPoint" and values["layer"] >= values["num_hidden_layers"]:
+        return "layer", f"a layer index below num_hidden_layers={values['num_hidden_layers']}"
+    return None
+
+
+def describe(hint: Any) -> str:
+    """A type hint as a user reads it: ``int``, ``list[float]``, ``int | None``."""
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return {"int": "an integer", "float": "a finite number", "str": "a string", "bool": "true or false"}.get(
+            hint.__name__, hint.__name__
+        )
+    return str(hint).replace("typing.", "")
+
+
+def _check(hint: Any, value: Any, key: str, source: str) -> Any:
+    """``value`` converted to ``hint`` (ints to floats, lists to tuples), or :class:`GuardFormatError`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+
+    def fail(expected: str | None = None) -> GuardFormatError:
+        return GuardFormatError(
+            f"{source}: key {key!r} is {value!r} ({type(value).__name__}), expected {expected or describe(hint)}"
+        )
+
+    if hint is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None:
+            if _NONE in args:
+                return None
+            raise fail()
+        options = [a for a in args if a is not _NONE]
+        for option in options:
+            try:
+                return _check(option, value, key, source)
+            except GuardFormatError:
+                continue
+        raise fail()
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise fail()
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail()
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail()
+        if not math.isfinite(value):
+            raise fail("a finite number (NaN and infinity are not allowed)")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise fail()
+        return value
+    if origin in (list, collections.abc.Sequence):
+        if not isinstance(value, list):
+            raise fail()
+        (item,) = args or (Any,)
+        return [_check(item, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise fail()
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_check(args[0], v, f"{key}[{i}]", source) for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise fail(f"{len(args)} values")
+        return tuple(_check(a, v, f"{key}[{i}]", source) for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise fail()
+        key_hint, value_hint = args or (Any, Any)
+        return {_check(key_hint, k, key, source): _check(value_hint, v, f"{key}.{k}", source) for k, v in value.items()}
+    return value  # a type this module does not know: the dataclass's own checks apply
+
+
+def check_fields(cls: type, values: dict[str, Any], *, source: str) -> dict[str, Any]:
+    """``values`` (JSON fields of dataclass ``cls``, nested dataclasses already built) checked and converted.
+
+    Raises :class:`GuardFormatError` naming ``source``, the key, the value and the expected
+    type or range.
+    """
+    hints = typing.get_type_hints(cls)
+    checked = {}
+    for key, value in values.items():
+        hint = hints.get(key, Any)
+        checked[key] = value if hasattr(value, "__dataclass_fields__") else _check(hint, value, key, source)
+    for key, rule in FIELD_RANGES.get(cls.__name__, {}).items():
+        if key in checked and checked[key] is not None:
+            expected = rule(checked[key])
+            if expected is not None:
+                raise GuardFormatError(f"{source}: key {key!r} is {checked[key]!r}, expected {expected}")
+    broken = _cross_field(cls.__name__, checked)
+    if broken is not None:
+        key, expected = broken
+        raise GuardFormatError(f"{source}: key {key!r} is {checked[key]!r}, expected {expected}")
+    return checked
+
+
+def require_object(value: Any, *, source: str, what: str = "a JSON object") -> dict[str, Any]:
+    """``value`` if it is a dict, else :class:`GuardFormatError` naming what it is."""
+    if not isinstance(value, dict):
+        raise GuardFormatError(f"{source}: expected {what}, got {type(value).__name__} {_short(value)}")
+    return value
+
+
+def require_keys(data: dict[str, Any], required: set[str], optional: set[str], *, source: str) -> None:
+    """Exactly ``required`` keys plus any of ``optional``; names the missing and unknown ones."""
+    missing = sorted(required - set(data))
+    unknown = sorted(set(data) - required - optional)
+    if missing:
+        raise GuardFormatError(f"{source}: missing key(s) {missing}")
+    if unknown:
+        raise GuardFormatError(f"{source}: unknown key(s) {unknown}; allowed: {sorted(required | optional)}")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+GUARD_VERSION_KEYS = {"hf_lsad", "torch", "faiss"}
+
+
+def check_guard_header(raw: dict[str, Any], *, source: str, format_version: int) -> None:
+    """The top level of a guard's ``config.json``: exactly its keys, each of its type.
+
+    The nested ``guard``, ``detector`` and ``calibration`` objects are checked when they
+    are built (:func:`check_fields`), the ``integrity`` block by
+    :func:`hf_lsad.core.integrity.verify_integrity`.
+    """
+    require_object(raw, source=source)
+    version = raw.get("format_version")
+    if isinstance(version, bool) or version != format_version:
+        raise GuardFormatError(f"{source}: format_version {version!r}, expected {format_version}")
+    # A missing "integrity" block gets its own message (verify_integrity): how to upgrade an older guard.
+    require_keys(
+        raw,
+        {"format_version", "versions", "guard", "detector", "d_sae"},
+        {"calibration", "integrity", "running", "inputs"},
+        source=source,
+    )
+    versions = require_object(raw["versions"], source=f"{source}:versions")
+    require_keys(versions, GUARD_VERSION_KEYS, set(), source=f"{source}:versions")
+    for key, value in versions.items():
+        _check(str, value, key, f"{source}:versions")
+    require_object(raw["guard"], source=f"{source}:guard")
+    require_object(raw["detector"], source=f"{source}:detector")
+    if raw["d_sae"] is not None:
+        _check(int, raw["d_sae"], "d_sae", source)
+        if raw["d_sae"] < 1:
+            raise GuardFormatError(f"{source}: key 'd_sae' is {raw['d_sae']!r}, expected a positive integer or null")
+    if "calibration" in raw:
+        require_object(raw["calibration"], source=f"{source}:calibration")

@@ -1,0 +1,229 @@
+"""Activation store: safetensors shards of activations plus a JSON index of rows.
+
+A store folder::
+
+    index.json                   hook point, row records (id, source, category, ...), shard list
+    shard-00000.safetensors      {"activations": [rows, hidden_size]}
+    ...
+
+:func:`load_activations` reads a store whole; :class:`ActivationStore` reads rows
+of it in batches (for fits that stream, see :func:`hf_lsad.guard.fitting.fit_guard`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from ..core.checks import check_activations
+from ..core.hook_point import HookPoint
+from ..core.prompt_inputs import InputProfile
+from ..core.serialization import (
+    FORMAT_VERSION,
+    GuardFormatError,
+    config_from_dict,
+    config_to_dict,
+    read_json,
+    write_json,
+)
+
+INDEX = "index.json"
+
+
+class ActivationSet(NamedTuple):
+    activations: Tensor
+    """``[n, hidden_size]`` float32."""
+    records: list[dict[str, Any]]
+    """One JSON record per row (prompt id, source, category, response, ...)."""
+    hook: HookPoint
+    """Where the activations were read."""
+    inputs: InputProfile | None = None
+    """How the prompts were formatted and the longest one (``None`` in stores that did not record it)."""
+
+
+def save_activations(
+    directory: str | os.PathLike,
+    activations: Tensor,
+    records: list[dict[str, Any]],
+    hook: HookPoint,
+    *,
+    shard_size: int = 50_000,
+    dtype: torch.dtype = torch.float32,
+    inputs: InputProfile | None = None,
+) -> None:
+    """Write ``activations`` (stored as ``dtype``) and their ``records`` as a store folder.
+
+    ``inputs`` records how the prompts were given to the model; a guard fitted on the store
+    keeps it, to warn about inputs unlike them (:mod:`hf_lsad.core.prompt_inputs`).
+    """
+    check_activations(activations, hook.hidden_size)
+    if len(records) != len(activations):
+        raise ValueError(f"{len(records)} records for {len(activations)} activation rows")
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for number, start in enumerate(range(0, len(activations), shard_size)):
+        name = f"shard-{number:05d}.safetensors"
+        save_file(
+            {"activations": activations[start : start + shard_size].to(dtype).contiguous().cpu()}, str(path / name)
+        )
+        shards.append({"file": name, "rows": min(shard_size, len(activations) - start)})
+    index = {"format_version": FORMAT_VERSION, "hook": config_to_dict(hook), "shards": shards, "records": records}
+    if inputs is not None:
+        index["inputs"] = config_to_dict(inputs)
+    write_json(path / INDEX, index)
+
+
+def load_activations(directory: str | os.PathLike) -> ActivationSet:
+    """Read a store folder written by :func:`save_activations` (activations as float32)."""
+    path = Path(directory)
+    index, hook, inputs = _read_index(path)
+    parts = []
+    for shard in index["shards"]:
+        try:
+            tensor = load_file(str(path / shard["file"]))["activations"]
+        except (SafetensorError, OSError, KeyError) as err:
+            raise GuardFormatError(f"{path / shard['file']}: unreadable activation shard ({err})") from err
+        if tensor.shape != (shard["rows"], hook.hidden_size):
+            raise GuardFormatError(
+                f"{path / shard['file']}: shape {tuple(tensor.shape)}, index expects "
+                f"{(shard['rows'], hook.hidden_size)}"
+            )
+        parts.append(tensor.float())
+    activations = torch.cat(parts)
+    if len(activations) != len(index["records"]):
+        raise GuardFormatError(f"{path}: {len(activations)} rows but {len(index['records'])} records")
+    check_activations(activations, hook.hidden_size)
+    return ActivationSet(activations, index["records"], hook, inputs)
+
+
+def _read_index(path: Path) -> tuple[dict[str, Any], HookPoint, InputProfile | None]:
+    """The checked ``index.json`` of a store folder, its hook point and (if recorded) its input profile."""
+    index = read_json(path / INDEX)
+    for key in ("format_version", "hook", "shards", "records"):
+        if key not in index:
+            raise GuardFormatError(f"{path / INDEX}: missing key {key!r}")
+    if index["format_version"] != FORMAT_VERSION:
+        raise GuardFormatError(f"{path / INDEX}: format_version {index['format_version']!r}, expected {FORMAT_VERSION}")
+    hook = config_from_dict(HookPoint, index["hook"], source=str(path / INDEX))
+    inputs = index.get("inputs")
+    return (
+        index,
+        hook,
+        None if inputs is None else config_from_dict(InputProfile, inputs, source=f"{path / INDEX}:inputs"),
+    )
+
+
+DEFAULT_BATCH_SIZE = 4096
+"""Rows read (and encoded) at a time by a fit."""
+
+
+class RowSource(Protocol):
+    """Activation rows that a fit reads in batches: :class:`TensorRows` or :class:`ActivationStore`."""
+
+    @property
+    def width(self) -> int:
+        """Row width (the hidden size)."""
+
+    def __len__(self) -> int:
+        """Number of rows."""
+
+    def take(self, rows: Tensor) -> Tensor:
+        """The rows at ascending indices ``rows`` as a float32 ``[len(rows), width]`` tensor."""
+
+
+class TensorRows:
+    """A :class:`RowSource` over an in-memory ``[n, width]`` tensor; rows are checked as they are read."""
+
+    def __init__(self, activations: Tensor) -> None:
+        if activations.ndim != 2 or len(activations) == 0:
+            raise ValueError(f"activations must be a non-empty [n, hidden_size] tensor, got {tuple(activations.shape)}")
+        self.activations = activations
+
+    @property
+    def width(self) -> int:
+        return self.activations.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.activations)
+
+    def take(self, rows: Tensor) -> Tensor:
+        batch = self.activations[rows.to(self.activations.device)].float()
+        check_activations(batch, self.width)
+        return batch
+
+
+class ActivationStore:
+    """A store folder opened for reading rows in batches, never loading it whole.
+
+    Each :meth:`take` opens the shards it needs, copies the contiguous span of
+    rows it asks for and closes them again, so the memory a read holds is that
+    span, whatever the size of the store. Rows are checked (finite, right width)
+    as they are read.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.path = Path(directory)
+        index, self.hook, self.inputs = _read_index(self.path)
+        self.records: list[dict[str, Any]] = index["records"]
+        """One JSON record per row."""
+        self.shards: list[str] = [shard["file"] for shard in index["shards"]]
+        starts = [0]
+        for shard in index["shards"]:
+            with _open_shard(self.path / shard["file"]) as handle:
+                shape = tuple(handle.get_slice("activations").get_shape())
+            if shape != (shard["rows"], self.hook.hidden_size):
+                raise GuardFormatError(
+                    f"{self.path / shard['file']}: shape {shape}, "
+                    f"index expects {(shard['rows'], self.hook.hidden_size)}"
+                )
+            starts.append(starts[-1] + shard["rows"])
+        self.shard_starts = torch.tensor(starts)
+        """Row offset of each shard, and the total row count last."""
+        if starts[-1] != len(self.records):
+            raise GuardFormatError(f"{self.path}: {starts[-1]} rows but {len(self.records)} records")
+
+    @property
+    def width(self) -> int:
+        return self.hook.hidden_size
+
+    def __len__(self) -> int:
+        return int(self.shard_starts[-1])
+
+    def take(self, rows: Tensor) -> Tensor:
+        rows = rows.cpu()
+        if len(rows) and (rows[0] < 0 or rows[-1] >= len(self) or (rows[1:] < rows[:-1]).any()):
+            raise IndexError(f"rows must be ascending indices in [0, {len(self)})")
+        shard_of = torch.searchsorted(self.shard_starts, rows, right=True) - 1
+        parts = []
+        for shard in shard_of.unique().tolist():
+            local = rows[shard_of == shard] - self.shard_starts[shard]
+            low, high = int(local[0]), int(local[-1]) + 1
+            with _open_shard(self.path / self.shards[shard]) as handle:
+                span = handle.get_slice("activations")[low:high]
+            parts.append(span[local - low].float())
+        batch = torch.cat(parts) if parts else torch.empty(0, self.width)
+        check_activations(batch, self.width, name=f"activations read from {self.path}")
+        return batch
+
+
+def _open_shard(file: Path) -> Any:
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise GuardFormatError(f"{file}: unreadable activation shard ({err})") from err
+
+
+def row_batches(source: RowSource, rows: Tensor, batch_size: int) -> Iterator[Tensor]:
+    """``source.take`` of consecutive chunks of ``batch_size`` indices of ``rows`` (ascending)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for start in range(0, len(rows), batch_size):
+        yield source.take(rows[start : start + batch_size])

@@ -1,0 +1,248 @@
+"""Acting on the guard's verdict while ``generate`` runs: stop a flagged row, force EOS or a refusal.
+
+The guard reads the hidden state that the model computes anyway. The recorder of
+:func:`hf_lsad.capture.recorder.generation_recorder` (the same one the report path and collection
+use: it ignores other threads' forward passes and reads a right-padded prompt at its last
+real token) keeps the last position of every forward call (prefill, then one call per new
+token); transformers calls the logits processors right after each
+forward call and before it picks the next token, so that is where the verdict is
+made:
+
+- ``prompt_last`` guard: the prefill record is scored on the first call. A flagged
+  row is *screened*: its first token is forced to be the refusal (if any) and then
+  EOS, so it generates no token of its own.
+- ``response_running`` guard (:mod:`hf_lsad.guard.running`): on each decoding call
+  the record of the newest consumed response token is scored; a row flagged on
+  ``patience`` consecutive tokens is stopped there, its next token forced as above.
+
+Forcing a token sets every other logit of that row to ``-inf`` (so greedy search,
+sampling and any logits warper pick it), the :class:`GuardStoppingCriteria` ends the
+row once its forced tokens are out (transformers' stopping criteria are per row), and
+the other rows of the batch go on unchanged. Both objects are built per ``generate``
+call around one :class:`GuardedGenerationState`; nothing is stored on the model or
+the guard, so concurrent calls do not share state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from transformers import LogitsProcessor, StoppingCriteria
+
+from ..capture.recorder import LastPositionRecorder
+from ..errors import InputError
+from ..guard.guard import SafetyGuard, SafetyReport
+
+ON_FLAG = ("report", "stop")
+"""``report``: score only (the sequences are those of plain ``generate``); ``stop``: end flagged rows."""
+
+SCREEN_POSITIONS = ("prompt_last",)
+RUNNING_POSITIONS = ("response_running",)
+
+
+def refusal_token_ids(
+    refusal: str | Sequence[int] | Tensor | None, tokenizer: Any = None, vocab_size: int | None = None
+) -> list[int]:
+    """Token ids of a refusal given as ids or as text (text needs a tokenizer); ``None`` is no refusal.
+
+    With ``vocab_size``, an id outside ``[0, vocab_size)`` is an :class:`~hf_lsad.errors.InputError`
+    here, before generation, rather than an ``IndexError`` on the step that would force it.
+    """
+    if refusal is None:
+        return []
+    if isinstance(refusal, str):
+        if tokenizer is None:
+            raise ValueError("a refusal given as text needs the tokenizer: pass tokenizer=... (or give token ids)")
+        return list(tokenizer(refusal, add_special_tokens=False)["input_ids"])
+    ids = refusal.tolist() if isinstance(refusal, Tensor) else list(refusal)
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise TypeError(f"refusal token ids must be ints, got {ids!r}")
+    outside = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
+    if outside:
+        raise InputError(f"refusal token ids {outside} are outside the model's vocabulary [0, {vocab_size})")
+    return ids
+
+
+class StepVerdict(NamedTuple):
+    """What the guard knows after scoring one step (``generate(..., on_step=...)``)."""
+
+    step: int
+    """0: the prefill (prompt_last); ``t``: response token ``t - 1`` was scored (response_running)."""
+    scores: Tensor
+    """``[batch]`` scores of this step (``nan`` for rows not scored: ended or already flagged)."""
+    flagged: Tensor
+    """``[batch]`` bool: rows flagged so far."""
+
+
+@dataclass
+class GuardedGenerationState:
+    """What one guarded ``generate`` call knows about its rows (one object per call)."""
+
+    guard: SafetyGuard
+    batch_size: int
+    prompt_length: int
+    eos_token_ids: list[int]
+    stop: bool = False
+    """Whether flagged rows are ended (``on_flag="stop"``)."""
+    forced_tokens: list[int] = field(default_factory=list)
+    """Tokens a stopped row emits: the refusal, then the first EOS id (if there is one)."""
+    patience: int = 1
+    """Consecutive flagged tokens that flag a row (running guards)."""
+    recorder: LastPositionRecorder | None = None
+    """Reads the hooked block during the call (:func:`hf_lsad.capture.recorder.generation_recorder`)."""
+    on_step: Callable[[StepVerdict], None] | None = None
+    """Called after every scoring step (from the thread running ``generate``)."""
+
+    def __post_init__(self) -> None:
+        if self.stop and not self.forced_tokens:
+            raise ValueError("stopping a row needs an EOS token id or a refusal (the model has no eos_token_id)")
+        n = self.batch_size
+        self.calls = 0
+        """Logits-processor calls so far (= new tokens picked so far)."""
+        self.flag_step = torch.full((n,), -1, dtype=torch.long)
+        """Step at which the row was flagged (``-1``: never); step 0 is the prefill, before any new token."""
+        self.forced_done = torch.zeros(n, dtype=torch.long)
+        """Forced tokens a stopped row has emitted so far."""
+        self.finished = torch.zeros(n, dtype=torch.bool)
+        """Rows that ended (EOS of their own, or their forced tokens are out)."""
+        self.streak = torch.zeros(n, dtype=torch.long)
+        self.step_scores: list[Tensor] = []
+        """Running guards: the score of each row at each decoding step (``nan`` where not scored)."""
+        self.step_clusters: list[Tensor] = []
+        self.screen_reports: list[SafetyReport] | None = None
+
+    @property
+    def position(self) -> str:
+        return self.guard.config.hook.position
+
+    @property
+    def records(self) -> list[Tensor]:
+        """Hidden state at the read position of each forward call so far, ``[batch, hidden]`` each."""
+        if self.recorder is None:
+            raise RuntimeError("GuardedGenerationState has no recorder")
+        return self.recorder.records
+
+    @property
+    def stopped(self) -> Tensor:
+        """Rows that were flagged and ended by the guard."""
+        return self.flag_step >= 0 if self.stop else torch.zeros(self.batch_size, dtype=torch.bool)
+
+    def update(self, input_ids: Tensor) -> None:
+        """Score what the latest forward call produced (called once per new token, before it is picked)."""
+        step = self.calls
+        self.calls += 1
+        if step > 0 and self.eos_token_ids:  # rows that emitted EOS of their own on the previous step
+            last = input_ids[:, -1].cpu()
+            self.finished |= torch.isin(last, torch.tensor(self.eos_token_ids))
+        if len(self.records) != self.calls:
+            raise RuntimeError(
+                f"guarded generation saw {len(self.records)} forward calls for {self.calls} new tokens; "
+                "was prefill chunked or the cache disabled mid-way?"
+            )
+        if self.position in SCREEN_POSITIONS:
+            if step == 0:
+                self.screen_reports = self.guard.reports(self.records[0])
+                flagged = torch.tensor([r.flagged for r in self.screen_reports], dtype=torch.bool)
+                self.flag_step[flagged] = 0
+        elif self.position in RUNNING_POSITIONS and step > 0:
+            # records[step] is the hidden state of response token step - 1 (the one just consumed).
+            active = ~self.finished & (self.flag_step < 0)
+            output = self.guard(self.records[step])
+            flags = output.flagged.cpu() & active
+            scores = output.scores.float().cpu().masked_fill(~active, float("nan"))
+            self.step_scores.append(scores)
+            self.step_clusters.append(output.clusters.cpu())
+            self.streak = torch.where(flags, self.streak + 1, torch.zeros_like(self.streak))
+            newly = (self.streak >= self.patience) & (self.flag_step < 0)
+            self.flag_step[newly] = step
+            if self.on_step is not None:
+                self.on_step(StepVerdict(step, scores, self.flag_step >= 0))
+            return
+        if self.on_step is not None and step == 0 and self.screen_reports is not None:
+            scores = torch.tensor([r.score for r in self.screen_reports])
+            self.on_step(StepVerdict(0, scores, self.flag_step >= 0))
+
+    def force(self, scores: Tensor) -> Tensor:
+        """Set the logits of stopped rows so that their next forced token is the only choice."""
+        if not self.stop:
+            return scores
+        rows = (self.flag_step >= 0) & (self.forced_done < len(self.forced_tokens)) & ~self.finished
+        if not rows.any():
+            return scores
+        index = rows.nonzero().flatten()
+        tokens = torch.tensor(self.forced_tokens)[self.forced_done[index]]
+        scores = scores.clone()
+        scores[index.to(scores.device)] = float("-inf")
+        scores[index.to(scores.device), tokens.to(scores.device)] = 0.0
+        self.forced_done[index] += 1
+        done = index[self.forced_done[index] >= len(self.forced_tokens)]
+        self.finished[done] = True
+        return scores
+
+    def reports(self, *, explain: bool = False, top_k: int = 10) -> list[SafetyReport]:
+        """The call's reports: the screening verdict, or the running statistic (:mod:`hf_lsad.guard.running`)."""
+        stopped = self.stopped.tolist()
+        if self.position in SCREEN_POSITIONS:
+            if not self.records:
+                raise RuntimeError("generate made no forward call")
+            reports = self.guard.reports(self.records[0], explain=explain, top_k=top_k)
+            return [r._replace(step=0 if r.flagged else None, stopped=bool(stop)) for r, stop in zip(reports, stopped)]
+        from ..guard.running import sequence_statistic
+
+        n = self.batch_size
+        threshold = self.guard.threshold
+        if not self.step_scores:  # one token per row: nothing consumed, nothing scored
+            return [SafetyReport(float("-inf"), threshold, False, -1, None) for _ in range(n)]
+        scores = torch.stack(self.step_scores, dim=1)  # [batch, steps]; step j scores response token j
+        clusters = torch.stack(self.step_clusters, dim=1)
+        statistic, at = sequence_statistic(scores, self.patience)
+        features: list[Any] = [None] * n
+        if explain:
+            best = at.clamp_min(0)
+            activations = torch.stack([self.records[int(best[r]) + 1][r] for r in range(n)])
+            features = self.guard.explain(activations, top_k=top_k)
+        out = []
+        for r in range(n):
+            flagged = bool(statistic[r] > threshold)
+            step = int(self.flag_step[r]) if self.flag_step[r] >= 0 else (int(at[r]) + 1 if flagged else None)
+            cluster = int(clusters[r, at[r]]) if at[r] >= 0 else -1
+            out.append(
+                SafetyReport(
+                    score=float(statistic[r]),
+                    threshold=threshold,
+                    flagged=flagged,
+                    cluster=cluster,
+                    probability=None,
+                    step=step,
+                    stopped=bool(stopped[r]),
+                    features=features[r],
+                )
+            )
+        return out
+
+
+class GuardLogitsProcessor(LogitsProcessor):
+    """Scores each forward call's activation and forces stopped rows' tokens (see module docstring)."""
+
+    def __init__(self, state: GuardedGenerationState) -> None:
+        self.state = state
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.state.update(input_ids)
+        return self.state.force(scores)
+
+
+class GuardStoppingCriteria(StoppingCriteria):
+    """Per row: done once a stopped row's forced tokens are out (covers models without an EOS id)."""
+
+    def __init__(self, state: GuardedGenerationState) -> None:
+        self.state = state
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        state = self.state
+        done = state.stopped & (state.forced_done >= len(state.forced_tokens))
+        return done.to(input_ids.device)

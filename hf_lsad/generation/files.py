@@ -1,0 +1,123 @@
+"""A guarded model on disk: its folder written, read back and uploaded, and a model and a guard
+loaded together (:class:`hf_lsad.generation.model.GuardedModelForCausalLM` delegates ``save_pretrained``,
+``push_to_hub`` and ``from_pretrained`` here).
+
+The folder (locally or in a Hub repo, optionally under a subfolder) holds the guard and a
+reference to the base model, not its weights::
+
+    guarded_model.json   {"format_version", "base_model", "base_model_revision", "guard": "guard"}
+    guard/               the guard folder (:mod:`hf_lsad.guard.files`)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import CommitInfo
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from ..core.hub import resolve_pretrained_dir, upload_pretrained_dir
+from ..core.serialization import FORMAT_VERSION, GuardFormatError, read_json, write_json
+from ..guard.files import MODEL_CARD
+from ..guard.guard import SafetyGuard
+
+GUARDED_CONFIG = "guarded_model.json"
+"""File of a saved guarded model: format version and the reference to the base model."""
+GUARD_SUBFOLDER = "guard"
+"""Folder of a saved guarded model that holds the guard."""
+
+
+def load_guarded_model(
+    name_or_path: str | os.PathLike,
+    guard: str | os.PathLike | SafetyGuard | None,
+    guard_kwargs: dict[str, Any] | None,
+    model_kwargs: dict[str, Any],
+) -> tuple[PreTrainedModel, SafetyGuard, Any]:
+    """The ``(model, guard, tokenizer)`` of ``GuardedModelForCausalLM.from_pretrained`` (arguments as there).
+
+    Without ``guard``, those of the saved guarded model ``name_or_path`` (:func:`load_guarded_folder`);
+    with one, the model ``name_or_path``, the guard (loaded unless it is a :class:`SafetyGuard`) and no tokenizer.
+    """
+    if guard is None:
+        return load_guarded_folder(name_or_path, guard_kwargs or {}, model_kwargs)
+    if not isinstance(guard, SafetyGuard):
+        guard = SafetyGuard.from_pretrained(guard, **(guard_kwargs or {}))
+    return AutoModelForCausalLM.from_pretrained(name_or_path, **model_kwargs), guard, None
+
+
+def load_guarded_folder(
+    name_or_path: str | os.PathLike, hub_kwargs: dict[str, Any], model_kwargs: dict[str, Any]
+) -> tuple[PreTrainedModel, SafetyGuard, Any]:
+    """The ``(model, guard, tokenizer)`` of a saved guarded model, a local folder or a Hub repo.
+
+    ``hub_kwargs`` say where to read the folder (:func:`hf_lsad.core.hub.resolve_pretrained_dir`);
+    the base model is loaded with ``model_kwargs``. The tokenizer is ``None`` unless the base
+    model is the bundled one (:func:`hf_lsad.capture.pretrained.load_model`).
+    """
+    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, load_model
+
+    local = Path(name_or_path).expanduser() / hub_kwargs.get("subfolder", "")
+    path = local if local.is_dir() and not (local / GUARDED_CONFIG).is_file() else None
+    if path is None:  # a saved guarded model (local or on the Hub): the strict resolver
+        path = resolve_pretrained_dir(name_or_path, root_file=GUARDED_CONFIG, **hub_kwargs)
+    if not (path / GUARDED_CONFIG).is_file():
+        raise FileNotFoundError(
+            f"{name_or_path} holds no {GUARDED_CONFIG} (not saved by GuardedModelForCausalLM.save_pretrained); "
+            "to load a model and a guard separately pass guard=..."
+        )
+    raw = read_json(path / GUARDED_CONFIG)
+    source = str(path / GUARDED_CONFIG)
+    if raw.get("format_version") != FORMAT_VERSION:
+        raise GuardFormatError(f"{source}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}")
+    if not isinstance(raw.get("base_model"), str) or not raw["base_model"]:
+        raise GuardFormatError(f"{source}: missing base_model")
+    guard = SafetyGuard.from_pretrained(path / raw.get("guard", GUARD_SUBFOLDER))
+    base_model = raw["base_model"]
+    tokenizer = None
+    if base_model in DEFAULT_MODEL_ALIASES:
+        model, tokenizer = load_model(base_model, **model_kwargs)
+    else:
+        if raw.get("base_model_revision") and "revision" not in model_kwargs:
+            model_kwargs = {**model_kwargs, "revision": raw["base_model_revision"]}
+        model = AutoModelForCausalLM.from_pretrained(base_model, **model_kwargs)
+    return model, guard, tokenizer
+
+
+def write_guarded_folder(
+    folder: Path, model: PreTrainedModel, guard: SafetyGuard, base_model: str | None, base_model_revision: str | None
+) -> None:
+    """Write ``guard`` and the reference to the base model (default: ``model.config.name_or_path``) to ``folder``."""
+    base_model = base_model or str(model.config.name_or_path or "")
+    if not base_model:
+        raise ValueError("the model has no config.name_or_path to refer to; pass base_model='org/name'")
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(
+        folder / GUARDED_CONFIG,
+        {
+            "format_version": FORMAT_VERSION,
+            "base_model": base_model,
+            "base_model_revision": base_model_revision,
+            "guard": GUARD_SUBFOLDER,
+        },
+    )
+    guard.save_pretrained(folder / GUARD_SUBFOLDER)
+
+
+def upload_guarded_folder(
+    model: PreTrainedModel,
+    guard: SafetyGuard,
+    repo_id: str,
+    base_model: str | None,
+    base_model_revision: str | None,
+    **upload_kwargs: Any,
+) -> CommitInfo:
+    """Write the folder, with the guard's model card, to a temporary folder and upload it in one commit
+    (``upload_kwargs`` as in :func:`hf_lsad.core.hub.upload_pretrained_dir`)."""
+    with tempfile.TemporaryDirectory(prefix="hf-lsad-push-") as tmp:
+        folder = Path(tmp)
+        write_guarded_folder(folder, model, guard, base_model, base_model_revision)
+        guard.model_card().save(folder / GUARD_SUBFOLDER / MODEL_CARD)
+        return upload_pretrained_dir(folder, repo_id, **upload_kwargs)

@@ -1,0 +1,108 @@
+"""One guarded ``generate`` call and its dict output (:meth:`hf_lsad.generation.model.GuardedModelForCausalLM.generate`
+delegates here).
+
+Reporting alone runs plain ``generate`` with the guard's activation captured on the way
+(:func:`hf_lsad.capture.recorder.generate_with_activations`), so the sequences are exactly the plain
+model's. Stopping, ``on_step`` and running guards need the verdict while the call runs: they
+generate under the logits processor and stopping criteria of :mod:`hf_lsad.generation.control`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation import GenerateDecoderOnlyOutput
+
+from ..capture.recorder import (
+    check_generate_kwargs,
+    eos_token_ids,
+    generate_with_activations,
+    generation_recorder,
+    num_return_sequences,
+)
+from ..guard.guard import SafetyGuard, SafetyReport
+from .control import (
+    ON_FLAG,
+    RUNNING_POSITIONS,
+    GuardedGenerationState,
+    GuardLogitsProcessor,
+    GuardStoppingCriteria,
+    StepVerdict,
+    refusal_token_ids,
+)
+
+
+@dataclass
+class GuardedGenerateDecoderOnlyOutput(GenerateDecoderOnlyOutput):
+    """transformers' decoder-only generate output with one :class:`SafetyReport` per sequence."""
+
+    safety: list[SafetyReport] | None = None
+
+
+def check_generate_options(position: str, on_flag: str, on_step: Callable[[StepVerdict], None] | None) -> None:
+    """Refuse an ``on_flag`` / ``on_step`` that a guard reading ``position`` cannot honour."""
+    if on_flag not in ON_FLAG:
+        raise ValueError(f"on_flag must be one of {ON_FLAG}, got {on_flag!r}")
+    if on_flag == "stop" and position == "response_last":
+        raise ValueError(
+            "a response_last guard decides only after the response is complete, so it cannot stop one; "
+            "use a prompt_last guard (screening) or a response_running guard (stopping while writing)"
+        )
+    if on_step is not None and position == "response_last":
+        raise ValueError("a response_last guard scores once, after generation: there is no step to report")
+
+
+def generate_guarded(
+    model: PreTrainedModel,
+    guard: SafetyGuard,
+    tokenizer: Any,
+    kwargs: dict[str, Any],
+    on_flag: str,
+    refusal: str | Sequence[int] | Tensor | None,
+    explain: bool,
+    top_k: int,
+    on_step: Callable[[StepVerdict], None] | None,
+) -> tuple[Any, list[SafetyReport]]:
+    """``model.generate(**kwargs)`` and one report per sequence (arguments as in ``GuardedModelForCausalLM.generate``;
+    ``tokenizer`` encodes a text ``refusal``)."""
+    hook = guard.config.hook
+    if on_flag == "report" and hook.position not in RUNNING_POSITIONS and on_step is None:
+        output, activations = generate_with_activations(model, hook.layer, hook.position, **kwargs)
+        return output, guard.reports(activations, explain=explain, top_k=top_k)  # fails closed per row
+    # The verdict is needed while generating: the guard's logits processor and stopping criteria go after the
+    # caller's, and the recorder (the report path's) reads the block for this call only.
+    input_ids = check_generate_kwargs(model, kwargs)
+    eos = eos_token_ids(model, kwargs)
+    recorder = generation_recorder(model, hook.layer, kwargs)
+    state = GuardedGenerationState(
+        guard=guard,
+        batch_size=input_ids.shape[0] * num_return_sequences(model, kwargs),  # generate repeats each row
+        prompt_length=input_ids.shape[1],
+        eos_token_ids=eos,
+        stop=on_flag == "stop",
+        forced_tokens=refusal_token_ids(refusal, tokenizer, vocabulary_size(model)) + eos[:1],
+        patience=guard.running.patience if guard.running is not None else 1,
+        recorder=recorder,
+        on_step=on_step,
+    )
+    kwargs["logits_processor"] = LogitsProcessorList(
+        [*(kwargs.get("logits_processor") or []), GuardLogitsProcessor(state)]
+    )
+    kwargs["stopping_criteria"] = StoppingCriteriaList(
+        [*(kwargs.get("stopping_criteria") or []), GuardStoppingCriteria(state)]
+    )
+    with recorder:
+        output = model.generate(**kwargs)
+    return output, state.reports(explain=explain, top_k=top_k)
+
+
+def vocabulary_size(model: PreTrainedModel) -> int:
+    """Rows of the logits ``generate`` picks tokens from (the output embedding; the config's vocab_size without one)."""
+    head = model.get_output_embeddings()
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)

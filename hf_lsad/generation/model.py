@@ -1,0 +1,293 @@
+"""GuardedModelForCausalLM: ``generate`` as in transformers, plus a safety report per sequence.
+
+The guard's hook is registered on the target decoder block for the duration of
+each ``generate`` call only (and removed on the way out, exceptions included),
+so the wrapped model is untouched between calls and there is nothing to close.
+Everything a call records lives in objects made for that call (the recorder, the
+:class:`~hf_lsad.generation.control.GuardedGenerationState`), never on the instance.
+
+Saving and loading delegate to :mod:`hf_lsad.generation.files`, each ``generate`` call to
+:mod:`hf_lsad.generation.generate`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from ..capture.collect import encode_prompts
+from ..capture.inputs import check_context, check_generate_inputs
+from ..capture.recorder import prefill_activations
+from ..core.prompt_inputs import InputWarner
+from ..guard.guard import SafetyGuard, SafetyReport
+from .files import GUARD_SUBFOLDER, GUARDED_CONFIG, load_guarded_model, upload_guarded_folder, write_guarded_folder
+from .generate import GuardedGenerateDecoderOnlyOutput, check_generate_options, generate_guarded
+
+__all__ = ["GUARDED_CONFIG", "GUARD_SUBFOLDER", "GuardedGenerateDecoderOnlyOutput", "GuardedModelForCausalLM"]
+
+
+class GuardedModelForCausalLM(nn.Module):
+    """A causal LM whose ``generate`` also scores every sequence with a :class:`SafetyGuard`.
+
+    ``generate`` takes and returns exactly what ``model.generate`` does (same
+    sequences for the same arguments, with the default ``on_flag="report"``). With ``return_dict_in_generate=True``
+    the output is a :class:`GuardedGenerateDecoderOnlyOutput` whose ``safety``
+    holds the reports; with a plain tensor return they are in
+    :attr:`last_safety`, which is per thread (also set in the dict case).
+
+    Thread safety: one instance serves concurrent ``generate`` calls from several threads.
+    Each call records only its own forward passes (the hook keys its records to the
+    calling thread), so calls run in parallel, with no lock, and each gets the reports it
+    would get alone; reports travel in the return value (and the calling thread's
+    :attr:`last_safety`), never between threads.
+
+    Inputs: left- or right-padded batches (a tokenizer's default ``padding_side``) are
+    scored alike, each row at its last real token (:func:`hf_lsad.capture.recorder.last_token_positions`).
+    A prompt longer than the model's context is an :class:`~hf_lsad.errors.InputError`
+    (:func:`hf_lsad.capture.inputs.check_generate_inputs`). A row whose activation is not
+    finite fails closed (:meth:`SafetyGuard.reports`); the sequences are returned anyway.
+
+    Casting: ``.to(dtype)``, ``.half()``, ``.bfloat16()`` cast the model only; the guard
+    follows the model's device and stays in float32 (its threshold was set in float32).
+
+    Attributes the wrapper does not have are looked up on the wrapped model (as peft's
+    ``PeftModel`` does), so code written for a transformers model (``pipeline``,
+    ``guarded.config``, ``guarded.can_generate()``, ...) can take the wrapper.
+
+    The guard must fit the model: same hidden size, layer count and hooked block (always an
+    error otherwise), and the same base model (``guard.config.hook.base_model`` against
+    ``model.config.name_or_path``, compared as in :func:`hf_lsad.capture.recorder.same_base_model`:
+    Hub ids, or the last two components of a local path). A base-model mismatch is refused
+    unless ``allow_base_model_mismatch=True``, which warns instead.
+
+    ``tokenizer`` (optional) lets :meth:`screen` take prompt strings and ``refusal`` be text.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        guard: SafetyGuard,
+        *,
+        tokenizer: Any = None,
+        allow_base_model_mismatch: bool = False,
+    ) -> None:
+        super().__init__()
+        guard.config.hook.check_model(model, allow_base_model_mismatch=allow_base_model_mismatch)
+        self.model = model
+        self.guard = guard.to(model.device)
+        self.tokenizer = tokenizer
+        self._per_thread = threading.local()
+        self._input_warner = InputWarner()
+
+    @property
+    def last_safety(self) -> list[SafetyReport] | None:
+        """Reports of this thread's latest ``generate`` call, one per returned sequence (``None`` before one)."""
+        return getattr(self._per_thread, "last_safety", None)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> GuardedModelForCausalLM:
+        # .to(dtype) / .half() / .to(device) reach the model; the guard only follows its device, in float32.
+        self.model._apply(fn, recurse)
+        self.guard.to(self.model.device)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        """Forward missing attributes to the wrapped model (as ``peft.PeftModel.__getattr__``)."""
+        try:
+            return super().__getattr__(name)  # parameters, buffers and submodules (nn.Module)
+        except AttributeError:
+            if name == "model":  # not set yet (e.g. during __init__ or unpickling): avoid recursion
+                raise
+            return getattr(self.model, name)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        guard: str | os.PathLike | SafetyGuard | None = None,
+        guard_kwargs: dict[str, Any] | None = None,
+        allow_base_model_mismatch: bool = False,
+        **model_kwargs: Any,
+    ) -> GuardedModelForCausalLM:
+        """Load a guarded model.
+
+        Without ``guard``, ``pretrained_model_name_or_path`` is a folder or Hub repo written by
+        :meth:`save_pretrained` / :meth:`push_to_hub`: its guard is loaded from it and the base
+        model from the reference it holds (``AutoModelForCausalLM.from_pretrained(base_model,
+        **model_kwargs)``; the bundled SmolLM2 through :func:`hf_lsad.capture.pretrained.load_model`).
+        ``guard_kwargs`` (``revision``, ``subfolder``, ``token``, ``cache_dir``,
+        ``local_files_only``, ``force_download``) then say where to read that folder.
+
+        With ``guard``, load the model with ``AutoModelForCausalLM.from_pretrained(..., **model_kwargs)``
+        and the guard: a :class:`SafetyGuard`, a guard folder or a Hub repo id; ``guard_kwargs``
+        go to :meth:`SafetyGuard.from_pretrained`, e.g.::
+
+            GuardedModelForCausalLM.from_pretrained(
+                "HuggingFaceTB/SmolLM2-135M-Instruct", guard="org/smollm2-lsad", guard_kwargs={"revision": "v1"}
+            )
+
+        ``allow_base_model_mismatch`` as in the class docstring.
+        """
+        model, guard, tokenizer = load_guarded_model(pretrained_model_name_or_path, guard, guard_kwargs, model_kwargs)
+        return cls(model, guard, tokenizer=tokenizer, allow_base_model_mismatch=allow_base_model_mismatch)
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        *,
+        base_model: str | None = None,
+        base_model_revision: str | None = None,
+    ) -> None:
+        """Write the guard and a reference to the base model (not its weights)::
+
+            guarded_model.json   {"format_version", "base_model", "base_model_revision", "guard": "guard"}
+            guard/               the guard folder (:meth:`SafetyGuard.save_pretrained`)
+
+        ``base_model`` defaults to ``model.config.name_or_path`` (a Hub id, or the local folder
+        the model was loaded from); :meth:`from_pretrained` loads it from there.
+        """
+        write_guarded_folder(Path(save_directory), self.model, self.guard, base_model, base_model_revision)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        base_model: str | None = None,
+        base_model_revision: str | None = None,
+        commit_message: str = "Upload hf-lsad guarded model",
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+    ) -> Any:
+        """Upload what :meth:`save_pretrained` writes to a Hub repo in one commit; returns the ``CommitInfo``."""
+        return upload_guarded_folder(
+            self.model,
+            self.guard,
+            repo_id,
+            base_model,
+            base_model_revision,
+            commit_message=commit_message,
+            revision=revision,
+            private=private,
+            token=token,
+            create_pr=create_pr,
+        )
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def generation_config(self) -> Any:
+        return self.model.generation_config
+
+    @property
+    def device(self) -> Any:
+        return self.model.device
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    def generate(
+        self,
+        input_ids: Tensor | None = None,
+        *,
+        on_flag: str = "report",
+        refusal: str | list[int] | Tensor | None = None,
+        explain: bool = False,
+        explain_top_k: int = 10,
+        safety_out: list[SafetyReport] | None = None,
+        on_step: Any = None,
+        **kwargs: Any,
+    ) -> Tensor | GuardedGenerateDecoderOnlyOutput:
+        """``model.generate(input_ids, **kwargs)``, scoring each sequence at the guard's position.
+
+        Args:
+            on_flag: ``"report"`` (default): generate as the plain model does and report.
+                ``"stop"``: end a flagged row as soon as the verdict exists, while the other rows
+                of the batch go on: right after the prefill for a ``prompt_last`` guard (the row
+                gets no token of its own), at the flagged token for a ``response_running`` guard.
+                A stopped row emits ``refusal`` (if given) and then EOS. A ``response_last``
+                verdict exists only after the response, so it cannot stop anything.
+            refusal: What a stopped row says: token ids, or text (encoded with the wrapper's
+                ``tokenizer``, without special tokens). ``None``: EOS only.
+            explain: Fill each report's ``features`` with its top SAE features (:mod:`hf_lsad.guard.explain`).
+            explain_top_k: How many features to list.
+            on_step: Called with a :class:`~hf_lsad.generation.control.StepVerdict` after each step the
+                guard scores (the prefill of a ``prompt_last`` guard, every token of a running guard),
+                from the thread running ``generate``: e.g. to show the verdict while streaming.
+            safety_out: A list the reports are appended to, for callers that do not see the return
+                value (``pipeline``); the reports are also in the dict output's ``safety``.
+            kwargs: As ``model.generate``; ``logits_processor`` and ``stopping_criteria`` of the
+                caller are kept (the guard's are added after them), so greedy search, sampling,
+                streamers and the caller's criteria compose with stopping.
+        """
+        if input_ids is not None:
+            kwargs["input_ids"] = input_ids
+        check_generate_options(self.guard.config.hook.position, on_flag, on_step)
+        check_generate_inputs(self.model, self.guard, kwargs)
+        self._input_warner.warn(
+            self.guard.inputs, self.tokenizer, kwargs.get("input_ids"), kwargs.get("attention_mask")
+        )
+        output, reports = generate_guarded(
+            self.model, self.guard, self.tokenizer, kwargs, on_flag, refusal, explain, explain_top_k, on_step
+        )
+        self._per_thread.last_safety = reports
+        if safety_out is not None:
+            safety_out.extend(reports)
+        if isinstance(output, Tensor):
+            return output
+        return GuardedGenerateDecoderOnlyOutput(**output, safety=reports)
+
+    @torch.no_grad()
+    def screen(
+        self,
+        prompts: list[str] | Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        chat_template: bool = True,
+        explain: bool = False,
+        top_k: int = 10,
+    ) -> list[SafetyReport]:
+        """Reports for a batch of prompts without generating: a forward pass cut after the hooked block.
+
+        ``prompts`` are strings (encoded with the wrapper's ``tokenizer`` as user turns of its chat
+        template, left-padded, as :func:`hf_lsad.capture.collect.encode_prompts`) or left-padded
+        ``input_ids`` with their ``attention_mask``. Needs a ``prompt_last`` guard: the verdict
+        equals the one ``generate`` reports for the same prompts, and the same inputs are refused
+        (:func:`hf_lsad.capture.inputs.check_context`: malformed tensors, prompts beyond the model's context).
+        """
+        hook = self.guard.config.hook
+        if hook.position != "prompt_last":
+            raise ValueError(f"screen() needs a prompt_last guard; this guard reads {hook.position}")
+        if isinstance(prompts, Tensor):
+            input_ids = prompts
+            attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        else:
+            if self.tokenizer is None:
+                raise ValueError(
+                    "screen() of strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)"
+                )
+            inputs = encode_prompts(self.tokenizer, prompts, chat_template=chat_template)
+            input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+        check_context(self.model, input_ids, attention_mask)  # the rule generate applies
+        self._input_warner.warn(self.guard.inputs, self.tokenizer, input_ids, attention_mask)
+        device = self.model.device
+        activations = prefill_activations(self.model, hook.layer, input_ids.to(device), attention_mask.to(device))
+        return self.guard.reports(activations, explain=explain, top_k=top_k)
+
+
+def _register_pipeline() -> None:
+    from .pipeline import register
+
+    register()
+
+
+_register_pipeline()

@@ -1,0 +1,200 @@
+"""A guard on disk: its folder's files, written, read back and uploaded (:class:`hf_lsad.guard.SafetyGuard`
+delegates ``save_pretrained``, ``from_pretrained`` and ``push_to_hub`` here).
+
+A guard folder (locally or in a Hub repo, optionally under a subfolder)::
+
+    config.json            format version, library versions, hook point, method,
+                           threshold and target FPR, detector settings, and for a
+                           calibrated guard its per-cluster affine calibration
+    detector.safetensors   the detector's tensors (centroids, masks, ...)
+    sae/config.json        the SAE's shape (a folder loadable on its own)
+    sae/sae.safetensors    the SAE's weights
+    threshold.safetensors  the sorted held-out safe scores the threshold was set on
+                           (reports' conformal p-values; absent in guards saved before them)
+    README.md              model card (:mod:`hf_lsad.guard.card`; always on the Hub, optional locally)
+
+Loading is strict (see :mod:`hf_lsad.core.serialization`, :mod:`hf_lsad.core.validation`):
+nothing but JSON and safetensors is read, every key must be known and of its type and
+range, and every tensor must be there with its shape. ``config.json`` also records the
+SHA-256 of each tensor file and the settings the threshold was set for, checked on load
+(:mod:`hf_lsad.core.integrity`).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from ..core.hub import upload_pretrained_dir
+from ..core.integrity import INTEGRITY_KEY, canonical_json, integrity_record, settings_record, verify_integrity
+from ..core.prompt_inputs import InputProfile
+from ..core.serialization import (
+    FORMAT_VERSION,
+    GuardFormatError,
+    config_from_dict,
+    config_to_dict,
+    load_module,
+    read_json,
+    save_module,
+    write_json,
+)
+from ..core.validation import check_guard_header
+from ..detectors.base import Detector, detector_class
+from ..sae.model import SAE_WEIGHTS, SparseAutoencoder
+from ..version import library_versions
+from .calibration import AffineCalibration
+from .running import RunningConfig
+from .types import GuardConfig
+
+if TYPE_CHECKING:
+    from huggingface_hub import CommitInfo, ModelCard
+
+GUARD_CONFIG = "config.json"
+MODEL_CARD = "README.md"
+DETECTOR_WEIGHTS = "detector.safetensors"
+THRESHOLD_SCORES = "threshold.safetensors"
+
+DEFAULT_GUARD = Path(__file__).parent.parent / "guards" / "smollm2-135m-instruct"
+"""The bundled guard for SmolLM2-135M-Instruct; ``SafetyGuard.from_pretrained("default")`` loads it."""
+SAE_SUBFOLDER = "sae"
+
+
+class GuardParts(NamedTuple):
+    """What a guard folder holds, as plain parts: :meth:`hf_lsad.guard.SafetyGuard.from_pretrained` assembles
+    them into a guard, :meth:`~hf_lsad.guard.SafetyGuard.save_pretrained` writes a guard's parts."""
+
+    config: GuardConfig
+    detector: Detector
+    sae: SparseAutoencoder | None
+    holdout_scores: Tensor | None
+    """Sorted held-out safe scores the threshold was set on (``None`` in guards saved before them)."""
+    calibration: AffineCalibration | None
+    running: RunningConfig | None
+    inputs: InputProfile | None
+
+
+def save_guard_files(guard: GuardParts, path: Path) -> None:
+    """Write a guard's tensor files and ``config.json`` (with its integrity record) to ``path``."""
+    path.mkdir(parents=True, exist_ok=True)
+    save_module(guard.detector, path / DETECTOR_WEIGHTS)
+    if guard.holdout_scores is not None:
+        save_file({"holdout_scores": guard.holdout_scores.contiguous()}, str(path / THRESHOLD_SCORES))
+    if guard.sae is not None:
+        guard.sae.save_pretrained(path / SAE_SUBFOLDER)
+    config = {
+        "format_version": FORMAT_VERSION,
+        "versions": library_versions("hf_lsad", "torch", "faiss"),
+        "guard": config_to_dict(guard.config),
+        "detector": guard.detector.settings_dict(),
+        "d_sae": guard.sae.config.d_sae if guard.sae is not None else None,
+    }
+    if guard.calibration is not None:  # only calibrated guards carry the key
+        config["calibration"] = config_to_dict(guard.calibration)
+    if guard.running is not None:  # likewise only response_running guards carry their running settings
+        config["running"] = config_to_dict(guard.running)
+    if guard.inputs is not None:
+        config["inputs"] = config_to_dict(guard.inputs)
+    # Round-trip through JSON so the record holds exactly what a loader will read back.
+    config = json.loads(canonical_json(config))
+    settings = settings_record(config, config_to_dict(guard.sae.config) if guard.sae is not None else None)
+    config[INTEGRITY_KEY] = integrity_record(path, guard_tensor_files(guard), settings)
+    write_json(path / GUARD_CONFIG, config)
+
+
+def load_guard_folder(path: Path) -> tuple[GuardParts, dict[str, Any]]:
+    """Read and check every part of the guard folder ``path``; returns the parts and the raw ``config.json``.
+
+    How the parts fit together is checked when they are assembled
+    (:meth:`hf_lsad.guard.SafetyGuard.from_parts`), and then the folder's integrity record
+    (:func:`verify_guard_folder`).
+    """
+    raw = read_json(path / GUARD_CONFIG)
+    source = str(path / GUARD_CONFIG)
+    check_guard_header(raw, source=source, format_version=FORMAT_VERSION)
+    config = config_from_dict(GuardConfig, raw["guard"], source=f"{source}:guard")
+    try:
+        method = detector_class(config.method)
+    except ValueError as err:
+        raise GuardFormatError(f"{source}:guard: key 'method': {err}") from None
+    if (raw["d_sae"] is not None) != method.uses_sae:
+        raise GuardFormatError(
+            f"{source}: key 'd_sae' is {raw['d_sae']!r}, but {config.method} "
+            f"{'reads' if method.uses_sae else 'does not read'} SAE codes"
+        )
+    sae = SparseAutoencoder.from_pretrained(path / SAE_SUBFOLDER) if raw["d_sae"] is not None else None
+    if sae is not None and sae.config.d_sae != raw["d_sae"]:
+        raise GuardFormatError(f"{source}: d_sae {raw['d_sae']} but the SAE has {sae.config.d_sae} features")
+    try:
+        detector = method.from_settings(
+            raw["detector"], config.hook.hidden_size, raw["d_sae"], source=f"{source}:detector"
+        )
+    except GuardFormatError:
+        raise
+    except ValueError as err:  # a fitted state that does not fit its config
+        raise GuardFormatError(f"{source}:detector: {err}") from err
+    load_module(detector, path / DETECTOR_WEIGHTS)
+    holdout = (
+        read_holdout_scores(path / THRESHOLD_SCORES, config.n_holdout) if (path / THRESHOLD_SCORES).exists() else None
+    )
+    running = None
+    if config.hook.position == "response_running":
+        if "running" not in raw:
+            raise GuardFormatError(f"{source}: a response_running guard needs the config key 'running'")
+        running = config_from_dict(RunningConfig, raw["running"], source=f"{source}:running")
+    elif "running" in raw:
+        raise GuardFormatError(f"{source}: config key 'running' on a {config.hook.position} guard")
+    inputs = config_from_dict(InputProfile, raw["inputs"], source=f"{source}:inputs") if "inputs" in raw else None
+    calibration = None
+    if "calibration" in raw:
+        calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")
+    parts = GuardParts(
+        config, detector.eval(), sae.eval() if sae is not None else None, holdout, calibration, running, inputs
+    )
+    return parts, raw
+
+
+def verify_guard_folder(path: Path, raw: dict[str, Any], parts: GuardParts) -> None:
+    """Check the tensor files' SHA-256 and the settings against the integrity record of ``config.json``."""
+    sae_config = config_to_dict(parts.sae.config) if parts.sae is not None else None
+    verify_integrity(path, raw, sae_config, guard_tensor_files(parts), source=str(path / GUARD_CONFIG))
+
+
+def guard_tensor_files(guard: GuardParts) -> list[str]:
+    """The tensor files of a guard's folder, relative to it."""
+    files = [DETECTOR_WEIGHTS] + ([f"{SAE_SUBFOLDER}/{SAE_WEIGHTS}"] if guard.sae is not None else [])
+    return files + ([THRESHOLD_SCORES] if guard.holdout_scores is not None else [])
+
+
+def read_holdout_scores(file: Path, n_holdout: int) -> Tensor:
+    """The sorted held-out scores of ``threshold.safetensors``, checked against the config's ``n_holdout``."""
+    try:
+        tensors = load_file(str(file))
+    except (SafetensorError, OSError) as err:
+        raise GuardFormatError(f"{file}: unreadable ({err})") from err
+    if set(tensors) != {"holdout_scores"}:
+        raise GuardFormatError(f"{file}: expected one tensor 'holdout_scores', found {sorted(tensors)}")
+    scores = tensors["holdout_scores"]
+    if scores.shape != (n_holdout,) or scores.dtype != torch.float32:
+        raise GuardFormatError(
+            f"{file}: holdout_scores is {scores.dtype} {tuple(scores.shape)}, expected float32 ({n_holdout},)"
+        )
+    if not torch.isfinite(scores).all() or (scores[1:] < scores[:-1]).any():
+        raise GuardFormatError(f"{file}: holdout_scores must be finite and sorted ascending")
+    return scores
+
+
+def upload_guard(guard: GuardParts, card: ModelCard, repo_id: str, **upload_kwargs: Any) -> CommitInfo:
+    """Write ``guard`` and its ``card`` to a temporary folder and upload it in one commit
+    (``upload_kwargs`` as in :func:`hf_lsad.core.hub.upload_pretrained_dir`)."""
+    with tempfile.TemporaryDirectory(prefix="hf-lsad-push-") as tmp:
+        folder = Path(tmp)
+        save_guard_files(guard, folder)
+        card.save(folder / MODEL_CARD)
+        return upload_pretrained_dir(folder, repo_id, **upload_kwargs)

@@ -1,0 +1,165 @@
+"""The sparse autoencoder: ``z = E(a) = ReLU(W_E a + b_E)`` and ``a_hat = D(z) = W_D z + b_D``.
+
+Training (ReLU + L1, paper appendix "SAE Training") is :mod:`hf_lsad.sae.training`.
+
+The encoder and decoder are plain ``nn.Linear`` modules named ``encoder`` and
+``decoder`` so that peft's ``LoraConfig(target_modules=["encoder", "decoder"])``
+can adapt them per cluster (LearnedMask-LoRA).
+
+Loaded SAEs (:mod:`hf_lsad.sae.formats`: SAELens, sparsify, Gemma Scope) may use another
+nonlinearity on the same pre-activations ``pre = W_E a + b_E`` (``SAEConfig.activation``):
+
+- ``relu``: ``z = ReLU(pre)`` (the SAEs hf-lsad trains);
+- ``jumprelu``: ``z = ReLU(pre) * 1[pre > threshold]`` with a per-feature ``threshold``
+  (a buffer, saved in ``sae.safetensors``);
+- ``topk``: ``ReLU`` of the ``k`` largest entries of ``pre``, zero elsewhere.
+
+All three give codes ``z >= 0``, so "feature j is active" is ``z_j > 0`` for every one of them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..core.serialization import (
+    FORMAT_VERSION,
+    GuardFormatError,
+    config_from_dict,
+    config_to_dict,
+    load_module,
+    read_json,
+    save_module,
+    write_json,
+)
+from ..core.validation import require_keys
+
+SAE_WEIGHTS = "sae.safetensors"
+SAE_CONFIG = "config.json"
+
+Activation = Literal["relu", "jumprelu", "topk"]
+ACTIVATIONS: tuple[str, ...] = ("relu", "jumprelu", "topk")
+
+#: SAE config keys added with JumpReLU / TopK support, and the values that SAEs saved before
+#: them (``sae/config.json`` holding only ``d_in`` and ``d_sae``, e.g. the bundled guards) had:
+#: every such SAE is a ReLU SAE. :meth:`SparseAutoencoder.from_pretrained` fills them in only
+#: when *all* of them are absent; any other missing or unknown key is still an error.
+LEGACY_SAE_CONFIG_DEFAULTS: dict[str, object] = {"activation": "relu", "k": None}
+
+
+@dataclass
+class SAEConfig:
+    """Shape of a sparse autoencoder."""
+
+    d_in: int
+    """Width of the activations it reads: the hidden size of the hooked model."""
+
+    d_sae: int
+    """Number of dictionary features (the paper uses 16384)."""
+
+    activation: Activation = "relu"
+    """Nonlinearity on ``pre = W_E a + b_E``: ``relu``, ``jumprelu`` or ``topk`` (module docstring)."""
+
+    k: int | None = None
+    """Number of features kept by ``topk`` (``None`` for the other activations)."""
+
+    def __post_init__(self) -> None:
+        if self.d_in <= 0 or self.d_sae <= 0:
+            raise ValueError(f"SAE sizes must be positive, got d_in={self.d_in}, d_sae={self.d_sae}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"unknown SAE activation {self.activation!r}; choose one of {ACTIVATIONS}")
+        if self.activation == "topk":
+            if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= self.d_sae:
+                raise ValueError(f"a topk SAE needs an integer k in [1, d_sae={self.d_sae}], got k={self.k!r}")
+        elif self.k is not None:
+            raise ValueError(f"k is only used by the topk activation, got k={self.k!r} with {self.activation!r}")
+
+
+class SAEOutput(NamedTuple):
+    codes: Tensor
+    """Sparse features ``z``, shape ``[batch, d_sae]``."""
+    reconstruction: Tensor
+    """``D(z)``, shape ``[batch, d_in]``."""
+
+
+def apply_activation(pre: Tensor, config: SAEConfig, threshold: Tensor | None = None) -> Tensor:
+    """Codes ``z`` from pre-activations ``pre`` (``[..., d_sae]``) under ``config.activation``.
+
+    ``threshold`` (``[d_sae]``) is required by, and only used by, ``jumprelu``.
+    """
+    if config.activation == "relu":
+        return torch.relu(pre)
+    if config.activation == "jumprelu":
+        if threshold is None:
+            raise ValueError("a jumprelu SAE needs its per-feature threshold")
+        return torch.relu(pre) * (pre > threshold).to(pre.dtype)
+    values, indices = pre.topk(config.k, dim=-1, sorted=False)
+    return torch.zeros_like(pre).scatter(-1, indices, torch.relu(values))
+
+
+class SparseAutoencoder(nn.Module):
+    """An SAE: ``encode`` gives sparse codes, ``decode`` maps them back.
+
+    ``encode(a) = activate(encoder(a))``; ``activate`` is ReLU, JumpReLU or TopK as
+    ``config.activation`` says. A JumpReLU SAE also holds a ``threshold`` buffer (``[d_sae]``).
+    """
+
+    threshold: Tensor | None
+
+    def __init__(self, config: SAEConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = nn.Linear(config.d_in, config.d_sae)
+        self.decoder = nn.Linear(config.d_sae, config.d_in)
+        if config.activation == "jumprelu":
+            self.register_buffer("threshold", torch.zeros(config.d_sae))
+        else:
+            self.threshold = None
+
+    def activate(self, pre: Tensor) -> Tensor:
+        """The nonlinearity alone: codes from pre-activations ``encoder(a)`` (possibly adapted, e.g. by LoRA)."""
+        return apply_activation(pre, self.config, self.threshold)
+
+    def encode(self, activations: Tensor) -> Tensor:
+        return self.activate(self.encoder(activations))
+
+    def decode(self, codes: Tensor) -> Tensor:
+        return self.decoder(codes)
+
+    def forward(self, activations: Tensor) -> SAEOutput:
+        codes = self.encode(activations)
+        return SAEOutput(codes, self.decode(codes))
+
+    @torch.no_grad()
+    def normalize_decoder(self) -> None:
+        self.decoder.weight /= self.decoder.weight.norm(dim=0, keepdim=True).clamp_min(1e-8)
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write ``config.json`` and ``sae.safetensors`` into ``save_directory``."""
+        path = Path(save_directory)
+        path.mkdir(parents=True, exist_ok=True)
+        write_json(path / SAE_CONFIG, {"format_version": FORMAT_VERSION, "sae": config_to_dict(self.config)})
+        save_module(self, path / SAE_WEIGHTS)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike) -> SparseAutoencoder:
+        """Load an SAE written by :meth:`save_pretrained`; strict about keys and shapes."""
+        path = Path(directory)
+        raw = read_json(path / SAE_CONFIG)
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise GuardFormatError(
+                f"{path / SAE_CONFIG}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}"
+            )
+        require_keys(raw, {"format_version", "sae"}, set(), source=str(path / SAE_CONFIG))
+        fields = raw["sae"]
+        if isinstance(fields, dict) and not set(LEGACY_SAE_CONFIG_DEFAULTS) & set(fields):
+            # Written before JumpReLU / TopK support: a ReLU SAE (see LEGACY_SAE_CONFIG_DEFAULTS).
+            fields = {**fields, **LEGACY_SAE_CONFIG_DEFAULTS}
+        sae = cls(config_from_dict(SAEConfig, fields, source=str(path / SAE_CONFIG)))
+        load_module(sae, path / SAE_WEIGHTS)
+        return sae
