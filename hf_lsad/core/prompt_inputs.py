@@ -7,7 +7,7 @@ shaped like the prompts it was fitted on. Two ways a user's input silently diffe
   tokenizer's chat template, generation prompt included (``"chat_template"``), or passes it
   as it is (``"raw"``). A ``prompt_last`` guard reads the last prompt token, which for a
   templated prompt is the end of the generation prompt (``<|im_start|>assistant\\n`` for
-  SmolLM2); a raw prompt ends elsewhere, and its scores are off by up to 2x (issue 16).
+  SmolLM2); a raw prompt ends elsewhere, and its scores are off by up to 2x.
 - **Length.** A prompt far longer than any the guard was fitted on lies outside what its
   clusters and threshold have seen.
 

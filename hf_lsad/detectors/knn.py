@@ -1,4 +1,4 @@
-"""k-nearest-neighbour distance on raw activations: the local score of the chat study (issue 13).
+"""k-nearest-neighbour distance on raw activations: the local score of the chat study.
 
 Not in the paper. FreqMask-KM asks whether a row is typical of its *cluster*; with
 chat in the safe pool the clusters are broad, and a harmful request lands in one

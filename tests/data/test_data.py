@@ -250,7 +250,7 @@ def test_containment_index() -> None:
 
 
 def _repo_pool(name: str, rev: str) -> list[dict] | None:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         data = subprocess.run(
             ["git", "show", f"{rev}:hf_lsad/data/pools/{name}.jsonl.gz"], cwd=root, capture_output=True, check=True

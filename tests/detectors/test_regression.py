@@ -1,15 +1,15 @@
 """Seeded-score regression: every registered method, fitted on a small seeded fixture, scores as it did.
 
 ``tests/data/seeded_scores.safetensors`` holds the scores, clusters and thresholds that the code
-of commit 6df37f0 (before the package redesign of issue 12) produced for the cases below, and the
+of commit 6df37f0 (before the package redesign) produced for the cases below, and the
 bundled guard's scores on a seeded random batch. A refactor must keep every one within 1e-6
 (scaled by the score's magnitude when it exceeds 1: float32 spacing at 200 is 1.5e-5); in
 practice they are bit-identical on one machine. Regenerate only when a change of numbers is
 intended::
 
-    python tests/test_regression.py --write
-    python tests/test_regression.py --write-bundled   # after a deliberate refit of the bundled guard only
-    python tests/test_regression.py --write-new       # entries for cases added with a new method only
+    python tests/detectors/test_regression.py --write
+    python tests/detectors/test_regression.py --write-bundled   # after a deliberate refit of the bundled guard only
+    python tests/detectors/test_regression.py --write-new       # entries for cases added with a new method only
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from hf_lsad.guard.calibration import fit_affine_calibration
 from hf_lsad.guard.fitting import fit_guard
 from hf_lsad.sae.training import SAETrainConfig, train_sae
 
-FIXTURE = Path(__file__).parent / "data" / "seeded_scores.safetensors"
+FIXTURE = Path(__file__).parents[1] / "data" / "seeded_scores.safetensors"
 D_IN, D_SAE = 16, 32
 HOOK = HookPoint(
     base_model="seeded-fixture",
@@ -74,7 +74,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "deep-svdd-soft": ("deep-svdd", {**ENCODER, "objective": "soft-boundary", "warm_up_epochs": 1}),
     "cvdd": ("cvdd", {**ENCODER, "n_contexts": 3}),
     "linear-probe": ("linear-probe", {"epochs": 3, "batch_size": 64, "seed": 4}),
-    "knn": ("knn", {"k": 5, "max_rows": 400, "seed": 2}),  # added with the method (issue 13), not from 6df37f0
+    "knn": ("knn", {"k": 5, "max_rows": 400, "seed": 2}),  # added with the method, not from 6df37f0
 }
 CALIBRATED_CASES = ("freqmask-global-l1", "gmm")
 """Cases whose scores also get a per-cluster affine calibration (probabilities compared)."""
@@ -142,6 +142,8 @@ def bundled_guard_case() -> dict[str, torch.Tensor]:
 
 
 def _compare(name: str, got: dict[str, torch.Tensor], stored: dict[str, torch.Tensor]) -> None:
+    expected = {key.split("/", 1)[1] for key in stored if key.startswith(f"{name}/")}
+    assert set(got) == expected, f"{name}: keys {sorted(set(got) ^ expected)} appeared or disappeared"
     for key, value in got.items():
         reference = stored[f"{name}/{key}"]
         assert value.shape == reference.shape, f"{name}/{key}: shape {tuple(value.shape)} vs {tuple(reference.shape)}"

@@ -1,6 +1,6 @@
 """FPR at a target TPR, flag rate, mean +- std and the offline `evaluate` metric, against hand-computed values.
 
-AUROC with ties and TPR at an exact 5% FPR are in tests/test_threshold.py; the cases
+AUROC with ties and TPR at an exact 5% FPR are in tests/guard/test_threshold.py; the cases
 here add ties at the operating point and the new functions.
 """
 

@@ -354,7 +354,7 @@ def test_card_template_ships_inside_the_package():
 
     packaged = files("hf_lsad") / "model_cards" / "guard_card.md"
     assert packaged.is_file() and Path(str(packaged)).samefile(GUARD_CARD_TEMPLATE)
-    top_level = Path(__file__).resolve().parent.parent / "model_cards" / "guard_card.md"
+    top_level = Path(__file__).resolve().parents[2] / "model_cards" / "guard_card.md"
     assert top_level.read_text() == GUARD_CARD_TEMPLATE.read_text()
 
 

@@ -1,4 +1,4 @@
-"""One GuardedModelForCausalLM serving concurrent generate calls from several threads (issues 14 and 16)."""
+"""One GuardedModelForCausalLM serving concurrent generate calls from several threads."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def load_test(n_threads: int, n_calls: int) -> int:
 
 
 def test_two_threads_never_exchange_reports():
-    """Fails on the code before issue 14/16: both calls hooked the same block and saw each other's passes."""
+    """Fails on code whose calls share one hook: both calls hooked the same block and saw each other's passes."""
     assert load_test(2, 10) == 20
 
 

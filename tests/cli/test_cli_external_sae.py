@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_sae_formats import codes, ref_standard, weights, write_saelens
+from external_saes import codes, ref_standard, weights, write_saelens
 
 from hf_lsad.cli.main import entry, main
 from hf_lsad.data.store import load_activations

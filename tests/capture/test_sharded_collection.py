@@ -17,7 +17,7 @@ from hf_lsad.core.hook_point import HookPoint
 from hf_lsad.core.prompt_inputs import InputProfile
 from hf_lsad.data.store import load_activations, save_activations
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def test_two_accelerate_processes_write_the_one_process_store(model_dir, tmp_path):

@@ -1,4 +1,4 @@
-"""No silent wrong verdicts (issue 16): one row per case a careless or hostile user tried.
+"""No silent wrong verdicts: one row per case a careless or hostile user tried.
 
 Each row either asserts the error type and that the message names the offending
 file / key / value, or asserts the correct result where the case is now supported.

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from hf_lsad.cli.main import main
+from hf_lsad.core.splits import split_safe
 from hf_lsad.data.store import load_activations
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.sae import SparseAutoencoder, sae_stats
 
 
 def test_cli_pipeline(model_dir, tmp_path, capsys):
@@ -38,7 +41,12 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     stats = json.loads(out[out.index("{") :])
-    assert stats["held_out"]["l0"] > 0 and stats["held_out"]["fraction_variance_explained"] <= 1.0
+    # the printed statistics are those of the saved SAE on the held-out split the command drew
+    data = load_activations(tmp_path / "safe")
+    split = split_safe(len(data.activations), 0.2, 0)
+    held_out = sae_stats(SparseAutoencoder.from_pretrained(tmp_path / "sae"), data.activations[split.holdout])
+    assert stats["held_out"] == pytest.approx(held_out._asdict(), abs=1e-6)
+    assert stats["held_out"]["l0"] > 0
     main(
         [
             "fit",
@@ -71,7 +79,14 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
         ]
     )
     metrics = json.loads(capsys.readouterr().out)
-    assert set(metrics) == {"harmful"} and 0.0 <= metrics["harmful"]["auroc"] <= 1.0
+    # the AUROC of the guard's scores, harmful rows against its held-out safe rows, computed here by sklearn
+    from sklearn.metrics import roc_auc_score
+
+    safe_rows = load_activations(tmp_path / "safe").activations[split_safe(60, 0.2, 0).holdout]
+    negatives, positives = guard(safe_rows).scores, guard(load_activations(tmp_path / "harmful").activations).scores
+    labels = [0] * len(negatives) + [1] * len(positives)
+    expected = roc_auc_score(labels, torch.cat([negatives, positives]).numpy())
+    assert set(metrics) == {"harmful"} and metrics["harmful"]["auroc"] == pytest.approx(expected, abs=1e-9)
     # Any store can play benign OOD: its flag rate is reported, with a warning above 10%.
     main(
         [
