@@ -1,6 +1,6 @@
 """Checks on what a user passes to guarded ``generate`` and ``screen``, before any compute is spent.
 
-Decisions (README, "Thread safety and inputs"):
+Decisions (docs/usage.md, "Thread safety and inputs"):
 
 - **Padding**: left and right padding are both supported; each row is read at its last
   real token (:func:`hf_lsad.capture.recorder.last_token_positions`), so no check is needed here.

@@ -15,29 +15,38 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+
+from ..core.validation import HALF_OPEN_UNIT, OPEN_UNIT, POSITIVE, Range
 
 PROG = "hf-lsad"
 
-# argument -> (check, what it must be)
-_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "limit": (lambda v: v >= 1, "a positive integer"),
-    "batch_size": (lambda v: v >= 1, "a positive integer"),
-    "max_new_tokens": (lambda v: v >= 1, "a positive integer"),
-    "d_sae": (lambda v: v >= 1, "a positive integer"),
-    "epochs": (lambda v: v >= 1, "a positive integer"),
-    "sae_epochs": (lambda v: v >= 1, "a positive integer"),
-    "clusters": (lambda v: v >= 1, "a positive integer"),
-    "mask_size": (lambda v: v >= 1, "a positive integer"),
-    "lr": (lambda v: v > 0, "a number > 0"),
-    "l1": (lambda v: v >= 0, "a number >= 0"),
-    "sae_l1": (lambda v: v >= 0, "a number >= 0"),
-    "ridge": (lambda v: v >= 0, "a number >= 0"),
-    "target_fpr": (lambda v: 0 < v < 1, "a number in (0, 1)"),
-    "holdout_fraction": (lambda v: 0 < v < 1, "a number in (0, 1)"),
-    "budget": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
-    "probability_threshold": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-}
+
+def _flag_rules() -> dict[str, tuple[type, str] | Range]:
+    """Each numeric flag -> the config field whose declared range it obeys, or the range of a flag no config holds."""
+    from ..guard.calibration import AffineCalibration
+    from ..guard.types import GuardConfig
+    from ..sae import SAEConfig, SAETrainConfig
+
+    return {
+        "d_sae": (SAEConfig, "d_sae"),
+        "l1": (SAETrainConfig, "l1_coefficient"),
+        "sae_l1": (SAETrainConfig, "l1_coefficient"),
+        "lr": (SAETrainConfig, "lr"),
+        "epochs": (SAETrainConfig, "epochs"),
+        "sae_epochs": (SAETrainConfig, "epochs"),
+        "target_fpr": (GuardConfig, "target_fpr"),
+        "probability_threshold": (AffineCalibration, "threshold"),
+        # options of a command, not of a saved config
+        "limit": POSITIVE,
+        "batch_size": POSITIVE,
+        "max_new_tokens": POSITIVE,
+        "top_k": POSITIVE,
+        "examples": POSITIVE,
+        "holdout_fraction": OPEN_UNIT,
+        "budget": HALF_OPEN_UNIT,
+    }
+
+
 # arguments naming activation stores that must exist, per command
 _STORES = {
     "train-sae": ["activations"],
@@ -54,12 +63,13 @@ def _flag(name: str) -> str:
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors (``parser.error``: exit code 2) for arguments that cannot work, before any model is loaded."""
-    import math
+    from ..core.validation import field_range
 
-    for name, (ok, expected) in _RANGES.items():
+    for name, rule in _flag_rules().items():
+        bounds = field_range(*rule) if isinstance(rule, tuple) else rule
         value = getattr(args, name, None)
-        if value is not None and ((isinstance(value, float) and not math.isfinite(value)) or not ok(value)):
-            parser.error(f"argument {_flag(name)}: {value!r} is not {expected}")
+        if value is not None and bounds is not None and not bounds.holds(value):
+            parser.error(f"argument {_flag(name)}: {value!r} is not {bounds.expected}")
     for name in _STORES.get(args.command, []):
         values = getattr(args, name, None)
         for value in values if isinstance(values, list) else [values] if values else []:

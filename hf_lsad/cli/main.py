@@ -85,15 +85,16 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
 
 
 def _requested(argv: Sequence[str]) -> tuple[str | None, str]:
-    """The command named in ``argv`` and, for ``fit``, the ``--method`` (default :data:`DEFAULT_METHOD`)."""
-    command = next((a for a in argv if a in COMMANDS), None)
-    method = DEFAULT_METHOD
-    for i, arg in enumerate(argv):
-        if arg == "--method" and i + 1 < len(argv):
-            method = argv[i + 1]
-        elif arg.startswith("--method="):
-            method = arg.split("=", 1)[1]
-    return command, method
+    """The command named in ``argv`` and fit's ``--method`` (default :data:`DEFAULT_METHOD`).
+
+    They decide which flags exist (a method's settings are generated from its config), so they are read
+    before the command's parser is built; building only that parser keeps ``hf-lsad --help`` free of torch.
+    """
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("command", nargs="?")
+    first.add_argument("--method", default=DEFAULT_METHOD)
+    known, _ = first.parse_known_args([a for a in argv if a not in ("-h", "--help", "--version", "--debug")])
+    return (known.command if known.command in COMMANDS else None), known.method
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -127,15 +128,26 @@ def build_parser(command: str | None = None, method: str = DEFAULT_METHOD) -> ar
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser of the command ``argv`` names and the parsed arguments (usage errors exit with code 2)."""
+    argv = list(argv)
     command, method = _requested(argv)
+    if command is None:  # argparse would only say that a command is missing, not what was wrong
+        unknown = [a for a in argv if a.startswith("-") and a not in ("-h", "--help", "--version", "--debug")]
+        if unknown:
+            build_parser().error(f"unrecognized argument {unknown[0]!r} (commands: {', '.join(COMMANDS)})")
     if command == "fit":
         from ..detectors import DETECTORS
 
         if method not in DETECTORS:
             raise SystemExit(f"unknown detector method {method!r}; registered: {sorted(DETECTORS)}")
-    args = build_parser(command, method).parse_args(argv)
+    parser = build_parser(command, method)
+    return parser, parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run a command from Python: parse and call, exceptions propagate (:func:`entry` is the shell's)."""
+    _, args = parse(sys.argv[1:] if argv is None else argv)
     args.run(args)
 
 
@@ -145,19 +157,7 @@ def entry(argv: Sequence[str] | None = None) -> None:
     from .checks import check_args, run
 
     def checked(args: Sequence[str]) -> None:
-        args = list(args)
-        command, method = _requested(args)
-        if command is None:  # argparse would only say that a command is missing, not what was wrong
-            unknown = [a for a in args if a.startswith("-") and a not in ("-h", "--help", "--version")]
-            if unknown:
-                build_parser().error(f"unrecognized argument {unknown[0]!r} (commands: {', '.join(COMMANDS)})")
-        if command == "fit":
-            from ..detectors import DETECTORS
-
-            if method not in DETECTORS:
-                raise SystemExit(f"unknown detector method {method!r}; registered: {sorted(DETECTORS)}")
-        parser = build_parser(command, method)
-        namespace = parser.parse_args(args)
+        parser, namespace = parse(args)
         check_args(parser, namespace)
         namespace.run(namespace)
 

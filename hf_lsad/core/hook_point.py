@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelMismatchError
+from .validation import NON_NEGATIVE, POSITIVE, check_ranges, ranged
 
 if TYPE_CHECKING:
     from torch import nn
@@ -72,13 +73,13 @@ class HookPoint:
     model_type: str
     """``config.model_type`` of that model (``llama``, ``qwen2``, ...)."""
 
-    hidden_size: int
+    hidden_size: int = ranged(POSITIVE)
     """Residual-stream width, the SAE's input width."""
 
-    num_hidden_layers: int
+    num_hidden_layers: int = ranged(POSITIVE)
     """Number of decoder blocks of that model."""
 
-    layer: int
+    layer: int = ranged(NON_NEGATIVE)
     """0-based index of the decoder block whose output is read."""
 
     layer_module: str
@@ -88,6 +89,10 @@ class HookPoint:
     """``response_last`` or ``prompt_last`` (module docstring)."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.layer >= self.num_hidden_layers:
+            below = f"a layer index below num_hidden_layers={self.num_hidden_layers}"
+            raise ValueError(f"key 'layer' is {self.layer!r}, expected {below}")
         if self.position not in GUARD_POSITIONS:
             raise ValueError(f"unknown position {self.position!r}; choose one of {GUARD_POSITIONS}")
 

@@ -8,18 +8,19 @@ the first scoring call:
 - every field's value must have its annotated type: ``int`` (not ``bool``, not ``"2"``),
   ``float`` (an ``int`` is accepted; ``NaN`` and ``inf``, which Python's ``json`` reads,
   are not), ``str``, ``bool``, ``list[...]``/``tuple[...]`` of those, ``X | None``;
-- :data:`FIELD_RANGES` bounds numeric fields (positive sizes, a false-positive rate in
-  (0, 1), a layer inside the model, ...); enums are checked by each config's own
-  ``__post_init__``.
+- numeric fields declare their bounds on the field (:func:`ranged`, a :class:`Range`); a config's
+  ``__post_init__`` checks them (:func:`check_ranges`) with its enums and cross-field rules, so a
+  value out of range fails however the config is built.
 """
 
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Union
 
 from ..errors import GuardFormatError
@@ -27,44 +28,59 @@ from ..errors import GuardFormatError
 _NONE = type(None)
 
 
-def _positive(value: Any) -> str | None:
-    return None if value >= 1 else "a positive integer"
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric config field may take; declared on the field (:func:`ranged`), the one home of the rule.
+
+    Checked when a config is built (its ``__post_init__`` calls :func:`check_ranges`), so a config read
+    from JSON (:func:`hf_lsad.core.serialization.config_from_dict`) and one built from command-line
+    flags (:mod:`hf_lsad.core.settings`) obey the same bounds.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    expected: str = ""
+    """How an error message says what was expected ("a positive integer")."""
+
+    def holds(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
 
-def _non_negative(value: Any) -> str | None:
-    return None if value >= 0 else "a number >= 0"
+POSITIVE = Range(low=1, expected="a positive integer")
+NON_NEGATIVE = Range(low=0, expected="a number >= 0")
+POSITIVE_NUMBER = Range(low=0, low_open=True, expected="a number > 0")
+OPEN_UNIT = Range(low=0, high=1, low_open=True, high_open=True, expected="a number in (0, 1)")
+HALF_OPEN_UNIT = Range(low=0, high=1, low_open=True, expected="a number in (0, 1]")
+CLOSED_UNIT = Range(low=0, high=1, expected="a number in [0, 1]")
+_RANGE = "hf_lsad.range"
 
 
-def _open_unit(value: Any) -> str | None:
-    return None if 0.0 < value < 1.0 else "a number in (0, 1)"
+def ranged(bounds: Range, default: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field (with ``default``, if given) whose value must satisfy ``bounds`` (``None`` is allowed)."""
+    return dataclasses.field(default=default, metadata={_RANGE: bounds})
 
 
-def _closed_unit(value: Any) -> str | None:
-    return None if 0.0 <= value <= 1.0 else "a number in [0, 1]"
-
-
-FIELD_RANGES: dict[str, dict[str, Callable[[Any], str | None]]] = {
-    "HookPoint": {"hidden_size": _positive, "num_hidden_layers": _positive, "layer": _non_negative},
-    "GuardConfig": {"target_fpr": _open_unit, "n_fit": _positive, "n_holdout": _positive, "seed": _non_negative},
-    "SAEConfig": {"d_in": _positive, "d_sae": _positive},
-    "KMeansConfig": {
-        "n_clusters": _positive,
-        "niter": _positive,
-        "nredo": _positive,
-        "max_points_per_centroid": _positive,
-        "min_points_per_centroid": _non_negative,
-    },
-    "FreqMaskConfig": {"mask_size": _positive, "ridge": _non_negative},
-    "AffineCalibration": {"lam": _non_negative, "threshold": _closed_unit},
-}
-"""Per config class name, per field: a check returning ``None`` or what was expected."""
-
-
-def _cross_field(cls_name: str, values: dict[str, Any]) -> tuple[str, str] | None:
-    """Rules between fields: ``(key, expected)`` of the first one broken."""
-    if cls_name == "HookPoint" and values["layer"] >= values["num_hidden_layers"]:
-        return "layer", f"a layer index below num_hidden_layers={values['num_hidden_layers']}"
+def field_range(cls: type, name: str) -> Range | None:
+    """The :class:`Range` declared on field ``name`` of dataclass ``cls``, if any."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f.metadata.get(_RANGE)
     return None
+
+
+def check_ranges(config: Any) -> None:
+    """Raise ``ValueError`` naming the first field of ``config`` outside its declared :class:`Range`."""
+    for f in dataclasses.fields(config):
+        bounds = f.metadata.get(_RANGE)
+        value = getattr(config, f.name)
+        if bounds is not None and value is not None and not bounds.holds(value):
+            raise ValueError(f"key {f.name!r} is {value!r}, expected {bounds.expected}")
 
 
 def describe(hint: Any) -> str:
@@ -149,15 +165,9 @@ def check_fields(cls: type, values: dict[str, Any], *, source: str) -> dict[str,
     for key, value in values.items():
         hint = hints.get(key, Any)
         checked[key] = value if hasattr(value, "__dataclass_fields__") else _check(hint, value, key, source)
-    for key, rule in FIELD_RANGES.get(cls.__name__, {}).items():
-        if key in checked and checked[key] is not None:
-            expected = rule(checked[key])
-            if expected is not None:
-                raise GuardFormatError(f"{source}: key {key!r} is {checked[key]!r}, expected {expected}")
-    broken = _cross_field(cls.__name__, checked)
-    if broken is not None:
-        key, expected = broken
-        raise GuardFormatError(f"{source}: key {key!r} is {checked[key]!r}, expected {expected}")
+        bounds = field_range(cls, key)
+        if bounds is not None and checked[key] is not None and not bounds.holds(checked[key]):
+            raise GuardFormatError(f"{source}: key {key!r} is {checked[key]!r}, expected {bounds.expected}")
     return checked
 
 

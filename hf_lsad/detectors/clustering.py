@@ -40,6 +40,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..core.validation import NON_NEGATIVE, POSITIVE, check_ranges, ranged
+
 ClusterMetric = Literal["l2", "l1", "hamming"]
 CLUSTER_METRICS = get_args(ClusterMetric)
 KMeansDevice = Literal["auto", "cpu", "gpu"]
@@ -52,32 +54,31 @@ _KMEANS_DEVICE: ContextVar[str] = ContextVar("hf_lsad_kmeans_device", default="a
 class KMeansConfig:
     """faiss k-means settings, all explicit so a fit can be reproduced."""
 
-    n_clusters: int = 50
+    n_clusters: int = ranged(POSITIVE, 50)
     """Number of clusters K."""
 
     metric: ClusterMetric = "l2"
     """Clustering metric: ``l2``, ``l1`` or ``hamming`` (on binarised codes)."""
 
-    niter: int = 25
+    niter: int = ranged(POSITIVE, 25)
     """Lloyd iterations per run."""
 
-    nredo: int = 1
+    nredo: int = ranged(POSITIVE, 1)
     """Independent runs; the one with the lowest objective is kept."""
 
     seed: int = 1234
     """faiss random seed (initial centroids and subsampling)."""
 
-    max_points_per_centroid: int = 100_000
+    max_points_per_centroid: int = ranged(POSITIVE, 100_000)
     """k-means trains on at most this many points per centroid (:func:`training_sample`)."""
 
-    min_points_per_centroid: int = 1
+    min_points_per_centroid: int = ranged(NON_NEGATIVE, 1)
     """faiss warns below this many points per centroid."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.metric not in CLUSTER_METRICS:
             raise ValueError(f"unknown clustering metric {self.metric!r}; choose one of {CLUSTER_METRICS}")
-        if self.n_clusters < 1:
-            raise ValueError(f"n_clusters must be >= 1, got {self.n_clusters}")
 
 
 def cluster_space(codes: Tensor, metric: str) -> Tensor:

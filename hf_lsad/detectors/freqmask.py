@@ -30,6 +30,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.fit_checks import MIN_CLUSTER_ROWS, check_cluster_sizes
+from ..core.validation import NON_NEGATIVE, POSITIVE, check_ranges, ranged
 from ..data.store import DEFAULT_BATCH_SIZE, RowSource, TensorRows, row_batches
 from ..sae.model import SparseAutoencoder
 from .base import Detector, DetectorConfig, DetectorOutput, ScoreTerms, register_detector
@@ -50,7 +51,7 @@ class FreqMaskConfig(DetectorConfig):
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
     """Clustering of the safe codes (K, metric and faiss settings)."""
 
-    mask_size: int = 100
+    mask_size: int = ranged(POSITIVE, 100)
     """k: number of most frequently active SAE features kept by the mask."""
 
     mask_scope: MaskScope = "global"
@@ -62,16 +63,15 @@ class FreqMaskConfig(DetectorConfig):
     use_mask: bool = True
     """False scores on all SAE features (the no-mask ablation)."""
 
-    ridge: float = 1e-3
+    ridge: float = ranged(NON_NEGATIVE, 1e-3)
     """Ridge added to each cluster covariance before inversion (``mahalanobis`` only)."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.mask_scope not in MASK_SCOPES:
             raise ValueError(f"mask_scope must be one of {MASK_SCOPES}, got {self.mask_scope!r}")
         if self.score_metric not in SCORE_METRICS:
             raise ValueError(f"score_metric must be one of {SCORE_METRICS}, got {self.score_metric!r}")
-        if self.mask_size < 1:
-            raise ValueError(f"mask_size must be >= 1, got {self.mask_size}")
         if self.ridge <= 0 and self.score_metric == "mahalanobis":
             raise ValueError(f"ridge must be > 0 for Mahalanobis scoring, got {self.ridge}")
 

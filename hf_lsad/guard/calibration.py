@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..core.validation import CLOSED_UNIT, NON_NEGATIVE, check_ranges, ranged
+
 CALIBRATION_LAMBDAS = (1.0, 10.0, 100.0)
 """The paper's grid for the pull towards the anchor."""
 ANCHOR_RIDGE = 1e-3
@@ -65,7 +67,7 @@ class AffineCalibration:
     anchor: list[float]
     """``[a0, b0]``: the pooled fit, used by clusters without labels and rows without a cluster."""
 
-    lam: float
+    lam: float = ranged(NON_NEGATIVE)
     """The selected pull towards the anchor."""
 
     labelled: list[int] = field(default_factory=list)
@@ -76,10 +78,11 @@ class AffineCalibration:
     but none unsafe had its map fitted on safe labels alone: an unsafe input that falls there is scored by how
     the cluster's safe rows look, so few clusters with unsafe labels means a calibration that sees little."""
 
-    threshold: float = 0.5
+    threshold: float = ranged(CLOSED_UNIT, 0.5)
     """Rows whose calibrated probability is strictly above this are flagged."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if len(self.slopes) != len(self.intercepts):
             raise ValueError(f"{len(self.slopes)} slopes but {len(self.intercepts)} intercepts")
         if self.labelled and len(self.labelled) != len(self.slopes):
@@ -94,8 +97,6 @@ class AffineCalibration:
             raise ValueError(f"anchor must be [a0, b0], got {self.anchor}")
         if not all(math.isfinite(v) for v in (*self.slopes, *self.intercepts, *self.anchor, self.lam)):
             raise ValueError("calibration coefficients must be finite")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold is a probability, got {self.threshold}")
 
     @property
     def n_clusters(self) -> int:

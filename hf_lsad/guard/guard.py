@@ -268,7 +268,7 @@ class SafetyGuard(nn.Module):
         ``hub_kwargs`` (``revision``, ``subfolder``, ``token``, ``cache_dir``,
         ``local_files_only``, ``force_download``) behave as in transformers.
 
-        Everything is checked before the guard is returned (README, "A guard on disk"):
+        Everything is checked before the guard is returned (docs/guard-format.md):
         the folder's tree (:func:`~hf_lsad.core.integrity.check_guard_tree`), every key's
         type and range, unknown keys at every level, every tensor's presence, shape and
         finiteness, each tensor file's SHA-256 and the settings the threshold was set for

@@ -9,6 +9,7 @@ from typing import NamedTuple
 from torch import Tensor
 
 from ..core.hook_point import HookPoint
+from ..core.validation import NON_NEGATIVE, OPEN_UNIT, POSITIVE, check_ranges, ranged
 
 
 @dataclass
@@ -24,17 +25,20 @@ class GuardConfig:
     threshold: float
     """Scores strictly above this are flagged."""
 
-    target_fpr: float
+    target_fpr: float = ranged(OPEN_UNIT)
     """Safe false-positive rate the threshold was set for on held-out safe data."""
 
-    n_fit: int
+    n_fit: int = ranged(POSITIVE)
     """Safe activations the detector was fitted on."""
 
-    n_holdout: int
+    n_holdout: int = ranged(POSITIVE)
     """Held-out safe activations the threshold was set on."""
 
-    seed: int
+    seed: int = ranged(NON_NEGATIVE)
     """Seed of the fit/held-out split."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 class FeatureContribution(NamedTuple):

@@ -37,7 +37,7 @@ from ..core.serialization import (
     save_module,
     write_json,
 )
-from ..core.validation import require_keys
+from ..core.validation import POSITIVE, check_ranges, ranged, require_keys
 
 SAE_WEIGHTS = "sae.safetensors"
 SAE_CONFIG = "config.json"
@@ -56,10 +56,10 @@ LEGACY_SAE_CONFIG_DEFAULTS: dict[str, object] = {"activation": "relu", "k": None
 class SAEConfig:
     """Shape of a sparse autoencoder."""
 
-    d_in: int
+    d_in: int = ranged(POSITIVE)
     """Width of the activations it reads: the hidden size of the hooked model."""
 
-    d_sae: int
+    d_sae: int = ranged(POSITIVE)
     """Number of dictionary features (the paper uses 16384)."""
 
     activation: Activation = "relu"
@@ -69,8 +69,7 @@ class SAEConfig:
     """Number of features kept by ``topk`` (``None`` for the other activations)."""
 
     def __post_init__(self) -> None:
-        if self.d_in <= 0 or self.d_sae <= 0:
-            raise ValueError(f"SAE sizes must be positive, got d_in={self.d_in}, d_sae={self.d_sae}")
+        check_ranges(self)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"unknown SAE activation {self.activation!r}; choose one of {ACTIVATIONS}")
         if self.activation == "topk":

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from ..core.checks import check_activations
 from ..core.fit_checks import check_sae_fit
+from ..core.validation import NON_NEGATIVE, POSITIVE, POSITIVE_NUMBER, check_ranges, ranged
 from .model import SAEConfig, SparseAutoencoder
 
 
@@ -23,20 +24,23 @@ from .model import SAEConfig, SparseAutoencoder
 class SAETrainConfig:
     """How to train a sparse autoencoder (defaults follow the paper where it gives one)."""
 
-    l1_coefficient: float = 3e-3
+    l1_coefficient: float = ranged(NON_NEGATIVE, 3e-3)
     """Weight of the L1 penalty; scale it with the activations' RMS (paper, app. "SAE Training")."""
 
-    lr: float = 1e-3
+    lr: float = ranged(POSITIVE_NUMBER, 1e-3)
     """Adam learning rate."""
 
-    batch_size: int = 256
+    batch_size: int = ranged(POSITIVE, 256)
     """Activations per optimisation step."""
 
-    epochs: int = 30
+    epochs: int = ranged(POSITIVE, 30)
     """Passes over the training activations."""
 
     seed: int = 0
     """Seed for initialisation and shuffling."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 class SAEStats(NamedTuple):
