@@ -2,7 +2,7 @@
 
 Not in the paper. FreqMask-KM asks whether a row is typical of its *cluster*; with
 chat in the safe pool the clusters are broad, and a harmful request lands in one
-where it looks typical (``benchmarks/results/chat_study_smollm2_prompt_last.md``).
+where it looks typical (``benchmarks/archive/chat-study/results/chat_study_smollm2_prompt_last.md``).
 The most local question is whether the row has close *neighbours* among the safe
 rows. Score: the mean cosine distance to the ``k`` nearest safe fit rows, on
 activations centred on the fit mean (centring removes the large shared direction

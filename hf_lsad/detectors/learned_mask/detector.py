@@ -28,7 +28,7 @@ Adapters are kept as stacked, rank-padded tensors (zero rows/columns add
 nothing) so a batch mixing clusters is scored in one call: rows are gathered
 by cluster id and each adapted cluster's rows go through its own factors. This
 was faster than peft's mixed-adapter batches (``adapter_names=``), see
-``benchmarks/learned_mask_inference.py`` and its results file. :meth:`LearnedMaskLoRA.peft_model`
+``benchmarks/perf/learned_mask_inference.py`` and its results file. :meth:`LearnedMaskLoRA.peft_model`
 and :meth:`LearnedMaskLoRA.save_peft_adapters` give the same adapters as peft
 objects and peft folders.
 """
@@ -252,7 +252,7 @@ def _stacked_lora(inputs: Tensor, lora_a: Tensor, lora_b: Tensor, groups: list[t
     each cluster's rows go through its own rank-``r_c`` factors. Against a dense matmul over
     all stacked factors, per-row gathered factors and peft's ``adapter_names`` batches this was
     the fastest on mixed batches of 16 rows and more, and within 0.4 ms of the fastest (per-row
-    gather) on one row (``benchmarks/learned_mask_inference.py``).
+    gather) on one row (``benchmarks/perf/learned_mask_inference.py``).
     """
     out = inputs.new_zeros(len(inputs), lora_b.shape[-1])
     for cluster, rank, rows in groups:
