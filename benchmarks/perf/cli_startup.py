@@ -81,7 +81,7 @@ def run(args: Settings) -> dict[str, Any]:
             starts[label].append(time_generate_start(checkout))
     result = {
         label: {
-            "checkout": str(checkout),
+            "checkout": os.path.relpath(checkout, Path(__file__).resolve().parents[2]),
             "help_s": {
                 "median": round(statistics.median(helps[label]), 3),
                 "runs": [round(t, 3) for t in helps[label]],

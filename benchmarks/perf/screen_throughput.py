@@ -32,7 +32,6 @@ def batches(items, size):
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-@torch.no_grad()
 @dataclass
 class Settings:
     guard: str = "default"
@@ -51,6 +50,7 @@ class Settings:
     """Run the stop check."""
 
 
+@torch.no_grad()
 def run(args: Settings) -> dict[str, Any]:
     load_before = load_average()
     model, tokenizer = load_model("default")
