@@ -146,7 +146,7 @@ def write_index() -> None:
         for file in files:
             lines.append(f"| [`{file}`](archive/{study.name}/results/{file}) | {entries['results'][file]} |")
     INDEX.write_text("\n".join(lines) + "\n")
-    print(f"wrote {INDEX.relative_to(REPO)}")
+    print(f"wrote benchmarks/{INDEX.name}")
 
 
 def main() -> None:

@@ -1,0 +1,57 @@
+"""The benchmark suite is consistent: every experiment builds its settings, every result is indexed."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import run  # noqa: E402  (benchmarks/run.py, importable once its folder is on the path)
+
+
+@pytest.mark.parametrize("name", run.experiment_names())
+def test_every_experiment_names_a_runner_whose_settings_build(name):
+    experiment = run.load_experiment(name)
+    module = importlib.import_module(experiment["runner"])
+    settings = run.build_settings(module.Settings, experiment.get("settings", {}))
+    assert dataclasses.is_dataclass(settings) and callable(module.run)
+    for field in dataclasses.fields(module.Settings):  # sparsify-style: every setting says what it is
+        assert field.name in module.__doc__ or _has_field_docstring(module, field.name), f"{name}: {field.name}"
+
+
+def _has_field_docstring(module, name: str) -> bool:
+    source = Path(module.__file__).read_text()
+    start = source.index("class Settings")
+    block = source[start : source.index("\ndef ", start)]
+    lines = block.splitlines()
+    return any(line.strip().startswith(f"{name}:") and '"""' in lines[i + 1] for i, line in enumerate(lines[:-1]))
+
+
+def test_every_result_belongs_to_an_experiment_and_records_its_command_and_commit():
+    names = {run.result_path(name).name for name in run.experiment_names()}
+    for path in (BENCHMARKS / "results").iterdir():
+        assert path.name in names, f"{path.name} has no experiment"
+        record = json.loads(path.read_text())
+        assert {"experiment", "claim", "command", "commit", "settings", "result"} <= set(record), path.name
+        assert "/work/" not in path.read_text() and "/home/" not in path.read_text(), f"{path.name}: a machine path"
+
+
+def test_the_index_is_current(tmp_path, monkeypatch):
+    monkeypatch.setattr(run, "INDEX", tmp_path / "INDEX.md")
+    run.write_index()
+    assert (tmp_path / "INDEX.md").read_text() == (BENCHMARKS / "INDEX.md").read_text(), (
+        "benchmarks/INDEX.md is stale: python benchmarks/run.py --index"
+    )
+
+
+def test_every_archived_result_has_a_claim():
+    for manifest in (BENCHMARKS / "archive").glob("*/MANIFEST.json"):
+        claims = json.loads(manifest.read_text())["results"]
+        files = {p.name for p in (manifest.parent / "results").iterdir()}
+        assert files == set(claims), manifest
