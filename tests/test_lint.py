@@ -28,3 +28,13 @@ def test_ruff_check_is_clean():
             f"{result.stdout}{result.stderr}",
             pytrace=False,
         )
+
+
+def test_ruff_format_is_clean():
+    """The formatter lays the code out (no hand-packed lines, no ``fmt: skip``)."""
+    command = [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", *CHECKED]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        pytest.fail(f"`ruff format --check` would reformat:\n{result.stdout}{result.stderr}", pytrace=False)
+    skips = [str(p) for folder in CHECKED for p in (ROOT / folder).rglob("*.py") if "fmt: skip" in p.read_text()]
+    assert not skips, f"'# fmt: skip' in {skips}"

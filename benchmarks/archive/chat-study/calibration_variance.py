@@ -220,7 +220,9 @@ def main() -> None:
         help="draw the labelled unsafe rows from these pools only (a harm category no label covers)",
     )
     parser.add_argument(
-        "--mean-pooled", action="store_true", help="the rows of benchmarks/archive/chat-study/mean_pool.py (collected with 2 shards)"
+        "--mean-pooled",
+        action="store_true",
+        help="the rows of benchmarks/archive/chat-study/mean_pool.py (collected with 2 shards)",
     )
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
