@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.prompt_inputs import InputProfile
-from .recorder import generate_with_activations, prefill_activations
+from .recorder import PROMPT_POSITIONS, generate_with_activations, prompt_features
 
 
 def check_prompts(prompts: Sequence[str]) -> None:
@@ -94,8 +94,8 @@ def collect_activations(
     """Activations of ``prompts`` at decoder block ``layer``: greedy generation, batched, left-padded.
 
     Prompts are batched by length to waste little compute on padding; results
-    come back in the input order. ``prompt_last`` generates nothing: its
-    forward pass stops after block ``layer`` (:func:`prefill_activations`).
+    come back in the input order. ``prompt_last`` and ``prompt_mean`` generate nothing: their
+    forward pass stops after block ``layer`` (:func:`~hf_lsad.capture.recorder.prompt_features`).
     """
     check_prompts(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -107,10 +107,9 @@ def collect_activations(
         batch = order[start : start + batch_size]
         inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
         longest = max(longest, int(inputs["attention_mask"].sum(1).max()))
-        if position == "prompt_last":
-            acts = prefill_activations(
-                model, layer, inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
-            )
+        if position in PROMPT_POSITIONS:
+            ids, mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
+            acts = prompt_features(model, [(layer, position)], ids, mask)[layer, position]
             for row, i in enumerate(batch):
                 activations[i] = acts[row].float().cpu()
             continue
@@ -129,3 +128,32 @@ def collect_activations(
             responses[i] = texts[row]
     prompt_format = "chat_template" if chat_template and tokenizer.chat_template else "raw"
     return Collected(torch.stack(activations), responses, InputProfile(prompt_format, longest))
+
+
+@torch.no_grad()
+def collect_prompt_features(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    reads: Sequence[tuple[int, str]],
+    *,
+    batch_size: int = 16,
+    chat_template: bool = True,
+    progress: bool = True,
+) -> tuple[dict[tuple[int, str], Tensor], InputProfile]:
+    """``[n_prompts, hidden]`` float32 CPU activations of every ``(layer, position)`` read (prompt positions),
+    one forward pass per batch cut after the deepest layer; prompts batched by length, results in input order."""
+    check_prompts(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out = {read: torch.empty(len(prompts), model.config.get_text_config().hidden_size) for read in reads}
+    device, longest = model.device, 0
+    for start in tqdm(range(0, len(order), batch_size), desc=f"collect {len(reads)} reads", disable=not progress):
+        batch = order[start : start + batch_size]
+        inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
+        longest = max(longest, int(inputs["attention_mask"].sum(1).max()))
+        features = prompt_features(model, reads, inputs["input_ids"].to(device), inputs["attention_mask"].to(device))
+        index = torch.tensor(batch)
+        for read, values in features.items():
+            out[read][index] = values.float().cpu()
+    prompt_format = "chat_template" if chat_template and tokenizer.chat_template else "raw"
+    return out, InputProfile(prompt_format, longest)

@@ -61,9 +61,17 @@ def check_prompt_tensors(input_ids: Any, attention_mask: Any = None) -> None:
         raise TypeError(f"attention_mask must be a torch.Tensor, got a {type(attention_mask).__name__}")
     if attention_mask.shape != input_ids.shape:
         raise InputError(
-            f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}: they must "
-            f"match"
+            f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}: "
+            "they must match"
         )
+    check_real_tokens(attention_mask)
+
+
+def check_real_tokens(attention_mask: Tensor) -> None:
+    """Raise :class:`InputError` naming the rows of ``attention_mask`` ``[batch, seq]`` that hold no real token."""
+    empty = (~attention_mask.bool().any(1)).nonzero().flatten().tolist()
+    if empty:
+        raise InputError(f"rows {empty} of attention_mask hold no real token (all padding)")
 
 
 def prompt_lengths(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:

@@ -40,8 +40,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from ..core.hook_point import POSITIONS, decoder_layer
-from ..errors import InputError
-from .inputs import check_prompt_tensors
+from .inputs import check_prompt_tensors, check_real_tokens
 
 
 class LastPositionRecorder:
@@ -98,9 +97,7 @@ def last_token_positions(attention_mask: Tensor | None) -> Tensor | None:
     if attention_mask is None or attention_mask.ndim != 2 or attention_mask.shape[1] == 0:
         return None
     mask = attention_mask.bool()
-    empty = (~mask.any(1)).nonzero().flatten().tolist()
-    if empty:
-        raise InputError(f"rows {empty} of attention_mask hold no real token (all padding)")
+    check_real_tokens(mask)
     if mask[:, -1].all():
         return None
     return mask.shape[1] - 1 - mask.flip(1).long().argmax(1)
@@ -182,6 +179,8 @@ def generate_with_activations(
     """
     if position not in POSITIONS:
         raise ValueError(f"unknown position {position!r}; choose one of {POSITIONS}")
+    if position == "prompt_mean":
+        raise ValueError("prompt_mean is read from the prompt alone: use prompt_features (or screen)")
     input_ids = check_generate_kwargs(model, generate_kwargs)
     with generation_recorder(model, layer, generate_kwargs) as recorder:
         output = model.generate(**generate_kwargs)
@@ -233,3 +232,93 @@ def prefill_activations(model: PreTrainedModel, layer: int, input_ids: Tensor, a
             f"decoder block {layer} ran {len(recorder.records)} times in one forward pass; expected once"
         )
     return recorder.records[0]
+
+
+PROMPT_POSITIONS = ("prompt_last", "prompt_mean")
+"""What a forward pass over the prompt alone can read: its last real token, and the mean over its real tokens."""
+
+
+class PromptReader:
+    """Forward hooks on several decoder blocks that read, on one forward call of the calling thread, each block's
+    output at the prompt's last real token and its mean over the prompt's real tokens.
+
+    Both are read through the attention mask, so a row reads the same under left padding, right padding or
+    none (the mean sums only real positions). The hook of the deepest block ends the forward pass when
+    ``stop_after`` is set: nothing above it is needed.
+    """
+
+    def __init__(self, modules: dict[int, nn.Module], attention_mask: Tensor, *, stop_after: bool = True) -> None:
+        self.modules = modules
+        self.mask = attention_mask.bool()
+        self.stop_after = stop_after
+        self.last: dict[int, Tensor] = {}
+        """Per layer, ``[batch, hidden]`` at the last real token."""
+        self.mean: dict[int, Tensor] = {}
+        """Per layer, ``[batch, hidden]``: the mean over the real tokens."""
+        self._handles: list[Any] = []
+        self._thread: int | None = None
+
+    def _hook(self, layer: int) -> Any:
+        deepest = max(self.modules)
+
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if threading.get_ident() != self._thread or layer in self.last:
+                return  # another thread's pass, or a decoding call after the prefill
+            hidden = output[0] if isinstance(output, tuple) else output  # [batch, seq, hidden]
+            mask = self.mask.to(hidden.device)
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            last = mask.shape[1] - 1 - mask.flip(1).long().argmax(1)  # each row's last real token
+            self.last[layer] = hidden[rows, last].detach().float().clone()
+            weights = mask.unsqueeze(-1).to(torch.float32)  # [batch, seq, 1]
+            self.mean[layer] = ((hidden.float() * weights).sum(1) / weights.sum(1)).detach()
+            if self.stop_after and layer == deepest:
+                raise _StopForward
+
+        return hook
+
+    def __enter__(self) -> PromptReader:
+        self._thread = threading.get_ident()
+        self._handles = [module.register_forward_hook(self._hook(layer)) for layer, module in self.modules.items()]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def features(self, reads: Sequence[tuple[int, str]]) -> dict[tuple[int, str], Tensor]:
+        """The ``[batch, hidden]`` activation of each ``(layer, position)`` read."""
+        return {
+            (layer, position): (self.last if position == "prompt_last" else self.mean)[layer]
+            for layer, position in reads
+        }
+
+
+@torch.no_grad()
+def prompt_features(
+    model: PreTrainedModel, reads: Sequence[tuple[int, str]], input_ids: Tensor, attention_mask: Tensor
+) -> dict[tuple[int, str], Tensor]:
+    """Float32 ``[batch, hidden]`` activations of each ``(layer, position)`` in ``reads`` (positions of
+    :data:`PROMPT_POSITIONS`) from one forward pass cut after the deepest of those layers.
+
+    Several layers cost one pass to the deepest: reading layers 8, 16 and 24 of a 30-block model costs
+    about 25/30 of a forward pass. ``prompt_last`` equals :func:`prefill_activations`. Layers are
+    0-based indices (not negative ones), as a guard records them.
+    """
+    check_prompt_tensors(input_ids, attention_mask)
+    if any(layer < 0 for layer, _ in reads):
+        raise ValueError(f"layers are 0-based block indices, got {sorted({layer for layer, _ in reads})}")
+    unknown = sorted({position for _, position in reads} - set(PROMPT_POSITIONS))
+    if unknown:
+        raise ValueError(f"positions {unknown} are not read from the prompt; choose from {PROMPT_POSITIONS}")
+    modules = {layer: decoder_layer(model, layer)[1] for layer in sorted({layer for layer, _ in reads})}
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    with PromptReader(modules, attention_mask) as reader:
+        try:
+            model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        except _StopForward:
+            pass
+    missing = sorted(set(modules) - set(reader.last))
+    if missing:
+        raise RuntimeError(f"decoder blocks {missing} did not run in the forward pass")
+    return reader.features(reads)

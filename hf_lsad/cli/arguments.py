@@ -31,6 +31,13 @@ def guard_location(args: argparse.Namespace) -> dict[str, str]:
     return {key: value for key, value in location.items() if value}
 
 
+def store_folder(out: str, read: tuple[int, str], n_reads: int) -> str:
+    """Where ``hf-lsad collect`` writes the store of one ``(layer, position)`` read: ``--out`` itself for a
+    single read, ``<out>/layer<L>-<position>`` for several."""
+    layer, position = read
+    return out if n_reads == 1 else f"{out}/layer{layer}-{position}"
+
+
 DATASET_FLAGS = ("category", "split", "text_field", "subset")
 """``collect`` arguments that only a dataset pool (not a bundled one) takes."""
 
@@ -69,9 +76,19 @@ def collect_arguments(parser: argparse.ArgumentParser) -> None:
     hub.add_argument("--subset", help="dataset configuration (load_dataset's name=)")
     parser.add_argument("--limit", type=int, default=None, help="seeded random subset of this many prompts")
     parser.add_argument(
-        "--layer", type=int, default=20, help="decoder block whose output is read (0-based; -1: the last)"
+        "--layer",
+        type=int,
+        nargs="+",
+        default=[20],
+        help="decoder block(s) whose output is read (0-based; -1: the last); several: one store each, one pass",
     )
-    parser.add_argument("--position", choices=POSITIONS, default="response_last", help="token whose activation is kept")
+    parser.add_argument(
+        "--position",
+        choices=POSITIONS,
+        nargs="+",
+        default=["response_last"],
+        help="token(s) whose activation is kept; several layers or positions need prompt positions only",
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length for response positions")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")

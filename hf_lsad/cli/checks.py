@@ -105,7 +105,14 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         _check_guard(parser, args.guard, getattr(args, "subfolder", "") if args.command != "fit" else "")
     if args.command == "collect":
         _check_pool(parser, args)
-        _check_layer(parser, args.model, args.layer)
+        for layer in args.layer:
+            _check_layer(parser, args.model, layer)
+        prompt_only = {"prompt_last", "prompt_mean"}
+        if len(args.layer) * len(args.position) > 1 and not set(args.position) <= prompt_only:
+            parser.error(
+                "argument --position: several layers or positions are read from the prompt in one pass: "
+                f"use {sorted(prompt_only)} only (response positions: one layer and position per run)"
+            )
 
 
 def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -17,10 +17,10 @@ from . import arguments
 
 
 def run_collect(args: argparse.Namespace) -> None:
-    from ..capture.collect import collect_activations
+    from ..capture.collect import collect_activations, collect_prompt_features
     from ..capture.pretrained import load_model, placement
     from ..capture.sharded import finish, process_state, select, shard_of, write_part
-    from ..core.hook_point import HookPoint
+    from ..core.hook_point import HookPoint, decoder_layer
     from ..core.runtime import ModelRuntime, torch_dtype
     from ..data import POOLS, load_prompts
 
@@ -34,26 +34,41 @@ def run_collect(args: argparse.Namespace) -> None:
     where = placement(runtime.device, state.device if shard.count > 1 else None)
     model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **where)
     mine = select(prompts, shard)
-    hook = HookPoint.from_model(model, args.layer, args.position)
-    if mine:
+    depth = model.config.get_text_config().num_hidden_layers
+    for layer in args.layer:
+        decoder_layer(model, layer)  # IndexError naming the depth for a block the model lacks
+    reads = [(layer % depth, position) for layer in args.layer for position in args.position]
+    texts = [p.text for p in mine]
+    if mine and len(reads) == 1:  # one read: any position (response positions generate)
+        (layer, position), progress = reads[0], state.is_local_main_process
         collected = collect_activations(
             model,
             tokenizer,
-            [p.text for p in mine],
-            layer=args.layer,
-            position=args.position,
+            texts,
+            layer=layer,
+            position=position,
             batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens,
-            progress=state.is_local_main_process,
+            progress=progress,
         )
-        records = [dict(p._asdict(), response=r) for p, r in zip(mine, collected.responses)]
-        for record in records:
-            del record["text"]  # the prompt text stays in the pool; the store keeps ids
-        write_part(args.out, shard, collected.activations, records, hook, inputs=collected.inputs)
-    finish(state, args.out, shard, len(prompts))
+        features, inputs, responses = {reads[0]: collected.activations}, collected.inputs, collected.responses
+    elif mine:  # several reads of the prompt: one forward pass per batch
+        features, inputs = collect_prompt_features(
+            model, tokenizer, texts, reads, batch_size=args.batch_size, progress=state.is_local_main_process
+        )
+        responses = [""] * len(mine)
+    for read in reads:
+        out = arguments.store_folder(args.out, read, len(reads))
+        if mine:
+            records = [dict(p._asdict(), response=r) for p, r in zip(mine, responses)]
+            for record in records:
+                del record["text"]  # the prompt text stays in the pool; the store keeps ids
+            write_part(out, shard, features[read], records, HookPoint.from_model(model, *read), inputs=inputs)
+        finish(state, out, shard, len(prompts))
     if state.is_main_process:
         processes = f" by {shard.count} processes" if shard.count > 1 else ""
-        print(f"wrote {len(prompts)} activations of {hook.layer_module} ({args.position}){processes} to {args.out}")
+        stores = ", ".join(arguments.store_folder(args.out, read, len(reads)) for read in reads)
+        print(f"wrote {len(prompts)} activations{processes} to {stores}")
 
 
 def _runtime(args: argparse.Namespace, cls: type) -> Any:

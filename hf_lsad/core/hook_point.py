@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedModel
 
-POSITIONS = ("response_last", "prompt_last")
+POSITIONS = ("response_last", "prompt_last", "prompt_mean")
 GUARD_POSITIONS = (*POSITIONS, "response_running")
 """Positions a guard can read; ``response_running`` scores every generated token (:mod:`hf_lsad.guard.running`)."""
 """Token positions a hook point reads (see :mod:`hf_lsad.capture`)."""
@@ -86,7 +86,7 @@ class HookPoint:
     """Dotted module name of that block, e.g. ``model.layers.20``."""
 
     position: str
-    """``response_last`` or ``prompt_last`` (module docstring)."""
+    """``response_last``, ``prompt_last`` or ``prompt_mean`` (the mean over the prompt's tokens; module docstring)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

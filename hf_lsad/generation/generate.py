@@ -47,6 +47,11 @@ def check_generate_options(position: str, on_flag: str, on_step: Callable[[StepV
     """Refuse an ``on_flag`` / ``on_step`` that a guard reading ``position`` cannot honour."""
     if on_flag not in ON_FLAG:
         raise ValueError(f"on_flag must be one of {ON_FLAG}, got {on_flag!r}")
+    if position == "prompt_mean":
+        raise ValueError(
+            "a prompt_mean guard reads the mean over the prompt's tokens, which guarded generate does not record; "
+            "score prompts with screen() (a forward pass over the prompt)"
+        )
     if on_flag == "stop" and position == "response_last":
         raise ValueError(
             "a response_last guard decides only after the response is complete, so it cannot stop one; "

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 
 from ..capture.collect import encode_prompts
 from ..capture.inputs import check_context, check_generate_inputs
-from ..capture.recorder import prefill_activations
+from ..capture.recorder import PROMPT_POSITIONS, prompt_features
 from ..core.prompt_inputs import InputWarner
 from ..guard.guard import SafetyGuard, SafetyReport
 from .files import GUARD_SUBFOLDER, GUARDED_CONFIG, load_guarded_model, upload_guarded_folder, write_guarded_folder
@@ -265,8 +265,10 @@ class GuardedModelForCausalLM(nn.Module):
         (:func:`hf_lsad.capture.inputs.check_context`: malformed tensors, prompts beyond the model's context).
         """
         hook = self.guard.config.hook
-        if hook.position != "prompt_last":
-            raise ValueError(f"screen() needs a prompt_last guard; this guard reads {hook.position}")
+        if hook.position not in PROMPT_POSITIONS:
+            raise ValueError(
+                f"screen() needs a guard that reads the prompt {PROMPT_POSITIONS}; this one reads {hook.position}"
+            )
         if isinstance(prompts, Tensor):
             input_ids = prompts
             attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -280,7 +282,8 @@ class GuardedModelForCausalLM(nn.Module):
         check_context(self.model, input_ids, attention_mask)  # the rule generate applies
         self._input_warner.warn(self.guard.inputs, self.tokenizer, input_ids, attention_mask)
         device = self.model.device
-        activations = prefill_activations(self.model, hook.layer, input_ids.to(device), attention_mask.to(device))
+        read = (hook.layer, hook.position)
+        activations = prompt_features(self.model, [read], input_ids.to(device), attention_mask.to(device))[read]
         return self.guard.reports(activations, explain=explain, top_k=top_k)
 
 

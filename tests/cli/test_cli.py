@@ -132,3 +132,31 @@ def test_cli_collect_refuses_a_layer_the_model_lacks(model_dir, tmp_path):
     common = ["--model", str(model_dir), "--position", "prompt_last", "--max-new-tokens", "1"]
     with pytest.raises(IndexError, match="layer 9 is out of range"):
         main(["collect", "--pool", "harmful", "--limit", "4", "--layer", "9", *common, "--out", str(tmp_path / "x")])
+
+
+def test_cli_collect_reads_several_layers_and_positions_in_one_pass(model_dir, tmp_path):
+    from hf_lsad.capture import encode_prompts
+    from hf_lsad.capture.recorder import prompt_features
+    from hf_lsad.data import load_pool
+    from hf_lsad.testing import tiny_model
+
+    argv = ["collect", "--model", str(model_dir), "--pool", "harmful", "--limit", "6", "--layer", "1", "3"]
+    main([*argv, "--position", "prompt_last", "prompt_mean", "--out", str(tmp_path / "acts")])
+    model, tokenizer = tiny_model("llama")
+    prompts = [p.text for p in load_pool("harmful", limit=6, seed=0)]
+    inputs = encode_prompts(tokenizer, prompts)
+    for layer in (1, 3):
+        for position in ("prompt_last", "prompt_mean"):
+            store = load_activations(tmp_path / "acts" / f"layer{layer}-{position}")
+            assert store.hook.layer == layer and store.hook.position == position
+            want = prompt_features(model, [(layer, position)], inputs["input_ids"], inputs["attention_mask"])
+            torch.testing.assert_close(store.activations, want[layer, position], atol=1e-5, rtol=1e-5)
+
+
+def test_cli_collect_refuses_several_reads_with_a_response_position(capsys, model_dir, tmp_path):
+    from hf_lsad.cli.main import entry
+
+    argv = ["collect", "--model", str(model_dir), "--pool", "harmful", "--layer", "1", "2"]
+    with pytest.raises(SystemExit) as info:
+        entry([*argv, "--position", "response_last", "--out", str(tmp_path / "x")])
+    assert info.value.code == 2 and "read from the prompt in one pass" in capsys.readouterr().err

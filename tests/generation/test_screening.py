@@ -140,7 +140,7 @@ def test_bad_arguments_are_refused():
     _, _, last_guard = tiny_guard("response_last")
     with pytest.raises(ValueError, match="cannot stop one"):
         GuardedModelForCausalLM(model, last_guard).generate(**inputs, max_new_tokens=2, on_flag="stop")
-    with pytest.raises(ValueError, match="prompt_last guard"):
+    with pytest.raises(ValueError, match="needs a guard that reads the prompt"):
         GuardedModelForCausalLM(model, last_guard, tokenizer=tokenizer).screen(BATCH)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         GuardedModelForCausalLM(model, guarded.guard).screen(BATCH)
@@ -155,3 +155,15 @@ def test_on_step_reports_the_screening_verdict_from_the_generate_thread():
     assert len(seen) == 1 and seen[0].step == 0
     assert seen[0].flagged.tolist() == flagged.tolist()
     assert seen[0].scores.tolist() == pytest.approx([r.score for r in guarded.last_safety], abs=1e-5)
+
+
+def test_a_prompt_mean_guard_screens_and_generate_says_to_screen():
+    from hf_lsad.capture.recorder import prompt_features
+
+    model, tokenizer, guard = tiny_guard("prompt_mean")
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    inputs = encode_prompts(tokenizer, BATCH)
+    want = guard(prompt_features(model, [(guard.config.hook.layer, "prompt_mean")], **inputs)[2, "prompt_mean"])
+    assert [r.score for r in guarded.screen(BATCH)] == pytest.approx(want.scores.tolist(), abs=1e-5)
+    with pytest.raises(ValueError, match="use screen|score prompts with screen"):
+        guarded.generate(**inputs, max_new_tokens=2)
