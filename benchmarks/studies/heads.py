@@ -1,0 +1,107 @@
+"""Leave-one-source-out selection of the supervised head (and its text baseline) on collected activations.
+
+For every candidate (reads: layers and positions; regularisation) the protocol of
+:mod:`hf_lsad.evaluation.sources` holds out each unsafe source and each benign domain in turn and reports
+TPR / FPR at thresholds set on held-out benign chat (5% and 1%). A TF-IDF bag-of-words classifier trained on
+the same rows runs through the same protocol: a head that does not beat it on a held-out source has learnt
+wording, not intent.
+
+The activations come from ``hf-lsad collect`` (one store per pool and read under ``folder``)::
+
+    hf-lsad collect --pool chat --layer 8 12 16 20 24 --position prompt_last prompt_mean \
+        --out artifacts/smollm2/chat          # and likewise for every pool of Settings.pools
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hf_lsad.evaluation.sources import SourceRows, leave_one_source_out, load_source_rows
+from hf_lsad.guard.heads import LogisticProbe, ProbeConfig, balanced_weights
+
+TRAINING_POOLS = [
+    "chat",
+    "safe",
+    "benign_ood",
+    "lookalike",
+    "harmful",
+    "toxic",
+    "jailbreak",
+    "harmful_vauban",
+    "injection",
+    "harmful_contrast",
+]
+
+
+@dataclass
+class Settings:
+    folder: str = "artifacts/smollm2"
+    """Where the collected stores are (``<folder>/<pool>/layer<L>-<position>``)."""
+    pools: list[str] = field(default_factory=lambda: list(TRAINING_POOLS))
+    """Pools whose rows take part (fitting, thresholds, held-out groups)."""
+    candidates: list[list[list[Any]]] = field(
+        default_factory=lambda: [
+            [[16, "prompt_last"]],
+            [[20, "prompt_last"]],
+            [[16, "prompt_last"], [16, "prompt_mean"]],
+            [[8, "prompt_mean"], [16, "prompt_mean"], [24, "prompt_mean"]],
+        ]
+    )
+    """The reads of each candidate head: lists of ``[layer, position]``."""
+    inverse_regularisation: list[float] = field(default_factory=lambda: [1.0])
+    """Values of scikit-learn's ``C`` tried for each candidate."""
+    evaluate_on: str = "validation"
+    """``validation`` to choose among candidates, ``test`` to report the chosen one."""
+    text_baseline: bool = True
+    """Also run the TF-IDF bag-of-words baseline through the same protocol."""
+    seed: int = 0
+    """Seed of the row splits."""
+
+
+def probe_method(config: ProbeConfig, hidden_size: int):
+    def fit(train: SourceRows):
+        probe = LogisticProbe(config, hidden_size)
+        features = probe.features(train.features)
+        probe.fit(features, train.labels, balanced_weights(train.sources, train.labels))
+        return lambda rows: probe(probe.features(rows.features))
+
+    return fit
+
+
+def text_method(train: SourceRows):
+    """TF-IDF unigrams and bigrams + logistic regression, sources balanced as for the head."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+    matrix = vectorizer.fit_transform(train.texts)
+    model = LogisticRegression(C=1.0, max_iter=2000)
+    model.fit(matrix, train.labels.numpy(), sample_weight=balanced_weights(train.sources, train.labels).numpy())
+    return lambda rows: torch.from_numpy(model.predict_proba(vectorizer.transform(rows.texts))[:, 1]).float()
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    reads = sorted({(int(layer), str(position)) for candidate in settings.candidates for layer, position in candidate})
+    rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
+    hidden = next(iter(rows.features.values())).shape[1]
+    results: dict[str, Any] = {"rows": len(rows), "candidates": {}}
+    for candidate in settings.candidates:
+        for c in settings.inverse_regularisation:
+            config = ProbeConfig(reads=[tuple(read) for read in candidate], inverse_regularisation=c)
+            name = " + ".join(f"L{layer} {position}" for layer, position in config.reads) + f", C={c:g}"
+            print(f"candidate {name}")
+            table = leave_one_source_out(
+                rows,
+                probe_method(config, hidden),
+                evaluate_on=settings.evaluate_on,
+                progress=lambda message: print(f"  {message}", flush=True),
+            )
+            results["candidates"][name] = table
+            print(f"  {table['summary@0.05']}")
+    if settings.text_baseline:
+        print("text baseline (TF-IDF)")
+        results["text_baseline"] = leave_one_source_out(rows, text_method, evaluate_on=settings.evaluate_on)
+    return results

@@ -1,0 +1,226 @@
+"""Judging a guard the way a user meets it: harm and benign traffic from sources it never saw.
+
+The protocol, in one place:
+
+- **Rows** come from activation stores of the bundled pools (one store per pool and read, as
+  ``hf-lsad collect --layer ... --position ...`` writes them: ``<folder>/<pool>/layer<L>-<position>``), each
+  with its ``source`` (the package file it came from) and its benign domain.
+- **Splits** are drawn per row from a hash of its id and a seed (:func:`split_of`): 60% fit, 20%
+  validation, 20% test, the same for a row whichever subset of its pool was collected. Methods, layers and
+  settings are chosen on validation rows; figures are reported on test rows.
+- **Thresholds** are set on held-out benign chat: the score above which ``fpr`` of the chat rows of the
+  threshold split lie (:func:`threshold_at`), at 5% and 1%.
+- **Leave one source out** (:func:`leave_one_source_out`): for each unsafe source of :data:`EVAL_SOURCES`,
+  fit on the fit rows of every *other* source and every benign domain, set the threshold, and report the
+  held-out source's true-positive rate; the table gives each source, the median and the worst. Likewise
+  each benign domain of :data:`BENIGN_DOMAINS` is held out and its false-positive rate reported (when chat
+  itself is held out, the threshold is set on the other benign domains).
+
+A *method* is a function from training rows to a scorer (``fit(rows) -> score(rows) -> Tensor``), so the
+supervised head, a text baseline and the anomaly head all go through the same protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..data import POOL_CATEGORY, load_pool
+from ..data.store import load_activations
+
+Read = tuple[int, str]
+
+EVAL_SOURCES: tuple[str, ...] = (
+    "advbench",
+    "harmbench",
+    "donotanswer",
+    "realtoxicityprompts",
+    "inthewild",
+    "pyrit-templates",
+    "vauban-harmful",
+)
+"""The unsafe sources held out one at a time (vauban's harmful requests count as one)."""
+
+BENIGN_DOMAINS: dict[str, str] = {
+    "chat": "chat",
+    "safe": "task_prompts",
+    "benign_ood": "benign_ood",
+    "lookalike": "lookalike",
+}
+"""Benign pool -> the domain it is held out as."""
+
+THRESHOLD_DOMAIN = "chat"
+"""Thresholds are set on held-out benign chat: the traffic a deployed guard mostly sees."""
+
+SPLITS = ("fit", "validation", "test")
+
+
+def split_of(row_id: str, seed: int = 0) -> str:
+    """``fit`` (60%), ``validation`` (20%) or ``test`` (20%), from a hash of the row id and ``seed``."""
+    digest = hashlib.sha256(f"{seed}:{row_id}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    return "fit" if u < 0.6 else "validation" if u < 0.8 else "test"
+
+
+@dataclass
+class SourceRows:
+    """Rows of several pools with the activations of each read and what the protocol needs to know of them."""
+
+    features: dict[Read, Tensor]
+    """Per read, ``[n, hidden]`` float32."""
+    ids: list[str]
+    texts: list[str]
+    sources: list[str]
+    domains: list[str]
+    """The benign domain of a benign row (:data:`BENIGN_DOMAINS`), ``"unsafe"`` for an unsafe row."""
+    labels: Tensor
+    """``[n]``: 1 for a row of an unsafe pool, 0 for a benign one."""
+    splits: list[str]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def select(self, mask: Sequence[bool] | Tensor) -> SourceRows:
+        keep = torch.as_tensor(list(mask) if not isinstance(mask, Tensor) else mask, dtype=torch.bool)
+        index = keep.nonzero().flatten()
+        pick = index.tolist()
+        return SourceRows(
+            features={read: values[index] for read, values in self.features.items()},
+            ids=[self.ids[i] for i in pick],
+            texts=[self.texts[i] for i in pick],
+            sources=[self.sources[i] for i in pick],
+            domains=[self.domains[i] for i in pick],
+            labels=self.labels[index],
+            splits=[self.splits[i] for i in pick],
+        )
+
+    def where(
+        self,
+        *,
+        split: str | None = None,
+        source: str | None = None,
+        domain: str | None = None,
+        label: int | None = None,
+    ) -> list[bool]:
+        """A row mask: rows of ``split``, ``source``, ``domain`` and ``label`` (``None``: any)."""
+        return [
+            (split is None or self.splits[i] == split)
+            and (source is None or self.sources[i] == source)
+            and (domain is None or self.domains[i] == domain)
+            and (label is None or int(self.labels[i]) == label)
+            for i in range(len(self))
+        ]
+
+
+def load_source_rows(folder: str | Path, pools: Sequence[str], reads: Sequence[Read], *, seed: int = 0) -> SourceRows:
+    """The rows of ``pools`` collected under ``folder`` (``<folder>/<pool>/layer<L>-<position>``) for ``reads``."""
+    features: dict[Read, list[Tensor]] = {read: [] for read in reads}
+    ids, texts, sources, domains, labels = [], [], [], [], []
+    for pool in pools:
+        stores = {read: load_activations(Path(folder) / pool / f"layer{read[0]}-{read[1]}") for read in reads}
+        records = next(iter(stores.values())).records
+        for read, store in stores.items():
+            if [r["id"] for r in store.records] != [r["id"] for r in records]:
+                raise ValueError(f"{folder}/{pool}: the stores of {read} and {reads[0]} hold other rows")
+            features[read].append(store.activations.float())
+        text_of = {p.id: p.text for p in load_pool(pool)}
+        unsafe = POOL_CATEGORY[pool] not in ("safe", "benign_ood")
+        for record in records:
+            ids.append(record["id"])
+            texts.append(text_of[record["id"]])
+            sources.append(record["source"])
+            domains.append("unsafe" if unsafe else BENIGN_DOMAINS[pool])
+            labels.append(int(unsafe))
+    return SourceRows(
+        features={read: torch.cat(parts) for read, parts in features.items()},
+        ids=ids,
+        texts=texts,
+        sources=sources,
+        domains=domains,
+        labels=torch.tensor(labels),
+        splits=[split_of(i, seed) for i in ids],
+    )
+
+
+def threshold_at(benign_scores: Tensor, fpr: float) -> float:
+    """The score above which a fraction ``fpr`` of ``benign_scores`` lies (rows flagged: score > threshold)."""
+    if len(benign_scores) == 0:
+        raise ValueError("no benign rows to set a threshold on")
+    return float(torch.quantile(benign_scores.double(), 1.0 - fpr))
+
+
+Method = Callable[[SourceRows], Callable[[SourceRows], Tensor]]
+"""``fit(training rows) -> score(rows) -> [n] scores`` (higher: more likely unsafe)."""
+
+
+def _rate(scores: Tensor, threshold: float) -> float:
+    return float((scores > threshold).double().mean()) if len(scores) else float("nan")
+
+
+def leave_one_source_out(
+    rows: SourceRows,
+    method: Method,
+    *,
+    evaluate_on: str = "validation",
+    fprs: Sequence[float] = (0.05, 0.01),
+    sources: Sequence[str] = EVAL_SOURCES,
+    domains: Sequence[str] = tuple(BENIGN_DOMAINS.values()),
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """TPR of each unsafe source and FPR of each benign domain, each held out of the fit entirely.
+
+    The method is fitted on the ``fit`` split without the held-out group; thresholds are set on the chat rows
+    of the ``validation`` split (the held-out group's own rows never set one); rates are measured on the
+    held-out group's rows of ``evaluate_on`` (``validation`` to choose, ``test`` to report).
+    """
+    fit_rows = rows.where(split="fit")
+    threshold_rows = rows.select(rows.where(split="validation", domain=THRESHOLD_DOMAIN))
+    result: dict[str, Any] = {"evaluate_on": evaluate_on, "fprs": list(fprs), "sources": {}, "domains": {}}
+    for source in sources:
+        if progress:
+            progress(f"hold out source {source}")
+        train = rows.select([f and s != source for f, s in zip(fit_rows, rows.sources)])
+        score = method(train)
+        held_out = rows.select(rows.where(split=evaluate_on, source=source))
+        benign = score(threshold_rows)
+        positives = score(held_out)
+        result["sources"][source] = {
+            "rows": len(held_out),
+            **{f"tpr@{fpr:g}": _rate(positives, threshold_at(benign, fpr)) for fpr in fprs},
+        }
+    for domain in domains:
+        if progress:
+            progress(f"hold out domain {domain}")
+        train = rows.select([f and d != domain for f, d in zip(fit_rows, rows.domains)])
+        score = method(train)
+        if domain == THRESHOLD_DOMAIN:
+            reference = rows.select(
+                [s == "validation" and d not in ("unsafe", domain) for s, d in zip(rows.splits, rows.domains)]
+            )
+        else:
+            reference = threshold_rows
+        held_out = rows.select(rows.where(split=evaluate_on, domain=domain))
+        benign, negatives = score(reference), score(held_out)
+        result["domains"][domain] = {
+            "rows": len(held_out),
+            **{f"fpr@{fpr:g}": _rate(negatives, threshold_at(benign, fpr)) for fpr in fprs},
+        }
+    for fpr in fprs:
+        tprs = [entry[f"tpr@{fpr:g}"] for entry in result["sources"].values()]
+        worst_source = min(result["sources"], key=lambda s: result["sources"][s][f"tpr@{fpr:g}"])
+        fps = [entry[f"fpr@{fpr:g}"] for entry in result["domains"].values()]
+        result[f"summary@{fpr:g}"] = {
+            "median_tpr": statistics.median(tprs),
+            "worst_tpr": min(tprs),
+            "worst_source": worst_source,
+            "median_domain_fpr": statistics.median(fps),
+            "worst_domain_fpr": max(fps),
+        }
+    return result
