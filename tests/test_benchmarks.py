@@ -22,15 +22,21 @@ def test_every_experiment_names_a_runner_whose_settings_build(name):
     settings = run.build_settings(module.Settings, experiment.get("settings", {}))
     assert dataclasses.is_dataclass(settings) and callable(module.run)
     for field in dataclasses.fields(module.Settings):  # sparsify-style: every setting says what it is
-        assert field.name in module.__doc__ or _has_field_docstring(module, field.name), f"{name}: {field.name}"
+        assert _has_field_docstring(module, field.name), f"{name}: setting {field.name} has no docstring"
 
 
 def _has_field_docstring(module, name: str) -> bool:
-    source = Path(module.__file__).read_text()
-    start = source.index("class Settings")
-    block = source[start : source.index("\ndef ", start)]
-    lines = block.splitlines()
-    return any(line.strip().startswith(f"{name}:") and '"""' in lines[i + 1] for i, line in enumerate(lines[:-1]))
+    """Whether field ``name`` of the module's ``Settings`` is followed by a docstring (sparsify's convention)."""
+    import ast
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    settings = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
+    body = settings.body
+    for i, node in enumerate(body[:-1]):
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == name:
+            after = body[i + 1]
+            return isinstance(after, ast.Expr) and isinstance(getattr(after, "value", None), ast.Constant)
+    return False
 
 
 def test_every_result_belongs_to_an_experiment_and_records_its_command_and_commit():
