@@ -259,9 +259,10 @@ class GuardedModelForCausalLM(nn.Module):
         """Reports for a batch of prompts without generating: a forward pass cut after the hooked block.
 
         ``prompts`` are strings (encoded with the wrapper's ``tokenizer`` as user turns of its chat
-        template, left-padded, as :func:`hf_lsad.capture.collect.encode_prompts`) or left-padded
-        ``input_ids`` with their ``attention_mask``. Needs a ``prompt_last`` guard: the verdict
-        equals the one ``generate`` reports for the same prompts, and the same inputs are refused
+        template, left-padded, as :func:`hf_lsad.capture.collect.encode_prompts`) or ``input_ids``
+        (left- or right-padded) with their ``attention_mask``. Needs a guard that reads the prompt
+        (``prompt_last`` or ``prompt_mean``): a ``prompt_last`` verdict equals the one ``generate``
+        reports for the same prompts, and the same inputs are refused
         (:func:`hf_lsad.capture.inputs.check_context`: malformed tensors, prompts beyond the model's context).
         """
         hook = self.guard.config.hook
