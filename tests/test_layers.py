@@ -138,7 +138,7 @@ def test_loading_and_scoring_a_guard_imports_no_sklearn():
     # scikit-learn takes seconds to import: only fits (GMM, One-Class SVM, calibration) and metrics pay for it.
     code = (
         "import sys, torch; from hf_lsad.guard import SafetyGuard; g = SafetyGuard.from_pretrained('default'); "
-        "g(torch.zeros(2, g.config.hook.hidden_size)); print('sklearn' in sys.modules)"
+        "g({read: torch.zeros(2, g.config.hook.hidden_size) for read in g.reads}); print('sklearn' in sys.modules)"
     )
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

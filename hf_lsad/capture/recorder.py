@@ -294,6 +294,23 @@ class PromptReader:
         }
 
 
+def generation_prompt_reader(
+    model: PreTrainedModel, reads: Sequence[tuple[int, str]], generate_kwargs: dict[str, Any]
+) -> PromptReader:
+    """A :class:`PromptReader` of ``reads`` for one ``model.generate(**generate_kwargs)`` call: it reads the prefill
+    call only (left or right padding alike, rows repeated as ``generate`` repeats them for ``num_return_sequences``)
+    and lets the forward pass run on. A guard with supervised heads reads all its prompt reads here."""
+    input_ids = generate_kwargs["input_ids"]
+    mask = generate_kwargs.get("attention_mask")
+    mask = torch.ones_like(input_ids) if mask is None else mask
+    mask = mask.repeat_interleave(num_return_sequences(model, generate_kwargs), dim=0)
+    unknown = sorted({position for _, position in reads} - set(PROMPT_POSITIONS))
+    if unknown:
+        raise ValueError(f"positions {unknown} are not read from the prompt; choose from {PROMPT_POSITIONS}")
+    modules = {layer: decoder_layer(model, layer)[1] for layer in sorted({layer for layer, _ in reads})}
+    return PromptReader(modules, mask, stop_after=False)
+
+
 @torch.no_grad()
 def prompt_features(
     model: PreTrainedModel, reads: Sequence[tuple[int, str]], input_ids: Tensor, attention_mask: Tensor

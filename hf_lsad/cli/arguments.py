@@ -57,7 +57,11 @@ def _runtime_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
 def _guard_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
     kwargs = {"required": True} if required else {"default": "default"}
-    parser.add_argument("--guard", **kwargs, help="guard folder or Hub repo; 'default' = the bundled guard")
+    parser.add_argument(
+        "--guard",
+        **kwargs,
+        help="guard folder or Hub repo; 'default': the bundled two-headed guard, 'paper': the paper's head alone",
+    )
     parser.add_argument("--revision", help="Hub branch, tag or commit of --guard (default: main)")
     parser.add_argument("--subfolder", default="", help="folder of the guard inside --guard (several guards per repo)")
 
@@ -191,6 +195,14 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
     _guard_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length")
+    parser.add_argument(
+        "--on-flag",
+        choices=["stop", "report"],
+        help="stop: end a flagged row (a prompt_last guard screens it before its first token, a running guard stops "
+        "it where it is flagged); report: generate as the plain model and report (default: stop when the guard can, "
+        "else report)",
+    )
+    parser.add_argument("--refusal", default="", help="what a stopped row says instead (default: nothing, EOS only)")
     _runtime_arguments(parser, ModelRuntime)
 
 

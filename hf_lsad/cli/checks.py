@@ -154,7 +154,7 @@ def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> 
     from ..core.hub import _looks_like_path
     from ..guard.guard import SafetyGuard
 
-    if name != "default" and not Path(name).expanduser().exists() and not _looks_like_path(name):
+    if name not in ("default", "paper") and not Path(name).expanduser().exists() and not _looks_like_path(name):
         return  # a Hub repo id: checked when it is downloaded
     try:
         SafetyGuard.from_pretrained(name, **({"subfolder": subfolder} if subfolder else {}))

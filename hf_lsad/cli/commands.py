@@ -263,28 +263,48 @@ def run_generate(args: argparse.Namespace) -> None:
 
     runtime = _runtime(args, ModelRuntime)
     model_name = "SmolLM2-135M-Instruct (bundled GGUF)" if args.model == "default" else args.model
-    guard_name = "the bundled SmolLM2 guard" if args.guard == "default" else args.guard
+    guard_name = {"default": "the bundled two-headed SmolLM2 guard", "paper": "the bundled paper guard"}.get(
+        args.guard, args.guard
+    )
     print(f"loading {model_name} ({runtime.dtype}) and {guard_name} ...", flush=True)
     model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
-    guarded = GuardedModelForCausalLM(model, _guard(args))
+    guarded = GuardedModelForCausalLM(model, _guard(args), tokenizer=tokenizer)
     inputs = {name: value.to(guarded.device) for name, value in encode_prompts(tokenizer, args.prompts).items()}
     print(f"generating up to {args.max_new_tokens} tokens for {len(args.prompts)} prompt(s) (greedy) ...\n", flush=True)
     with torch.no_grad():
         output = guarded.generate(
-            **inputs, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True
+            **inputs,
+            max_new_tokens=args.max_new_tokens,
+            do_sample=False,
+            return_dict_in_generate=True,
+            on_flag=args.on_flag or ("report" if guarded.guard.config.hook.position == "response_last" else "stop"),
+            refusal=args.refusal or None,
         )
     responses = tokenizer.batch_decode(output.sequences[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-    guard = guarded.guard
-    print(
-        f"guard: {guard.config.method} on {guard.config.hook.layer_module} ({guard.config.hook.position}), "
-        + (
-            f"calibrated: flags P(unsafe) > {guard.calibration.threshold:.4g}\n"
-            if guard.calibration is not None
-            else f"flags scores > {guard.threshold:.4g} ({guard.config.target_fpr:.0%} safe FPR)\n"
-        )
-    )
+    print(f"guard: {describe_guard(guarded.guard)}\n")
     for prompt, response, report in zip(args.prompts, responses, output.safety):
+        if report.stopped and report.step == 0:
+            response = f"[stopped before its first token]{f' {response.strip()}' if response.strip() else ''}"
         print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {report.describe()}\n")
+
+
+def describe_guard(guard: Any) -> str:
+    """One line naming each head of ``guard``, what it reads and how it flags."""
+    hook = guard.config.hook
+    anomaly = f"{guard.config.method} on {hook.layer_module} ({hook.position})"
+    if guard.heads:
+        heads = "; ".join(
+            f"{name} (logistic on {', '.join(f'layer {layer} {position}' for layer, position in head.reads)})"
+            for name, head in guard.heads.items()
+        )
+        budget = guard.budget
+        return (
+            f"anomaly ({anomaly}); {heads}. A row is flagged when any head is above its threshold "
+            f"(together {budget.target_fpr:.0%} of {budget.rows})"
+        )
+    if guard.calibration is not None:
+        return f"{anomaly}, calibrated: flags P(unsafe) > {guard.threshold:.4g}"
+    return f"{anomaly}: flags scores > {guard.threshold:.4g} ({guard.config.target_fpr:.0%} safe FPR)"
 
 
 def run_explain(args: argparse.Namespace) -> None:

@@ -62,7 +62,7 @@ def settings_record(config: dict[str, Any], sae_config: dict[str, Any] | None) -
     ``sae/config.json`` (``None`` without an SAE). Everything that changes a score or a
     verdict is in it: the hook point (model, layer, position), method, threshold, target
     FPR and split, every detector setting (score metric, mask, k-means), the SAE's shape,
-    the calibration and the prompt format (``inputs``).
+    the calibration, the prompt format (``inputs``) and any supervised heads with their budget.
     """
     return {
         "guard": config.get("guard"),
@@ -70,8 +70,8 @@ def settings_record(config: dict[str, Any], sae_config: dict[str, Any] | None) -
         "d_sae": config.get("d_sae"),
         "sae": sae_config,
         "calibration": config.get("calibration"),
-        # only guards that record their inputs fingerprint them: older records stay valid
-        **({"inputs": config["inputs"]} if "inputs" in config else {}),
+        # only guards that record their inputs (or have supervised heads) fingerprint them: older records stay valid
+        **{key: config[key] for key in ("inputs", "heads", "budget") if key in config},
     }
 
 

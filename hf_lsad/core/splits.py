@@ -1,13 +1,17 @@
-"""The one seeded split: a permutation of ``range(n)`` drawn from a seed, cut into parts.
+"""The seeded splits: of rows by position, and of prompts by id.
 
 Guards hold out safe rows to set their threshold (:func:`split_safe`), evaluations cut
 safe and unsafe stores into fit / validation / test (:func:`seeded_cut`), and the CLI
 finds a guard's held-out rows again from its config (:func:`holdout_rows`): all of them
-are this permutation, so the same seed always gives the same rows.
+are one permutation of ``range(n)`` drawn from a seed, so the same seed always gives the same rows.
+
+Supervised heads and the leave-one-source-out protocol split the bundled prompts by a hash of
+their id instead (:func:`split_of`): the split of a prompt does not depend on which others were collected.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -55,3 +59,17 @@ def split_safe(n: int, holdout_fraction: float = 0.2, seed: int = 0) -> SafeSpli
 def holdout_rows(n_fit: int, n_holdout: int, seed: int) -> Tensor:
     """The held-out rows of a guard fitted on ``n_fit + n_holdout`` rows with split ``seed``."""
     return seeded_parts(n_fit + n_holdout, [n_holdout], seed)[0]
+
+
+SPLITS = ("fit", "validation", "test")
+"""The row splits of a prompt by its id (:func:`split_of`)."""
+
+
+def split_of(row_id: str, seed: int = 0) -> str:
+    """``fit`` (60%), ``validation`` (20%) or ``test`` (20%), from a hash of the row id and ``seed``.
+
+    A function of the id alone, so a row keeps its split whichever subset of its pool was collected, and the
+    supervised heads, their thresholds and the reports of :mod:`hf_lsad.evaluation.sources` agree on it."""
+    digest = hashlib.sha256(f"{seed}:{row_id}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    return "fit" if u < 0.6 else "validation" if u < 0.8 else "test"

@@ -211,7 +211,7 @@ def check_guard_header(raw: dict[str, Any], *, source: str, format_version: int)
     require_keys(
         raw,
         {"format_version", "versions", "guard", "detector", "d_sae"},
-        {"calibration", "integrity", "running", "inputs"},
+        {"calibration", "integrity", "running", "inputs", "heads", "budget"},
         source=source,
     )
     versions = require_object(raw["versions"], source=f"{source}:versions")
@@ -226,3 +226,11 @@ def check_guard_header(raw: dict[str, Any], *, source: str, format_version: int)
             raise GuardFormatError(f"{source}: key 'd_sae' is {raw['d_sae']!r}, expected a positive integer or null")
     if "calibration" in raw:
         require_object(raw["calibration"], source=f"{source}:calibration")
+    if ("heads" in raw) != ("budget" in raw):
+        raise GuardFormatError(f"{source}: supervised 'heads' and their 'budget' come together; found one of them")
+    if "heads" in raw:
+        if not isinstance(raw["heads"], list) or not raw["heads"]:
+            raise GuardFormatError(f"{source}: key 'heads' must be a non-empty list of head configs")
+        for i, head in enumerate(raw["heads"]):
+            require_object(head, source=f"{source}:heads[{i}]")
+        require_object(raw["budget"], source=f"{source}:budget")

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor, StoppingCriteria
 
-from ..capture.recorder import LastPositionRecorder
+from ..capture.recorder import LastPositionRecorder, PromptReader
 from ..errors import InputError
 from ..guard.guard import SafetyGuard, SafetyReport
 
@@ -94,6 +94,9 @@ class GuardedGenerationState:
     """Consecutive flagged tokens that flag a row (running guards)."""
     recorder: LastPositionRecorder | None = None
     """Reads the hooked block during the call (:func:`hf_lsad.capture.recorder.generation_recorder`)."""
+    prompt_reader: PromptReader | None = None
+    """A guard with supervised heads: reads every prompt read of the guard on the prefill call
+    (:func:`hf_lsad.capture.recorder.generation_prompt_reader`)."""
     on_step: Callable[[StepVerdict], None] | None = None
     """Called after every scoring step (from the thread running ``generate``)."""
 
@@ -145,7 +148,7 @@ class GuardedGenerationState:
             )
         if self.position in SCREEN_POSITIONS:
             if step == 0:
-                self.screen_reports = self.guard.reports(self.records[0])
+                self.screen_reports = self.guard.reports(self._prompt_activations())
                 flagged = torch.tensor([r.flagged for r in self.screen_reports], dtype=torch.bool)
                 self.flag_step[flagged] = 0
         elif self.position in RUNNING_POSITIONS and step > 0:
@@ -165,6 +168,14 @@ class GuardedGenerationState:
         if self.on_step is not None and step == 0 and self.screen_reports is not None:
             scores = torch.tensor([r.score for r in self.screen_reports])
             self.on_step(StepVerdict(0, scores, self.flag_step >= 0))
+
+    def _prompt_activations(self) -> Any:
+        """What the guard scores at the prefill: its one read, or every read of a guard with supervised heads."""
+        if not self.guard.heads:
+            return self.records[0]
+        if self.prompt_reader is None:
+            raise RuntimeError("a guard with supervised heads needs the prompt reader of the call")
+        return self.prompt_reader.features(self.guard.reads)
 
     def force(self, scores: Tensor) -> Tensor:
         """Set the logits of stopped rows so that their next forced token is the only choice."""
@@ -189,7 +200,7 @@ class GuardedGenerationState:
         if self.position in SCREEN_POSITIONS:
             if not self.records:
                 raise RuntimeError("generate made no forward call")
-            reports = self.guard.reports(self.records[0], explain=explain, top_k=top_k)
+            reports = self.guard.reports(self._prompt_activations(), explain=explain, top_k=top_k)
             return [r._replace(step=0 if r.flagged else None, stopped=bool(stop)) for r, stop in zip(reports, stopped)]
         from ..guard.running import sequence_statistic
 

@@ -9,6 +9,7 @@ generate under the logits processor and stopping criteria of :mod:`hf_lsad.gener
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from ..capture.recorder import (
     check_generate_kwargs,
     eos_token_ids,
     generate_with_activations,
+    generation_prompt_reader,
     generation_recorder,
     num_return_sequences,
 )
@@ -76,6 +78,11 @@ def generate_guarded(
     ``tokenizer`` encodes a text ``refusal``)."""
     hook = guard.config.hook
     if on_flag == "report" and hook.position not in RUNNING_POSITIONS and on_step is None:
+        if guard.heads:  # every head reads the prompt: all reads come from the prefill call
+            check_generate_kwargs(model, kwargs)
+            with generation_prompt_reader(model, guard.reads, kwargs) as reader:
+                output = model.generate(**kwargs)
+            return output, guard.reports(reader.features(guard.reads), explain=explain, top_k=top_k)
         output, activations = generate_with_activations(model, hook.layer, hook.position, **kwargs)
         return output, guard.reports(activations, explain=explain, top_k=top_k)  # fails closed per row
     # The verdict is needed while generating: the guard's logits processor and stopping criteria go after the
@@ -83,6 +90,7 @@ def generate_guarded(
     input_ids = check_generate_kwargs(model, kwargs)
     eos = eos_token_ids(model, kwargs)
     recorder = generation_recorder(model, hook.layer, kwargs)
+    reader = generation_prompt_reader(model, guard.reads, kwargs) if guard.heads else None
     state = GuardedGenerationState(
         guard=guard,
         batch_size=input_ids.shape[0] * num_return_sequences(model, kwargs),  # generate repeats each row
@@ -92,6 +100,7 @@ def generate_guarded(
         forced_tokens=refusal_token_ids(refusal, tokenizer, vocabulary_size(model)) + eos[:1],
         patience=guard.running.patience if guard.running is not None else 1,
         recorder=recorder,
+        prompt_reader=reader,
         on_step=on_step,
     )
     kwargs["logits_processor"] = LogitsProcessorList(
@@ -100,7 +109,7 @@ def generate_guarded(
     kwargs["stopping_criteria"] = StoppingCriteriaList(
         [*(kwargs.get("stopping_criteria") or []), GuardStoppingCriteria(state)]
     )
-    with recorder:
+    with recorder, reader if reader is not None else contextlib.nullcontext():
         output = model.generate(**kwargs)
     return output, state.reports(explain=explain, top_k=top_k)
 

@@ -283,8 +283,8 @@ class GuardedModelForCausalLM(nn.Module):
         check_context(self.model, input_ids, attention_mask)  # the rule generate applies
         self._input_warner.warn(self.guard.inputs, self.tokenizer, input_ids, attention_mask)
         device = self.model.device
-        read = (hook.layer, hook.position)
-        activations = prompt_features(self.model, [read], input_ids.to(device), attention_mask.to(device))[read]
+        reads = prompt_features(self.model, self.guard.reads, input_ids.to(device), attention_mask.to(device))
+        activations = reads if self.guard.heads else reads[self.guard.reads[0]]
         return self.guard.reports(activations, explain=explain, top_k=top_k)
 
 

@@ -194,6 +194,7 @@ def guard_model_card(
     subfolder: str = "",
     revision: str | None = None,
     template_path: str | os.PathLike | None = None,
+    limitations: str | None = None,
 ) -> ModelCard:
     """Render the model card of ``guard``.
 
@@ -211,6 +212,7 @@ def guard_model_card(
         subfolder: Folder of the guard in that repo.
         revision: Branch (or tag / sha) for the usage snippet (default ``main``).
         template_path: Jinja template (default :data:`GUARD_CARD_TEMPLATE`).
+        limitations: Markdown on what the guard cannot be expected to catch, above the general limitations.
     """
     config = guard.config
     hook = config.hook
@@ -240,7 +242,7 @@ def guard_model_card(
     flag_rule = (
         f"its calibrated probability of being unsafe, sigmoid(a_c * score + b_c) with an affine map per cluster "
         f"({calibration.coverage()}), "
-        f"is above {calibration.threshold:g}"
+        f"is above {guard.budget.thresholds[0] if guard.budget is not None else calibration.threshold:g}"
         if calibration is not None
         else ""
     )
@@ -270,6 +272,32 @@ def guard_model_card(
         metrics_header=metrics_header,
         metrics_rows=metrics_rows,
         metrics_note=metrics_note or DEFAULT_METRICS_NOTE,
+        metrics_note_only=metrics is None and metrics_note is not None,
         benign_ood_warning=benign_ood_warning((metrics or {}).get("benign_ood", {}).get("flagged", 0.0)),
         usage=_usage(base or "path/to/base-model", repo_id, subfolder, revision, hook.position),
+        heads_rows=_heads_rows(guard),
+        budget=guard.budget,
+        limitations=limitations,
     )
+
+
+def _heads_rows(guard: GuardParts) -> list[list[str]]:
+    """One row per head (the anomaly head first) for the card's heads table; empty for a single-head guard."""
+    if not guard.heads or guard.budget is None:
+        return []
+    hook = guard.config.hook
+    rows = [
+        [
+            "`anomaly`",
+            f"layer {hook.layer} `{hook.position}`",
+            "benign prompts only (unsupervised)",
+            f"{guard.budget.shares[0]:.2f}",
+            f"{guard.budget.thresholds[0]:.4g}",
+        ]
+    ]
+    for head, share, threshold in zip(guard.heads, guard.budget.shares[1:], guard.budget.thresholds[1:]):
+        reads = ", ".join(f"layer {layer} `{position}`" for layer, position in head.reads)
+        sources = ", ".join(head.config.sources)
+        learnt = f"{head.config.n_unsafe} unsafe rows ({sources}) against {head.config.n_safe} benign"
+        rows.append([f"`{head.name}`", reads, learnt, f"{share:.2f}", f"{threshold:.4g}"])
+    return rows

@@ -11,6 +11,9 @@ A guard folder (locally or in a Hub repo, optionally under a subfolder)::
     sae/sae.safetensors    the SAE's weights
     threshold.safetensors  the sorted held-out safe scores the threshold was set on
                            (reports' conformal p-values; absent in guards saved before them)
+    heads/<name>.safetensors  each supervised head's tensors (its config is in config.json's
+                           ``heads`` list, beside the ``budget`` that sets every head's threshold;
+                           absent in single-head guards)
     README.md              model card (:mod:`hf_lsad.guard.card`; always on the Hub, optional locally)
 
 Loading is strict (see :mod:`hf_lsad.core.serialization`, :mod:`hf_lsad.core.validation`):
@@ -50,8 +53,9 @@ from ..detectors.base import Detector, detector_class
 from ..sae.model import SAE_WEIGHTS, SparseAutoencoder
 from ..version import library_versions
 from .calibration import AffineCalibration
+from .heads import SupervisedHead, SupervisedHeadConfig
 from .running import RunningConfig
-from .types import GuardConfig
+from .types import BudgetConfig, GuardConfig
 
 if TYPE_CHECKING:
     from huggingface_hub import CommitInfo, ModelCard
@@ -62,8 +66,14 @@ DETECTOR_WEIGHTS = "detector.safetensors"
 THRESHOLD_SCORES = "threshold.safetensors"
 
 DEFAULT_GUARD = Path(__file__).parent.parent / "guards" / "smollm2-135m-instruct"
-"""The bundled guard for SmolLM2-135M-Instruct; ``SafetyGuard.from_pretrained("default")`` loads it."""
+"""The bundled two-headed guard for SmolLM2-135M-Instruct; ``SafetyGuard.from_pretrained("default")`` loads it."""
+PAPER_GUARD = Path(__file__).parent.parent / "guards" / "smollm2-135m-instruct-paper"
+"""The bundled paper-only guard (its anomaly head alone, with the paper's per-cluster calibration), for reproducing
+the paper; ``SafetyGuard.from_pretrained("paper")`` loads it."""
+BUNDLED_GUARDS = {"default": DEFAULT_GUARD, "paper": PAPER_GUARD}
+"""Names that load a bundled guard."""
 SAE_SUBFOLDER = "sae"
+HEADS_SUBFOLDER = "heads"
 
 
 class GuardParts(NamedTuple):
@@ -78,6 +88,10 @@ class GuardParts(NamedTuple):
     calibration: AffineCalibration | None
     running: RunningConfig | None
     inputs: InputProfile | None
+    heads: tuple[SupervisedHead, ...] = ()
+    """Supervised heads, in order (empty for a single-head guard)."""
+    budget: BudgetConfig | None = None
+    """Every head's threshold and share of the false-positive budget (``None`` without supervised heads)."""
 
 
 def save_guard_files(guard: GuardParts, path: Path) -> None:
@@ -101,6 +115,12 @@ def save_guard_files(guard: GuardParts, path: Path) -> None:
         config["running"] = config_to_dict(guard.running)
     if guard.inputs is not None:
         config["inputs"] = config_to_dict(guard.inputs)
+    if guard.heads:
+        (path / HEADS_SUBFOLDER).mkdir(exist_ok=True)
+        for head in guard.heads:
+            save_module(head.probe, path / head_weights(head.name))
+        config["heads"] = [config_to_dict(head.config) for head in guard.heads]
+        config["budget"] = config_to_dict(guard.budget)
     # Round-trip through JSON so the record holds exactly what a loader will read back.
     config = json.loads(canonical_json(config))
     settings = settings_record(config, config_to_dict(guard.sae.config) if guard.sae is not None else None)
@@ -154,10 +174,39 @@ def load_guard_folder(path: Path) -> tuple[GuardParts, dict[str, Any]]:
     calibration = None
     if "calibration" in raw:
         calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")
+    heads = tuple(read_head(path, head, f"{source}:heads[{i}]") for i, head in enumerate(raw.get("heads", [])))
+    names = [head.name for head in heads]
+    if len(set(names)) != len(names):
+        raise GuardFormatError(f"{source}: two supervised heads share a name: {names}")
+    budget = config_from_dict(BudgetConfig, raw["budget"], source=f"{source}:budget") if heads else None
     parts = GuardParts(
-        config, detector.eval(), sae.eval() if sae is not None else None, holdout, calibration, running, inputs
+        config,
+        detector.eval(),
+        sae.eval() if sae is not None else None,
+        holdout,
+        calibration,
+        running,
+        inputs,
+        heads,
+        budget,
     )
     return parts, raw
+
+
+def head_weights(name: str) -> str:
+    """The tensor file of supervised head ``name``, relative to the guard folder."""
+    return f"{HEADS_SUBFOLDER}/{name}.safetensors"
+
+
+def read_head(path: Path, raw: dict[str, Any], source: str) -> SupervisedHead:
+    """A supervised head from its ``config.json`` entry and its tensor file under ``path``."""
+    config = config_from_dict(SupervisedHeadConfig, raw, source=source)
+    head = SupervisedHead(config)
+    file = path / head_weights(config.name)
+    if not file.is_file():
+        raise GuardFormatError(f"{source}: head {config.name!r} has no weights: {file} is missing")
+    load_module(head.probe, file)
+    return head.eval()
 
 
 def verify_guard_folder(path: Path, raw: dict[str, Any], parts: GuardParts) -> None:
@@ -169,6 +218,7 @@ def verify_guard_folder(path: Path, raw: dict[str, Any], parts: GuardParts) -> N
 def guard_tensor_files(guard: GuardParts) -> list[str]:
     """The tensor files of a guard's folder, relative to it."""
     files = [DETECTOR_WEIGHTS] + ([f"{SAE_SUBFOLDER}/{SAE_WEIGHTS}"] if guard.sae is not None else [])
+    files += [head_weights(head.name) for head in guard.heads]
     return files + ([THRESHOLD_SCORES] if guard.holdout_scores is not None else [])
 
 

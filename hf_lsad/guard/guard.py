@@ -1,4 +1,10 @@
-"""SafetyGuard: an SAE, a fitted detector and a threshold, saved as JSON + safetensors.
+"""SafetyGuard: the paper's anomaly head (an SAE, a fitted detector, a threshold and an optional calibration),
+optionally beside supervised heads that share one false-positive budget; saved as JSON + safetensors.
+
+A guard with supervised heads (:mod:`hf_lsad.guard.heads`) reads several activations of one forward pass (its
+:attr:`~SafetyGuard.reads`: the anomaly head's first) and flags a row when *any* head's score exceeds that head's
+threshold. The thresholds were set together (:meth:`SafetyGuard.fit_budget`) so that the combined flag rate on
+held-out benign rows meets one target; the split is recorded in :attr:`SafetyGuard.budget`.
 
 Its folder on disk (the files, strict loading, the integrity record) is :mod:`hf_lsad.guard.files`;
 :meth:`SafetyGuard.save_pretrained`, :meth:`SafetyGuard.from_pretrained` and
@@ -11,7 +17,7 @@ import itertools
 import math
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +35,7 @@ from .calibration import AffineCalibration
 from .card import DEFAULT_LICENSE, guard_model_card
 from .explain import explain_scores
 from .files import (
-    DEFAULT_GUARD,
+    BUNDLED_GUARDS,
     MODEL_CARD,
     GuardParts,
     load_guard_folder,
@@ -37,15 +43,21 @@ from .files import (
     upload_guard,
     verify_guard_folder,
 )
+from .heads import SupervisedHead
 from .running import RunningConfig
-from .threshold import conformal_p_values, sorted_holdout
-from .types import FeatureContribution, GuardConfig, GuardOutput, SafetyReport
+from .threshold import budget_thresholds, conformal_p_values, sorted_holdout, union_flag_rate
+from .types import ANOMALY_HEAD, BudgetConfig, FeatureContribution, GuardConfig, GuardOutput, HeadVerdict, SafetyReport
+
+Read = tuple[int, str]
+"""A decoder block (0-based) and a position read there."""
+Activations = Tensor | Mapping[Read, Tensor]
+"""What a guard scores: the anomaly head's ``[batch, hidden]`` read, or every read of :attr:`SafetyGuard.reads`."""
 
 __all__ = ["GuardConfig", "GuardOutput", "SafetyGuard", "SafetyReport", "upgrade_guard_folder"]
 
 
 class SafetyGuard(nn.Module):
-    """Scores residual-stream activations read at ``config.hook``."""
+    """Scores residual-stream activations: the anomaly head reads ``config.hook``, supervised heads their own reads."""
 
     def __init__(self, config: GuardConfig, detector: Detector, sae: SparseAutoencoder | None) -> None:
         super().__init__()
@@ -69,6 +81,88 @@ class SafetyGuard(nn.Module):
         self.inputs: InputProfile | None = None
         """How the fitting prompts were formatted and their longest length: ``generate`` warns on inputs that differ
         (:mod:`hf_lsad.core.prompt_inputs`). ``None`` for guards fitted from stores that did not record it."""
+        self.heads = nn.ModuleDict()
+        """Supervised heads (:class:`~hf_lsad.guard.heads.SupervisedHead`) by name, in order (:meth:`add_head`)."""
+        self.budget: BudgetConfig | None = None
+        """With supervised heads: every head's threshold and share of the false-positive budget (:meth:`fit_budget`)."""
+
+    @property
+    def head_names(self) -> list[str]:
+        """``["anomaly", *supervised heads]``: the order of :attr:`budget` and of reports' ``heads``."""
+        return [ANOMALY_HEAD, *self.heads.keys()]
+
+    @property
+    def reads(self) -> list[Read]:
+        """Every ``(layer, position)`` the guard scores, the anomaly head's first: one forward pass records them all."""
+        reads = [(self.config.hook.layer, self.config.hook.position)]
+        for head in self.heads.values():
+            reads += [read for read in head.reads if read not in reads]
+        return reads
+
+    def add_head(self, head: SupervisedHead) -> None:
+        """Add a supervised head after the others. Its threshold is set with the others' by :meth:`fit_budget`
+        (until then the guard refuses to score: its budget no longer covers every head)."""
+        if not isinstance(head, SupervisedHead):
+            raise TypeError(f"expected a SupervisedHead, got {type(head).__name__}")
+        hook = self.config.hook
+        if head.name in self.heads:
+            raise ValueError(f"the guard already has a head named {head.name!r}")
+        if hook.position != "prompt_last":
+            raise ValueError(
+                f"supervised heads read the prompt and decide before the response; this guard's anomaly head reads "
+                f"{hook.position}, so its verdict comes at another time. Add heads to a prompt_last guard."
+            )
+        if head.config.hidden_size != hook.hidden_size:
+            raise ValueError(
+                f"head {head.name!r} reads width {head.config.hidden_size}, the model's is {hook.hidden_size}"
+            )
+        outside = [layer for layer, _ in head.reads if not 0 <= layer < hook.num_hidden_layers]
+        if outside:
+            raise ValueError(
+                f"head {head.name!r} reads layers {outside}; the model has {hook.num_hidden_layers} blocks"
+            )
+        self.heads[head.name] = head.to(self._device())
+        self.budget = None
+
+    def set_budget(self, budget: BudgetConfig | None) -> None:
+        """Set (or, for a guard without supervised heads, remove) the heads' thresholds and shares."""
+        if budget is not None and budget.heads != self.head_names:
+            raise ValueError(f"the budget names heads {budget.heads}, the guard has {self.head_names}")
+        if budget is None and self.heads:
+            raise ValueError("a guard with supervised heads needs a budget")
+        self.budget = budget
+
+    @torch.no_grad()
+    def fit_budget(
+        self,
+        benign: Mapping[Read, Tensor],
+        *,
+        target_fpr: float = 0.05,
+        shares: Sequence[float] | None = None,
+        rows: str = "validation chat",
+    ) -> BudgetConfig:
+        """Set every head's threshold so that, together, they flag at most ``target_fpr`` of the held-out
+        ``benign`` rows (each of :attr:`reads`, ``[n, hidden]``), head ``h`` taking ``shares[h]`` of the budget
+        (default: equal shares); see :func:`hf_lsad.guard.threshold.budget_thresholds`. ``rows`` says which rows
+        these are (recorded). Returns the :class:`BudgetConfig` it set."""
+        shares = [1.0 / len(self.head_names)] * len(self.head_names) if shares is None else list(shares)
+        if len(shares) != len(self.head_names) or any(share <= 0 for share in shares):
+            raise ValueError(f"need a positive share for each of the heads {self.head_names}, got {shares}")
+        total = sum(shares)
+        deciding = self._head_scores(self._check_reads(benign))[1]
+        scores = torch.stack([deciding[name] for name in self.head_names], dim=1)  # [n, heads]
+        thresholds = budget_thresholds(scores.cpu(), target_fpr, shares)
+        budget = BudgetConfig(
+            heads=self.head_names,
+            shares=[share / total for share in shares],
+            thresholds=thresholds,
+            target_fpr=target_fpr,
+            measured_fpr=union_flag_rate(scores.cpu(), thresholds),
+            n_rows=int(scores.shape[0]),
+            rows=rows,
+        )
+        self.set_budget(budget)
+        return budget
 
     def set_holdout_scores(self, holdout_scores: Tensor | None) -> None:
         """Keep the held-out safe scores (``config.n_holdout`` of them) so that reports carry p-values."""
@@ -97,44 +191,87 @@ class SafetyGuard(nn.Module):
 
     @property
     def threshold(self) -> float:
-        """The threshold that decides: a calibrated guard flags a probability above ``calibration.threshold``,
-        any other guard a score above ``config.threshold``. The one place this is decided."""
+        """The anomaly head's threshold, the one place it is decided: with supervised heads, the one the budget
+        gave it (:attr:`budget`); else a calibrated guard flags a probability above ``calibration.threshold``,
+        any other guard a score above ``config.threshold``."""
+        if self.budget is not None:
+            return self.budget.thresholds[0]
         return self.calibration.threshold if self.calibration is not None else self.config.threshold
 
     @torch.no_grad()
-    def forward(self, activations: Tensor) -> GuardOutput:
-        """Score ``[batch, hidden_size]`` activations (any float dtype, any device: moved to the guard's)."""
-        return self._score(activations)[0]
+    def forward(self, activations: Activations) -> GuardOutput:
+        """Score ``[batch, hidden_size]`` activations of the anomaly head's read, or, for a guard with supervised
+        heads, a mapping of every read of :attr:`reads` to its ``[batch, hidden_size]`` activations (any float
+        dtype, any device: moved to the guard's)."""
+        return self._score(self._check_reads(activations))[0]
+
+    def _check_reads(self, activations: Activations, *, finite: bool = True) -> dict[Read, Tensor]:
+        """Every read the guard needs, as float32 on the guard's device, checked: tensors ``[batch, hidden_size]``
+        of one batch, and (``finite=True``) free of NaN and inf."""
+        if isinstance(activations, Tensor):
+            if self.heads:
+                raise ValueError(
+                    f"this guard's heads read {self.reads}: pass a mapping {{(layer, position): [batch, hidden]}}"
+                )
+            activations = {self.reads[0]: activations}
+        if not isinstance(activations, Mapping):
+            raise TypeError(
+                f"activations must be a Tensor or a mapping of reads to Tensors, got {type(activations).__name__}"
+            )
+        missing = [read for read in self.reads if read not in activations]
+        if missing:
+            raise ValueError(f"the guard reads {self.reads}; missing {missing}")
+        reads = {read: activations[read] for read in self.reads}
+        for read, tensor in reads.items():
+            rows = tensor.nan_to_num() if isinstance(tensor, Tensor) and not finite else tensor
+            check_activations(rows, self.config.hook.hidden_size, name=f"activations of {read}")
+        sizes = {read: tensor.shape[0] for read, tensor in reads.items()}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"the reads hold different numbers of rows: {sizes}")
+        return {read: self._on_guard(tensor) for read, tensor in reads.items()}
+
+    def _head_scores(self, reads: dict[Read, Tensor]) -> tuple[tuple[Tensor, Tensor, Tensor | None], dict[str, Tensor]]:
+        """The anomaly head's ``(scores, clusters, probabilities)`` and what each head compares with its threshold."""
+        scores, clusters = self.detector(reads[self.reads[0]], self.sae)
+        probabilities = self.calibration.probabilities(scores, clusters) if self.calibration is not None else None
+        deciding = {ANOMALY_HEAD: scores if probabilities is None else probabilities}
+        deciding.update({name: head(reads) for name, head in self.heads.items()})
+        return (scores, clusters, probabilities), deciding
 
     @torch.no_grad()
-    def _score(self, activations: Tensor) -> tuple[GuardOutput, Tensor | None]:
+    def _score(self, reads: dict[Read, Tensor]) -> tuple[GuardOutput, Tensor | None]:
         """The output and, for a calibrated guard, the probabilities it flagged by (computed once)."""
-        check_activations(activations, self.config.hook.hidden_size)
-        scores, clusters = self.detector(self._on_guard(activations), self.sae)
-        probabilities = self.calibration.probabilities(scores, clusters) if self.calibration is not None else None
-        decided_by = scores if probabilities is None else probabilities
-        return GuardOutput(scores, clusters, decided_by > self.threshold), probabilities
+        (scores, clusters, probabilities), deciding = self._head_scores(reads)
+        if self.heads and self.budget is None:
+            raise RuntimeError("this guard's supervised heads have no thresholds yet: call fit_budget(...) first")
+        if not self.heads:
+            return GuardOutput(scores, clusters, deciding[ANOMALY_HEAD] > self.threshold), probabilities
+        thresholds = self.budget.thresholds
+        flagged = torch.stack([deciding[name] > t for name, t in zip(self.head_names, thresholds)]).any(0)
+        return GuardOutput(scores, clusters, flagged, deciding), probabilities
 
-    def reports(self, activations: Tensor, *, explain: bool = False, top_k: int = 10) -> list[SafetyReport]:
-        """One :class:`SafetyReport` per row of ``activations``.
+    def reports(self, activations: Activations, *, explain: bool = False, top_k: int = 10) -> list[SafetyReport]:
+        """One :class:`SafetyReport` per row (``activations`` as in :meth:`forward`).
 
-        ``explain=True`` fills :attr:`SafetyReport.features` with the ``top_k`` SAE features
-        that contribute most to each score (:meth:`explain`).
+        ``explain=True`` fills :attr:`SafetyReport.features` with the ``top_k`` features that contribute most to
+        the score of the head that decided (:meth:`explain`, :meth:`SupervisedHead.explain`).
 
-        Fails closed: a row holding NaN or inf gets a report with ``flagged=True`` and an
+        Fails closed: a row holding NaN or inf in any read gets a report with ``flagged=True`` and an
         ``error`` saying so (and a ``RuntimeWarning``); the other rows are scored as usual.
         Shape and width errors still raise.
         """
-        finite = torch.isfinite(activations).all(1) if activations.ndim == 2 else None
-        if finite is None or bool(finite.all()) or activations.shape[1] != self.config.hook.hidden_size:
-            return self._reports(activations, explain=explain, top_k=top_k)
+        reads = self._check_reads(activations, finite=False)
+        finite = torch.stack([torch.isfinite(tensor).all(1).cpu() for tensor in reads.values()]).all(0)
+        if bool(finite.all()):
+            return self._reports(reads, explain=explain, top_k=top_k)
         bad = (~finite).nonzero().flatten().tolist()
         warnings.warn(
             f"guard activations of rows {bad} hold NaN or inf: those rows are reported as flagged (fail closed)",
             RuntimeWarning,
             stacklevel=2,
         )
-        scored = iter(self._reports(activations[finite], explain=explain, top_k=top_k) if finite.any() else [])
+        kept = {read: tensor[finite.to(tensor.device)] for read, tensor in reads.items()}
+        scored = iter(self._reports(kept, explain=explain, top_k=top_k) if finite.any() else [])
         failed = SafetyReport(
             score=math.nan,
             threshold=self.threshold,
@@ -145,32 +282,81 @@ class SafetyGuard(nn.Module):
         )
         return [next(scored) if ok else failed for ok in finite.tolist()]
 
-    def _reports(self, activations: Tensor, *, explain: bool, top_k: int) -> list[SafetyReport]:
-        output, probabilities = self._score(activations)
-        probabilities = [None] * len(output.scores) if probabilities is None else probabilities.tolist()
+    def _reports(self, reads: dict[Read, Tensor], *, explain: bool, top_k: int) -> list[SafetyReport]:
+        output, probabilities = self._score(reads)
+        n = len(output.scores)
+        probabilities = [None] * n if probabilities is None else probabilities.tolist()
         if self.holdout_scores is None:
-            p_values = [None] * len(output.scores)
+            p_values = [None] * n
         else:
             p_values = conformal_p_values(output.scores, self.holdout_scores).tolist()
-        features = self.explain(activations, top_k=top_k) if explain else [None] * len(output.scores)
-        rows = zip(
-            output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist(), probabilities, p_values, features
-        )
-        return [
-            SafetyReport(score=s, threshold=self.threshold, flagged=f, cluster=c, probability=p, p_value=v, features=e)
-            for s, c, f, p, v, e in rows
-        ]
+        heads: list[tuple[HeadVerdict, ...]] = [()] * n
+        if output.head_scores is not None:
+            table = {name: output.head_scores[name].tolist() for name in self.head_names}
+            heads = [
+                tuple(
+                    HeadVerdict(name, table[name][r], t, table[name][r] > t)
+                    for name, t in zip(self.head_names, self.budget.thresholds)
+                )
+                for r in range(n)
+            ]
+        features = self._explain_deciding(reads, heads, top_k) if explain else [None] * n
+        reports = []
+        for r, (s, c, f) in enumerate(zip(output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist())):
+            decided_by = tuple(head.name for head in heads[r] if head.flagged)
+            reading = None
+            if decided_by:
+                reading = "novel" if decided_by == (ANOMALY_HEAD,) else "known"
+            reports.append(
+                SafetyReport(
+                    score=s,
+                    threshold=self.threshold,
+                    flagged=f,
+                    cluster=c,
+                    probability=probabilities[r],
+                    p_value=p_values[r],
+                    features=features[r],
+                    heads=heads[r],
+                    decided_by=decided_by,
+                    reading=reading,
+                )
+            )
+        return reports
+
+    def _explain_deciding(
+        self, reads: dict[Read, Tensor], heads: list[tuple[HeadVerdict, ...]], top_k: int
+    ) -> list[tuple[FeatureContribution, ...]]:
+        """Per row, the explanation of its first flagging head (the anomaly head when none flagged)."""
+        deciding = [next((head.name for head in row if head.flagged), ANOMALY_HEAD) for row in heads]
+        if not heads[0]:
+            deciding = [ANOMALY_HEAD] * len(heads)
+        explained: list[Any] = [None] * len(heads)
+        for name in dict.fromkeys(deciding):
+            rows = torch.tensor([r for r, d in enumerate(deciding) if d == name])
+            subset = {read: tensor[rows.to(tensor.device)] for read, tensor in reads.items()}
+            if name == ANOMALY_HEAD:
+                found = explain_scores(self.detector, self.sae, subset[self.reads[0]], top_k=top_k)
+            else:
+                found = self.heads[name].explain(subset, top_k=top_k)
+            for r, features in zip(rows.tolist(), found):
+                explained[r] = features
+        return explained
 
     @torch.no_grad()
     def explain(self, activations: Tensor, *, top_k: int | None = 10) -> list[tuple[FeatureContribution, ...]]:
-        """Per row, the SAE features behind its score, largest contribution first (``top_k=None``: all terms).
+        """Per row, the SAE features behind its anomaly score, largest contribution first (``top_k=None``: all).
 
-        See :func:`hf_lsad.guard.explain.explain_scores` for what a contribution is; detectors
-        that do not score SAE features (e.g. ``mahalanobis`` on raw activations) raise
-        ``NotImplementedError``.
+        ``activations`` are the anomaly head's read. See :func:`hf_lsad.guard.explain.explain_scores` for what a
+        contribution is; detectors that do not score SAE features (e.g. ``mahalanobis`` on raw activations) raise
+        ``NotImplementedError``. A supervised head explains itself (:meth:`SupervisedHead.explain`); reports with
+        ``explain=True`` explain whichever head decided.
         """
         check_activations(activations, self.config.hook.hidden_size)
         return explain_scores(self.detector, self.sae, self._on_guard(activations), top_k=top_k)
+
+    def _device(self) -> torch.device:
+        tensor = next(itertools.chain(self.detector.buffers(), self.detector.parameters()), None)
+        return tensor.device if tensor is not None else torch.device("cpu")
 
     def _on_guard(self, activations: Tensor) -> Tensor:
         """``activations`` as float32 on the guard's device: a model split over devices (``device_map="auto"``)
@@ -263,7 +449,8 @@ class SafetyGuard(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, **hub_kwargs: Any) -> SafetyGuard:
-        """Load a guard from a local folder, a Hub repo, or ``"default"`` (:data:`DEFAULT_GUARD`).
+        """Load a guard from a local folder, a Hub repo, ``"default"`` (:data:`DEFAULT_GUARD`, two heads) or
+        ``"paper"`` (:data:`~hf_lsad.guard.files.PAPER_GUARD`, the paper's anomaly head alone).
 
         ``hub_kwargs`` (``revision``, ``subfolder``, ``token``, ``cache_dir``,
         ``local_files_only``, ``force_download``) behave as in transformers.
@@ -279,8 +466,7 @@ class SafetyGuard(nn.Module):
             hf_lsad.GuardMismatchError: files or settings changed since the guard was saved.
             hf_lsad.UnsafeGuardFileError: pickle files, or links leaving the folder.
         """
-        if str(name_or_path) == "default":
-            name_or_path = DEFAULT_GUARD
+        name_or_path = BUNDLED_GUARDS.get(str(name_or_path), name_or_path)
         path = resolve_pretrained_dir(name_or_path, **hub_kwargs)
         parts, raw = load_guard_folder(path)
         guard = cls.from_parts(parts, source=str(path))
@@ -298,6 +484,10 @@ class SafetyGuard(nn.Module):
             guard.running = parts.running
             guard.inputs = parts.inputs
             guard.set_calibration(parts.calibration)
+            for head in parts.heads:
+                guard.add_head(head)
+            if parts.heads:
+                guard.set_budget(parts.budget)
         except ValueError as err:
             raise GuardFormatError(f"{source}: {err}") from err
         return guard
@@ -305,7 +495,15 @@ class SafetyGuard(nn.Module):
     def parts(self) -> GuardParts:
         """The guard as the plain parts its folder holds (what :meth:`save_pretrained` writes)."""
         return GuardParts(
-            self.config, self.detector, self.sae, self.holdout_scores, self.calibration, self.running, self.inputs
+            self.config,
+            self.detector,
+            self.sae,
+            self.holdout_scores,
+            self.calibration,
+            self.running,
+            self.inputs,
+            tuple(self.heads.values()),
+            self.budget,
         )
 
 

@@ -18,6 +18,7 @@ safe prompts").
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -59,3 +60,45 @@ def sorted_holdout(holdout_scores: Tensor) -> Tensor:
     if len(scores) == 0 or not torch.isfinite(scores).all():
         raise ValueError("held-out safe scores must be a non-empty set of finite numbers")
     return scores.sort().values
+
+
+def budget_thresholds(
+    benign_scores: Tensor, target_fpr: float, shares: Sequence[float], *, iterations: int = 60
+) -> list[float]:
+    """Thresholds for several heads that share one false-positive budget on held-out benign rows.
+
+    ``benign_scores`` is ``[n, heads]`` (each head's score of each benign row). Head ``h`` gets the threshold
+    :func:`fpr_threshold` gives at ``shares[h] * alpha``, and ``alpha`` is the largest (found by bisection) for
+    which the rows flagged by *any* head are at most ``target_fpr`` of the ``n``: the union, not each head,
+    meets the target. Heads that flag the same rows leave more budget to each other.
+    """
+    if benign_scores.ndim != 2 or benign_scores.shape[1] != len(shares):
+        raise ValueError(f"expected benign scores [n, {len(shares)}], got {tuple(benign_scores.shape)}")
+    if not 0.0 < target_fpr < 1.0:
+        raise ValueError(f"target_fpr must be in (0, 1), got {target_fpr}")
+    if any(share <= 0 for share in shares):
+        raise ValueError(f"every head needs a positive share of the budget, got {list(shares)}")
+    scores = benign_scores.double()
+    total = sum(shares)
+    shares = [share / total for share in shares]
+
+    def thresholds(alpha: float) -> list[float]:
+        # a quantile at q -> 0 is the largest score: that head flags nothing on these rows
+        return [
+            fpr_threshold(scores[:, h], min(max(share * alpha, 1e-12), 1.0 - 1e-9)) for h, share in enumerate(shares)
+        ]
+
+    def union_rate(alpha: float) -> float:
+        flagged = scores > torch.tensor(thresholds(alpha), dtype=torch.float64)
+        return float(flagged.any(1).double().mean())
+
+    low, high = 0.0, 1.0 / max(shares)  # union_rate(low) = 0 <= target
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        low, high = (middle, high) if union_rate(middle) <= target_fpr else (low, middle)
+    return thresholds(low)
+
+
+def union_flag_rate(scores: Tensor, thresholds: Sequence[float]) -> float:
+    """The fraction of rows of ``scores`` ``[n, heads]`` that any head flags (a score above its threshold)."""
+    return float((scores.double() > torch.tensor(list(thresholds), dtype=torch.float64)).any(1).double().mean())

@@ -1,5 +1,7 @@
-"""A guard's plain records: :class:`GuardConfig` (``config.json``'s ``guard`` block), :class:`GuardOutput`
-(what :meth:`hf_lsad.guard.SafetyGuard.forward` returns) and :class:`SafetyReport` (the verdict on one sequence)."""
+"""A guard's plain records: :class:`GuardConfig` (``config.json``'s ``guard`` block), :class:`BudgetConfig` (how a
+guard with several heads split its false-positive budget), :class:`GuardOutput` (what
+:meth:`hf_lsad.guard.SafetyGuard.forward` returns), :class:`HeadVerdict` (one head's part in a verdict) and
+:class:`SafetyReport` (the verdict on one sequence)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from torch import Tensor
 
 from ..core.hook_point import HookPoint
 from ..core.validation import NON_NEGATIVE, OPEN_UNIT, POSITIVE, check_ranges, ranged
+
+ANOMALY_HEAD = "anomaly"
+"""The name of the paper's head (the guard's detector, SAE and calibration), always the first head."""
 
 
 @dataclass
@@ -41,6 +46,50 @@ class GuardConfig:
         check_ranges(self)
 
 
+@dataclass
+class BudgetConfig:
+    """How a guard with several heads shares one false-positive budget (``config.json``'s ``budget`` block).
+
+    Head ``h`` flags the rows whose score exceeds ``thresholds[h]``; the thresholds were set together on
+    ``n_rows`` held-out benign rows (``rows`` says which) so that the rows flagged by *any* head are at most
+    ``target_fpr`` of them, head ``h`` taking ``shares[h]`` of the budget
+    (:func:`hf_lsad.guard.threshold.budget_thresholds`).
+    """
+
+    heads: list[str]
+    """The heads in order: ``"anomaly"`` first, then the supervised heads."""
+
+    shares: list[float]
+    """Each head's share of the budget (positive, summing to 1)."""
+
+    thresholds: list[float]
+    """Each head flags a score strictly above its threshold (the anomaly head: its calibrated probability for a
+    calibrated guard, its score otherwise; a supervised head: its probability)."""
+
+    target_fpr: float = ranged(OPEN_UNIT)
+    """The combined flag rate asked for on held-out benign rows."""
+
+    measured_fpr: float = ranged(NON_NEGATIVE)
+    """The combined flag rate on those rows with these thresholds."""
+
+    n_rows: int = ranged(POSITIVE)
+    """Held-out benign rows the thresholds were set on."""
+
+    rows: str = "validation chat"
+    """Which rows those were."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if not (len(self.heads) == len(self.shares) == len(self.thresholds)) or not self.heads:
+            raise ValueError(
+                f"budget: {len(self.heads)} heads, {len(self.shares)} shares, {len(self.thresholds)} thresholds"
+            )
+        if self.heads[0] != ANOMALY_HEAD or len(set(self.heads)) != len(self.heads):
+            raise ValueError(f"budget heads must be distinct and start with {ANOMALY_HEAD!r}, got {self.heads}")
+        if any(share <= 0 for share in self.shares) or abs(sum(self.shares) - 1.0) > 1e-6:
+            raise ValueError(f"budget shares must be positive and sum to 1, got {self.shares}")
+
+
 class FeatureContribution(NamedTuple):
     """One SAE feature's part in a score."""
 
@@ -60,7 +109,22 @@ class GuardOutput(NamedTuple):
     clusters: Tensor
     """Assigned cluster per row (``-1`` for methods without clusters)."""
     flagged: Tensor
-    """``scores > threshold``, ``[batch]`` bool."""
+    """``[batch]`` bool: flagged by any head (a single-head guard: ``scores > threshold``)."""
+    head_scores: dict[str, Tensor] | None = None
+    """A guard with supervised heads: each head's ``[batch]`` scores (the anomaly head's deciding quantity)."""
+
+
+class HeadVerdict(NamedTuple):
+    """One head's part in a verdict."""
+
+    name: str
+    """``"anomaly"`` (the paper's head) or the name of a supervised head."""
+    score: float
+    """What the head compares with its threshold: a supervised head's probability of its kind of harm; the anomaly
+    head's calibrated probability (calibrated) or score."""
+    threshold: float
+    flagged: bool
+    """``score > threshold``."""
 
 
 class SafetyReport(NamedTuple):
@@ -89,19 +153,38 @@ class SafetyReport(NamedTuple):
     stopped: bool = False
     """Whether guarded generation ended the row when it was flagged (``on_flag="stop"``)."""
     features: tuple[FeatureContribution, ...] | None = None
-    """With ``explain=True``: the SAE features with the largest contributions to ``score``
-    (:mod:`hf_lsad.guard.explain`)."""
+    """With ``explain=True``: the features with the largest contributions to the score of the head that decided
+    (the first flagging head; the anomaly head when none flagged). For the anomaly head they are SAE features
+    (:mod:`hf_lsad.guard.explain`), for a supervised head dimensions of its reads
+    (:meth:`hf_lsad.guard.heads.SupervisedHead.explain`)."""
+    heads: tuple[HeadVerdict, ...] = ()
+    """A guard with supervised heads: every head's score and threshold, the anomaly head first. Empty for a
+    single-head guard (its one verdict is ``score`` / ``probability`` against ``threshold``)."""
+    decided_by: tuple[str, ...] = ()
+    """The heads that flagged the row (empty when none did, or the row could not be scored)."""
+    reading: str | None = None
+    """``"known"``: a supervised head recognised a kind of harm it was trained on; ``"novel"``: only the anomaly
+    head objected; ``None``: not flagged, or a single-head guard."""
 
     def describe(self) -> str:
         """One line a person can read, comparing the quantity that decided the verdict with its threshold.
 
         Calibrated: ``ok: P(unsafe) 0.127 <= 0.7013 (score 49.62, cluster 17, p-value 0.375)``;
-        uncalibrated: ``FLAGGED: score 301.2 > 230.5 (cluster 3, p-value 0.002)``."""
+        uncalibrated: ``FLAGGED: score 301.2 > 230.5 (cluster 3, p-value 0.002)``; with supervised heads:
+        ``FLAGGED by harm (known): harm 0.981 > 0.52; anomaly 49.62 <= 71.3 (cluster 17, p-value 0.375)``."""
         verdict = "FLAGGED" if self.flagged else "ok"
         if self.error is not None:
             return f"{verdict}: not scored ({self.error})"
         sign = ">" if self.flagged else "<="
         p_value = f", p-value {self.p_value:.3g}" if self.p_value is not None else ""
+        if self.heads:
+            if self.decided_by:
+                verdict = f"{verdict} by {', '.join(self.decided_by)} ({self.reading})"
+            parts = [
+                f"{head.name} {head.score:.4g} {'>' if head.flagged else '<='} {head.threshold:.4g}"
+                for head in self.heads
+            ]
+            return f"{verdict}: {'; '.join(parts)} (anomaly cluster {self.cluster}{p_value})"
         if self.probability is not None:
             return (
                 f"{verdict}: P(unsafe) {self.probability:.3f} {sign} {self.threshold:.4g} "

@@ -27,6 +27,7 @@ from hf_lsad.detectors import DETECTORS, detector_class
 from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
 from hf_lsad.guard.calibration import fit_affine_calibration
+from hf_lsad.guard.files import PAPER_GUARD
 from hf_lsad.guard.fitting import fit_guard
 from hf_lsad.sae.training import SAETrainConfig, train_sae
 
@@ -133,12 +134,27 @@ def run_case(name: str) -> dict[str, torch.Tensor]:
 
 
 def bundled_guard_case() -> dict[str, torch.Tensor]:
-    """The bundled guard's scores on a seeded random activation batch."""
-    guard = SafetyGuard.from_pretrained(DEFAULT_GUARD)
+    """The bundled paper guard's scores on a seeded random activation batch."""
+    guard = SafetyGuard.from_pretrained(PAPER_GUARD)
     batch = 4.0 * torch.randn(64, guard.config.hook.hidden_size, generator=torch.Generator().manual_seed(99))
     with torch.no_grad():
         output = guard(batch)
     return {"scores": output.scores.double(), "clusters": output.clusters.long(), "flagged": output.flagged.long()}
+
+
+def default_guard_case() -> dict[str, torch.Tensor]:
+    """The bundled two-headed guard's head scores and verdicts on seeded random activations of each of its reads."""
+    guard = SafetyGuard.from_pretrained(DEFAULT_GUARD)
+    generator = torch.Generator().manual_seed(99)
+    reads = {read: 4.0 * torch.randn(64, guard.config.hook.hidden_size, generator=generator) for read in guard.reads}
+    with torch.no_grad():
+        output = guard(reads)
+    return {
+        "scores": output.scores.double(),
+        "clusters": output.clusters.long(),
+        "flagged": output.flagged.long(),
+        **{f"head-{name}": values.double() for name, values in output.head_scores.items()},
+    }
 
 
 def _compare(name: str, got: dict[str, torch.Tensor], stored: dict[str, torch.Tensor]) -> None:
@@ -174,13 +190,19 @@ def test_bundled_guard_scores_as_before(stored):
     _compare("bundled-guard", bundled_guard_case(), stored)
 
 
+def test_default_two_headed_guard_scores_as_before(stored):
+    _compare("default-guard", default_guard_case(), stored)
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--write-bundled"]:
     # After a deliberate refit of the bundled guard: its entries change, the seeded fits' stay as stored.
     tensors = load_file(str(FIXTURE)) | {f"bundled-guard/{k}": v for k, v in bundled_guard_case().items()}
+    tensors |= {f"default-guard/{k}": v for k, v in default_guard_case().items()}
     save_file(tensors, str(FIXTURE))
     print(f"rewrote the bundled guard's entries in {FIXTURE}")
 elif __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     tensors = {f"bundled-guard/{k}": v for k, v in bundled_guard_case().items()}
+    tensors |= {f"default-guard/{k}": v for k, v in default_guard_case().items()}
     for case in CASES:
         tensors.update({f"{case}/{k}": v.contiguous() for k, v in run_case(case).items()})
     FIXTURE.parent.mkdir(exist_ok=True)

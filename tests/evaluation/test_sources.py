@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_lsad.evaluation.sources import EVAL_SOURCES, SourceRows, leave_one_source_out, split_of, threshold_at
+from hf_lsad.core.splits import split_of
+from hf_lsad.evaluation.sources import EVAL_SOURCES, SourceRows, leave_one_source_out, threshold_at
 from hf_lsad.guard.heads import LogisticProbe, ProbeConfig, balanced_weights
 
 READ = (1, "prompt_last")
@@ -74,7 +75,33 @@ def test_each_source_and_domain_is_held_out_of_the_fit_and_separable_harm_is_cau
 
 def test_threshold_flags_the_requested_share_of_benign_rows():
     scores = torch.arange(1000, dtype=torch.float32)
-    assert (scores > threshold_at(scores, 0.05)).float().mean().item() == pytest.approx(0.05, abs=0.002)
+    (threshold,) = threshold_at(scores, 0.05)
+    assert (scores > threshold).float().mean().item() == pytest.approx(0.05, abs=0.002)
+
+
+def test_two_heads_share_one_budget_and_their_union_meets_it():
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(2000, 2, generator=generator)  # two independent heads
+    for shares in ([0.5, 0.5], [0.2, 0.8]):
+        thresholds = threshold_at(scores, 0.05, shares)
+        flagged = scores > torch.tensor(thresholds)
+        assert flagged.any(1).float().mean().item() == pytest.approx(0.05, abs=0.002)
+        rates = flagged.float().mean(0)
+        assert (rates[0] < rates[1]) == (shares[0] < shares[1])  # the larger share flags more on its own
+
+
+def test_a_two_headed_method_is_judged_by_the_union_of_its_heads():
+    rows = synthetic_rows()
+
+    def fit(train: SourceRows):
+        probe = LogisticProbe(ProbeConfig(reads=[READ]), hidden_size=8)
+        probe.fit(train.features[READ], train.labels, balanced_weights(train.sources, train.labels))
+        # a second head that sees nothing: the union must still catch what the first catches, at the same budget
+        return lambda r: torch.stack([probe(r.features[READ]), torch.rand(len(r), generator=torch.Generator())], 1)
+
+    result = leave_one_source_out(rows, fit, shares=[0.9, 0.1])
+    assert result["summary@0.05"]["median_tpr"] >= 0.9
+    assert result["summary@0.05"]["median_domain_fpr"] <= 0.25
 
 
 def test_balanced_weights_give_every_source_of_a_label_the_same_total():

@@ -30,6 +30,7 @@ from hf_lsad.capture.collect import encode_prompts
 from hf_lsad.capture.recorder import generate_with_activations
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import DEFAULT_GUARD, upgrade_guard_folder
+from hf_lsad.guard.files import PAPER_GUARD
 from hf_lsad.testing import tiny_model
 
 
@@ -418,15 +419,18 @@ def test_an_older_guard_is_upgraded_only_explicitly(saved):
     assert torch.equal(SafetyGuard.from_pretrained(path)(x).scores, guard(x).scores)
 
 
-def test_the_bundled_guard_loads_with_its_integrity_record():
-    guard = SafetyGuard.from_pretrained(DEFAULT_GUARD)
-    config = json.loads((DEFAULT_GUARD / "config.json").read_text())
-    assert sorted(config["integrity"]["files"]) == [
-        "detector.safetensors",
-        "sae/sae.safetensors",
-        "threshold.safetensors",
-    ]
+@pytest.mark.parametrize(
+    ("name", "folder", "heads"), [("default", DEFAULT_GUARD, ["harm"]), ("paper", PAPER_GUARD, [])]
+)
+def test_the_bundled_guards_load_with_their_integrity_records(name, folder, heads):
+    guard = SafetyGuard.from_pretrained(name)
+    config = json.loads((folder / "config.json").read_text())
+    assert sorted(config["integrity"]["files"]) == sorted(
+        ["detector.safetensors", "sae/sae.safetensors", "threshold.safetensors"]
+        + [f"heads/{head}.safetensors" for head in heads]
+    )
     assert guard.config.hook.position == "prompt_last" and math.isfinite(guard.threshold)
+    assert list(guard.heads) == heads and (guard.budget is not None) == bool(heads)
 
 
 def test_exceptions_are_public_and_value_errors():

@@ -15,6 +15,7 @@ weights are plain tensors (safetensors), so scoring needs neither scikit-learn n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ...core.validation import POSITIVE, POSITIVE_NUMBER, check_ranges, ranged
+from ..types import ANOMALY_HEAD, FeatureContribution
 
 Read = tuple[int, str]
 """A layer (0-based decoder block) and a position (``prompt_last`` or ``prompt_mean``)."""
@@ -117,3 +119,92 @@ def balanced_weights(groups: Sequence[str], labels: Tensor) -> Tensor:
             members = [i for i in rows if groups[i] == name]
             weights[members] = 1.0 / (len(names) * len(members))
     return weights * len(groups) / weights.sum()
+
+
+@dataclass
+class SupervisedHeadConfig:
+    """A supervised head in a guard folder (``heads/<name>/config.json``): what it reads and what it learnt from."""
+
+    name: str
+    """The head's name in reports (``decided_by``), the card and the folder (``heads/<name>``)."""
+
+    probe: ProbeConfig
+    """Its reads and fit settings."""
+
+    hidden_size: int = ranged(POSITIVE)
+    """Width of each read (the model's hidden size)."""
+
+    n_safe: int = ranged(POSITIVE)
+    """Benign rows it was fitted on."""
+
+    n_unsafe: int = ranged(POSITIVE)
+    """Unsafe rows it was fitted on."""
+
+    sources: list[str] = field(default_factory=list)
+    """The unsafe sources it learnt from (what it can be expected to recognise)."""
+
+    balance: str = "source"
+    """How rows were weighted: ``source`` (every source of each label weighs alike), ``none``."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        check_head_name(self.name)
+
+
+def check_head_name(name: str) -> None:
+    """A head name is a folder name and a word in reports: letters, digits, ``-`` and ``_``; not ``anomaly``."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", name):
+        raise ValueError(
+            f"a head name is 1-64 letters, digits, '-' or '_' (starting with a letter or digit), got {name!r}"
+        )
+    if name == ANOMALY_HEAD:
+        raise ValueError(f"{ANOMALY_HEAD!r} names the paper's head; choose another name")
+
+
+class SupervisedHead(nn.Module):
+    """A named :class:`LogisticProbe` in a guard: scores the reads it needs out of all the guard recorded."""
+
+    def __init__(self, config: SupervisedHeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.probe = LogisticProbe(config.probe, config.hidden_size)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def reads(self) -> list[Read]:
+        return list(self.config.probe.reads)
+
+    @torch.no_grad()
+    def forward(self, reads: dict[Read, Tensor]) -> Tensor:
+        """``[batch]`` probabilities of the rows of ``reads`` (each ``[batch, hidden]``)."""
+        return self.probe(self.probe.features(reads))
+
+    @torch.no_grad()
+    def explain(self, reads: dict[Read, Tensor], *, top_k: int | None = 10) -> list[tuple[FeatureContribution, ...]]:
+        """Per row, the feature dimensions that push its logit up most, largest first.
+
+        The logit is ``sum_i w_i (x_i - mean_i) / scale_i + b``; each term is a
+        :class:`~hf_lsad.guard.types.FeatureContribution` with ``feature`` the dimension of the concatenated reads
+        (``read_index * hidden_size + unit``), ``activation`` the row's value, ``contribution`` the term and
+        ``typical`` the mean of the rows the head was fitted on.
+        """
+        probe = self.probe
+        features = probe.features(reads).to(probe.mean.device, torch.float32)
+        terms = (features - probe.mean) / probe.scale * probe.weight  # [batch, width]
+        k = terms.shape[1] if top_k is None else min(top_k, terms.shape[1])
+        order = terms.topk(k, dim=1).indices
+        return [
+            tuple(
+                FeatureContribution(
+                    feature=int(i),
+                    activation=float(features[r, i]),
+                    contribution=float(terms[r, i]),
+                    typical=float(probe.mean[i]),
+                )
+                for i in order[r].tolist()
+            )
+            for r in range(len(order))
+        ]

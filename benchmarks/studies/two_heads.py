@@ -1,0 +1,157 @@
+"""The two-headed guard against each of its heads alone, the way a user meets harm: leave one source out.
+
+Three methods go through the protocol of :mod:`hf_lsad.evaluation.sources` (fit rows without the held-out group,
+thresholds at 5% and 1% on validation chat, rates on the held-out group's ``evaluate_on`` rows):
+
+- **anomaly**: the paper's head alone (the bundled paper guard: FreqMask-KM on SAE codes of layer 12, fitted on
+  benign rows only), its raw score or its calibrated probability;
+- **supervised**: the logistic head alone, with the reads and regularisation chosen by ``heads/selection`` and
+  ``heads/regularisation``;
+- **two heads**: both, flagging when either exceeds its threshold, the thresholds sharing one budget
+  (:func:`hf_lsad.guard.threshold.budget_thresholds`) at each anomaly share of ``Settings.anomaly_shares``.
+
+With ``evaluate_on="test"`` the run also measures the guard as it ships (:func:`shipped`): the supervised head
+fitted on the fit rows of every pool, thresholds on validation chat, and on test rows the flag rate of chat and of
+each benign domain, the TPR of each unsafe source, and the rows only the anomaly head catches, by source.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hf_lsad.evaluation.sources import SourceRows, leave_one_source_out, load_source_rows, threshold_at
+from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig, balanced_weights
+
+from .heads import TRAINING_POOLS
+
+
+@dataclass
+class Settings:
+    folder: str = "artifacts/smollm2"
+    """Where the collected stores are (``<folder>/<pool>/layer<L>-<position>``)."""
+    pools: list[str] = field(default_factory=lambda: list(TRAINING_POOLS))
+    """Pools whose rows take part."""
+    anomaly_guard: str = "hf_lsad/guards/smollm2-135m-instruct-paper"
+    """The paper's guard whose detector is the anomaly head (its read must be collected under ``folder``)."""
+    anomaly_score: str = "score"
+    """``score``: the anomaly head decides on its raw score; ``probability``: on its calibrated probability."""
+    reads: list[list[Any]] = field(
+        default_factory=lambda: [[8, "prompt_mean"], [16, "prompt_mean"], [24, "prompt_mean"]]
+    )
+    """The supervised head's reads (chosen by ``heads/selection`` and ``heads/regularisation``)."""
+    inverse_regularisation: float = 1.0
+    """The supervised head's ``C``."""
+    anomaly_shares: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])
+    """The anomaly head's share of the false-positive budget, tried in turn (the supervised head has the rest)."""
+    evaluate_on: str = "validation"
+    """``validation`` to choose the share, ``test`` to report."""
+    seed: int = 0
+    """Seed of the row splits."""
+
+
+def anomaly_scores(guard: SafetyGuard, rows: SourceRows, kind: str) -> torch.Tensor:
+    """The anomaly head's deciding quantity for every row (its raw score, or its calibrated probability)."""
+    read = guard.reads[0]
+    out = []
+    for start in range(0, len(rows), 4096):
+        batch = rows.features[read][start : start + 4096]
+        scores, clusters = guard.detector(batch, guard.sae)
+        out.append(scores if kind == "score" else guard.calibration.probabilities(scores, clusters))
+    return torch.cat(out).float()
+
+
+def fit_supervised(train: SourceRows, config: ProbeConfig, hidden: int) -> SupervisedHead:
+    head = SupervisedHead(
+        SupervisedHeadConfig(
+            name="harm",
+            probe=config,
+            hidden_size=hidden,
+            n_safe=int((train.labels == 0).sum()),
+            n_unsafe=int(train.labels.sum()),
+            sources=sorted({s for s, y in zip(train.sources, train.labels.tolist()) if y == 1}),
+        )
+    )
+    head.probe.fit(head.probe.features(train.features), train.labels, balanced_weights(train.sources, train.labels))
+    return head.eval()
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
+    config = ProbeConfig(
+        reads=[tuple(r) for r in settings.reads], inverse_regularisation=settings.inverse_regularisation
+    )
+    reads = sorted({guard.reads[0], *config.reads})
+    rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
+    hidden = guard.config.hook.hidden_size
+    anomaly = dict(zip(rows.ids, anomaly_scores(guard, rows, settings.anomaly_score).tolist()))
+
+    def anomaly_of(r: SourceRows) -> torch.Tensor:
+        return torch.tensor([anomaly[i] for i in r.ids])
+
+    def anomaly_method(train: SourceRows):
+        return anomaly_of
+
+    def supervised_method(train: SourceRows):
+        head = fit_supervised(train, config, hidden)
+        return lambda r: head(r.features)
+
+    def two_headed_method(train: SourceRows):
+        head = fit_supervised(train, config, hidden)
+        return lambda r: torch.stack([anomaly_of(r), head(r.features)], dim=1)
+
+    def progress(message: str) -> None:
+        print(f"  {message}", flush=True)
+
+    results: dict[str, Any] = {"rows": len(rows), "methods": {}}
+    print("anomaly head alone")
+    results["methods"]["anomaly"] = leave_one_source_out(rows, anomaly_method, evaluate_on=settings.evaluate_on)
+    print("supervised head alone")
+    results["methods"]["supervised"] = leave_one_source_out(
+        rows, supervised_method, evaluate_on=settings.evaluate_on, progress=progress
+    )
+    for share in settings.anomaly_shares:
+        print(f"two heads, anomaly share {share:g}")
+        results["methods"][f"two heads, anomaly share {share:g}"] = leave_one_source_out(
+            rows, two_headed_method, evaluate_on=settings.evaluate_on, shares=[share, 1 - share], progress=progress
+        )
+    if settings.evaluate_on == "test":
+        results["shipped"] = {
+            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, hidden, share)
+            for share in settings.anomaly_shares
+        }
+    return results
+
+
+def shipped(rows: SourceRows, anomaly_of: Any, config: ProbeConfig, hidden: int, share: float) -> dict[str, Any]:
+    """The guard as it ships, on test rows: fitted on every fit row, thresholds on validation chat (5% and 1%)."""
+    head = fit_supervised(rows.select(rows.where(split="fit")), config, hidden)
+    test = rows.select(rows.where(split="test"))
+    chat = rows.select(rows.where(split="validation", domain="chat"))
+
+    def scores(r: SourceRows) -> torch.Tensor:
+        return torch.stack([anomaly_of(r), head(r.features)], dim=1)
+
+    out: dict[str, Any] = {}
+    benign_scores, test_scores = scores(chat), scores(test)
+    for fpr in (0.05, 0.01):
+        thresholds = threshold_at(benign_scores, fpr, [share, 1 - share])
+        flags = test_scores > torch.tensor(thresholds)
+        flagged = flags.any(1)
+        only_anomaly = flags[:, 0] & ~flags[:, 1]
+        entry: dict[str, Any] = {"thresholds": thresholds, "domains": {}, "sources": {}, "only_anomaly": {}}
+        for domain in sorted(set(test.domains) - {"unsafe"}):
+            mask = torch.tensor([d == domain for d in test.domains])
+            entry["domains"][domain] = {"rows": int(mask.sum()), "fpr": float(flagged[mask].double().mean())}
+        for source in sorted({s for s, y in zip(test.sources, test.labels.tolist()) if y == 1}):
+            mask = torch.tensor([s == source for s in test.sources])
+            entry["sources"][source] = {"rows": int(mask.sum()), "tpr": float(flagged[mask].double().mean())}
+            entry["only_anomaly"][source] = int(only_anomaly[mask].sum())
+        tprs = [v["tpr"] for v in entry["sources"].values()]
+        entry["median_source_tpr"], entry["worst_source_tpr"] = statistics.median(tprs), min(tprs)
+        out[f"at {fpr:g}"] = entry
+    return out

@@ -1,0 +1,163 @@
+"""Fitting supervised heads: from activations (:func:`fit_head`) or from a user's prompts (:func:`add_head`).
+
+:func:`add_head` is what ``hf-lsad add-head`` runs: a head for a user's own category ("medical dosage advice", a
+company's confidential project names) from about a hundred examples of it, against the user's safe examples (if any)
+and the fit rows of the bundled benign pools; then every head's threshold is set again, together, on validation
+chat rows, the new head taking its share of the one false-positive budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ...capture.collect import check_prompts, collect_prompt_features
+from ...core.splits import split_of
+from ...data import load_pool
+from ..types import BudgetConfig
+from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
+
+BENIGN_POOLS: tuple[str, ...] = ("chat", "safe", "benign_ood", "lookalike")
+"""The bundled benign pools a head added from a few examples learns against (their fit rows)."""
+
+THRESHOLD_POOL = "chat"
+"""The pool whose validation rows set every head's threshold again: the traffic a deployed guard mostly sees."""
+
+MIN_UNSAFE = 10
+"""Fewest examples of a category a head is fitted on."""
+
+
+def fit_head(
+    name: str,
+    reads: dict[Read, Tensor],
+    labels: Tensor,
+    groups: Sequence[str],
+    config: ProbeConfig,
+    *,
+    balance: str = "source",
+) -> SupervisedHead:
+    """A supervised head fitted on ``reads`` (each ``[n, hidden]``) with 0/1 ``labels``; ``groups`` names each row's
+    source (or benign domain). ``balance="source"`` weighs every group of each label alike
+    (:func:`~hf_lsad.guard.heads.balanced_weights`), ``"none"`` weighs every row alike."""
+    check_head_name(name)
+    if balance not in ("source", "none"):
+        raise ValueError(f"balance must be 'source' or 'none', got {balance!r}")
+    labels = torch.as_tensor(labels).to(torch.int64)
+    if labels.ndim != 1 or len(labels) != len(groups):
+        raise ValueError(f"{len(labels)} labels for {len(groups)} groups; expected one of each per row")
+    unsafe = int(labels.sum())
+    if unsafe == 0 or unsafe == len(labels):
+        raise ValueError(f"head {name!r} needs safe and unsafe rows; got {unsafe} unsafe of {len(labels)}")
+    hidden = next(iter(reads.values())).shape[1]
+    head = SupervisedHead(
+        SupervisedHeadConfig(
+            name=name,
+            probe=config,
+            hidden_size=hidden,
+            n_safe=len(labels) - unsafe,
+            n_unsafe=unsafe,
+            sources=sorted({g for g, label in zip(groups, labels.tolist()) if label == 1}),
+            balance=balance,
+        )
+    )
+    weights = balanced_weights(groups, labels) if balance == "source" else None
+    head.probe.fit(head.probe.features(reads), labels, weights)
+    return head.eval()
+
+
+def add_head(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    guard: Any,
+    name: str,
+    unsafe: Sequence[str],
+    safe: Sequence[str] = (),
+    *,
+    reads: Sequence[Read] | None = None,
+    share: float | None = None,
+    target_fpr: float | None = None,
+    benign_per_pool: int | None = 400,
+    threshold_rows: int | None = 1000,
+    inverse_regularisation: float = 0.01,
+    batch_size: int = 16,
+    seed: int = 0,
+    progress: bool = True,
+) -> BudgetConfig:
+    """Fit a head for the category of the ``unsafe`` prompts, add it to ``guard`` and split the budget again.
+
+    Args:
+        model, tokenizer: The guard's base model and its tokenizer (prompts are encoded as user turns of the chat
+            template, as the guard's other heads read them).
+        guard: A :class:`~hf_lsad.guard.SafetyGuard` reading ``prompt_last`` (changed in place).
+        name: The head's name (letters, digits, ``-``, ``_``).
+        unsafe: At least :data:`MIN_UNSAFE` examples of the category.
+        safe: The user's own benign examples (optional), fitted on beside the bundled benign pools.
+        reads: What the head reads (default: those of the guard's first supervised head, else the last prompt token
+            and the mean over the prompt at the anomaly head's layer).
+        share: The new head's share of the false-positive budget (default: an equal share with every head); the
+            other heads keep their proportions of the rest.
+        target_fpr: The combined flag rate on validation chat (default: the guard's, else 5%).
+        benign_per_pool: Fit rows drawn from each bundled benign pool (seeded; ``None``: all).
+        threshold_rows: Validation chat rows the thresholds are set on (seeded; ``None``: all).
+        inverse_regularisation: The logistic regression's ``C``.
+        batch_size, seed, progress: Forward-pass batch size, sampling seed, progress bars.
+
+    Returns:
+        The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
+    """
+    check_head_name(name)
+    check_prompts(unsafe)
+    if safe:
+        check_prompts(safe)
+    if len(unsafe) < MIN_UNSAFE:
+        raise ValueError(f"a head needs at least {MIN_UNSAFE} examples of its category, got {len(unsafe)}")
+    if name in guard.head_names:
+        raise ValueError(f"the guard already has a head named {name!r}")
+    if share is not None and not 0.0 < share < 1.0:
+        raise ValueError(f"share must be in (0, 1), got {share}")
+    overlap = set(unsafe) & set(safe)
+    if overlap:
+        raise ValueError(f"{len(overlap)} prompts are both unsafe and safe, e.g. {sorted(overlap)[0]!r}")
+    if reads is None:
+        first = next(iter(guard.heads.values()), None)
+        layer = guard.config.hook.layer
+        reads = first.reads if first is not None else [(layer, "prompt_last"), (layer, "prompt_mean")]
+    config = ProbeConfig(reads=list(reads), inverse_regularisation=inverse_regularisation)
+
+    texts, groups = list(unsafe), [name] * len(unsafe)
+    texts += list(safe)
+    groups += ["user-safe"] * len(safe)
+    for pool in BENIGN_POOLS:
+        rows = [p for p in load_pool(pool) if split_of(p.id, seed) == "fit"]
+        rows = _sample(rows, benign_per_pool, seed)
+        texts += [p.text for p in rows]
+        groups += [pool] * len(rows)
+    labels = torch.tensor([1] * len(unsafe) + [0] * (len(texts) - len(unsafe)))
+    fit_reads, _ = collect_prompt_features(
+        model, tokenizer, texts, config.reads, batch_size=batch_size, progress=progress
+    )
+    head = fit_head(name, fit_reads, labels, groups, config)
+
+    chat = _sample([p for p in load_pool(THRESHOLD_POOL) if split_of(p.id, seed) == "validation"], threshold_rows, seed)
+    guard.add_head(head)
+    benign, _ = collect_prompt_features(
+        model, tokenizer, [p.text for p in chat], guard.reads, batch_size=batch_size, progress=progress
+    )
+    old = guard.budget
+    n = len(guard.head_names)
+    share = 1.0 / n if share is None else share
+    previous = old.shares if old is not None else [1.0]  # a single-head guard: the anomaly head had it all
+    shares = [s * (1.0 - share) for s in previous] + [share]
+    fpr = target_fpr if target_fpr is not None else old.target_fpr if old is not None else guard.config.target_fpr
+    return guard.fit_budget(benign, target_fpr=fpr, shares=shares, rows=f"validation {THRESHOLD_POOL}")
+
+
+def _sample(items: list[Any], limit: int | None, seed: int) -> list[Any]:
+    if limit is None or limit >= len(items):
+        return items
+    picked = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
+    return [items[i] for i in picked.tolist()]

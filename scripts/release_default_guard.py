@@ -1,0 +1,165 @@
+#!/usr/bin/env python
+"""Build the bundled two-headed SmolLM2 guard (``hf_lsad/guards/smollm2-135m-instruct``) from the paper guard.
+
+Everything here was chosen on validation rows by leave-one-source-out (``benchmarks/experiments/heads/``):
+
+- **anomaly head**: the bundled paper guard (``hf_lsad/guards/smollm2-135m-instruct-paper``: FreqMask-KM on SAE codes
+  at layer 12, ``prompt_last``, fitted on benign rows, per-cluster calibration), deciding on its calibrated
+  probability (``heads/two_heads_probability`` against ``heads/two_heads``);
+- **supervised head** ``harm``: logistic regression (C = 1) on the mean over the prompt's tokens at layers 8, 16 and 24
+  (``heads/selection``, ``heads/regularisation``), fitted on the fit split (60%, :func:`hf_lsad.core.splits.split_of`)
+  of every unsafe source against every benign domain and the benign look-alikes, each source weighing alike;
+- **budget**: 5% on validation chat, 0.1 of it to the anomaly head (``heads/two_heads_probability``).
+
+The README's demo prompts are never fitted, labelled or threshold rows (``RESERVED_PROMPTS`` of
+:mod:`hf_lsad.evaluation.sources`).
+The figures on the card come from ``benchmarks/results/heads--report.json`` (``python benchmarks/run.py heads/report``).
+
+Needs the activations of every pool (``hf-lsad collect --pool P --layer 8 12 16 20 24 --position prompt_last
+prompt_mean --out artifacts/smollm2/P``)::
+
+    python scripts/release_default_guard.py [--folder artifacts/smollm2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from hf_lsad.evaluation.sources import load_source_rows
+from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
+from hf_lsad.guard.files import PAPER_GUARD
+from hf_lsad.guard.heads import ProbeConfig
+from hf_lsad.guard.heads.training import fit_head
+
+REPO = Path(__file__).resolve().parent.parent
+POOLS = [
+    "chat",
+    "safe",
+    "benign_ood",
+    "lookalike",
+    "harmful",
+    "toxic",
+    "jailbreak",
+    "harmful_vauban",
+    "injection",
+    "harmful_contrast",
+]
+HARM_READS = [(8, "prompt_mean"), (16, "prompt_mean"), (24, "prompt_mean")]
+ANOMALY_SHARE = 0.1
+TARGET_FPR = 0.05
+REPORT = REPO / "benchmarks" / "results" / "heads--report.json"
+
+
+def card_texts(report: dict) -> tuple[str, str, str]:
+    """The card's training-data paragraph, evaluation note and limitations, from the measured report."""
+    result = report["result"]
+    methods = result["methods"]
+    shipped = result["shipped"][f"anomaly share {ANOMALY_SHARE:g}"]
+
+    def loso(name: str, fpr: str) -> str:
+        summary = methods[name][f"summary@{fpr}"]
+        return f"{summary['median_tpr']:.2f} / {summary['worst_tpr']:.2f} ({summary['worst_source']})"
+
+    two = f"two heads, anomaly share {ANOMALY_SHARE:g}"
+    lines = [
+        "Measured on test rows (never fitted, labelled or used for selection) with "
+        "`python benchmarks/run.py heads/report`. Leave-one-source-out: each unsafe source held out of the fit "
+        "entirely, thresholds at 5% / 1% FPR on validation chat; TPR on the held-out source, median / worst "
+        "over the 7 sources:",
+        "",
+        "| | anomaly head alone | supervised head alone | both heads |",
+        "|---|---|---|---|",
+        f"| at 5% FPR | {loso('anomaly', '0.05')} | {loso('supervised', '0.05')} | {loso(two, '0.05')} |",
+        f"| at 1% FPR | {loso('anomaly', '0.01')} | {loso('supervised', '0.01')} | {loso(two, '0.01')} |",
+        "",
+        "Held-out source TPR of both heads at 5% FPR: "
+        + ", ".join(f"{s} {v['tpr@0.05']:.2f}" for s, v in methods[two]["sources"].items())
+        + ". Each benign domain held out of the fit in turn, its FPR: "
+        + ", ".join(f"{d} {v['fpr@0.05']:.2f}" for d, v in methods[two]["domains"].items())
+        + ".",
+        "",
+        "The guard as shipped (fitted on every source), on test rows:",
+        "",
+        "| | at 5% | at 1% |",
+        "|---|---:|---:|",
+    ]
+    at5, at1 = shipped["at 0.05"], shipped["at 0.01"]
+    for domain in at5["domains"]:
+        lines.append(
+            f"| {domain} flagged ({at5['domains'][domain]['rows']} rows) | "
+            f"{at5['domains'][domain]['fpr']:.3f} | {at1['domains'][domain]['fpr']:.3f} |"
+        )
+    for source in at5["sources"]:
+        lines.append(
+            f"| {source} caught ({at5['sources'][source]['rows']} rows) | "
+            f"{at5['sources'][source]['tpr']:.2f} | {at1['sources'][source]['tpr']:.2f} |"
+        )
+    only = {s: n for s, n in at5["only_anomaly"].items() if n}
+    lines += [
+        "",
+        "Rows only the anomaly head caught at 5%: "
+        + (", ".join(f"{n} of {s}" for s, n in only.items()) if only else "none")
+        + ".",
+    ]
+    limitations = (
+        "The supervised head recognises kinds of harm like those it was fitted on. Held out of its fit, mild risky "
+        "questions (do-not-answer) and toxic text that is not a request (RealToxicityPrompts) are mostly missed "
+        "(see the leave-one-source-out table). Benign prompts that share harm's vocabulary (medicine, security, "
+        "chemistry, fiction) are flagged more often than everyday chat; a benign domain unlike any it saw can be "
+        "flagged far above the target rate. The anomaly head catches little at this model size: at 135M "
+        "parameters the unsupervised score does not separate harm from benign chat."
+    )
+    data = (
+        "Anomaly head: the paper guard, fitted on the fit split (60%) of the bundled benign domains (task prompts, "
+        "chat, benign OOD), calibrated on 1% labelled rows. Supervised head `harm`: the fit split of every bundled "
+        "pool: unsafe (AdvBench, HarmBench, do-not-answer, RealToxicityPrompts, in-the-wild jailbreaks, PyRIT "
+        "templates, vauban harmful, prompt injections, harmful look-alike twins) against benign (chat, task "
+        "prompts, benign OOD, benign look-alikes), every source weighing alike. Thresholds on the validation split "
+        "(20%) of chat."
+    )
+    return data, "\n".join(lines), limitations
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--folder", default="artifacts/smollm2", help="collected stores, <folder>/<pool>/layer<L>-<pos>"
+    )
+    parser.add_argument("--out", default=str(DEFAULT_GUARD), help="where to write the guard")
+    args = parser.parse_args()
+
+    guard = SafetyGuard.from_pretrained(PAPER_GUARD)
+    reads = sorted({guard.reads[0], *HARM_READS})
+    rows = load_source_rows(args.folder, POOLS, reads)
+    print(f"{len(rows)} rows (the README's demo prompts are left out: RESERVED_PROMPTS)")
+
+    fit = rows.select(rows.where(split="fit"))
+    head = fit_head("harm", fit.features, fit.labels, fit.sources, ProbeConfig(reads=HARM_READS))
+    guard.add_head(head)
+    chat = rows.select(rows.where(split="validation", domain="chat"))
+    budget = guard.fit_budget(
+        chat.features, target_fpr=TARGET_FPR, shares=[ANOMALY_SHARE, 1 - ANOMALY_SHARE], rows="validation chat"
+    )
+    print(budget)
+
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    guard.save_pretrained(out)
+    data, note, limitations = card_texts(json.loads(REPORT.read_text()))
+    guard.model_card(metrics_note=note, data=data, limitations=limitations).save(out / "README.md")
+    loaded = SafetyGuard.from_pretrained(out)
+    test = rows.select([split == "test" for split in rows.splits])
+    with torch.no_grad():
+        flagged = loaded({read: test.features[read] for read in loaded.reads}).flagged
+    chat_test = torch.tensor([d == "chat" for d in test.domains])
+    print(f"wrote {out}; test chat flagged {float(flagged[chat_test].double().mean()):.4f}")
+
+
+if __name__ == "__main__":
+    main()
