@@ -32,6 +32,8 @@ _EXPORTS = {
     "SafetyGuard": "guard",
     "SafetyReport": "guard",
     "SparseAutoencoder": "sae",
+    "SupervisedHead": "guard.heads",
+    "add_head": "guard.heads.training",
     "collect_activations": "capture",
     "encode_prompts": "capture",
     "load_model": "capture.pretrained",
@@ -62,8 +64,10 @@ __all__ = [
     "SafetyGuard",
     "SafetyReport",
     "SparseAutoencoder",
+    "SupervisedHead",
     "UnsafeGuardFileError",
     "__version__",
+    "add_head",
     "collect_activations",
     "encode_prompts",
     "fit_guard",
@@ -99,4 +103,6 @@ if TYPE_CHECKING:
     )
     from .generation import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
     from .guard import GuardConfig, SafetyGuard, SafetyReport, fit_guard
+    from .guard.heads import SupervisedHead
+    from .guard.heads.training import add_head
     from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, load_sae, train_sae

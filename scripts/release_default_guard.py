@@ -19,6 +19,7 @@ Needs the activations of every pool (``hf-lsad collect --pool P --layer 8 12 16 
 prompt_mean --out artifacts/smollm2/P``)::
 
     python scripts/release_default_guard.py [--folder artifacts/smollm2]
+    python scripts/release_default_guard.py --card-only   # the card alone, from the report
 """
 
 from __future__ import annotations
@@ -131,7 +132,16 @@ def main() -> None:
         "--folder", default="artifacts/smollm2", help="collected stores, <folder>/<pool>/layer<L>-<pos>"
     )
     parser.add_argument("--out", default=str(DEFAULT_GUARD), help="where to write the guard")
+    parser.add_argument(
+        "--card-only", action="store_true", help="rewrite the model card of the guard at --out; fit nothing"
+    )
     args = parser.parse_args()
+    out = Path(args.out)
+    card_args = dict(zip(("data", "metrics_note", "limitations"), card_texts(json.loads(REPORT.read_text()))))
+    if args.card_only:
+        SafetyGuard.from_pretrained(out).model_card(**card_args).save(out / "README.md")
+        print(f"wrote {out / 'README.md'}")
+        return
 
     guard = SafetyGuard.from_pretrained(PAPER_GUARD)
     reads = sorted({guard.reads[0], *HARM_READS})
@@ -147,12 +157,10 @@ def main() -> None:
     )
     print(budget)
 
-    out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)
     guard.save_pretrained(out)
-    data, note, limitations = card_texts(json.loads(REPORT.read_text()))
-    guard.model_card(metrics_note=note, data=data, limitations=limitations).save(out / "README.md")
+    guard.model_card(**card_args).save(out / "README.md")
     loaded = SafetyGuard.from_pretrained(out)
     test = rows.select([split == "test" for split in rows.splits])
     with torch.no_grad():

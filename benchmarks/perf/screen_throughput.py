@@ -1,9 +1,9 @@
-"""Screening before decoding with a ``prompt_last`` guard: throughput against a forward pass cut at the hooked
-block, and the stop path on harmful prompts.
+"""Screening before decoding with a ``prompt_last`` guard: throughput against a forward pass cut at the deepest
+hooked block (every head's reads come from that one pass), and the stop path on harmful prompts.
 
 1. Throughput (prompts/s, median of ``repeats``, the variants interleaved in each repeat so load drift hits
    all): ``screen()`` on pre-tokenised batches, ``screen()`` from strings (tokenisation included), a forward
-   pass cut after the hooked block (:func:`hf_lsad.capture.recorder.prefill_activations`, what ``screen`` is
+   pass cut after the deepest hooked block (:func:`hf_lsad.capture.recorder.prefill_activations`, what ``screen`` is
    built on), ``generate(max_new_tokens=1)`` and a full forward pass, on the ``n_prompts`` shortest prompts
    of the safe pool in batches of ``batch_size``.
 2. ``on_flag="stop"`` on ``harmful`` prompts of the harmful pool (greedy, ``new_tokens``): flagged rows must
@@ -56,7 +56,7 @@ def run(args: Settings) -> dict[str, Any]:
     model, tokenizer = load_model("default")
     guard = SafetyGuard.from_pretrained(args.guard)
     guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
-    layer = guard.config.hook.layer
+    layer = max(layer for layer, _ in guard.reads)  # the deepest block any head reads: where screening stops
 
     # short chat prompts: the shortest of the safe pool
     safe = sorted((p.text for p in load_pool("safe")), key=len)[: args.n_prompts]

@@ -215,3 +215,21 @@ def explain_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")
     _runtime_arguments(parser, ModelRuntime)
+
+
+def add_head_arguments(parser: argparse.ArgumentParser) -> None:
+    _guard_arguments(parser)
+    parser.add_argument("--name", required=True, help="the head's name (letters, digits, '-', '_')")
+    parser.add_argument("--unsafe", required=True, help="prompts of the category: a text file (one per line) or JSONL")
+    parser.add_argument("--safe", help="your own benign prompts, fitted on beside the bundled benign pools")
+    parser.add_argument("--share", type=float, help="the new head's share of the FPR budget (default: an equal share)")
+    parser.add_argument(
+        "--out", help="where to write the guard with its new head (default: --guard itself, a local folder)"
+    )
+    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    parser.add_argument("--benign-per-pool", type=int, default=400, help="fit rows drawn from each bundled benign pool")
+    parser.add_argument(
+        "--threshold-rows", type=int, default=1000, help="validation chat rows the thresholds are set on"
+    )
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    _runtime_arguments(parser, ModelRuntime)

@@ -44,6 +44,9 @@ def _flag_rules() -> dict[str, tuple[type, str] | Range]:
         "examples": POSITIVE,
         "holdout_fraction": OPEN_UNIT,
         "budget": HALF_OPEN_UNIT,
+        "share": OPEN_UNIT,
+        "benign_per_pool": POSITIVE,
+        "threshold_rows": POSITIVE,
     }
 
 
@@ -84,6 +87,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             check_prompts(args.prompts)
         except (TypeError, ValueError) as err:
             parser.error(f"argument prompts: {_one_line(err)}")
+    if args.command == "add-head":
+        _check_add_head(parser, args)
     if getattr(args, "grid", None) and not Path(args.grid).is_file():
         parser.error(f"argument --grid: no file {args.grid!r}")
     device = getattr(args, "runtime:device", None)
@@ -207,3 +212,42 @@ def run(main: Callable[[Sequence[str]], None], argv: Sequence[str] | None = None
         name = type(err).__name__
         print(f"{PROG}: error: {name}: {_one_line(err)} (run with --debug for the traceback)", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The head's name, its prompt files (readable, not empty, both labels) and where the guard goes."""
+    from ..guard.heads import check_head_name
+    from ..guard.heads.training import MIN_UNSAFE
+    from .commands import read_prompt_file
+
+    try:
+        check_head_name(args.name)
+    except ValueError as err:
+        parser.error(f"argument --name: {_one_line(err)}")
+    prompts = {}
+    for flag in ("unsafe", "safe"):
+        path = getattr(args, flag)
+        if path is None:
+            continue
+        if not Path(path).is_file():
+            parser.error(f"argument --{flag}: no file {path!r}")
+        try:
+            prompts[flag] = read_prompt_file(path)
+        except (ValueError, UnicodeDecodeError) as err:
+            parser.error(f"argument --{flag}: {_one_line(err)}")
+        if not prompts[flag]:
+            parser.error(f"argument --{flag}: {path!r} holds no prompts")
+    if len(prompts["unsafe"]) < MIN_UNSAFE:
+        parser.error(
+            f"argument --unsafe: a head needs at least {MIN_UNSAFE} examples; {args.unsafe!r} has "
+            f"{len(prompts['unsafe'])}"
+        )
+    both = set(prompts["unsafe"]) & set(prompts.get("safe", []))
+    if both:
+        parser.error(
+            f"argument --safe: {len(both)} prompts are in --unsafe too (one class each), e.g. {sorted(both)[0]!r}"
+        )
+    if args.out is None and (args.guard in ("default", "paper") or not Path(args.guard).is_dir()):
+        parser.error(
+            "argument --out: needed unless --guard is a local guard folder (the bundled guards stay as shipped)"
+        )

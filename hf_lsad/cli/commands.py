@@ -311,3 +311,59 @@ def run_explain(args: argparse.Namespace) -> None:
     from .explain import explain_command
 
     explain_command(args)
+
+
+def read_prompt_file(path: str) -> list[str]:
+    """Prompts of a text file (one per non-empty line) or a JSON-lines file (``.jsonl``: a ``text`` field each)."""
+    from pathlib import Path
+
+    lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not path.endswith(".jsonl"):
+        return lines
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not JSON ({err})") from err
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise ValueError(f"{path}:{number}: expected an object with a string 'text'")
+        prompts.append(row["text"])
+    return prompts
+
+
+def run_add_head(args: argparse.Namespace) -> None:
+    from ..capture.pretrained import load_model, placement
+    from ..core.runtime import ModelRuntime, torch_dtype
+    from ..guard.heads.training import add_head
+
+    runtime = _runtime(args, ModelRuntime)
+    guard = _guard(args)
+    unsafe, safe = read_prompt_file(args.unsafe), read_prompt_file(args.safe) if args.safe else []
+    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
+    guard.config.hook.check_model(model)
+    budget = add_head(
+        model,
+        tokenizer,
+        guard,
+        args.name,
+        unsafe,
+        safe,
+        share=args.share,
+        benign_per_pool=args.benign_per_pool,
+        threshold_rows=args.threshold_rows,
+        batch_size=args.batch_size,
+    )
+    out = args.out or args.guard
+    # a new card: the old card's figures described the guard without this head
+    data = (
+        f"head {args.name!r} added with `hf-lsad add-head` from {len(unsafe)} prompts of its category"
+        f" and {len(safe)} of the user's own safe prompts, against the fit rows of the bundled benign pools"
+    )
+    guard.save_pretrained(out, data=data)
+    print(f"added head {args.name!r} ({len(unsafe)} unsafe, {len(safe)} own safe prompts); wrote {out}")
+    for name, share, threshold in zip(budget.heads, budget.shares, budget.thresholds):
+        print(f"  {name}: share {share:.2f}, threshold {threshold:.4g}")
+    print(
+        f"  together: {budget.measured_fpr:.2%} of {budget.n_rows} {budget.rows} rows (target {budget.target_fpr:.0%})"
+    )

@@ -1,4 +1,4 @@
-"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate.
+"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate, add-head.
 
     hf-lsad collect   --model default --pool safe --layer 20 --position prompt_last --out acts/safe
     hf-lsad train-sae --activations acts/safe --d-sae 2304 --out sae
@@ -8,6 +8,7 @@
     hf-lsad evaluate  --safe acts/safe --unsafe acts/harmful acts/toxic --sae sae --grid grid.json --out report
     hf-lsad explain   --guard default --activations acts/harmful "Write a tutorial on how to make a bomb"
     hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
+    hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
 
 ``hf-lsad fit --method NAME --help`` lists the settings of any registered method: one flag per
 config field, generated from the config (defaults are the API's), and ``--set key=value`` for any.
@@ -79,6 +80,15 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         arguments.explain_arguments,
         commands.run_explain,
         "",
+    ),
+    "add-head": (
+        "add a supervised head for your own category of prompts to a guard",
+        arguments.add_head_arguments,
+        commands.run_add_head,
+        "Fits a logistic head on the --unsafe prompts (one per line, or JSON lines with a 'text' field; about 100) "
+        "against --safe (optional) and the fit rows of the bundled benign pools, then sets every head's threshold "
+        "again on validation chat so that together they keep the guard's false-positive budget, the new head "
+        "taking --share of it (hf_lsad.guard.heads.training.add_head). The guard must read prompt_last.",
     ),
 }
 """name -> (help, add its arguments, run it, description)."""

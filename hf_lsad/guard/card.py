@@ -239,13 +239,18 @@ def guard_model_card(
     )
     versions = library_versions("hf_lsad", "torch", "faiss", "transformers", "huggingface_hub")
     calibration = guard.calibration
-    flag_rule = (
-        f"its calibrated probability of being unsafe, sigmoid(a_c * score + b_c) with an affine map per cluster "
-        f"({calibration.coverage()}), "
-        f"is above {guard.budget.thresholds[0] if guard.budget is not None else calibration.threshold:g}"
-        if calibration is not None
-        else ""
-    )
+    if calibration is not None:
+        flag_rule = (
+            f"its calibrated probability of being unsafe, sigmoid(a_c * score + b_c) with an affine map per cluster "
+            f"({calibration.coverage()}), "
+            f"is above {guard.budget.thresholds[0] if guard.budget is not None else calibration.threshold:g}"
+        )
+        fit_note = "The detector was fitted on safe data only; the calibration used a small labelled sample."
+    elif guard.budget is not None:  # the anomaly head's threshold is its share of the budget, not the holdout's
+        flag_rule = f"its score is above {guard.budget.thresholds[0]:g}"
+        fit_note = "The detector is unsupervised: only safe data was used to fit it."
+    else:
+        flag_rule = fit_note = ""
     where = (repo_id or "") + (f"/{subfolder}" if subfolder else "")
     return ModelCard.from_template(
         card_data,
@@ -262,6 +267,7 @@ def guard_model_card(
         sae=f"{sae.config.d_in} → {sae.config.d_sae} features" if sae is not None else "",
         threshold=f"{config.threshold:.6g}",
         flag_rule=flag_rule,
+        fit_note=fit_note,
         target_fpr_pct=f"{config.target_fpr:.1%}".replace(".0%", "%"),
         n_fit=config.n_fit,
         n_holdout=config.n_holdout,

@@ -143,17 +143,22 @@ def add_head(
     head = fit_head(name, fit_reads, labels, groups, config)
 
     chat = _sample([p for p in load_pool(THRESHOLD_POOL) if split_of(p.id, seed) == "validation"], threshold_rows, seed)
+    old = guard.budget  # adding the head clears it
     guard.add_head(head)
-    benign, _ = collect_prompt_features(
-        model, tokenizer, [p.text for p in chat], guard.reads, batch_size=batch_size, progress=progress
-    )
-    old = guard.budget
-    n = len(guard.head_names)
-    share = 1.0 / n if share is None else share
-    previous = old.shares if old is not None else [1.0]  # a single-head guard: the anomaly head had it all
-    shares = [s * (1.0 - share) for s in previous] + [share]
-    fpr = target_fpr if target_fpr is not None else old.target_fpr if old is not None else guard.config.target_fpr
-    return guard.fit_budget(benign, target_fpr=fpr, shares=shares, rows=f"validation {THRESHOLD_POOL}")
+    try:
+        benign, _ = collect_prompt_features(
+            model, tokenizer, [p.text for p in chat], guard.reads, batch_size=batch_size, progress=progress
+        )
+        n = len(guard.head_names)
+        share = 1.0 / n if share is None else share
+        previous = old.shares if old is not None else [1.0]  # a single-head guard: the anomaly head had it all
+        shares = [s * (1.0 - share) for s in previous] + [share]
+        fpr = target_fpr if target_fpr is not None else old.target_fpr if old is not None else guard.config.target_fpr
+        return guard.fit_budget(benign, target_fpr=fpr, shares=shares, rows=f"validation {THRESHOLD_POOL}")
+    except BaseException:  # leave the guard as it was
+        del guard.heads[name]
+        guard.budget = old
+        raise
 
 
 def _sample(items: list[Any], limit: int | None, seed: int) -> list[Any]:

@@ -1,0 +1,62 @@
+"""``hf-lsad add-head``: a head for the user's own category from a file of prompts, and its refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import fresh_guard
+
+from hf_lsad.cli.main import entry
+from hf_lsad.guard import SafetyGuard
+
+CATEGORY = [f"what is the internal codename of project bluebird, version {i}?" for i in range(40)]
+
+
+@pytest.fixture
+def guard_dir(tmp_path):
+    path = tmp_path / "guard"
+    fresh_guard("prompt_last").save_pretrained(path)
+    return path
+
+
+def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_path, capsys):
+    unsafe = tmp_path / "secrets.jsonl"
+    unsafe.write_text("".join(json.dumps({"text": t}) + "\n" for t in CATEGORY))
+    out = tmp_path / "mine"
+    head = ["--name", "secrets", "--unsafe", str(unsafe), "--share", "0.4"]
+    sampling = ["--benign-per-pool", "60", "--threshold-rows", "200"]
+    entry(["add-head", "--guard", str(guard_dir), "--model", str(model_dir), *head, *sampling, "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "added head 'secrets' (40 unsafe, 0 own safe prompts)" in printed and "secrets: share 0.40" in printed
+    guard = SafetyGuard.from_pretrained(out)
+    assert guard.head_names == ["anomaly", "secrets"] and guard.budget.shares == pytest.approx([0.6, 0.4])
+    assert guard.budget.n_rows == 200 and 0.0 < guard.budget.measured_fpr <= guard.budget.target_fpr
+    assert SafetyGuard.from_pretrained(guard_dir).head_names == ["anomaly"]  # --out: the source folder is kept
+    card = (out / "README.md").read_text()
+    assert "| `secrets` |" in card and "This guard has 2 heads" in card and "add-head" in card
+
+
+@pytest.mark.parametrize(
+    ("lines", "flags", "error"),
+    [
+        ([], [], "holds no prompts"),
+        (["\n", "  \n"], [], "holds no prompts"),
+        (CATEGORY[:5], [], "at least 10 examples"),
+        (CATEGORY, ["--safe", "SAME"], "in --unsafe too"),
+        (["{not json"], [], "not JSON"),
+        (CATEGORY, ["--name", "has space"], "argument --name"),
+        (CATEGORY, ["--share", "1.0"], "argument --share"),
+        (CATEGORY, ["--guard", "default"], "argument --out: needed"),
+        (CATEGORY, ["--unsafe", "missing.txt"], "no file"),
+    ],
+)
+def test_add_head_refuses_bad_input_before_loading_a_model(lines, flags, error, guard_dir, tmp_path, capsys):
+    suffix = ".jsonl" if lines == ["{not json"] else ".txt"
+    unsafe = tmp_path / f"unsafe{suffix}"
+    unsafe.write_text("".join(line if line.endswith("\n") else line + "\n" for line in lines))
+    flags = [str(unsafe) if f == "SAME" else str(tmp_path / f) if f == "missing.txt" else f for f in flags]
+    argv = ["add-head", "--guard", str(guard_dir), "--name", "mine", "--unsafe", str(unsafe)]
+    with pytest.raises(SystemExit) as info:
+        entry([*argv, *flags])  # later flags win: --name, --guard and --unsafe above are replaced
+    assert info.value.code == 2 and error in capsys.readouterr().err

@@ -1,0 +1,174 @@
+"""A two-headed guard on every path: screen, report, stop, on_step, threads, pipeline, Hub, and add_head.
+
+Table: path (screen, report, stop, on_step) x padding side (left, right) x threads (1, 4). Each row of a batched
+call gets the verdict it gets alone (every head's score within 1e-4, the same deciding heads), and on the stop
+path every row flagged alone is stopped before its first token.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from typing import Any
+
+import pytest
+import torch
+from tiny import MIXED_BATCH, PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
+from transformers import pipeline
+
+from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.core.splits import split_of
+from hf_lsad.data import load_pool
+from hf_lsad.generation.model import GuardedModelForCausalLM
+from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.heads.training import add_head
+
+UNDER_TEST = [*MIXED_BATCH, PROMPTS[3], UNSAFE_PROMPTS[50 % len(UNSAFE_PROMPTS)], UNSAFE_PROMPTS[7], "x y z"]
+PATHS = ("screen", "report", "stop", "on_step")
+
+
+@cache
+def guarded() -> GuardedModelForCausalLM:
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    return GuardedModelForCausalLM(model, two_headed_guard(), tokenizer=tokenizer)
+
+
+def call(model: GuardedModelForCausalLM, prompts: list[str], path: str, padding_side: str = "left") -> list[Any]:
+    inputs = encode_prompts(model.tokenizer, prompts, padding_side=padding_side)
+    if path == "screen":
+        return model.screen(inputs["input_ids"], inputs["attention_mask"])
+    options: dict[str, Any] = {"on_flag": "stop" if path == "stop" else "report"}
+    if path == "on_step":
+        options["on_step"] = lambda verdict: None
+    out = model.generate(**inputs, max_new_tokens=3, do_sample=False, return_dict_in_generate=True, **options)
+    out.safety[0] = out.safety[0]._replace()  # reports are plain tuples
+    if path == "stop":
+        first = out.sequences[:, inputs["input_ids"].shape[1]]
+        for report, token in zip(out.safety, first.tolist()):
+            assert report.stopped == report.flagged
+            if report.flagged:
+                assert token == model.tokenizer.eos_token_id  # no token of its own
+    return out.safety
+
+
+@cache
+def alone(prompt: str) -> Any:
+    return call(guarded(), [prompt], "report")[0]
+
+
+def same_verdict(got: Any, expected: Any) -> None:
+    assert got.flagged == expected.flagged and got.decided_by == expected.decided_by
+    assert got.reading == expected.reading
+    for a, b in zip(got.heads, expected.heads):
+        assert a.name == b.name and a.score == pytest.approx(b.score, rel=1e-4, abs=1e-4)
+
+
+def test_both_verdicts_occur_under_test():
+    verdicts = {alone(p).flagged for p in UNDER_TEST}
+    assert verdicts == {True, False}
+    assert any(alone(p).decided_by == ("harm",) or "harm" in alone(p).decided_by for p in UNDER_TEST)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+@pytest.mark.parametrize("path", PATHS)
+def test_every_row_gets_its_verdict_alone(path, padding_side, threads):
+    model = guarded()
+    expected = [alone(p) for p in UNDER_TEST]
+
+    def work(_: int) -> None:
+        for _ in range(3):
+            for got, want in zip(call(model, UNDER_TEST, path, padding_side), expected):
+                same_verdict(got, want)
+
+    if threads == 1:
+        work(0)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(work, range(threads)))
+    assert threading.active_count() >= 1
+
+
+def test_stop_with_several_sequences_per_prompt():
+    model = guarded()
+    inputs = encode_prompts(model.tokenizer, UNDER_TEST)
+    out = model.generate(
+        **inputs, max_new_tokens=3, do_sample=True, num_return_sequences=2, on_flag="stop", return_dict_in_generate=True
+    )
+    assert len(out.safety) == 2 * len(UNDER_TEST)
+    for i, report in enumerate(out.safety):
+        same_verdict(report, alone(UNDER_TEST[i // 2]))
+
+
+def test_pipeline_reports_every_head():
+    model = guarded()
+    pipe = pipeline("text-generation", model=model, tokenizer=copy.deepcopy(model.tokenizer))
+    outputs = pipe([[{"role": "user", "content": p}] for p in UNDER_TEST[:4]], max_new_tokens=3, do_sample=False)
+    for out, prompt in zip(outputs, UNDER_TEST[:4]):
+        same_verdict(out[0]["safety"], alone(prompt))
+
+
+def test_push_and_pull_at_a_revision_bit_exact(hub_server, hub_cache):
+    repo_id = f"hf-lsad-org/two-heads-{uuid.uuid4().hex[:8]}"
+    guard = guarded().guard
+    first = guard.push_to_hub(repo_id)
+    changed = two_headed_guard(target_fpr=0.1)
+    changed.push_to_hub(repo_id, commit_message="a tighter budget")
+    pulled = SafetyGuard.from_pretrained(repo_id, revision=first.oid, cache_dir=hub_cache)
+    assert pulled.budget == guard.budget and pulled.head_names == guard.head_names
+    for name, tensor in guard.state_dict().items():
+        assert torch.equal(tensor, pulled.state_dict()[name]), name
+    latest = SafetyGuard.from_pretrained(repo_id, cache_dir=hub_cache)
+    assert latest.budget.target_fpr == 0.1
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    reloaded = GuardedModelForCausalLM(model, pulled, tokenizer=tokenizer)
+    for got, prompt in zip(call(reloaded, UNDER_TEST, "stop"), UNDER_TEST):
+        same_verdict(got, alone(prompt))
+    card = hub_cache.parent / "card.md"
+    card.write_text(guard.model_card().content)
+    assert "| `harm` |" in card.read_text() and "any** head" in card.read_text()
+
+
+def test_add_head_learns_a_category_from_100_rows_and_keeps_the_budget():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard(target_fpr=0.1)
+    rows = [f"what is the internal codename of project {w} number {i}?" for i in range(70) for w in ("alpha",)]
+    rows += [f"tell me the secret launch date of project bluebird {i}" for i in range(80)]
+    unsafe, held_out = rows[::3] + rows[1::3], rows[2::3]  # 100 to fit, 50 held out
+    budget = add_head(
+        model, tokenizer, guard, "secrets", unsafe, benign_per_pool=150, threshold_rows=300, progress=False
+    )
+    assert budget.heads == ["anomaly", "harm", "secrets"] and budget.shares[2] == pytest.approx(1 / 3)
+    assert budget.shares[0] / budget.shares[1] == pytest.approx(1.0)  # the others keep their proportions
+    reads = guarded_reads(model, tokenizer, guard, held_out)
+    reports = guard.reports(reads)
+    assert sum("secrets" in r.decided_by for r in reports) / len(reports) >= 0.9
+    chat = [p.text for p in load_pool("chat") if split_of(p.id) == "test"][:300]
+    flagged = guard(guarded_reads(model, tokenizer, guard, chat)).flagged.float().mean().item()
+    assert flagged <= budget.target_fpr + 0.05  # held-out chat: the target, within sampling error of 300 rows
+
+
+def guarded_reads(model, tokenizer, guard, prompts):
+    from hf_lsad.capture.collect import collect_prompt_features
+
+    return collect_prompt_features(model, tokenizer, prompts, guard.reads, progress=False)[0]
+
+
+@pytest.mark.parametrize(
+    ("unsafe", "safe", "error"),
+    [
+        ([], [], "empty"),
+        (["same prompt"] * 12, ["same prompt"], "both unsafe and safe"),
+        (["a prompt"] * 3, [], "at least 10"),
+        (["ok"] * 12 + [""], [], "empty"),
+    ],
+)
+def test_add_head_refuses_empty_short_or_one_class_input(unsafe, safe, error):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard()
+    with pytest.raises(ValueError, match=error):
+        add_head(model, tokenizer, guard, "mine", unsafe, safe, progress=False)
+    assert guard.head_names == ["anomaly", "harm"]  # nothing added

@@ -1,0 +1,209 @@
+"""A guard with named heads: the budget they share, their reports, their folder, and the errors around them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import warnings
+
+import pytest
+import torch
+from tiny import HEAD_READS, PROMPTS, UNSAFE_PROMPTS, fresh_guard, tiny_guard, tiny_head, two_headed_guard
+
+from hf_lsad.capture.collect import collect_prompt_features
+from hf_lsad.errors import GuardFormatError
+from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig
+from hf_lsad.guard.threshold import union_flag_rate
+from hf_lsad.guard.types import BudgetConfig
+
+
+def reads_of(guard: SafetyGuard, prompts: list[str]) -> dict:
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    return collect_prompt_features(model, tokenizer, prompts, guard.reads, progress=False)[0]
+
+
+def test_the_heads_share_one_budget_on_the_rows_it_was_set_on():
+    guard = two_headed_guard(target_fpr=0.25)
+    budget = guard.budget
+    assert budget.heads == ["anomaly", "harm"] and budget.shares == pytest.approx([0.5, 0.5])
+    output = guard(reads_of(guard, PROMPTS))
+    assert float(output.flagged.float().mean()) == pytest.approx(budget.measured_fpr) and budget.measured_fpr <= 0.25
+    scores = torch.stack([output.head_scores[name] for name in guard.head_names], 1)
+    assert union_flag_rate(scores, budget.thresholds) == pytest.approx(budget.measured_fpr)
+    assert guard.threshold == budget.thresholds[0]  # the anomaly head's threshold is the budget's
+
+
+def test_the_supervised_head_catches_its_kind_of_harm_and_says_so():
+    guard = two_headed_guard()
+    reports = guard.reports(reads_of(guard, UNSAFE_PROMPTS[:8]))
+    assert all(r.flagged and "harm" in r.decided_by and r.reading == "known" for r in reports)
+    for report in reports:
+        assert [head.name for head in report.heads] == ["anomaly", "harm"]
+        assert report.heads[1].score > report.heads[1].threshold
+        assert "FLAGGED by" in report.describe() and "(known)" in report.describe()
+
+
+def same_features(got, expected) -> bool:
+    """The same features in the same order, with values equal up to batched float arithmetic."""
+    return [f.feature for f in got] == [f.feature for f in expected] and all(
+        a.contribution == pytest.approx(b.contribution, rel=1e-4, abs=1e-6) for a, b in zip(got, expected)
+    )
+
+
+@pytest.mark.parametrize(
+    ("anomaly", "harm", "decided", "reading"),
+    [
+        (-1e9, 2.0, ("anomaly",), "novel"),
+        (1e9, -1.0, ("harm",), "known"),
+        (-1e9, -1.0, ("anomaly", "harm"), "known"),
+        (1e9, 2.0, (), None),
+    ],
+)
+def test_which_head_decided_and_the_reading(anomaly, harm, decided, reading):
+    guard = two_headed_guard()
+    budget = copy.deepcopy(guard.budget)
+    budget.thresholds = [anomaly, harm]
+    guard.set_budget(budget)
+    reads = reads_of(guard, PROMPTS[:3])
+    for row, report in enumerate(guard.reports(reads, explain=True, top_k=4)):
+        assert report.decided_by == decided and report.reading == reading and report.flagged == bool(decided)
+        one_row = {read: values[row : row + 1] for read, values in reads.items()}
+        if decided[:1] == ("harm",):  # the head that decided is explained: dimensions of its reads, largest first
+            assert same_features(report.features, guard.heads["harm"].explain(one_row, top_k=4)[0])
+            contributions = [f.contribution for f in report.features]
+            assert contributions == sorted(contributions, reverse=True)
+            assert all(0 <= f.feature < len(HEAD_READS) * guard.config.hook.hidden_size for f in report.features)
+        else:  # the anomaly head decided (first in order), or none did: its SAE features
+            assert same_features(report.features, guard.explain(one_row[guard.reads[0]], top_k=4)[0])
+
+
+def test_a_head_explanation_sums_to_its_logit():
+    head = tiny_head()
+    reads = reads_of(two_headed_guard(), PROMPTS[:2])
+    (terms,) = head.explain({r: v[:1] for r, v in reads.items()}, top_k=None)
+    logit = sum(t.contribution for t in terms) + float(head.probe.bias)
+    assert torch.sigmoid(torch.tensor(logit)).item() == pytest.approx(
+        head({r: v[:1] for r, v in reads.items()}).item(), abs=1e-4
+    )
+
+
+def test_save_and_load_round_trip_bit_exact(tmp_path):
+    guard = two_headed_guard()
+    guard.save_pretrained(tmp_path / "g")
+    loaded = SafetyGuard.from_pretrained(tmp_path / "g")
+    assert loaded.head_names == guard.head_names and loaded.budget == guard.budget
+    assert loaded.heads["harm"].config == guard.heads["harm"].config
+    for name, tensor in guard.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+    reads = reads_of(guard, PROMPTS[:4] + UNSAFE_PROMPTS[:4])
+    assert guard.reports(reads) == loaded.reports(reads)
+    assert (tmp_path / "g" / "heads" / "harm.safetensors").is_file()
+
+
+def test_a_single_head_guard_folder_has_no_heads_and_scores_a_tensor(tmp_path):
+    guard = fresh_guard("prompt_last")
+    guard.save_pretrained(tmp_path / "g")
+    config = json.loads((tmp_path / "g" / "config.json").read_text())
+    assert "heads" not in config and "budget" not in config
+    loaded = SafetyGuard.from_pretrained(tmp_path / "g")
+    assert loaded.head_names == ["anomaly"] and loaded.budget is None
+    x = torch.randn(3, guard.config.hook.hidden_size)
+    assert loaded.reports(x)[0].heads == () and loaded.reports(x)[0].reading is None
+
+
+# --- bad input ---------------------------------------------------------------------------------------------------
+
+
+def head_of(width: int, reads=HEAD_READS, name: str = "other") -> SupervisedHead:
+    return SupervisedHead(
+        SupervisedHeadConfig(name=name, probe=ProbeConfig(reads=reads), hidden_size=width, n_safe=1, n_unsafe=1)
+    )
+
+
+def test_a_head_that_does_not_fit_the_model_is_refused():
+    guard = two_headed_guard()
+    width = guard.config.hook.hidden_size
+    with pytest.raises(ValueError, match="reads width"):
+        guard.add_head(head_of(width + 1))
+    with pytest.raises(ValueError, match="reads layers"):
+        guard.add_head(head_of(width, reads=[(99, "prompt_mean")]))
+    with pytest.raises(ValueError, match="already has a head named 'harm'"):
+        guard.add_head(head_of(width, name="harm"))
+    with pytest.raises(ValueError, match="names the paper's head"):
+        head_of(width, name="anomaly")
+    with pytest.raises(ValueError, match="a head name"):
+        head_of(width, name="../escape")
+    with pytest.raises(ValueError, match="Add heads to a prompt_last guard"):
+        fresh_guard("response_last").add_head(head_of(width))
+
+
+def test_scoring_needs_every_read_and_a_budget_for_every_head():
+    guard = two_headed_guard()
+    reads = reads_of(guard, PROMPTS[:2])
+    with pytest.raises(ValueError, match="pass a mapping"):
+        guard(reads[guard.reads[0]])
+    with pytest.raises(ValueError, match="missing"):
+        guard({guard.reads[0]: reads[guard.reads[0]]})
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        guard({**reads, HEAD_READS[0]: reads[HEAD_READS[0]][:1]})
+    with pytest.raises(TypeError, match="mapping"):
+        guard([1, 2])
+    guard.add_head(head_of(guard.config.hook.hidden_size))
+    with pytest.raises(RuntimeError, match="fit_budget"):
+        guard(reads)
+    with pytest.raises(ValueError, match="positive share"):
+        guard.fit_budget(reads, shares=[0.5, 0.5])
+
+
+def test_a_nan_in_any_read_fails_closed_for_that_row_only():
+    guard = two_headed_guard()
+    reads = {read: values.clone() for read, values in reads_of(guard, PROMPTS[:3]).items()}
+    reads[HEAD_READS[0]][1, 0] = float("nan")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reports = guard.reports(reads)
+    assert any("fail closed" in str(w.message) for w in caught)
+    assert reports[1].flagged and reports[1].error is not None and math.isnan(reports[1].score)
+    clean = guard.reports({read: values[[0, 2]] for read, values in reads.items()})
+    assert [reports[0], reports[2]] == clean
+
+
+def edit_config(folder, edit):
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        (lambda folder: (folder / "heads" / "harm.safetensors").unlink(), "has no weights"),
+        (lambda folder: edit_config(folder, lambda c: c["heads"].append(c["heads"][0])), "share a name"),
+        (lambda folder: edit_config(folder, lambda c: c.pop("budget")), "come together"),
+        (lambda folder: edit_config(folder, lambda c: c["budget"]["heads"].reverse()), "must be distinct and start"),
+        (lambda folder: edit_config(folder, lambda c: c["heads"][0].update(hidden_size=7)), "shape"),
+        (lambda folder: edit_config(folder, lambda c: c["heads"][0].update(name="x/y")), "a head name"),
+    ],
+)
+def test_a_broken_head_in_a_guard_folder_is_a_format_error(tmp_path, edit, error):
+    two_headed_guard().save_pretrained(tmp_path / "g")
+    edit(tmp_path / "g")
+    with pytest.raises(GuardFormatError, match=error):
+        SafetyGuard.from_pretrained(tmp_path / "g")
+
+
+def test_an_edited_budget_is_caught_by_the_integrity_record(tmp_path):
+    two_headed_guard().save_pretrained(tmp_path / "g")
+    edit_config(tmp_path / "g", lambda c: c["budget"]["thresholds"].__setitem__(1, 0.999))
+    with pytest.raises(GuardFormatError, match="budget"):
+        SafetyGuard.from_pretrained(tmp_path / "g")
+
+
+def test_a_budget_must_cover_the_heads_and_split_one_whole():
+    with pytest.raises(ValueError, match="sum to 1"):
+        BudgetConfig(["anomaly", "h"], [0.5, 0.6], [1.0, 0.5], target_fpr=0.05, measured_fpr=0.05, n_rows=10)
+    with pytest.raises(ValueError, match="2 heads, 1 shares"):
+        BudgetConfig(["anomaly", "h"], [1.0], [1.0, 0.5], target_fpr=0.05, measured_fpr=0.05, n_rows=10)
