@@ -36,6 +36,20 @@ def check_prompts(prompts: Sequence[str]) -> None:
             raise ValueError(f"prompt {i} is empty: {prompt!r}")
 
 
+def prompt_texts(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, chat_template: bool = True
+) -> tuple[list[str], bool]:
+    """The texts the model reads for ``prompts`` (user turns of the chat template with the generation prompt, when
+    the tokenizer has one and ``chat_template``), and whether the tokenizer must add its special tokens."""
+    if chat_template and tokenizer.chat_template:
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            for p in prompts
+        ]
+        return texts, False  # the template already holds them
+    return list(prompts), True
+
+
 def encode_prompts(
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
@@ -51,14 +65,7 @@ def encode_prompts(
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     check_prompts(prompts)
-    if chat_template and tokenizer.chat_template:
-        texts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-            for p in prompts
-        ]
-        add_special_tokens = False  # the template already holds them
-    else:
-        texts, add_special_tokens = list(prompts), True
+    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)
     if tokenizer.pad_token is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
     # padding_side as an argument, not by setting tokenizer.padding_side and back: that raced between threads.

@@ -233,3 +233,39 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
     _runtime_arguments(parser, ModelRuntime)
+
+
+def push_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("guard_dir", help="the guard folder to upload ('default' or 'paper': a bundled guard)")
+    parser.add_argument("repo_id", help="Hub repo, 'org/name' or 'name' (the token owner's namespace)")
+    parser.add_argument("--revision", help="branch to push to (default: main; created if missing)")
+    parser.add_argument("--subfolder", default="", help="folder of the repo for this guard (default: the root)")
+    parser.add_argument("--private", action="store_true", help="create the repo private if it does not exist")
+    parser.add_argument("--commit-message", default="Upload hf-lsad guard", help="the commit's summary")
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login, as huggingface_hub does)")
+
+
+def pull_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("repo_id", help="Hub repo holding the guard")
+    parser.add_argument("out", help="folder to write the guard to (must not exist, or be empty)")
+    parser.add_argument("--revision", help="branch, tag or commit sha (default: main); pin a sha to reproduce")
+    parser.add_argument("--subfolder", default="", help="folder of the guard inside the repo")
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login, as huggingface_hub does)")
+
+
+def screen_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "input", help="a .jsonl, .csv or .parquet file, a saved dataset folder, or a dataset name datasets can load"
+    )
+    parser.add_argument("--out", required=True, help="JSON-lines file of verdicts; an existing one is resumed")
+    parser.add_argument(
+        "--column", default="prompt", help="the prompt column (default 'prompt'; else the last user turn of 'messages')"
+    )
+    parser.add_argument("--id-column", help="the column of unique row ids (default: the row's position)")
+    parser.add_argument("--limit", type=int, help="screen only the first LIMIT rows")
+    parser.add_argument("--split", default="train", help="the split of a datasets dataset")
+    parser.add_argument("--raw", action="store_true", help="read prompts as they are, not as chat-template user turns")
+    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    _guard_arguments(parser)
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    _runtime_arguments(parser, ModelRuntime)

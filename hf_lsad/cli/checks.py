@@ -89,6 +89,17 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"argument prompts: {_one_line(err)}")
     if args.command == "add-head":
         _check_add_head(parser, args)
+    if args.command == "screen" and not Path(args.input).exists() and Path(args.input).suffix:
+        parser.error(f"argument input: no file {args.input!r}")
+    if args.command == "push" and args.guard_dir not in ("default", "paper"):
+        if not (Path(args.guard_dir) / "config.json").is_file():
+            parser.error(f"argument guard_dir: {args.guard_dir!r} is not a guard folder (no config.json)")
+    if (
+        args.command == "pull"
+        and Path(args.out).exists()
+        and (not Path(args.out).is_dir() or any(Path(args.out).iterdir()))
+    ):
+        parser.error(f"argument out: {args.out!r} exists and is not an empty folder")
     if getattr(args, "grid", None) and not Path(args.grid).is_file():
         parser.error(f"argument --grid: no file {args.grid!r}")
     device = getattr(args, "runtime:device", None)

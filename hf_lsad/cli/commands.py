@@ -253,10 +253,8 @@ def _evaluate_grid(args: argparse.Namespace) -> None:
     print(f"wrote {folder / 'report.md'} and {folder / 'results.json'}")
 
 
-def run_generate(args: argparse.Namespace) -> None:
-    import torch
-
-    from ..capture.collect import encode_prompts
+def _guarded_model(args: argparse.Namespace) -> Any:
+    """``--model`` wrapped with ``--guard``, its tokenizer attached, saying what it loads."""
     from ..capture.pretrained import load_model, placement
     from ..core.runtime import ModelRuntime, torch_dtype
     from ..generation.model import GuardedModelForCausalLM
@@ -266,9 +264,18 @@ def run_generate(args: argparse.Namespace) -> None:
     guard_name = {"default": "the bundled two-headed SmolLM2 guard", "paper": "the bundled paper guard"}.get(
         args.guard, args.guard
     )
-    print(f"loading {model_name} ({runtime.dtype}) and {guard_name} ...", flush=True)
+    print(f"loading {model_name} ({runtime.dtype}) and {guard_name} ...", file=sys.stderr, flush=True)
     model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
-    guarded = GuardedModelForCausalLM(model, _guard(args), tokenizer=tokenizer)
+    return GuardedModelForCausalLM(model, _guard(args), tokenizer=tokenizer)
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    import torch
+
+    from ..capture.collect import encode_prompts
+
+    guarded = _guarded_model(args)
+    tokenizer = guarded.tokenizer
     inputs = {name: value.to(guarded.device) for name, value in encode_prompts(tokenizer, args.prompts).items()}
     print(f"generating up to {args.max_new_tokens} tokens for {len(args.prompts)} prompt(s) (greedy) ...\n", flush=True)
     with torch.no_grad():
@@ -367,3 +374,61 @@ def run_add_head(args: argparse.Namespace) -> None:
     print(
         f"  together: {budget.measured_fpr:.2%} of {budget.n_rows} {budget.rows} rows (target {budget.target_fpr:.0%})"
     )
+
+
+def run_push(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from huggingface_hub import ModelCard
+
+    from ..guard.files import BUNDLED_GUARDS, MODEL_CARD
+    from ..guard.guard import SafetyGuard
+
+    guard = SafetyGuard.from_pretrained(args.guard_dir)  # every check of loading, before anything is sent
+    folder = Path(BUNDLED_GUARDS.get(args.guard_dir, args.guard_dir))
+    card = ModelCard.load(folder / MODEL_CARD) if (folder / MODEL_CARD).is_file() else None
+    commit = guard.push_to_hub(
+        args.repo_id,
+        subfolder=args.subfolder,
+        commit_message=args.commit_message,
+        private=True if args.private else None,
+        token=args.token,
+        revision=args.revision,
+        card=card,
+    )
+    where = f"{args.repo_id}{'/' + args.subfolder if args.subfolder else ''}"
+    print(f"pushed {folder} to {where} at {commit.oid}")
+    print(f"load it pinned: SafetyGuard.from_pretrained({args.repo_id!r}, revision={commit.oid!r})")
+
+
+def run_pull(args: argparse.Namespace) -> None:
+    import shutil
+    from pathlib import Path
+
+    from ..core.hub import resolve_pretrained_dir
+    from ..guard.guard import SafetyGuard
+
+    location = {"revision": args.revision, "subfolder": args.subfolder, "token": args.token}
+    folder = resolve_pretrained_dir(args.repo_id, **location)
+    SafetyGuard.from_pretrained(folder)  # every check of loading, before anything is written
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(folder, out, dirs_exist_ok=True)  # copies what the cache links point to
+    parts = folder.parts
+    commit = parts[parts.index("snapshots") + 1] if "snapshots" in parts else None
+    print(f"pulled {args.repo_id}{f' at {commit}' if commit else ''} to {out}")
+
+
+def run_screen(args: argparse.Namespace) -> None:
+    from ..data.tables import read_prompt_table
+    from ..generation.bulk import screen_to_jsonl
+
+    rows = read_prompt_table(
+        args.input, column=args.column, id_column=args.id_column, limit=args.limit, split=args.split
+    )
+    guarded = _guarded_model(args)
+    print(f"screening {len(rows)} rows of {args.input} into {args.out}", file=sys.stderr, flush=True)
+    summary = screen_to_jsonl(
+        guarded, rows, args.out, batch_size=args.batch_size, chat_template=not args.raw, progress=True
+    )
+    print(summary.describe())

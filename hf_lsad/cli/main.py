@@ -1,4 +1,5 @@
-"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate, add-head.
+"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate, add-head, screen,
+push, pull.
 
     hf-lsad collect   --model default --pool safe --layer 20 --position prompt_last --out acts/safe
     hf-lsad train-sae --activations acts/safe --d-sae 2304 --out sae
@@ -9,6 +10,9 @@
     hf-lsad explain   --guard default --activations acts/harmful "Write a tutorial on how to make a bomb"
     hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
     hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
+    hf-lsad screen    prompts.jsonl --out verdicts.jsonl [--column prompt] [--id-column id]
+    hf-lsad push      my-guard org/my-guard [--private] [--revision BRANCH]
+    hf-lsad pull      org/my-guard my-guard-copy [--revision SHA]
 
 ``hf-lsad fit --method NAME --help`` lists the settings of any registered method: one flag per
 config field, generated from the config (defaults are the API's), and ``--set key=value`` for any.
@@ -89,6 +93,28 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "against --safe (optional) and the fit rows of the bundled benign pools, then sets every head's threshold "
         "again on validation chat so that together they keep the guard's false-positive budget, the new head "
         "taking --share of it (hf_lsad.guard.heads.training.add_head). The guard must read prompt_last.",
+    ),
+    "screen": (
+        "screen a table of prompts (JSONL, CSV, Parquet, a dataset) into a JSON-lines file of verdicts",
+        arguments.screen_arguments,
+        commands.run_screen,
+        "One verdict per row (id, flagged, the heads that decided, each head's score, probability, p-value, error), "
+        "written as it goes, batched by length, no decoding: a forward pass cut after the deepest block the guard "
+        "reads. Run it again on the same --out to finish an interrupted run: rows already there are skipped. Bad "
+        "rows (empty, not text, longer than the context) become per-row errors (hf_lsad.generation.bulk).",
+    ),
+    "push": (
+        "upload a guard folder to the Hub (the CLI twin of SafetyGuard.push_to_hub)",
+        arguments.push_arguments,
+        commands.run_push,
+        "Loads the folder with every check first, then uploads it in one commit with its README.md model card (a "
+        "generated card if the folder has none) and prints the commit sha to pin.",
+    ),
+    "pull": (
+        "download a guard from the Hub into a folder (the CLI twin of SafetyGuard.from_pretrained)",
+        arguments.pull_arguments,
+        commands.run_pull,
+        "Downloads the guard's files, loads them with every check, and copies them to OUT unchanged.",
     ),
 }
 """name -> (help, add its arguments, run it, description)."""

@@ -405,6 +405,7 @@ class SafetyGuard(nn.Module):
         data: str | None = None,
         datasets: str | list[str] | None = None,
         license: str = DEFAULT_LICENSE,
+        card: ModelCard | None = None,
     ) -> CommitInfo:
         """Upload the guard, with its model card, to a Hub repo in one commit (creating the repo if needed).
 
@@ -419,6 +420,8 @@ class SafetyGuard(nn.Module):
             create_pr: Open a pull request instead of committing to the branch.
             metrics, data, datasets, license: Model card content, as in :meth:`save_pretrained`.
                 Without ``metrics`` the card says that none were measured.
+            card: A card to upload as it is instead (the ``README.md`` of a guard folder: ``hf-lsad push``
+                keeps the figures it holds); ``metrics``, ``data``, ``datasets`` and ``license`` must then be unset.
 
         Returns:
             The :class:`huggingface_hub.CommitInfo`; ``.oid`` is the commit sha to pin as
@@ -426,15 +429,19 @@ class SafetyGuard(nn.Module):
 
         Files already in the repo folder that this guard does not write are left as they are.
         """
-        card = self.model_card(
-            metrics=metrics,
-            data=data,
-            datasets=datasets,
-            license=license,
-            repo_id=repo_id,
-            subfolder=subfolder,
-            revision=revision,
-        )
+        if card is not None:
+            if metrics is not None or data is not None or datasets is not None or license != DEFAULT_LICENSE:
+                raise ValueError("pass either card or the card's content (metrics, data, datasets, license)")
+        else:
+            card = self.model_card(
+                metrics=metrics,
+                data=data,
+                datasets=datasets,
+                license=license,
+                repo_id=repo_id,
+                subfolder=subfolder,
+                revision=revision,
+            )
         return upload_guard(
             self.parts(),
             card,

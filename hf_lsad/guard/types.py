@@ -5,8 +5,9 @@ guard with several heads split its false-positive budget), :class:`GuardOutput` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from torch import Tensor
 
@@ -192,3 +193,37 @@ class SafetyReport(NamedTuple):
                 f"(score {self.score:.4g}, cluster {self.cluster}{p_value})"
             )
         return f"{verdict}: score {self.score:.4g} {sign} {self.threshold:.4g} (cluster {self.cluster}{p_value})"
+
+    def head_verdicts(self) -> tuple[HeadVerdict, ...]:
+        """Every head's verdict; a single-head guard's one verdict as the ``anomaly`` head's (what decided:
+        the calibrated probability, else the score)."""
+        if self.heads:
+            return self.heads
+        decided = self.probability if self.probability is not None else self.score
+        return (HeadVerdict(ANOMALY_HEAD, decided, self.threshold, self.flagged and self.error is None),)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready plain values (what ``hf-lsad screen`` writes and ``hf-lsad serve`` returns):
+        ``flagged``, ``decided_by`` (every guard's, a single-head guard's included), ``reading``, ``probability``,
+        ``p_value``, ``heads`` (name -> ``{"score", "threshold", "flagged"}``), ``cluster``, ``error``, and
+        ``step`` / ``stopped`` of guarded generation. A NaN score (a row that failed closed) becomes ``None``."""
+        verdicts = self.head_verdicts()
+        return {
+            "flagged": bool(self.flagged),
+            "decided_by": [v.name for v in verdicts if v.flagged],
+            "reading": self.reading,
+            "probability": _finite_or_none(self.probability),
+            "p_value": _finite_or_none(self.p_value),
+            "heads": {
+                v.name: {"score": _finite_or_none(v.score), "threshold": float(v.threshold), "flagged": bool(v.flagged)}
+                for v in verdicts
+            },
+            "cluster": int(self.cluster),
+            "error": self.error,
+            "step": self.step,
+            "stopped": bool(self.stopped),
+        }
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)

@@ -1,0 +1,160 @@
+"""Prompts from a user's table: a JSONL, CSV or Parquet file, or a dataset the ``datasets`` library loads.
+
+What ``hf-lsad screen`` reads. Every row comes back, in input order, with an id and either its prompt or the
+reason it has none (an empty cell, a number, a malformed JSON line): a bad row is the row's problem, not the run's.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_COLUMN = "prompt"
+"""The column read by default; a table without it but with a ``messages`` column gives its last user turn."""
+MESSAGES_COLUMN = "messages"
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """One input row: its id and its prompt, or why it has none."""
+
+    id: str
+    """The row's ``--id-column`` value as a string, or its 0-based position in the input."""
+    text: str | None
+    """The prompt (``None`` when ``error`` is set)."""
+    error: str | None = None
+    """Why the row has no prompt (empty, not text, unreadable)."""
+
+
+def read_prompt_table(
+    source: str | Path,
+    *,
+    column: str = DEFAULT_COLUMN,
+    id_column: str | None = None,
+    limit: int | None = None,
+    split: str = "train",
+) -> list[PromptRow]:
+    """The prompts of a table, one :class:`PromptRow` per row, in input order.
+
+    Args:
+        source: A ``.jsonl`` / ``.json`` (one object per line), ``.csv`` or ``.parquet`` file; a folder written by
+            ``Dataset.save_to_disk``; or anything else ``datasets.load_dataset`` accepts (a local dataset folder, a
+            Hub name when online).
+        column: The column holding the prompt. When it is the default and absent, a ``messages`` column (a list of
+            ``{"role", "content"}`` turns) gives its last user turn.
+        id_column: The column holding each row's id (default: the row's 0-based position). Ids must be unique:
+            they are what a resumed run skips.
+        limit: Read only the first ``limit`` rows.
+        split: The split of a ``datasets`` dataset.
+
+    Raises:
+        FileNotFoundError: a file path that does not exist.
+        ValueError: no such column, or duplicate ids.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive integer, got {limit}")
+    records = _records(Path(source) if Path(source).exists() else source, split, limit)
+    first = next((r for r in records if not isinstance(r, _Unreadable)), None)
+    if first is not None:
+        _check_columns(first, column, id_column, source)
+    rows, seen = [], set()
+    for index, record in enumerate(records):
+        if isinstance(record, _Unreadable):
+            row = PromptRow(str(index) if id_column is None else f"#{index}", None, record.reason)  # no id to read
+        else:
+            row_id = str(record[id_column]) if id_column is not None else str(index)
+            text, error = _prompt_of(record, column)
+            row = PromptRow(row_id, text, error)
+        if row.id in seen:
+            raise ValueError(f"{source}: id {row.id!r} appears twice in column {id_column!r}; ids must be unique")
+        seen.add(row.id)
+        rows.append(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class _Unreadable:
+    """A line of a JSONL file that is not a JSON object."""
+
+    reason: str
+
+
+def _records(source: str | Path, split: str, limit: int | None) -> list[Any]:
+    """The rows as dicts (or :class:`_Unreadable` for a JSON line that is not an object)."""
+    if isinstance(source, Path) and source.is_file():
+        suffix = source.suffix.lower()
+        if suffix in (".jsonl", ".json"):
+            return _json_lines(source, limit)
+        if suffix == ".csv":
+            with source.open(newline="", encoding="utf-8") as handle:
+                return list(itertools.islice(csv.DictReader(handle), limit))
+        if suffix == ".parquet":
+            return _dataset_rows(_load_dataset("parquet", data_files=str(source), split="train"), limit)
+        raise ValueError(f"{source}: not a .jsonl, .json, .csv or .parquet file")
+    if isinstance(source, Path) and (source / "dataset_info.json").is_file():
+        from datasets import load_from_disk
+
+        return _dataset_rows(load_from_disk(str(source)), limit)
+    return _dataset_rows(_load_dataset(str(source), split=split), limit)
+
+
+def _json_lines(path: Path, limit: int | None) -> list[Any]:
+    records: list[Any] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if limit is not None and len(records) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                records.append(_Unreadable(f"line {number} is not JSON ({err.msg})"))
+                continue
+            records.append(record if isinstance(record, dict) else _Unreadable(f"line {number} is not an object"))
+    return records
+
+
+def _load_dataset(path: str, **kwargs: Any) -> Any:
+    from datasets import load_dataset
+
+    return load_dataset(path, **kwargs)
+
+
+def _dataset_rows(dataset: Any, limit: int | None) -> list[dict[str, Any]]:
+    if hasattr(dataset, "keys") and not hasattr(dataset, "column_names"):  # a DatasetDict: no split chosen
+        raise ValueError(f"the dataset has splits {list(dataset.keys())}; choose one with --split")
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    return list(dataset)
+
+
+def _check_columns(record: dict[str, Any], column: str, id_column: str | None, source: str | Path) -> None:
+    keys = list(record)
+    if column not in record and not (column == DEFAULT_COLUMN and MESSAGES_COLUMN in record):
+        raise ValueError(f"{source}: no column {column!r} (columns: {keys}); choose one with --column")
+    if id_column is not None and id_column not in record:
+        raise ValueError(f"{source}: no id column {id_column!r} (columns: {keys})")
+
+
+def _prompt_of(record: dict[str, Any], column: str) -> tuple[str | None, str | None]:
+    """The row's prompt, or why it has none."""
+    if column in record:
+        value = record[column]
+    else:  # the default column is absent: the last user turn of the messages
+        turns = record.get(MESSAGES_COLUMN)
+        if not isinstance(turns, list):
+            return None, f"{MESSAGES_COLUMN!r} is not a list of turns"
+        users = [t.get("content") for t in turns if isinstance(t, dict) and t.get("role") == "user"]
+        if not users:
+            return None, f"{MESSAGES_COLUMN!r} holds no user turn"
+        value = users[-1]
+    if not isinstance(value, str):
+        return None, f"the prompt is not text ({type(value).__name__})"
+    if not value.strip():
+        return None, "empty prompt"
+    return value, None

@@ -1,0 +1,215 @@
+"""Screening a table of prompts into a JSON-lines file of verdicts, resumably: what ``hf-lsad screen`` runs.
+
+Each verdict is written as soon as its batch is scored, so a run that is killed loses at most the batch in flight;
+started again on the same output, it reads the ids already there (cutting off a line the kill left half written)
+and screens only the rest. Rows are batched in order of token length (little padding, so the forward pass costs
+what the prompts cost) and written in that order; each line carries its row's id.
+
+Bad rows become per-row errors, never a crash: an empty or non-text prompt (found when the table is read), a
+prompt longer than the model's context, a batch that raises (its rows are retried one by one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..capture.collect import prompt_texts
+from ..capture.recorder import PROMPT_POSITIONS
+from ..data.tables import PromptRow
+from .model import GuardedModelForCausalLM
+
+
+@dataclass
+class ScreenSummary:
+    """What a screening run did, over every row of its input (rows screened by earlier runs included)."""
+
+    rows: int
+    """Rows in the input."""
+    written: int
+    """Rows with a verdict in the output file (all of them, at the end of a run that was not interrupted)."""
+    resumed: int
+    """Rows already in the output when this run started, skipped."""
+    flagged: int
+    """Rows flagged (rows that failed closed included)."""
+    flagged_by_head: dict[str, int] = field(default_factory=dict)
+    """Rows each head flagged (a row two heads flagged counts for both)."""
+    failed_closed: int = 0
+    """Rows that could not be scored (a NaN or inf activation): flagged, with an ``error``."""
+    errors: int = 0
+    """Rows not screened: empty, not text, beyond the model's context, or a failure of their own."""
+    seconds: float = 0.0
+    """Wall time of this run's screening."""
+    rows_per_second: float = 0.0
+    """Rows this run screened, per second."""
+
+    def describe(self) -> str:
+        """A few lines for a person."""
+        share = {name: n / max(self.written, 1) for name, n in self.flagged_by_head.items()}
+        heads = ", ".join(f"{name} {value:.1%}" for name, value in share.items()) or "none"
+        return (
+            f"{self.written} of {self.rows} rows have a verdict ({self.resumed} from an earlier run); "
+            f"flagged {self.flagged} ({self.flagged / max(self.written, 1):.1%}), by head: {heads}; "
+            f"failed closed {self.failed_closed}; errors {self.errors}; "
+            f"{self.rows_per_second:.1f} rows/s over {self.seconds:.1f} s"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def screen_to_jsonl(
+    guarded: GuardedModelForCausalLM,
+    rows: Sequence[PromptRow],
+    out: str | os.PathLike,
+    *,
+    batch_size: int = 16,
+    chat_template: bool = True,
+    progress: bool = True,
+) -> ScreenSummary:
+    """Screen ``rows`` with ``guarded`` (:meth:`GuardedModelForCausalLM.screen`: a forward pass cut after the
+    deepest block the guard reads, no decoding) and append one JSON line per row to ``out``.
+
+    A line is ``{"id": ..., **report.to_json()}`` for a screened row (:meth:`hf_lsad.guard.SafetyReport.to_json`)
+    and ``{"id": ..., "flagged": null, "error": ...}`` for a row that could not be screened. Rows whose id is
+    already in ``out`` are skipped: run it again on the same ``out`` to finish an interrupted run.
+
+    Args:
+        guarded: A guarded model with its ``tokenizer``, whose guard reads the prompt.
+        rows: The input rows (:func:`hf_lsad.data.tables.read_prompt_table`); ids must be unique.
+        out: The JSON-lines file to append to (created if missing).
+        batch_size: Prompts per forward pass.
+        chat_template: Read each prompt as a user turn of the tokenizer's chat template (as ``screen`` does).
+        progress: Show a progress bar with rows/s.
+    """
+    if guarded.tokenizer is None:
+        raise ValueError("screening strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+    position = guarded.guard.config.hook.position
+    if position not in PROMPT_POSITIONS:
+        raise ValueError(f"screening needs a guard that reads the prompt {PROMPT_POSITIONS}; this one reads {position}")
+    ids = [row.id for row in rows]
+    if len(set(ids)) != len(ids):
+        raise ValueError("row ids must be unique: they are what a resumed run skips")
+    path = Path(out)
+    done = _finished_ids(path)
+    pending = [row for row in rows if row.id not in done]
+    resumed = len(rows) - len(pending)
+
+    start = time.perf_counter()
+    with (
+        path.open("a", encoding="utf-8") as handle,
+        tqdm(total=len(pending), unit="row", desc="screening", disable=not progress) as bar,
+    ):
+
+        def write(records: list[dict[str, Any]]) -> None:
+            handle.write("".join(json.dumps(record) + "\n" for record in records))
+            handle.flush()  # a kill loses at most the batch in flight
+            bar.update(len(records))
+
+        write([_error_record(row.id, row.error) for row in pending if row.error is not None])
+        readable = [row for row in pending if row.error is None]
+        token_ids, too_long = _tokenize(guarded, readable, chat_template)
+        write([_error_record(readable[i].id, too_long[i]) for i in sorted(too_long)])
+        order = sorted((i for i in range(len(readable)) if i not in too_long), key=lambda i: (len(token_ids[i]), i))
+        for first in range(0, len(order), batch_size):
+            batch = order[first : first + batch_size]
+            write(_screen_batch(guarded, [readable[i].id for i in batch], [token_ids[i] for i in batch]))
+    seconds = time.perf_counter() - start
+    return _summary(path, ids, resumed, seconds, len(pending))
+
+
+def _finished_ids(path: Path) -> set[str]:
+    """Ids already in ``path``; a last line without its newline (a kill mid-write) is cut off first."""
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    if len(complete) != len(data):
+        with path.open("r+b") as handle:
+            handle.truncate(len(complete))
+    done = set()
+    for number, line in enumerate(complete.decode("utf-8").splitlines(), 1):
+        try:
+            done.add(str(json.loads(line)["id"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"{path}:{number}: not a verdict line of hf-lsad screen ({err}); choose another --out"
+            ) from err
+    return done
+
+
+def _tokenize(
+    guarded: GuardedModelForCausalLM, rows: Sequence[PromptRow], chat_template: bool
+) -> tuple[list[list[int]], dict[int, str]]:
+    """Each row's token ids, and the rows too long for the model's context (index -> error)."""
+    tokenizer = guarded.tokenizer
+    texts, add_special_tokens = prompt_texts(tokenizer, [row.text for row in rows], chat_template=chat_template)
+    token_ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
+    context = getattr(guarded.model.config.get_text_config(), "max_position_embeddings", None)
+    too_long = {
+        i: f"{len(ids)} tokens, longer than the model's context ({context})"
+        for i, ids in enumerate(token_ids)
+        if context and len(ids) > context
+    }
+    return token_ids, too_long
+
+
+def _screen_batch(guarded: GuardedModelForCausalLM, ids: list[str], token_ids: list[list[int]]) -> list[dict]:
+    """Verdict records of one batch; if the batch raises, its rows one by one, each failure its row's error."""
+    try:
+        reports = guarded.screen(*_left_padded(guarded, token_ids))
+        return [{"id": row_id, **report.to_json()} for row_id, report in zip(ids, reports)]
+    except Exception as err:  # one row's problem must not end the run
+        if len(ids) == 1:
+            return [_error_record(ids[0], f"{type(err).__name__}: {err}")]
+        return [
+            record for i in range(len(ids)) for record in _screen_batch(guarded, ids[i : i + 1], token_ids[i : i + 1])
+        ]
+
+
+def _left_padded(guarded: GuardedModelForCausalLM, token_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    pad = guarded.tokenizer.pad_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    width = max(len(ids) for ids in token_ids)
+    input_ids = torch.full((len(token_ids), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(token_ids), width), dtype=torch.long)
+    for row, ids in enumerate(token_ids):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, width - len(ids) :] = 1
+    return input_ids, attention_mask
+
+
+def _error_record(row_id: str, error: str) -> dict[str, Any]:
+    return {"id": row_id, "flagged": None, "error": error}
+
+
+def _summary(path: Path, ids: list[str], resumed: int, seconds: float, screened: int) -> ScreenSummary:
+    wanted = set(ids)
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    records = [r for r in records if str(r["id"]) in wanted]
+    by_head: Counter[str] = Counter()
+    for record in records:
+        by_head.update(record.get("decided_by") or [])
+    return ScreenSummary(
+        rows=len(ids),
+        written=len({str(r["id"]) for r in records}),
+        resumed=resumed,
+        flagged=sum(r["flagged"] is True for r in records),
+        flagged_by_head=dict(sorted(by_head.items())),
+        failed_closed=sum(r["flagged"] is True and r.get("error") is not None for r in records),
+        errors=sum(r["flagged"] is None for r in records),
+        seconds=seconds,
+        rows_per_second=screened / seconds if seconds > 0 else 0.0,
+    )

@@ -1,0 +1,87 @@
+"""Reading a user's table of prompts: every format, every bad row a per-row error, whole-table errors up front."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_lsad.data.tables import PromptRow, read_prompt_table
+
+ROWS = [
+    {"id": "a", "prompt": "How do I bake bread?"},
+    {"id": "b", "prompt": ""},
+    {"id": "c", "prompt": 42},
+    {"id": "d", "prompt": "  "},
+    {"id": "e", "prompt": "Tell me a joke"},
+]
+EXPECTED = [
+    PromptRow("a", "How do I bake bread?"),
+    PromptRow("b", None, "empty prompt"),
+    PromptRow("c", None, "the prompt is not text (int)"),
+    PromptRow("d", None, "empty prompt"),
+    PromptRow("e", "Tell me a joke"),
+]
+
+
+def write_jsonl(path, rows, extra_lines=()):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "".join(extra_lines))
+    return path
+
+
+def test_jsonl_rows_with_their_ids_and_errors(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", ROWS, ["{not json\n", "[1, 2]\n", "\n"])
+    rows = read_prompt_table(path, id_column="id")
+    assert rows[:5] == EXPECTED
+    assert [r.error for r in rows[5:]] == [
+        "line 6 is not JSON (Expecting property name enclosed in double quotes)",
+        "line 7 is not an object",
+    ]
+    assert [r.id for r in read_prompt_table(path, limit=2)] == ["0", "1"]  # positions, first rows only
+
+
+def test_csv_parquet_and_a_saved_dataset_read_alike(tmp_path):
+    from datasets import Dataset
+
+    text_rows = [r for r in ROWS if isinstance(r["prompt"], str)]
+    want = [row for row in EXPECTED if row.id != "c"]
+    (tmp_path / "p.csv").write_text("id,prompt\n" + "".join(f'{r["id"]},"{r["prompt"]}"\n' for r in text_rows))
+    Dataset.from_list(text_rows).to_parquet(tmp_path / "p.parquet")
+    Dataset.from_list(text_rows).save_to_disk(tmp_path / "saved")
+    for source in ("p.csv", "p.parquet", "saved"):
+        assert read_prompt_table(tmp_path / source, id_column="id") == want, source
+
+
+def test_the_last_user_turn_of_messages_when_there_is_no_prompt_column(tmp_path):
+    turns = [
+        {"role": "system", "content": "be kind"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second"},
+    ]
+    path = write_jsonl(tmp_path / "m.jsonl", [{"messages": turns}, {"messages": turns[:1]}, {"messages": "x"}])
+    assert read_prompt_table(path) == [
+        PromptRow("0", "second"),
+        PromptRow("1", None, "'messages' holds no user turn"),
+        PromptRow("2", None, "'messages' is not a list of turns"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "rows", "error"),
+    [
+        ({"column": "text"}, ROWS, "no column 'text'"),
+        ({"id_column": "key"}, ROWS, "no id column 'key'"),
+        ({"id_column": "id"}, [*ROWS, {"id": "a", "prompt": "again"}], "id 'a' appears twice"),
+        ({"limit": 0}, ROWS, "limit must be a positive integer"),
+    ],
+)
+def test_whole_table_errors(tmp_path, kwargs, rows, error):
+    with pytest.raises(ValueError, match=error):
+        read_prompt_table(write_jsonl(tmp_path / "p.jsonl", rows), **kwargs)
+
+
+def test_a_file_of_another_kind_is_refused(tmp_path):
+    (tmp_path / "p.txt").write_text("hello\n")
+    with pytest.raises(ValueError, match=r"not a \.jsonl, \.json, \.csv or \.parquet file"):
+        read_prompt_table(tmp_path / "p.txt")

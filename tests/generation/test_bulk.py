@@ -1,0 +1,114 @@
+"""Screening a table into JSON lines: each row's verdict as alone, bad rows as errors, and resuming after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from tiny import PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
+
+from hf_lsad.data.tables import PromptRow, read_prompt_table
+from hf_lsad.generation.bulk import screen_to_jsonl
+from hf_lsad.generation.model import GuardedModelForCausalLM
+from hf_lsad.guard import SafetyGuard
+
+TEXTS = [*PROMPTS[:20], *UNSAFE_PROMPTS[:20], "hi", "a much longer prompt about baking bread at home, step by step"]
+
+
+def guarded():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    return GuardedModelForCausalLM(model, two_headed_guard(), tokenizer=tokenizer)
+
+
+def lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def by_id(path):
+    records = lines(path)
+    assert len({r["id"] for r in records}) == len(records), "a row written twice"
+    return {r["id"]: r for r in records}
+
+
+def assert_same_verdicts(got, want):
+    assert got.keys() == want.keys()
+    for row_id, record in want.items():
+        other = got[row_id]
+        assert (other["flagged"], other.get("decided_by"), other["error"]) == (
+            record["flagged"],
+            record.get("decided_by"),
+            record["error"],
+        ), row_id
+        for head, verdict in (record.get("heads") or {}).items():
+            assert other["heads"][head]["score"] == pytest.approx(verdict["score"], abs=1e-4), (row_id, head)
+
+
+def test_every_row_gets_the_verdict_it_gets_alone_and_bad_rows_their_error(tmp_path):
+    model = guarded()
+    rows = [PromptRow(f"r{i}", text) for i, text in enumerate(TEXTS)]
+    rows += [PromptRow("empty", None, "empty prompt"), PromptRow("long", "word " * 2000)]
+    summary = screen_to_jsonl(model, rows, tmp_path / "out.jsonl", batch_size=8, progress=False)
+    got = by_id(tmp_path / "out.jsonl")
+    for row in rows[: len(TEXTS)]:
+        alone = model.screen([row.text])[0].to_json()
+        assert_same_verdicts({row.id: got[row.id]}, {row.id: {"id": row.id, **alone}})
+    assert got["empty"] == {"id": "empty", "flagged": None, "error": "empty prompt"}
+    assert got["long"]["flagged"] is None and "longer than the model's context" in got["long"]["error"]
+    assert summary.rows == summary.written == len(rows) and summary.errors == 2 and summary.resumed == 0
+    assert summary.flagged_by_head == {
+        head: sum(head in r.get("decided_by", []) for r in got.values())
+        for head in ("anomaly", "harm")
+        if any(head in r.get("decided_by", []) for r in got.values())
+    }
+    assert summary.flagged_by_head.get("harm", 0) >= 15  # the tiny head's kind of harm
+
+
+def test_a_resumed_run_finishes_what_an_interrupted_one_left(tmp_path):
+    model = guarded()
+    rows = [PromptRow(str(i), text) for i, text in enumerate(TEXTS)]
+    screen_to_jsonl(model, rows, tmp_path / "whole.jsonl", batch_size=4, progress=False)
+    whole = (tmp_path / "whole.jsonl").read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(whole[:17]) + whole[17][:25])  # a kill mid-line
+    summary = screen_to_jsonl(model, rows, cut, batch_size=4, progress=False)
+    assert summary.resumed == 17 and summary.written == len(rows)
+    assert_same_verdicts(by_id(cut), by_id(tmp_path / "whole.jsonl"))
+
+
+def test_an_output_that_is_not_ours_is_refused(tmp_path):
+    (tmp_path / "out.jsonl").write_text('{"something": "else"}\n')
+    with pytest.raises(ValueError, match="not a verdict line"):
+        screen_to_jsonl(guarded(), [PromptRow("0", "hi")], tmp_path / "out.jsonl", progress=False)
+
+
+def test_killed_mid_run_and_started_again_nothing_lost_nothing_twice(model_dir, tmp_path):
+    guard_dir = tmp_path / "guard"
+    two_headed_guard().save_pretrained(guard_dir)
+    n = 1500
+    table = tmp_path / "prompts.jsonl"
+    table.write_text("".join(json.dumps({"prompt": f"{TEXTS[i % len(TEXTS)]} ({i})"}) + "\n" for i in range(n)))
+    out = tmp_path / "verdicts.jsonl"
+    argv = [sys.executable, "-m", "hf_lsad.cli", "screen", str(table), "--out", str(out)]
+    argv += ["--model", str(model_dir), "--guard", str(guard_dir), "--batch-size", "1"]
+    env = dict(os.environ, TQDM_DISABLE="1", PYTHONWARNINGS="ignore")
+    with (tmp_path / "log").open("w") as log:  # not a pipe: a full pipe would stall the run
+        process = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not out.exists() or len(out.read_bytes().splitlines()) < n // 3):
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)  # no chance to clean up, as a machine that goes down
+    process.wait()
+    written_at_kill = len(out.read_bytes().splitlines())
+    assert 0 < written_at_kill < n, "the run was not interrupted mid-way"
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"{n} of {n} rows have a verdict" in again.stdout
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    fresh = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(guard_dir), tokenizer=tokenizer)
+    screen_to_jsonl(fresh, read_prompt_table(table), tmp_path / "fresh.jsonl", batch_size=1, progress=False)
+    assert_same_verdicts(by_id(out), by_id(tmp_path / "fresh.jsonl"))
