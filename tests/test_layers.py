@@ -22,7 +22,8 @@ FLOORS = [
     ("sae",),  # stage 2: sparse autoencoders
     ("detectors",),  # stages 3-5: clustering, masks, scores and the methods
     ("guard",),  # thresholds, calibration, the decision, its files and card, explanations, fits
-    ("generation",),  # guarded generate, screening, stopping, pipeline
+    ("generation",),  # guarded generate, screening, stopping, pipeline, screening a table
+    ("serving",),  # the OpenAI-compatible HTTP server
     ("evaluation",),  # protocols and reports over guards
     ("cli",),  # the command
     ("__init__", "testing"),  # the public face

@@ -9,6 +9,7 @@ are generated from :mod:`hf_lsad.core.runtime`'s ``ModelRuntime`` / ``FitRuntime
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from ..core.hook_point import POSITIONS
@@ -268,4 +269,22 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
     _guard_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    _runtime_arguments(parser, ModelRuntime)
+
+
+def serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    _guard_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("HF_LSAD_API_KEY"),
+        help="key every route but /health needs (Authorization: Bearer KEY; default: $HF_LSAD_API_KEY, else none)",
+    )
+    parser.add_argument("--name", help="the model name the API answers with (default: --model, or SmolLM2's)")
+    parser.add_argument("--max-tokens", type=int, default=512, help="the largest max_tokens a request may ask")
+    parser.add_argument("--default-max-tokens", type=int, default=128, help="max_tokens of a request naming none")
+    parser.add_argument("--max-body-bytes", type=int, default=1_000_000, help="the largest request body")
+    parser.add_argument("--max-concurrency", type=int, default=4, help="generations at one time (others wait)")
     _runtime_arguments(parser, ModelRuntime)

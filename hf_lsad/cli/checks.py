@@ -45,6 +45,11 @@ def _flag_rules() -> dict[str, tuple[type, str] | Range]:
         "holdout_fraction": OPEN_UNIT,
         "budget": HALF_OPEN_UNIT,
         "share": OPEN_UNIT,
+        "port": Range(low=1, high=65535, expected="a port number (1-65535)"),
+        "max_tokens": POSITIVE,
+        "default_max_tokens": POSITIVE,
+        "max_body_bytes": POSITIVE,
+        "max_concurrency": POSITIVE,
         "benign_per_pool": POSITIVE,
         "threshold_rows": POSITIVE,
     }
@@ -91,6 +96,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         _check_add_head(parser, args)
     if args.command == "screen" and not Path(args.input).exists() and Path(args.input).suffix:
         parser.error(f"argument input: no file {args.input!r}")
+    if args.command == "serve":
+        import importlib.util
+
+        missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+        if missing:
+            parser.error(f"serve needs {' and '.join(missing)}, which are not installed: pip install 'hf-lsad[serve]'")
     if args.command == "push" and args.guard_dir not in ("default", "paper"):
         if not (Path(args.guard_dir) / "config.json").is_file():
             parser.error(f"argument guard_dir: {args.guard_dir!r} is not a guard folder (no config.json)")

@@ -432,3 +432,22 @@ def run_screen(args: argparse.Namespace) -> None:
         guarded, rows, args.out, batch_size=args.batch_size, chat_template=not args.raw, progress=True
     )
     print(summary.describe())
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from ..serving import ServeConfig, create_app
+
+    guarded = _guarded_model(args)
+    name = args.name or ("SmolLM2-135M-Instruct" if args.model == "default" else args.model)
+    config = ServeConfig(
+        model_name=name,
+        api_key=args.api_key,
+        max_tokens_limit=args.max_tokens,
+        default_max_tokens=args.default_max_tokens,
+        max_body_bytes=args.max_body_bytes,
+        max_concurrency=args.max_concurrency,
+    )
+    print(f"serving {name} with {describe_guard(guarded.guard)}", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(guarded, config), host=args.host, port=args.port, log_level="info")

@@ -1,5 +1,5 @@
 """The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate, add-head, screen,
-push, pull.
+serve, push, pull.
 
     hf-lsad collect   --model default --pool safe --layer 20 --position prompt_last --out acts/safe
     hf-lsad train-sae --activations acts/safe --d-sae 2304 --out sae
@@ -11,6 +11,7 @@ push, pull.
     hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
     hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
     hf-lsad screen    prompts.jsonl --out verdicts.jsonl [--column prompt] [--id-column id]
+    hf-lsad serve     --port 8000 [--api-key KEY]
     hf-lsad push      my-guard org/my-guard [--private] [--revision BRANCH]
     hf-lsad pull      org/my-guard my-guard-copy [--revision SHA]
 
@@ -102,6 +103,14 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "written as it goes, batched by length, no decoding: a forward pass cut after the deepest block the guard "
         "reads. Run it again on the same --out to finish an interrupted run: rows already there are skipped. Bad "
         "rows (empty, not text, longer than the context) become per-row errors (hf_lsad.generation.bulk).",
+    ),
+    "serve": (
+        "serve the guarded model over an OpenAI-compatible HTTP API (needs: pip install 'hf-lsad[serve]')",
+        arguments.serve_arguments,
+        commands.run_serve,
+        "Routes: POST /v1/chat/completions (stream or not), POST /v1/completions, POST /v1/moderations (a category per "
+        "guard head), GET /v1/models, GET /health. Each completion carries the guard's report in 'safety'; a prompt "
+        "or response the guard stops ends with finish_reason 'content_filter' (hf_lsad.serving.app).",
     ),
     "push": (
         "upload a guard folder to the Hub (the CLI twin of SafetyGuard.push_to_hub)",

@@ -1,0 +1,374 @@
+"""An OpenAI-compatible HTTP server over a guarded model: what ``hf-lsad serve`` runs.
+
+Routes: ``POST /v1/chat/completions`` (streaming and not), ``POST /v1/completions``, ``POST /v1/moderations``,
+``GET /v1/models``, ``GET /health``. Every completion carries the guard's report in an extra field ``safety``
+(``{"prompt": report}`` for a guard that reads the prompt, ``{"response": report}`` for one that reads the
+response; :meth:`hf_lsad.guard.SafetyReport.to_json`). A prompt the guard flags is stopped before its first token
+and a response a running guard flags is stopped where it is flagged: either way the choice ends with
+``finish_reason: "content_filter"``, as Azure OpenAI's content filter does. ``/v1/moderations`` answers in the
+OpenAI moderation shape with one category per guard head.
+
+Concurrency: each request runs its own ``generate`` in a worker thread (one guarded model serves concurrent calls;
+reports never mix, tested), at most ``max_concurrency`` at a time so that a burst does not split the CPU into
+slivers. Requests are not micro-batched: a batch would make every row wait for the longest and tie a stopped row's
+fate to its neighbours'; measured in ``benchmarks/perf/serve_load.py``.
+
+Errors use the OpenAI error shape ``{"error": {"message", "type", "param", "code"}}``: malformed JSON, a missing or
+mistyped field, an empty message list, ``max_tokens`` above the limit or a prompt beyond the model's context are
+400; a missing or wrong key 401; a body above the size limit 413. A client that disconnects mid-stream stops its
+generation at the next token.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.exceptions import HTTPException
+from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+from ..capture.collect import check_prompts
+from ..capture.inputs import check_context
+from ..capture.recorder import PROMPT_POSITIONS
+from ..errors import InputError
+from ..generation.model import GuardedModelForCausalLM
+from ..guard.types import SafetyReport
+from ..version import __version__
+from .schemas import ChatCompletionRequest, CompletionRequest, ModerationRequest
+
+
+@dataclass
+class ServeConfig:
+    """What the server answers as and the limits it keeps."""
+
+    model_name: str
+    """The name ``/v1/models`` lists and every answer carries."""
+    api_key: str | None = None
+    """When set, every route but ``/health`` needs ``Authorization: Bearer <api_key>``."""
+    max_tokens_limit: int = 512
+    """The largest ``max_tokens`` a request may ask for."""
+    default_max_tokens: int = 128
+    """``max_tokens`` of a request that names none."""
+    max_body_bytes: int = 1_000_000
+    """The largest request body."""
+    max_concurrency: int = 4
+    """Generations at one time; further requests wait their turn."""
+    max_moderation_inputs: int = 64
+    """Inputs per ``/v1/moderations`` request."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens_limit", "default_max_tokens", "max_body_bytes", "max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError("default_max_tokens must not exceed max_tokens_limit")
+
+
+class ServeError(HTTPException):
+    """An error answered in the OpenAI shape."""
+
+    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(status, message)
+        self.kind, self.param = kind, param
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI:
+    """The FastAPI application serving ``guarded`` (which must carry its ``tokenizer``) under ``config``."""
+    if guarded.tokenizer is None:
+        raise ValueError("serving needs the tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)")
+    tokenizer = guarded.tokenizer
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    reads_prompt = guarded.guard.config.hook.position in PROMPT_POSITIONS
+    gate = threading.BoundedSemaphore(config.max_concurrency)
+
+    app = FastAPI(title="hf-lsad", version=__version__, docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        return JSONResponse(error_body(message, "invalid_request_error", where or None), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        kind = getattr(err, "kind", "invalid_request_error" if err.status_code < 500 else "server_error")
+        return JSONResponse(error_body(str(err.detail), kind, getattr(err, "param", None)), status_code=err.status_code)
+
+    @app.exception_handler(Exception)
+    async def crashed(_: Request, err: Exception) -> JSONResponse:
+        return JSONResponse(error_body(f"{type(err).__name__}: {err}", "server_error"), status_code=500)
+
+    def check_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        if header != f"Bearer {config.api_key}":
+            raise ServeError(401, "missing or wrong API key (Authorization: Bearer KEY)", kind="authentication_error")
+
+    api = APIRouter(dependencies=[Depends(check_key)])
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": config.model_name, "heads": guarded.guard.head_names}
+
+    @api.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "hf-lsad"}
+        return {"object": "list", "data": [card]}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> Any:
+        messages = [{"role": _role(m.role), "content": m.text()} for m in body.messages]
+        try:
+            inputs = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+            )
+        except Exception as err:
+            message = f"the model's chat template cannot render these messages: {err}"
+            raise ServeError(400, message, param="messages") from err
+        return await complete(inputs, body, body.max_completion_tokens or body.max_tokens, chat=True)
+
+    @api.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> Any:
+        if not body.prompt:
+            raise ServeError(400, "prompt: empty", param="prompt")
+        inputs = tokenizer([body.prompt], return_tensors="pt")
+        return await complete(dict(inputs), body, body.max_tokens, chat=False)
+
+    @api.post("/v1/moderations")
+    async def moderations(body: ModerationRequest) -> dict[str, Any]:
+        if not reads_prompt:
+            raise ServeError(400, "this guard reads the response; moderating text needs a guard that reads the prompt")
+        texts = body.texts()
+        if not 1 <= len(texts) <= config.max_moderation_inputs:
+            raise ServeError(400, f"input: 1 to {config.max_moderation_inputs} texts, got {len(texts)}", param="input")
+        try:
+            check_prompts(texts)
+        except (TypeError, ValueError) as err:
+            raise ServeError(400, f"input: {err}", param="input") from err
+        reports = await run_in_threadpool(gated, gate, lambda: guarded.screen(texts))
+        return {
+            "id": f"modr-{uuid.uuid4().hex}",
+            "model": config.model_name,
+            "results": [_moderation(report) for report in reports],
+        }
+
+    async def complete(inputs: dict[str, torch.Tensor], body: Any, max_tokens: int | None, *, chat: bool) -> Any:
+        max_new = config.default_max_tokens if max_tokens is None else max_tokens
+        if max_new > config.max_tokens_limit:
+            raise ServeError(400, f"max_tokens: at most {config.max_tokens_limit}, got {max_new}", param="max_tokens")
+        inputs = {name: inputs[name].to(guarded.device) for name in ("input_ids", "attention_mask")}
+        try:
+            check_context(guarded.model, inputs["input_ids"], inputs["attention_mask"])
+        except InputError as err:
+            raise ServeError(400, str(err), param="messages" if chat else "prompt") from err
+        temperature = 1.0 if body.temperature is None else body.temperature
+        settings: dict[str, Any] = dict(max_new_tokens=max_new, pad_token_id=tokenizer.pad_token_id)
+        if temperature > 0:
+            settings.update(do_sample=True, temperature=temperature, top_p=body.top_p or 1.0)
+        else:
+            settings.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        answer = Answer(config.model_name, chat, reads_prompt, int(inputs["input_ids"].shape[1]), tokenizer)
+
+        def generate(**extra: Any) -> Any:
+            return guarded.generate(**inputs, **settings, **extra, on_flag="stop", return_dict_in_generate=True)
+
+        if not body.stream:
+            output = await run_in_threadpool(gated, gate, generate)
+            return answer.whole(output.sequences[0], output.safety[0], max_new)
+        return StreamingResponse(
+            stream(answer, generate, max_new), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    async def stream(answer: Answer, generate: Callable[..., Any], max_new: int) -> AsyncIterator[str]:
+        streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        cancelled = threading.Event()
+        result: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                criteria = StoppingCriteriaList([Cancelled(cancelled)])
+                result["output"] = gated(gate, lambda: generate(streamer=streamer, stopping_criteria=criteria))
+            except BaseException as err:  # reported in the stream: the status line is already sent
+                result["error"] = err
+                streamer.end()
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        try:
+            yield answer.event(answer.chunk(role="assistant"))
+            async for piece in iterate_in_threadpool(streamer):
+                if piece:
+                    yield answer.event(answer.chunk(content=piece))
+            await run_in_threadpool(worker.join)
+            if "error" in result:
+                err = result["error"]
+                yield answer.event(error_body(f"{type(err).__name__}: {err}", "server_error"))
+            else:
+                output = result["output"]
+                yield answer.event(answer.last_chunk(output.sequences[0], output.safety[0], max_new))
+            yield "data: [DONE]\n\n"
+        finally:
+            cancelled.set()  # a client that went away stops its generation at the next token
+
+    app.include_router(api)
+    return app
+
+
+def gated(gate: threading.BoundedSemaphore, work: Callable[[], Any]) -> Any:
+    """``work()`` once a generation slot is free."""
+    with gate:
+        return work()
+
+
+class Cancelled(StoppingCriteria):
+    """Stops every row once ``event`` is set."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+class Answer:
+    """The OpenAI shapes of one request's answer: whole, or as stream chunks."""
+
+    def __init__(self, model: str, chat: bool, reads_prompt: bool, prompt_tokens: int, tokenizer: Any) -> None:
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model, self.chat, self.reads_prompt = model, chat, reads_prompt
+        self.prompt_tokens, self.tokenizer = prompt_tokens, tokenizer
+
+    def whole(self, sequence: torch.Tensor, report: SafetyReport, max_new: int) -> dict[str, Any]:
+        new = self._new_tokens(sequence)
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self._finish(new, report, max_new)}
+        choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+        return {
+            **self._head("chat.completion" if self.chat else "text_completion"),
+            "choices": [choice],
+            "usage": self._usage(new),
+            "safety": self._safety(report),
+        }
+
+    def chunk(self, *, role: str | None = None, content: str | None = None) -> dict[str, Any]:
+        if self.chat:
+            delta = {"role": role} if role else {"content": content}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": None}
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+
+    def last_chunk(self, sequence: torch.Tensor, report: SafetyReport, max_new: int) -> dict[str, Any]:
+        new = self._new_tokens(sequence)
+        chunk = self.chunk(content="")
+        if self.chat:
+            chunk["choices"][0]["delta"] = {}
+        chunk["choices"][0]["finish_reason"] = self._finish(new, report, max_new)
+        return {**chunk, "usage": self._usage(new), "safety": self._safety(report)}
+
+    @staticmethod
+    def event(payload: dict[str, Any]) -> str:
+        return f"data: {json.dumps(payload)}\n\n"
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _new_tokens(self, sequence: torch.Tensor) -> list[int]:
+        """The response's tokens, without the padding a batch would add after EOS."""
+        new = sequence[self.prompt_tokens :].tolist()
+        eos = self.tokenizer.eos_token_id
+        return new[: new.index(eos) + 1] if eos is not None and eos in new else new
+
+    def _finish(self, new: list[int], report: SafetyReport, max_new: int) -> str:
+        if report.stopped:
+            return "content_filter"
+        ended = bool(new) and new[-1] == self.tokenizer.eos_token_id
+        return "length" if not ended and len(new) >= max_new else "stop"
+
+    def _usage(self, new: list[int]) -> dict[str, int]:
+        total = self.prompt_tokens + len(new)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(new), "total_tokens": total}
+
+    def _safety(self, report: SafetyReport) -> dict[str, Any]:
+        return {"prompt" if self.reads_prompt else "response": report.to_json()}
+
+
+def _role(role: str) -> str:
+    return "system" if role == "developer" else role  # the OpenAI API's newer name for the system turn
+
+
+def _moderation(report: SafetyReport) -> dict[str, Any]:
+    """One result of ``/v1/moderations``: a category per head; a row that failed closed is flagged in every one."""
+    verdicts = report.head_verdicts()
+    failed = report.error is not None
+    return {
+        "flagged": bool(report.flagged),
+        "categories": {v.name: bool(v.flagged or failed) for v in verdicts},
+        "category_scores": {v.name: 1.0 if failed else float(v.score) for v in verdicts},
+        "category_applied_input_types": {v.name: ["text"] for v in verdicts},
+        "hf_lsad": report.to_json(),
+    }
+
+
+class BodyLimit:
+    """ASGI middleware: a request body above ``limit`` bytes is answered 413 before a route reads it."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            await self._too_large(send)
+            return
+        # Read the body here, up to the limit, and hand it on: a route's parser would turn an error raised from
+        # inside receive() into "error parsing the body".
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._too_large(send)
+                return
+            more = message.get("more_body", False)
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: disconnect notices, as the server sends them
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Callable[[Any], Any]) -> None:
+        response = JSONResponse(
+            error_body(f"request body above {self.limit} bytes", "invalid_request_error"), status_code=413
+        )
+        await response({"type": "http"}, None, send)

@@ -1,0 +1,82 @@
+"""The request bodies of the OpenAI-compatible routes, as pydantic models: what FastAPI checks before a route runs.
+
+Fields the OpenAI API has and this server does not act on (``presence_penalty``, ``logit_bias``, ``user``, ...) are
+accepted and ignored, so existing clients work unchanged; fields it cannot honour with one answer are refused
+(``n`` above 1). Sizes are checked against the server's limits in :mod:`hf_lsad.serving.app`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only text parts can be read by a language model."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One turn of a conversation."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    """The model's name; the server serves one model and answers with its name whatever is asked."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """New tokens at most (default: the server's ``--default-max-tokens``)."""
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """0: greedy decoding; above 0: sampling (default 1, as the OpenAI API)."""
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool = False
+    """Server-sent events, one chunk per piece of text, then ``data: [DONE]``."""
+    n: int = Field(default=1, ge=1, le=1)
+    """Choices per request: 1 only."""
+    seed: int | None = None
+    """Seeds sampling (``torch.manual_seed``) for a reproducible answer."""
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    """The newer name of ``max_tokens``; wins when both are given."""
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``: the prompt is read as it is, without the chat template."""
+
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str:
+        if isinstance(value, list):
+            if len(value) != 1:
+                raise ValueError("one prompt per request")
+            value = value[0]
+        return value
+
+
+class ModerationRequest(BaseModel):
+    """``POST /v1/moderations``: each input is screened as a user turn of the chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+    input: str | list[str]
+    model: str | None = None
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)

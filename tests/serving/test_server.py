@@ -1,0 +1,221 @@
+"""``hf-lsad serve``: a live server on a free port with the tiny model and a two-headed guard, talked to by the
+official ``openai`` client and by plain HTTP. Every answer's report is the one the prompt gets alone; every bad
+request is a clear 4xx in the OpenAI error shape, and the server keeps serving."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from tiny import PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from hf_lsad.generation.model import GuardedModelForCausalLM  # noqa: E402
+from hf_lsad.serving import ServeConfig, create_app  # noqa: E402
+
+KEY = "sekret"
+BENIGN, UNSAFE = PROMPTS[5], UNSAFE_PROMPTS[3]
+LIMIT = 20_000
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guarded = GuardedModelForCausalLM(model, two_headed_guard(), tokenizer=tokenizer)
+    config = ServeConfig(
+        model_name="tiny-llama", api_key=KEY, max_tokens_limit=16, default_max_tokens=6, max_body_bytes=LIMIT
+    )
+    port = free_port()
+    running = uvicorn.Server(
+        uvicorn.Config(create_app(guarded, config), host="127.0.0.1", port=port, log_level="error")
+    )
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not running.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert running.started
+    yield port, guarded
+    running.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server[0]}/v1", api_key=KEY, max_retries=0)
+
+
+def alone(guarded, prompt):
+    return guarded.screen([prompt])[0].to_json()
+
+
+def assert_same_report(got, want):
+    assert (got["flagged"], got["decided_by"], got["error"]) == (want["flagged"], want["decided_by"], want["error"])
+    for head, verdict in want["heads"].items():
+        assert got["heads"][head]["score"] == pytest.approx(verdict["score"], abs=1e-4), head
+
+
+def request(port, method, path, body=None, *, key=KEY, raw=None, headers=None):
+    """(status, parsed JSON) of one plain HTTP request."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    sent = {
+        "Content-Type": "application/json",
+        **({"Authorization": f"Bearer {key}"} if key else {}),
+        **(headers or {}),
+    }
+    payload = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    connection.request(method, path, body=payload, headers=sent)
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return response.status, json.loads(data) if data else None
+
+
+def chat_body(prompt, **extra):
+    return {"model": "tiny-llama", "messages": [{"role": "user", "content": prompt}], "temperature": 0, **extra}
+
+
+def test_chat_with_the_openai_client_benign_answered_unsafe_filtered(server, client):
+    _, guarded = server
+    answered = client.chat.completions.create(**chat_body(BENIGN, max_tokens=5))
+    assert answered.choices[0].finish_reason in ("stop", "length") and answered.usage.completion_tokens >= 1
+    assert_same_report(answered.model_extra["safety"]["prompt"], alone(guarded, BENIGN))
+    filtered = client.chat.completions.create(**chat_body(UNSAFE, max_tokens=5))
+    choice = filtered.choices[0]
+    assert choice.finish_reason == "content_filter" and choice.message.content == ""
+    report = filtered.model_extra["safety"]["prompt"]
+    assert report["stopped"] and report["step"] == 0 and "harm" in report["decided_by"]
+    assert_same_report(report, alone(guarded, UNSAFE))
+
+
+def test_streaming_chat_ends_with_the_verdict(server, client):
+    _, guarded = server
+    for prompt, finish in ((BENIGN, ("stop", "length")), (UNSAFE, ("content_filter",))):
+        chunks = list(client.chat.completions.create(**chat_body(prompt, max_tokens=5), stream=True))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert chunks[-1].choices[0].finish_reason in finish
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert (text == "") == (prompt == UNSAFE)
+        assert_same_report(chunks[-1].model_extra["safety"]["prompt"], alone(guarded, prompt))
+
+
+def test_completions_and_moderations(server, client):
+    port, guarded = server
+    completion = client.completions.create(model="tiny-llama", prompt="once upon a time", max_tokens=4, temperature=0)
+    assert completion.choices[0].finish_reason in ("stop", "length", "content_filter")
+    assert "prompt" in completion.model_extra["safety"]
+    moderation = client.moderations.create(model="tiny-llama", input=[BENIGN, UNSAFE])
+    assert [r.flagged for r in moderation.results] == [alone(guarded, p)["flagged"] for p in (BENIGN, UNSAFE)]
+    status, body = request(port, "POST", "/v1/moderations", {"input": UNSAFE})
+    result = body["results"][0]
+    assert status == 200 and set(result["categories"]) == {"anomaly", "harm"} and result["categories"]["harm"]
+    assert result["category_scores"]["harm"] == pytest.approx(alone(guarded, UNSAFE)["heads"]["harm"]["score"])
+
+
+def test_models_and_health(server, client):
+    port, _ = server
+    assert [m.id for m in client.models.list()] == ["tiny-llama"]
+    health = {"status": "ok", "model": "tiny-llama", "heads": ["anomaly", "harm"]}
+    assert request(port, "GET", "/health", key=None) == (200, health)
+
+
+BAD_REQUESTS = [
+    ("malformed JSON", {"raw": b'{"messages": [}'}, 400, "JSON"),
+    ("missing messages", {"body": {"model": "tiny-llama"}}, 400, "messages"),
+    ("wrong type", {"body": chat_body(BENIGN, max_tokens="many")}, 400, "max_tokens"),
+    ("empty message list", {"body": {"messages": []}}, 400, "messages"),
+    ("content not text", {"body": {"messages": [{"role": "user", "content": 3}]}}, 400, "content"),
+    ("unknown role", {"body": {"messages": [{"role": "robot", "content": "hi"}]}}, 400, "role"),
+    ("max_tokens above the limit", {"body": chat_body(BENIGN, max_tokens=17)}, 400, "at most 16"),
+    ("several choices", {"body": chat_body(BENIGN, n=2)}, 400, "n"),
+    ("prompt beyond the context", {"body": chat_body("word " * 600)}, 400, "context"),
+    ("wrong key", {"body": chat_body(BENIGN), "key": "guess"}, 401, "API key"),
+    ("no key", {"body": chat_body(BENIGN), "key": None}, 401, "API key"),
+    ("oversize body", {"body": chat_body("x" * (LIMIT + 1))}, 413, "above"),
+    ("oversize body, no length header", {"body": chat_body("x" * (LIMIT + 1)), "chunked": True}, 413, "above"),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "status", "says"), BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_requests_are_clear_errors_and_the_server_keeps_serving(server, case, spec, status, says):
+    port, _ = server
+    if spec.get("chunked"):
+        got, body = chunked_post(port, json.dumps(spec["body"]).encode())
+    else:
+        got, body = request(
+            port, "POST", "/v1/chat/completions", spec.get("body"), raw=spec.get("raw"), key=spec.get("key", KEY)
+        )
+    assert got == status and says in body["error"]["message"], body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert request(port, "POST", "/v1/chat/completions", chat_body(BENIGN, max_tokens=2))[0] == 200
+
+
+def chunked_post(port, payload):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.putrequest("POST", "/v1/chat/completions")
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+    for name, value in headers.items():
+        connection.putheader(name, value)
+    connection.endheaders()
+    for start in range(0, len(payload), 4096):
+        piece = payload[start : start + 4096]
+        connection.send(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+    connection.send(b"0\r\n\r\n")
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def test_a_client_that_disconnects_mid_stream_does_not_stop_the_server(server):
+    port, _ = server
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = json.dumps(chat_body(BENIGN, max_tokens=16, stream=True)).encode()
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
+    response = connection.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data: ")
+    connection.sock.shutdown(socket.SHUT_RDWR)
+    connection.close()
+    assert request(port, "GET", "/v1/models")[0] == 200
+    assert request(port, "POST", "/v1/chat/completions", chat_body(BENIGN, max_tokens=2))[0] == 200
+
+
+def test_concurrent_requests_each_get_their_own_report(server, client):
+    _, guarded = server
+    prompts = [*PROMPTS[:6], *UNSAFE_PROMPTS[:6]]
+
+    def ask(prompt):
+        stream = prompt in UNSAFE_PROMPTS[:3] or prompt in PROMPTS[:3]
+        if stream:
+            return list(client.chat.completions.create(**chat_body(prompt, max_tokens=4), stream=True))[-1]
+        return client.chat.completions.create(**chat_body(prompt, max_tokens=4))
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(ask, prompts))
+    for prompt, answer in zip(prompts, answers):
+        assert_same_report(answer.model_extra["safety"]["prompt"], alone(guarded, prompt))
+
+
+def test_serve_without_the_extra_says_what_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    from hf_lsad.cli.main import entry
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else real(name, *a))
+    with pytest.raises(SystemExit) as info:
+        entry(["serve"])
+    assert info.value.code == 2 and "pip install 'hf-lsad[serve]'" in capsys.readouterr().err
