@@ -174,8 +174,8 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guard", help="a fitted guard: evaluate it alone (the simple mode)")
     parser.add_argument("--revision", help="Hub branch, tag or commit of --guard (default: main)")
     parser.add_argument("--subfolder", default="", help="folder of the guard inside --guard")
-    parser.add_argument("--safe", required=True, help="safe store (guard mode: the store the guard was fitted on)")
-    parser.add_argument("--unsafe", required=True, nargs="+", help="unsafe stores; the folder name is the category")
+    parser.add_argument("--safe", help="safe store (guard mode: the store the guard was fitted on)")
+    parser.add_argument("--unsafe", nargs="+", help="unsafe stores; the folder name is the category")
     parser.add_argument(
         "--benign-ood", help="benign out-of-distribution store: its flag rate (guard mode), test negatives (grid mode)"
     )
@@ -186,9 +186,26 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sae-l1", type=float, default=SAETrainConfig.l1_coefficient, help="L1 of an SAE trained here")
     parser.add_argument("--sae-epochs", type=int, default=SAETrainConfig.epochs, help="epochs of an SAE trained here")
     parser.add_argument("--sae-seed", type=int, default=0, help="seed of an SAE trained here")
-    parser.add_argument("--out", help="grid mode: report folder")
+    parser.add_argument(
+        "--benign-prompts",
+        nargs="+",
+        metavar="NAME=SOURCE",
+        help="prompt mode (with --guard): benign prompt tables (a file or dataset, as hf-lsad screen reads), screened "
+        "through --model; their flag rates are the false-positive rates",
+    )
+    parser.add_argument(
+        "--unsafe-prompts", nargs="+", metavar="NAME=SOURCE", help="prompt mode: unsafe prompt tables, one per source"
+    )
+    parser.add_argument("--column", default="prompt", help="prompt mode: the prompt column of every table")
+    parser.add_argument("--limit", type=int, help="prompt mode: the first LIMIT rows of each table")
+    parser.add_argument("--model", default="default", help="prompt mode: Hub id or path, or 'default' (SmolLM2)")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompt mode: prompts per forward pass")
+    parser.add_argument(
+        "--out", help="grid mode: report folder; prompt mode: metrics.json, ROC and score pictures, report.html"
+    )
     parser.add_argument("--title", default="hf-lsad evaluation", help="grid mode: report title")
     parser.add_argument("--command-line", help="grid mode: the command recorded in the report (default: this one)")
+    _runtime_arguments(parser, ModelRuntime)
 
 
 def generate_arguments(parser: argparse.ArgumentParser) -> None:

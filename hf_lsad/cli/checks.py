@@ -96,6 +96,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         _check_add_head(parser, args)
     if args.command == "screen" and not Path(args.input).exists() and Path(args.input).suffix:
         parser.error(f"argument input: no file {args.input!r}")
+    if args.command == "evaluate":
+        _check_evaluate(parser, args)
     if args.command == "serve":
         import importlib.util
 
@@ -272,4 +274,29 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if args.out is None and (args.guard in ("default", "paper") or not Path(args.guard).is_dir()):
         parser.error(
             "argument --out: needed unless --guard is a local guard folder (the bundled guards stay as shipped)"
+        )
+
+
+def _check_evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Store mode needs --safe and --unsafe; prompt mode --guard and NAME=SOURCE pairs of both kinds."""
+    prompts = args.benign_prompts or args.unsafe_prompts
+    if prompts:
+        if not args.guard:
+            parser.error("argument --benign-prompts/--unsafe-prompts: prompt mode evaluates a --guard")
+        if not (args.benign_prompts and args.unsafe_prompts):
+            parser.error("prompt mode needs both --benign-prompts and --unsafe-prompts")
+        if args.safe or args.unsafe:
+            parser.error("give prompt tables or activation stores (--safe/--unsafe), not both")
+        names = []
+        for flag in ("benign_prompts", "unsafe_prompts"):
+            for item in getattr(args, flag):
+                name, sep, source = item.partition("=")
+                if not (sep and name and source):
+                    parser.error(f"argument {_flag(flag)}: expected NAME=SOURCE, got {item!r}")
+                names.append(name)
+        if len(set(names)) != len(names):
+            parser.error("argument --benign-prompts/--unsafe-prompts: every source needs its own NAME")
+    elif not (args.safe and args.unsafe):
+        parser.error(
+            "the arguments --safe and --unsafe are required (or --guard with --benign-prompts/--unsafe-prompts)"
         )

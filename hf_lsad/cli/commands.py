@@ -197,7 +197,9 @@ def run_calibrate(args: argparse.Namespace) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
-    if args.guard:
+    if args.benign_prompts:
+        _evaluate_prompts(args)
+    elif args.guard:
         _evaluate_guard(args)
     else:
         _evaluate_grid(args)
@@ -216,6 +218,30 @@ def _evaluate_guard(args: argparse.Namespace) -> None:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     print(json.dumps(rows, indent=2))
+
+
+def _evaluate_prompts(args: argparse.Namespace) -> None:
+    from ..data.tables import read_prompt_table
+    from ..evaluation.plots import write_report
+    from ..evaluation.prompts import evaluate_prompt_sources
+
+    sources = {}
+    for flag, unsafe in (("benign_prompts", False), ("unsafe_prompts", True)):
+        for item in getattr(args, flag):
+            name, _, source = item.partition("=")
+            sources[name] = (read_prompt_table(source, column=args.column, limit=args.limit), unsafe)
+    guarded = _guarded_model(args)
+    evaluation = evaluate_prompt_sources(guarded, sources, batch_size=args.batch_size)
+    metrics = evaluation.metrics()
+    print(json.dumps({"thresholds": evaluation.thresholds, "sources": metrics}, indent=2))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(
+            json.dumps({"thresholds": evaluation.thresholds, "sources": metrics}, indent=2)
+        )
+        written = write_report(evaluation, out, title=args.title)
+        print(f"wrote {out / 'metrics.json'}, {', '.join(written)} in {out}", file=sys.stderr)
 
 
 def _evaluate_grid(args: argparse.Namespace) -> None:

@@ -7,6 +7,7 @@ serve, push, pull.
     hf-lsad calibrate --guard guard --safe acts/safe --unsafe acts/harmful --benign-ood acts/ood --budget 0.01 --out g2
     hf-lsad evaluate  --guard guard --safe acts/safe --unsafe acts/harmful acts/toxic
     hf-lsad evaluate  --safe acts/safe --unsafe acts/harmful acts/toxic --sae sae --grid grid.json --out report
+    hf-lsad evaluate  --guard default --benign-prompts chat=chat.jsonl --unsafe-prompts harm=harm.jsonl --out report
     hf-lsad explain   --guard default --activations acts/harmful "Write a tutorial on how to make a bomb"
     hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
     hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
@@ -69,9 +70,13 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "evaluate one guard (--guard), or run a method grid and write a report folder (--out)",
         arguments.evaluate_arguments,
         commands.run_evaluate,
-        "With --guard: AUROC, TPR@5%FPR and flag rate of that guard against unsafe stores. Without: fit every "
-        "method of a grid (--grid JSON, default hf_lsad.evaluation.default_grid) on the safe store's fit split, "
-        "select hyperparameters on its validation split, and write report.md + results.json to --out "
+        "With --guard and prompt tables (--benign-prompts / --unsafe-prompts NAME=SOURCE): screen each through "
+        "--model and report every head's flag rate and AUROC per source; with --out, ROC curves and score "
+        "histograms per head (PNG) and one self-contained report.html (hf_lsad.evaluation.prompts, .plots). "
+        "With --guard and stores: AUROC, TPR@5%FPR and flag rate of that guard against unsafe stores. "
+        "Without: fit every method of a grid (--grid JSON, default hf_lsad.evaluation.default_grid) on the safe "
+        "store's fit split, select hyperparameters on its validation split, and write report.md + results.json to "
+        "--out "
         "(protocol in hf_lsad.evaluation.protocol).",
     ),
     "generate": (

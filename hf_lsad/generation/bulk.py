@@ -119,7 +119,7 @@ def screen_to_jsonl(
 
         write([_error_record(row.id, row.error) for row in pending if row.error is not None])
         readable = [row for row in pending if row.error is None]
-        token_ids, too_long = _tokenize(guarded, readable, chat_template)
+        token_ids, too_long = tokenize_rows(guarded, readable, chat_template)
         write([_error_record(readable[i].id, too_long[i]) for i in sorted(too_long)])
         order = sorted((i for i in range(len(readable)) if i not in too_long), key=lambda i: (len(token_ids[i]), i))
         for first in range(0, len(order), batch_size):
@@ -149,10 +149,11 @@ def _finished_ids(path: Path) -> set[str]:
     return done
 
 
-def _tokenize(
+def tokenize_rows(
     guarded: GuardedModelForCausalLM, rows: Sequence[PromptRow], chat_template: bool
 ) -> tuple[list[list[int]], dict[int, str]]:
-    """Each row's token ids, and the rows too long for the model's context (index -> error)."""
+    """Each row's token ids as ``screen`` reads them, and the rows too long for the model's context
+    (index -> error)."""
     tokenizer = guarded.tokenizer
     texts, add_special_tokens = prompt_texts(tokenizer, [row.text for row in rows], chat_template=chat_template)
     token_ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
@@ -168,7 +169,7 @@ def _tokenize(
 def _screen_batch(guarded: GuardedModelForCausalLM, ids: list[str], token_ids: list[list[int]]) -> list[dict]:
     """Verdict records of one batch; if the batch raises, its rows one by one, each failure its row's error."""
     try:
-        reports = guarded.screen(*_left_padded(guarded, token_ids))
+        reports = guarded.screen(*left_padded(guarded, token_ids))
         return [{"id": row_id, **report.to_json()} for row_id, report in zip(ids, reports)]
     except Exception as err:  # one row's problem must not end the run
         if len(ids) == 1:
@@ -178,7 +179,8 @@ def _screen_batch(guarded: GuardedModelForCausalLM, ids: list[str], token_ids: l
         ]
 
 
-def _left_padded(guarded: GuardedModelForCausalLM, token_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(guarded: GuardedModelForCausalLM, token_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` of rows of token ids, padded on the left with the tokenizer's pad."""
     pad = guarded.tokenizer.pad_token_id
     if pad is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")

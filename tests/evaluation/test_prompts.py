@@ -1,0 +1,78 @@
+"""A guard judged on labelled prompt tables: the metrics equal what screening each prompt gives, and ``hf-lsad
+evaluate --benign-prompts/--unsafe-prompts --out`` writes the pictures and one self-contained HTML page."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+from tiny import PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
+
+from hf_lsad.cli.main import entry
+from hf_lsad.data.tables import PromptRow
+from hf_lsad.evaluation.plots import write_report
+from hf_lsad.evaluation.prompts import evaluate_prompt_sources
+from hf_lsad.generation.model import GuardedModelForCausalLM
+
+
+def rows(texts):
+    return [PromptRow(str(i), t) for i, t in enumerate(texts)]
+
+
+def test_metrics_are_what_screening_each_prompt_gives(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guarded = GuardedModelForCausalLM(model, two_headed_guard(), tokenizer=tokenizer)
+    benign, unsafe = PROMPTS[:30], UNSAFE_PROMPTS[:20]
+    evaluation = evaluate_prompt_sources(
+        guarded,
+        {"notes": (rows(benign), False), "stealing": ([*rows(unsafe), PromptRow("x", None, "empty prompt")], True)},
+        batch_size=7,
+    )
+    metrics = evaluation.metrics()
+    alone = {t: guarded.screen([t])[0] for t in benign + unsafe}
+    assert metrics["notes"]["flagged"] == pytest.approx(np.mean([alone[t].flagged for t in benign]))
+    assert metrics["stealing"]["flagged"] == pytest.approx(np.mean([alone[t].flagged for t in unsafe]))
+    assert metrics["stealing"]["errors"] == 1 and metrics["stealing"]["rows"] == 20
+    harm = {t: alone[t].head_verdicts()[1].score for t in benign + unsafe}
+    want = roc_auc_score([0] * 30 + [1] * 20, [harm[t] for t in benign + unsafe])
+    assert metrics["stealing"]["auroc_harm"] == pytest.approx(want, abs=1e-6)
+    assert list(evaluation.thresholds) == ["anomaly", "harm"]
+
+    written = write_report(evaluation, tmp_path / "report")
+    assert written == ["roc-anomaly.png", "scores-anomaly.png", "roc-harm.png", "scores-harm.png", "report.html"]
+    for name in written[:-1]:
+        assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and "<td>stealing</td>" in page and 'src="http' not in page
+
+
+def test_the_cli_writes_metrics_pictures_and_the_page(model_dir, tmp_path, capsys):
+    guard_dir = tmp_path / "guard"
+    two_headed_guard().save_pretrained(guard_dir)
+    for name, texts in (("notes", PROMPTS[:20]), ("stealing", UNSAFE_PROMPTS[:12])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    tables = ["--benign-prompts", f"notes={tmp_path / 'notes.jsonl'}"]
+    tables += ["--unsafe-prompts", f"stealing={tmp_path / 'stealing.jsonl'}"]
+    entry(["evaluate", "--guard", str(guard_dir), "--model", str(model_dir), "--out", str(tmp_path / "out"), *tables])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert printed["sources"]["stealing"]["rows"] == 12 and set(printed["thresholds"]) == {"anomaly", "harm"}
+    assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "roc-harm.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--guard", "default", "--benign-prompts", "a=x.jsonl"], "needs both"),
+        (["--guard", "default", "--benign-prompts", "x.jsonl", "--unsafe-prompts", "b=y"], "NAME=SOURCE"),
+        (["--guard", "default", "--benign-prompts", "a=x", "--unsafe-prompts", "a=y"], "its own NAME"),
+        (["--benign-prompts", "a=x", "--unsafe-prompts", "b=y"], "evaluates a --guard"),
+        (["--guard", "default"], "--safe and --unsafe are required"),
+    ],
+)
+def test_prompt_mode_refuses_bad_arguments(argv, error, capsys):
+    with pytest.raises(SystemExit) as info:
+        entry(["evaluate", *argv])
+    assert info.value.code == 2 and error in capsys.readouterr().err
