@@ -1,8 +1,8 @@
 """``hf-lsad screen`` on a table of bundled prompts: throughput against a plain forward pass cut at the deepest
 hooked block over the same rows, and a run killed about half-way and started again.
 
-1. The table: ``chat`` rows of the chat pool and ``unsafe`` rows drawn from the harmful, toxic and jailbreak pools
-   (seeded), written as JSON lines with an ``id`` column.
+1. The table: ``chat`` rows of the chat pool and ``unsafe`` rows drawn from the harmful, toxic and vauban harmful
+   pools (seeded), written as JSON lines with an ``id`` column.
 2. Throughput, one run each, same rows, same length-sorted batches: :func:`hf_lsad.generation.bulk.screen_to_jsonl`
    (reading the table's rows, tokenising, scoring every head, writing verdicts) against
    :func:`hf_lsad.capture.recorder.prefill_activations` at the deepest block the guard reads, on the pre-tokenised
@@ -44,7 +44,8 @@ class Settings:
     chat: int = 2000
     """Chat rows (seeded subset of the chat pool)."""
     unsafe: int = 500
-    """Unsafe rows: half harmful, 30% toxic, 20% jailbreak (seeded subsets)."""
+    """Unsafe rows: half harmful, 30% toxic, 20% vauban harmful (seeded subsets; the jailbreak pool's prompts, up to
+    6,000 tokens, would make the run an hour long on 2 cores)."""
     batch_size: int = 16
     """Prompts per forward pass, for both variants."""
     kill_at: float = 0.5
@@ -57,12 +58,12 @@ class Settings:
 def run(settings: Settings) -> dict[str, Any]:
     load_before = load_average()
     n_harmful, n_toxic = settings.unsafe // 2, settings.unsafe * 3 // 10
-    n_jailbreak = settings.unsafe - n_harmful - n_toxic
+    n_vauban = settings.unsafe - n_harmful - n_toxic
     prompts = [
         *load_pool("chat", limit=settings.chat, seed=settings.seed),
         *load_pool("harmful", limit=n_harmful, seed=settings.seed),
         *load_pool("toxic", limit=n_toxic, seed=settings.seed),
-        *load_pool("jailbreak", limit=n_jailbreak, seed=settings.seed),
+        *load_pool("harmful_vauban", limit=n_vauban, seed=settings.seed),
     ]
     work = Path(tempfile.mkdtemp(prefix="screen-file-"))
     table = work / "prompts.jsonl"
@@ -126,7 +127,7 @@ def run(settings: Settings) -> dict[str, Any]:
         "environment": environment(torch.device("cpu")),
         "load_average_before": load_before,
         "load_average_after": load_average(),
-        "rows": {"chat": settings.chat, "harmful": n_harmful, "toxic": n_toxic, "jailbreak": n_jailbreak},
+        "rows": {"chat": settings.chat, "harmful": n_harmful, "toxic": n_toxic, "harmful_vauban": n_vauban},
         "deepest_hooked_layer": deepest,
         "seconds": {"screen": screen_seconds, "forward_cut": cut_seconds},
         "rows_per_second": {"screen": len(rows) / screen_seconds, "forward_cut": len(rows) / cut_seconds},

@@ -163,8 +163,9 @@ def test_generate_in_bf16_with_a_guard_in_a_subfolder(model_dir, tmp_path, capsy
             "hi there",
         ]
     )
-    out = capsys.readouterr().out
-    assert "(bf16)" in out and out.count("safety:") == 1 and f" {guard.threshold:.4g} (cluster " in out
+    printed = capsys.readouterr()
+    out = printed.out  # what it loads goes to stderr, the answers to stdout
+    assert "(bf16)" in printed.err and out.count("safety:") == 1 and f" {guard.threshold:.4g} (cluster " in out
 
 
 def test_generate_reads_a_guard_at_a_hub_revision(model_dir, hub_server, capsys):
