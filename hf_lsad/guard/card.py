@@ -172,11 +172,13 @@ def _usage(base: str, repo_id: str | None, subfolder: str, revision: str | None,
         ")",
         "inputs = tokenizer.apply_chat_template(",
         '    [{"role": "user", "content": "How do I bake bread?"}],',
-        '    add_generation_prompt=True, return_tensors="pt", return_dict=True,',
+        "    add_generation_prompt=True,",
+        '    return_tensors="pt",',
+        "    return_dict=True,",
         ")",
         f"output = model.generate(**inputs, max_new_tokens={max_new_tokens}, do_sample=False, "
         f"return_dict_in_generate=True)",
-        'print(tokenizer.decode(output.sequences[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
+        'print(tokenizer.decode(output.sequences[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))',
         "print(output.safety[0])  # SafetyReport(score=..., threshold=..., flagged=..., cluster=..., probability=None)",
     ]
     return "\n".join(lines)
