@@ -4,6 +4,8 @@ request is a clear 4xx in the OpenAI error shape, and the server keeps serving."
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import http.client
 import json
 import socket
@@ -12,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from tiny import PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
+from tiny import PROMPTS, RUNNING_MAX_NEW, UNSAFE_PROMPTS, tiny_guard, tiny_running_guard, two_headed_guard
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -32,6 +34,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def serving(guarded, config):
+    """A live server of ``guarded`` on a free port; yields the port."""
+    port = free_port()
+    app = create_app(guarded, config)
+    running = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not running.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert running.started
+    try:
+        yield port
+    finally:
+        running.should_exit = True
+        thread.join(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def server():
     model, tokenizer, _ = tiny_guard("prompt_last")
@@ -39,19 +60,8 @@ def server():
     config = ServeConfig(
         model_name="tiny-llama", api_key=KEY, max_tokens_limit=16, default_max_tokens=6, max_body_bytes=LIMIT
     )
-    port = free_port()
-    running = uvicorn.Server(
-        uvicorn.Config(create_app(guarded, config), host="127.0.0.1", port=port, log_level="error")
-    )
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not running.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert running.started
-    yield port, guarded
-    running.should_exit = True
-    thread.join(timeout=10)
+    with serving(guarded, config) as port:
+        yield port, guarded
 
 
 @pytest.fixture
@@ -219,3 +229,39 @@ def test_serve_without_the_extra_says_what_to_install(monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         entry(["serve"])
     assert info.value.code == 2 and "pip install 'hf-lsad[serve]'" in capsys.readouterr().err
+
+
+def test_a_response_a_running_guard_stops_mid_way_ends_with_content_filter():
+    from hf_lsad.capture.collect import encode_prompts
+    from hf_lsad.guard import SafetyGuard
+
+    model, tokenizer, fit, _ = tiny_running_guard()
+    guard = SafetyGuard(copy.deepcopy(fit.guard.config), fit.guard.detector, fit.guard.sae)  # threshold set below
+    guard.running = fit.guard.running
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    prompts = PROMPTS[:8]
+
+    def alone(prompt):
+        inputs = encode_prompts(tokenizer, [prompt])
+        settings = dict(max_new_tokens=RUNNING_MAX_NEW, do_sample=False, return_dict_in_generate=True)
+        return guarded.generate(**inputs, **settings, on_flag="stop").safety[0]
+
+    guard.config.threshold = sorted(alone(p).score for p in prompts)[len(prompts) // 2]  # about half flagged
+    want = {p: alone(p) for p in prompts}
+    with serving(guarded, ServeConfig(model_name="tiny-llama", default_max_tokens=RUNNING_MAX_NEW)) as port:
+        answers = {p: request(port, "POST", "/v1/chat/completions", chat_body(p), key=None)[1] for p in prompts}
+    stopped = 0
+    for prompt, answer in answers.items():
+        report, choice = answer["safety"]["response"], answer["choices"][0]
+        expected = want[prompt]
+        assert (report["flagged"], report["step"], report["stopped"]) == (
+            expected.flagged,
+            expected.step,
+            expected.stopped,
+        )
+        if report["stopped"]:
+            stopped += 1
+            assert choice["finish_reason"] == "content_filter" and report["step"] >= 1
+        else:
+            assert choice["finish_reason"] in ("stop", "length")
+    assert stopped >= 1
