@@ -1,15 +1,35 @@
 """The request bodies of the OpenAI-compatible routes, as pydantic models: what FastAPI checks before a route runs.
 
-Fields the OpenAI API has and this server does not act on (``presence_penalty``, ``logit_bias``, ``user``, ...) are
-accepted and ignored, so existing clients work unchanged; fields it cannot honour with one answer are refused
-(``n`` above 1). Sizes are checked against the server's limits in :mod:`hf_lsad.serving.app`.
+Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted and ignored, so existing
+clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
+``stop``, ``seed``, penalties, ``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set, as is
+``n`` above 1: an answer that silently ignored them would not be the one asked for. Sizes are checked against the
+server's limits in :mod:`hf_lsad.serving.app`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+UNSUPPORTED = (
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "functions",
+    "response_format",
+    "best_of",
+    "echo",
+    "suffix",
+)
+"""Request fields that would change the answer and that the server does not implement: refused when set."""
 
 
 class ContentPart(BaseModel):
@@ -44,8 +64,15 @@ class _Sampling(BaseModel):
     """Server-sent events, one chunk per piece of text, then ``data: [DONE]``."""
     n: int = Field(default=1, ge=1, le=1)
     """Choices per request: 1 only."""
-    seed: int | None = None
-    """Seeds sampling (``torch.manual_seed``) for a reproducible answer."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            given = [name for name in UNSUPPORTED if data.get(name) not in (None, False, 0, [], {})]
+            if given:
+                raise ValueError(f"not supported by hf-lsad serve: {', '.join(given)}")
+        return data
 
 
 class ChatCompletionRequest(_Sampling):

@@ -152,6 +152,7 @@ BAD_REQUESTS = [
     ("unknown role", {"body": {"messages": [{"role": "robot", "content": "hi"}]}}, 400, "role"),
     ("max_tokens above the limit", {"body": chat_body(BENIGN, max_tokens=17)}, 400, "at most 16"),
     ("several choices", {"body": chat_body(BENIGN, n=2)}, 400, "n"),
+    ("stop sequences", {"body": chat_body(BENIGN, stop=["\n"])}, 400, "not supported by hf-lsad serve: stop"),
     ("prompt beyond the context", {"body": chat_body("word " * 600)}, 400, "context"),
     ("wrong key", {"body": chat_body(BENIGN), "key": "guess"}, 401, "API key"),
     ("no key", {"body": chat_body(BENIGN), "key": None}, 401, "API key"),
