@@ -114,31 +114,24 @@ def run(settings: Settings) -> dict[str, Any]:
     rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
     hidden = next(iter(rows.features.values())).shape[1]
     results: dict[str, Any] = {"rows": len(rows), "candidates": {}}
+
+    def progress(message: str) -> None:
+        print(f"  {message}", flush=True)
+
+    def judge(name: str, method) -> None:
+        print(f"candidate {name}")
+        table = leave_one_source_out(rows, method, evaluate_on=settings.evaluate_on, progress=progress)
+        results["candidates"][name] = table
+        print(f"  {table['summary@0.05']}")
+
     for candidate in settings.candidates:
+        reads_of = " + ".join(f"L{layer} {position}" for layer, position in candidate)
         for c in settings.inverse_regularisation:
             config = ProbeConfig(reads=[tuple(read) for read in candidate], inverse_regularisation=c)
-            name = " + ".join(f"L{layer} {position}" for layer, position in config.reads) + f", C={c:g}"
-            print(f"candidate {name}")
-            table = leave_one_source_out(
-                rows,
-                probe_method(config, hidden),
-                evaluate_on=settings.evaluate_on,
-                progress=lambda message: print(f"  {message}", flush=True),
-            )
-            results["candidates"][name] = table
-            print(f"  {table['summary@0.05']}")
+            judge(f"{reads_of}, C={c:g}", probe_method(config, hidden))
         for width in settings.mlp_widths:
             config = ProbeConfig(reads=[tuple(read) for read in candidate])
-            name = " + ".join(f"L{layer} {position}" for layer, position in config.reads) + f", MLP {width}"
-            print(f"candidate {name}")
-            table = leave_one_source_out(
-                rows,
-                mlp_method(config, hidden, width, settings.seed),
-                evaluate_on=settings.evaluate_on,
-                progress=lambda message: print(f"  {message}", flush=True),
-            )
-            results["candidates"][name] = table
-            print(f"  {table['summary@0.05']}")
+            judge(f"{reads_of}, MLP {width}", mlp_method(config, hidden, width, settings.seed))
     if settings.text_baseline:
         print("text baseline (TF-IDF)")
         results["text_baseline"] = leave_one_source_out(rows, text_method, evaluate_on=settings.evaluate_on)
