@@ -31,7 +31,7 @@ from hf_lsad.capture.pretrained import load_model
 from hf_lsad.capture.recorder import prefill_activations
 from hf_lsad.data import load_pool
 from hf_lsad.data.tables import read_prompt_table
-from hf_lsad.generation.bulk import left_padded, screen_to_jsonl, tokenize_rows
+from hf_lsad.generation.bulk import plan_batches, screen_to_jsonl
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 from perf.harness import environment, load_average
@@ -76,12 +76,8 @@ def run(settings: Settings) -> dict[str, Any]:
     rows = read_prompt_table(table, id_column="id")
 
     # the forward cut, on the same length-sorted batches screen_to_jsonl makes
-    token_ids, too_long = tokenize_rows(guarded, rows, True)
-    order = sorted((i for i in range(len(rows)) if i not in too_long), key=lambda i: (len(token_ids[i]), i))
-    batches = [
-        left_padded(guarded, [token_ids[i] for i in order[s : s + settings.batch_size]])
-        for s in range(0, len(order), settings.batch_size)
-    ]
+    planned, _ = plan_batches(guarded, rows, batch_size=settings.batch_size)
+    batches = [batch.tensors(tokenizer) for batch in planned]
     start = time.perf_counter()
     for input_ids, attention_mask in batches:
         prefill_activations(model, deepest, input_ids, attention_mask)

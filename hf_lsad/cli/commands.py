@@ -232,14 +232,12 @@ def _evaluate_prompts(args: argparse.Namespace) -> None:
             sources[name] = (read_prompt_table(source, column=args.column, limit=args.limit), unsafe)
     guarded = _guarded_model(args)
     evaluation = evaluate_prompt_sources(guarded, sources, batch_size=args.batch_size)
-    metrics = evaluation.metrics()
-    print(json.dumps({"thresholds": evaluation.thresholds, "sources": metrics}, indent=2))
+    report = json.dumps({"thresholds": evaluation.thresholds, "sources": evaluation.metrics()}, indent=2)
+    print(report)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(
-            json.dumps({"thresholds": evaluation.thresholds, "sources": metrics}, indent=2)
-        )
+        (out / "metrics.json").write_text(report)
         written = write_report(evaluation, out, title=args.title)
         print(f"wrote {out / 'metrics.json'}, {', '.join(written)} in {out}", file=sys.stderr)
 
@@ -347,22 +345,17 @@ def run_explain(args: argparse.Namespace) -> None:
 
 
 def read_prompt_file(path: str) -> list[str]:
-    """Prompts of a text file (one per non-empty line) or a JSON-lines file (``.jsonl``: a ``text`` field each)."""
-    from pathlib import Path
+    """Prompts of a text file (one per non-empty line) or a JSON-lines file (``.jsonl``: a ``text`` field each,
+    read by :func:`hf_lsad.data.tables.read_prompt_table`; a row without a prompt is an error)."""
+    from ..data.tables import read_prompt_table
 
-    lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     if not path.endswith(".jsonl"):
-        return lines
-    prompts = []
-    for number, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not JSON ({err})") from err
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise ValueError(f"{path}:{number}: expected an object with a string 'text'")
-        prompts.append(row["text"])
-    return prompts
+        return [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = read_prompt_table(path, column="text")
+    bad = next((row for row in rows if row.error is not None), None)
+    if bad is not None:
+        raise ValueError(f"{path}: row {bad.id}: {bad.error}")
+    return [row.text for row in rows]
 
 
 def run_add_head(args: argparse.Namespace) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import roc_curve
 
+from ..core.metrics import flag_rate
 from .prompts import PromptEvaluation
 
 PLOTS_EXTRA = "pip install 'hf-lsad[plots]'"
@@ -51,7 +52,7 @@ def _draw(evaluation: PromptEvaluation, path: Path) -> list[str]:
             labels = np.r_[np.zeros(len(negatives)), np.ones(len(positives))]
             fpr, tpr, _ = roc_curve(labels, np.r_[negatives, positives])
             (line,) = ax.plot(fpr, tpr, label=source.name)
-            ax.plot((negatives > threshold).mean(), (positives > threshold).mean(), "o", color=line.get_color())
+            ax.plot(flag_rate(negatives, threshold), flag_rate(positives, threshold), "o", color=line.get_color())
         ax.plot([0, 1], [0, 1], ":", color="grey")
         ax.set(xlabel="false-positive rate (benign sources pooled)", ylabel="true-positive rate", xlim=(0, 1))
         ax.set_title(f"head {head}: ROC per unsafe source (dot: the guard's threshold)", fontsize=9)

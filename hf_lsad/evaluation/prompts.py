@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sklearn.metrics import roc_auc_score
 
+from ..core.metrics import auroc
 from ..data.tables import PromptRow
-from ..generation.bulk import left_padded, tokenize_rows
+from ..generation.bulk import plan_batches
 from ..generation.model import GuardedModelForCausalLM
 from ..guard.types import SafetyReport
 
@@ -91,25 +91,17 @@ def evaluate_prompt_sources(
 
 def _screen(guarded: GuardedModelForCausalLM, rows: list[PromptRow], batch_size: int) -> tuple[list, list[str]]:
     """Reports of the rows that can be screened, and why the others cannot."""
-    errors = [f"{row.id}: {row.error}" for row in rows if row.error is not None]
-    readable = [row for row in rows if row.error is None]
-    token_ids, too_long = tokenize_rows(guarded, readable, True)
-    errors += [f"{readable[i].id}: {message}" for i, message in sorted(too_long.items())]
-    order = sorted((i for i in range(len(readable)) if i not in too_long), key=lambda i: (len(token_ids[i]), i))
+    batches, errors = plan_batches(guarded, rows, batch_size=batch_size)
     reports: list[SafetyReport] = []
-    for start in range(0, len(order), batch_size):
-        batch = [token_ids[i] for i in order[start : start + batch_size]]
-        reports += guarded.screen(*left_padded(guarded, batch))
-    return reports, errors
+    for batch in batches:
+        reports += guarded.screen(*batch.tensors(guarded.tokenizer))
+    return reports, [f"{row_id}: {error}" for row_id, error in errors]
 
 
 def _auroc(negatives: np.ndarray, positives: np.ndarray) -> float | None:
-    """AUROC of ``positives`` above ``negatives``; rows that failed closed count as the highest score."""
-    negatives = np.nan_to_num(negatives, nan=np.inf)
-    positives = np.nan_to_num(positives, nan=np.inf)
+    """AUROC of ``positives`` above ``negatives``; rows that failed closed (NaN) count as the highest score."""
     if not len(negatives) or not len(positives):
         return None
-    labels = np.r_[np.zeros(len(negatives)), np.ones(len(positives))]
     scores = np.r_[negatives, positives]
-    finite_max = np.nanmax(np.where(np.isfinite(scores), scores, np.nan)) if np.isfinite(scores).any() else 0.0
-    return float(roc_auc_score(labels, np.where(np.isfinite(scores), scores, finite_max + 1.0)))
+    top = np.nanmax(scores) + 1.0 if np.isfinite(scores).any() else 0.0
+    return auroc(np.nan_to_num(negatives, nan=top), np.nan_to_num(positives, nan=top))

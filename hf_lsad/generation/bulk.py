@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -117,14 +117,10 @@ def screen_to_jsonl(
             handle.flush()  # a kill loses at most the batch in flight
             bar.update(len(records))
 
-        write([_error_record(row.id, row.error) for row in pending if row.error is not None])
-        readable = [row for row in pending if row.error is None]
-        token_ids, too_long = tokenize_rows(guarded, readable, chat_template)
-        write([_error_record(readable[i].id, too_long[i]) for i in sorted(too_long)])
-        order = sorted((i for i in range(len(readable)) if i not in too_long), key=lambda i: (len(token_ids[i]), i))
-        for first in range(0, len(order), batch_size):
-            batch = order[first : first + batch_size]
-            write(_screen_batch(guarded, [readable[i].id for i in batch], [token_ids[i] for i in batch]))
+        batches, errors = plan_batches(guarded, pending, batch_size=batch_size, chat_template=chat_template)
+        write([_error_record(row_id, error) for row_id, error in errors])
+        for batch in batches:
+            write(_screen_batch(guarded, batch))
     seconds = time.perf_counter() - start
     return _summary(path, ids, resumed, seconds, len(pending))
 
@@ -149,48 +145,58 @@ def _finished_ids(path: Path) -> set[str]:
     return done
 
 
-def tokenize_rows(
-    guarded: GuardedModelForCausalLM, rows: Sequence[PromptRow], chat_template: bool
-) -> tuple[list[list[int]], dict[int, str]]:
-    """Each row's token ids as ``screen`` reads them, and the rows too long for the model's context
-    (index -> error)."""
+class PromptBatch(NamedTuple):
+    """Rows screened in one forward pass: their ids and token ids."""
+
+    ids: list[str]
+    token_ids: list[list[int]]
+
+    def tensors(self, tokenizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` and ``attention_mask``, padded on the left by the tokenizer."""
+        padded = tokenizer.pad({"input_ids": self.token_ids}, padding_side="left", return_tensors="pt")
+        return padded["input_ids"], padded["attention_mask"]
+
+
+def plan_batches(
+    guarded: GuardedModelForCausalLM, rows: Sequence[PromptRow], *, batch_size: int, chat_template: bool = True
+) -> tuple[list[PromptBatch], list[tuple[str, str]]]:
+    """The rows that can be screened, tokenised as ``screen`` reads them and batched in order of token length, and
+    ``(id, error)`` of the others: rows read without a prompt, then rows longer than the model's context."""
     tokenizer = guarded.tokenizer
-    texts, add_special_tokens = prompt_texts(tokenizer, [row.text for row in rows], chat_template=chat_template)
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    errors = [(row.id, row.error) for row in rows if row.error is not None]
+    readable = [row for row in rows if row.error is None]
+    texts, add_special_tokens = prompt_texts(tokenizer, [row.text for row in readable], chat_template=chat_template)
     token_ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
     context = getattr(guarded.model.config.get_text_config(), "max_position_embeddings", None)
-    too_long = {
-        i: f"{len(ids)} tokens, longer than the model's context ({context})"
-        for i, ids in enumerate(token_ids)
-        if context and len(ids) > context
-    }
-    return token_ids, too_long
+    fits = [not context or len(ids) <= context for ids in token_ids]
+    errors += [
+        (row.id, f"{len(ids)} tokens, longer than the model's context ({context})")
+        for row, ids, ok in zip(readable, token_ids, fits)
+        if not ok
+    ]
+    order = sorted((i for i, ok in enumerate(fits) if ok), key=lambda i: (len(token_ids[i]), i))
+    batches = [
+        PromptBatch([readable[i].id for i in chunk], [token_ids[i] for i in chunk])
+        for chunk in (order[first : first + batch_size] for first in range(0, len(order), batch_size))
+    ]
+    return batches, errors
 
 
-def _screen_batch(guarded: GuardedModelForCausalLM, ids: list[str], token_ids: list[list[int]]) -> list[dict]:
+def _screen_batch(guarded: GuardedModelForCausalLM, batch: PromptBatch) -> list[dict]:
     """Verdict records of one batch; if the batch raises, its rows one by one, each failure its row's error."""
     try:
-        reports = guarded.screen(*left_padded(guarded, token_ids))
-        return [{"id": row_id, **report.to_json()} for row_id, report in zip(ids, reports)]
+        reports = guarded.screen(*batch.tensors(guarded.tokenizer))
+        return [{"id": row_id, **report.to_json()} for row_id, report in zip(batch.ids, reports)]
     except Exception as err:  # one row's problem must not end the run
-        if len(ids) == 1:
-            return [_error_record(ids[0], f"{type(err).__name__}: {err}")]
+        if len(batch.ids) == 1:
+            return [_error_record(batch.ids[0], f"{type(err).__name__}: {err}")]
         return [
-            record for i in range(len(ids)) for record in _screen_batch(guarded, ids[i : i + 1], token_ids[i : i + 1])
+            record
+            for row_id, ids in zip(batch.ids, batch.token_ids)
+            for record in _screen_batch(guarded, PromptBatch([row_id], [ids]))
         ]
-
-
-def left_padded(guarded: GuardedModelForCausalLM, token_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``input_ids`` and ``attention_mask`` of rows of token ids, padded on the left with the tokenizer's pad."""
-    pad = guarded.tokenizer.pad_token_id
-    if pad is None:
-        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
-    width = max(len(ids) for ids in token_ids)
-    input_ids = torch.full((len(token_ids), width), pad, dtype=torch.long)
-    attention_mask = torch.zeros((len(token_ids), width), dtype=torch.long)
-    for row, ids in enumerate(token_ids):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, width - len(ids) :] = 1
-    return input_ids, attention_mask
 
 
 def _error_record(row_id: str, error: str) -> dict[str, Any]:
