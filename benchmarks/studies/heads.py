@@ -21,6 +21,7 @@ import torch
 
 from hf_lsad.evaluation.sources import SourceRows, leave_one_source_out, load_source_rows
 from hf_lsad.guard.heads import LogisticProbe, ProbeConfig, balanced_weights
+from hf_lsad.sae import SparseAutoencoder
 
 TRAINING_POOLS = [
     "chat",
@@ -60,6 +61,14 @@ class Settings:
     mlp_widths: list[int] = field(default_factory=list)
     """Hidden widths of a small MLP (one ReLU layer, scikit-learn, sources balanced as for the head) tried on each
     candidate's reads beside the logistic regression: the issue's "only if leave-one-source-out says it earns it"."""
+    source_directions: list[int] = field(default_factory=list)
+    """Numbers ``k`` of source-style directions projected out of the standardised reads before the logistic fit (see
+    :func:`nullspace_method`), tried on each candidate beside the plain head: does a head that cannot see which
+    source a row came from carry over to a source it never saw?"""
+    sae: str = ""
+    """An SAE folder (``save_pretrained`` layout, e.g. the paper guard's ``sae/``, which reads layer 12 at the last
+    prompt token): each candidate is also tried on the SAE's codes of its reads instead of the raw residual, the
+    issue's "raw residual vs SAE codes". Empty: raw residual only."""
     seed: int = 0
     """Seed of the row splits."""
 
@@ -70,6 +79,59 @@ def probe_method(config: ProbeConfig, hidden_size: int):
         features = probe.features(train.features)
         probe.fit(features, train.labels, balanced_weights(train.sources, train.labels))
         return lambda rows: probe(probe.features(rows.features))
+
+    return fit
+
+
+def nullspace_method(config: ProbeConfig, hidden_size: int, k: int):
+    """The logistic head restricted to the complement of the training sources' style.
+
+    Style directions: the mean of each training source's standardised rows minus the mean of its label's source
+    means (``[n_sources, width]``), whose top ``k`` right singular vectors span what tells sources of one label
+    apart; they are projected out of the features before the fit. The difference between the labels' means
+    (harm) is untouched, and the head stays linear in the reads (the projection folds into its weights).
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    def fit(train: SourceRows):
+        reader = LogisticProbe(config, hidden_size)
+        features = reader.features(train.features).double()  # [n, width]
+        mean, scale = features.mean(0), features.std(0).clamp_min(1e-6)
+        standard = (features - mean) / scale
+        names = sorted(set(train.sources))
+        source_means = torch.stack([standard[[s == name for s in train.sources]].mean(0) for name in names])
+        source_labels = torch.tensor([int(train.labels[train.sources.index(name)]) for name in names])
+        label_means = torch.stack([source_means[source_labels == label].mean(0) for label in (0, 1)])
+        style = source_means - label_means[source_labels]  # [n_sources, width]
+        directions = torch.linalg.svd(style, full_matrices=False).Vh[:k]  # [k, width]
+
+        def project(values: torch.Tensor) -> torch.Tensor:
+            return values - (values @ directions.T) @ directions
+
+        model = LogisticRegression(C=config.inverse_regularisation, max_iter=config.max_iter)
+        weights = balanced_weights(train.sources, train.labels).numpy()
+        model.fit(project(standard).numpy(), train.labels.numpy(), sample_weight=weights)
+
+        def score(rows: SourceRows) -> torch.Tensor:
+            values = project((reader.features(rows.features).double() - mean) / scale)
+            return torch.from_numpy(model.predict_proba(values.numpy())[:, 1]).float()
+
+        return score
+
+    return fit
+
+
+def sae_method(config: ProbeConfig, sae):
+    """The logistic head on the SAE's codes of each read (``[n, d_sae]`` per read) instead of the residual."""
+
+    @torch.no_grad()
+    def encode(rows: SourceRows) -> dict:
+        return {read: sae.encode(rows.features[read].float()) for read in config.reads}
+
+    def fit(train: SourceRows):
+        probe = LogisticProbe(config, sae.config.d_sae)
+        probe.fit(probe.features(encode(train)), train.labels, balanced_weights(train.sources, train.labels))
+        return lambda rows: probe(probe.features(encode(rows)))
 
     return fit
 
@@ -113,6 +175,9 @@ def run(settings: Settings) -> dict[str, Any]:
     reads = sorted({(int(layer), str(position)) for candidate in settings.candidates for layer, position in candidate})
     rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
     hidden = next(iter(rows.features.values())).shape[1]
+    sae = SparseAutoencoder.from_pretrained(settings.sae).eval() if settings.sae else None
+    if sae is not None and sae.config.d_in != hidden:
+        raise ValueError(f"the SAE at {settings.sae} reads {sae.config.d_in} features, the stores hold {hidden}")
     results: dict[str, Any] = {"rows": len(rows), "candidates": {}}
 
     def progress(message: str) -> None:
@@ -129,6 +194,11 @@ def run(settings: Settings) -> dict[str, Any]:
         for c in settings.inverse_regularisation:
             config = ProbeConfig(reads=[tuple(read) for read in candidate], inverse_regularisation=c)
             judge(f"{reads_of}, C={c:g}", probe_method(config, hidden))
+            if sae is not None:
+                judge(f"{reads_of}, SAE codes, C={c:g}", sae_method(config, sae))
+        for k in settings.source_directions:
+            config = ProbeConfig(reads=[tuple(read) for read in candidate])
+            judge(f"{reads_of}, {k} source directions removed", nullspace_method(config, hidden, k))
         for width in settings.mlp_widths:
             config = ProbeConfig(reads=[tuple(read) for read in candidate])
             judge(f"{reads_of}, MLP {width}", mlp_method(config, hidden, width, settings.seed))
