@@ -83,6 +83,31 @@ def probe_method(config: ProbeConfig, hidden_size: int):
     return fit
 
 
+def standardised_reads(config: ProbeConfig, hidden_size: int, train: SourceRows):
+    """``(standardise, standard)``: a map from rows to their concatenated reads standardised with the mean and scale
+    of ``train`` (as :class:`LogisticProbe` standardises), and ``train``'s own standardised reads ``[n, width]``."""
+    reader = LogisticProbe(config, hidden_size)
+    features = reader.features(train.features).double()  # [n, width]
+    mean, scale = features.mean(0), features.std(0).clamp_min(1e-6)
+
+    def standardise(rows: SourceRows) -> torch.Tensor:
+        return (reader.features(rows.features).double() - mean) / scale
+
+    return standardise, (features - mean) / scale
+
+
+def sklearn_scorer(model, transform):
+    """A scorer of rows: a fitted scikit-learn ``model``'s probability of the unsafe label on ``transform(rows)``
+    (a tensor or anything ``predict_proba`` takes)."""
+
+    def score(rows: SourceRows) -> torch.Tensor:
+        features = transform(rows)
+        features = features.numpy() if isinstance(features, torch.Tensor) else features
+        return torch.from_numpy(model.predict_proba(features)[:, 1]).float()
+
+    return score
+
+
 def nullspace_method(config: ProbeConfig, hidden_size: int, k: int):
     """The logistic head restricted to the complement of the training sources' style.
 
@@ -94,10 +119,7 @@ def nullspace_method(config: ProbeConfig, hidden_size: int, k: int):
     from sklearn.linear_model import LogisticRegression
 
     def fit(train: SourceRows):
-        reader = LogisticProbe(config, hidden_size)
-        features = reader.features(train.features).double()  # [n, width]
-        mean, scale = features.mean(0), features.std(0).clamp_min(1e-6)
-        standard = (features - mean) / scale
+        standardise, standard = standardised_reads(config, hidden_size, train)
         names = sorted(set(train.sources))
         source_means = torch.stack([standard[[s == name for s in train.sources]].mean(0) for name in names])
         source_labels = torch.tensor([int(train.labels[train.sources.index(name)]) for name in names])
@@ -111,12 +133,7 @@ def nullspace_method(config: ProbeConfig, hidden_size: int, k: int):
         model = LogisticRegression(C=config.inverse_regularisation, max_iter=config.max_iter)
         weights = balanced_weights(train.sources, train.labels).numpy()
         model.fit(project(standard).numpy(), train.labels.numpy(), sample_weight=weights)
-
-        def score(rows: SourceRows) -> torch.Tensor:
-            values = project((reader.features(rows.features).double() - mean) / scale)
-            return torch.from_numpy(model.predict_proba(values.numpy())[:, 1]).float()
-
-        return score
+        return sklearn_scorer(model, lambda rows: project(standardise(rows)))
 
     return fit
 
@@ -141,20 +158,13 @@ def mlp_method(config: ProbeConfig, hidden_size: int, width: int, seed: int):
     from sklearn.neural_network import MLPClassifier
 
     def fit(train: SourceRows):
-        reader = LogisticProbe(config, hidden_size)
-        features = reader.features(train.features).double()
-        mean, scale = features.mean(0), features.std(0).clamp_min(1e-6)
+        standardise, standard = standardised_reads(config, hidden_size, train)
         model = MLPClassifier(
             hidden_layer_sizes=(width,), alpha=1e-3, early_stopping=True, max_iter=200, random_state=seed
         )
         weights = balanced_weights(train.sources, train.labels).numpy()
-        model.fit(((features - mean) / scale).numpy(), train.labels.numpy(), sample_weight=weights)
-
-        def score(rows: SourceRows) -> torch.Tensor:
-            standard = (reader.features(rows.features).double() - mean) / scale
-            return torch.from_numpy(model.predict_proba(standard.numpy())[:, 1]).float()
-
-        return score
+        model.fit(standard.numpy(), train.labels.numpy(), sample_weight=weights)
+        return sklearn_scorer(model, standardise)
 
     return fit
 
@@ -168,7 +178,7 @@ def text_method(train: SourceRows):
     matrix = vectorizer.fit_transform(train.texts)
     model = LogisticRegression(C=1.0, max_iter=2000)
     model.fit(matrix, train.labels.numpy(), sample_weight=balanced_weights(train.sources, train.labels).numpy())
-    return lambda rows: torch.from_numpy(model.predict_proba(vectorizer.transform(rows.texts))[:, 1]).float()
+    return sklearn_scorer(model, lambda rows: vectorizer.transform(rows.texts))
 
 
 def run(settings: Settings) -> dict[str, Any]:
