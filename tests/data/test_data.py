@@ -46,12 +46,24 @@ def test_pool_names() -> None:
         "lookalike",
         "injection",
         "harmful_contrast",
+        "toxic_text",
+        "questions",
+        "statements",
     )
-    assert UNSAFE_POOLS == ("harmful", "toxic", "jailbreak", "harmful_vauban", "injection", "harmful_contrast")
+    assert UNSAFE_POOLS == (
+        "harmful",
+        "toxic",
+        "jailbreak",
+        "harmful_vauban",
+        "injection",
+        "harmful_contrast",
+        "toxic_text",
+    )
     assert set(UNSAFE_POOLS) < set(POOLS)
     assert set(POOL_CATEGORY) == set(POOLS) == set(DOMAINS)
     assert POOL_CATEGORY["chat"] == "safe" and POOL_CATEGORY["harmful_vauban"] == "harmful"
     assert POOL_CATEGORY["lookalike"] == "safe" and POOL_CATEGORY["injection"] == "injection"
+    assert POOL_CATEGORY["toxic_text"] == "toxic" and POOL_CATEGORY["statements"] == "benign_ood"
 
 
 @pytest.mark.parametrize("name", POOLS)
@@ -82,6 +94,9 @@ def test_expected_sources(pools: dict[str, list[Prompt]]) -> None:
     assert sources["benign_ood"] == {"sarcasm", "wikihow", "sports_understanding", "chatterbot"}
     assert sources["chat"] == {"sharegpt", "vauban-harmless", "mtbench", "writingbench"}
     assert sources["harmful_vauban"] == {"vauban-harmful"}
+    assert sources["toxic_text"] == {"slurprompts"}
+    assert sources["questions"] == {"freshqa", "persistbench"}
+    assert sources["statements"] == {"falseclaims"}
     # benign OOD material must not leak into the safe pool
     assert not sources["safe"] & sources["benign_ood"]
 

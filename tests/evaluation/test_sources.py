@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from hf_lsad.core.splits import split_of
-from hf_lsad.evaluation.sources import EVAL_SOURCES, SourceRows, leave_one_source_out, threshold_at
+from hf_lsad.evaluation.sources import EVAL_DOMAINS, EVAL_SOURCES, SourceRows, leave_one_source_out, threshold_at
 from hf_lsad.guard.heads import LogisticProbe, ProbeConfig, balanced_weights
 
 READ = (1, "prompt_last")
-DOMAINS = ("chat", "task_prompts", "benign_ood", "lookalike")
+DOMAINS = EVAL_DOMAINS
 
 
 def synthetic_rows(n_per_group: int = 200, seed: int = 0) -> SourceRows:
