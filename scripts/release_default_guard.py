@@ -31,26 +31,14 @@ from pathlib import Path
 
 import torch
 
-from hf_lsad.evaluation.sources import load_source_rows
+from hf_lsad.evaluation.sources import GUARD_POOLS, load_source_rows
 from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
 from hf_lsad.guard.files import PAPER_GUARD
 from hf_lsad.guard.heads import ProbeConfig
 from hf_lsad.guard.heads.training import fit_head
 
 REPO = Path(__file__).resolve().parent.parent
-POOLS = [
-    "chat",
-    "safe",
-    "benign_ood",
-    "lookalike",
-    "harmful",
-    "toxic",
-    "jailbreak",
-    "harmful_vauban",
-    "injection",
-    "harmful_contrast",
-]
-HARM_READS = [(8, "prompt_mean"), (16, "prompt_mean"), (24, "prompt_mean")]
+HARM_READS = [(16, "prompt_mean"), (20, "prompt_mean"), (24, "prompt_mean")]
 ANOMALY_SHARE = 0.1
 TARGET_FPR = 0.05
 REPORT = REPO / "benchmarks" / "results" / "heads--report.json"
@@ -145,7 +133,7 @@ def main() -> None:
 
     guard = SafetyGuard.from_pretrained(PAPER_GUARD)
     reads = sorted({guard.reads[0], *HARM_READS})
-    rows = load_source_rows(args.folder, POOLS, reads)
+    rows = load_source_rows(args.folder, GUARD_POOLS, reads)
     print(f"{len(rows)} rows (the README's demo prompts are left out: RESERVED_PROMPTS)")
 
     fit = rows.select(rows.where(split="fit"))

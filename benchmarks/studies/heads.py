@@ -22,6 +22,7 @@ import torch
 from hf_lsad.evaluation.sources import (
     EVAL_DOMAINS,
     EVAL_SOURCES,
+    GUARD_POOLS,
     SourceRows,
     leave_one_source_out,
     load_source_rows,
@@ -29,25 +30,12 @@ from hf_lsad.evaluation.sources import (
 from hf_lsad.guard.heads import LogisticProbe, ProbeConfig, balanced_weights
 from hf_lsad.sae import SparseAutoencoder
 
-TRAINING_POOLS = [
-    "chat",
-    "safe",
-    "benign_ood",
-    "lookalike",
-    "harmful",
-    "toxic",
-    "jailbreak",
-    "harmful_vauban",
-    "injection",
-    "harmful_contrast",
-]
-
 
 @dataclass
 class Settings:
     folder: str = "artifacts/smollm2"
     """Where the collected stores are (``<folder>/<pool>/layer<L>-<position>``)."""
-    pools: list[str] = field(default_factory=lambda: list(TRAINING_POOLS))
+    pools: list[str] = field(default_factory=lambda: list(GUARD_POOLS))
     """Pools whose rows take part (fitting, thresholds, held-out groups)."""
     candidates: list[list[list[Any]]] = field(
         default_factory=lambda: [

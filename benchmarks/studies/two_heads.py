@@ -26,6 +26,7 @@ import torch
 from hf_lsad.evaluation.sources import (
     EVAL_DOMAINS,
     EVAL_SOURCES,
+    GUARD_POOLS,
     SourceRows,
     leave_one_source_out,
     load_source_rows,
@@ -34,23 +35,21 @@ from hf_lsad.evaluation.sources import (
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig, balanced_weights
 
-from .heads import TRAINING_POOLS
-
 
 @dataclass
 class Settings:
     folder: str = "artifacts/smollm2"
     """Where the collected stores are (``<folder>/<pool>/layer<L>-<position>``)."""
-    pools: list[str] = field(default_factory=lambda: list(TRAINING_POOLS))
+    pools: list[str] = field(default_factory=lambda: list(GUARD_POOLS))
     """Pools whose rows take part."""
     anomaly_guard: str = "hf_lsad/guards/smollm2-135m-instruct-paper"
     """The paper's guard whose detector is the anomaly head (its read must be collected under ``folder``)."""
     anomaly_score: str = "score"
     """``score``: the anomaly head decides on its raw score; ``probability``: on its calibrated probability."""
     reads: list[list[Any]] = field(
-        default_factory=lambda: [[8, "prompt_mean"], [16, "prompt_mean"], [24, "prompt_mean"]]
+        default_factory=lambda: [[16, "prompt_mean"], [20, "prompt_mean"], [24, "prompt_mean"]]
     )
-    """The supervised head's reads (chosen by ``heads/selection`` and ``heads/regularisation``)."""
+    """The supervised head's reads (chosen by ``heads/registry_sources`` and ``heads/registry_regularisation``)."""
     inverse_regularisation: float = 1.0
     """The supervised head's ``C``."""
     anomaly_shares: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])
