@@ -6,10 +6,11 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
 - **anomaly head**: the bundled paper guard (``hf_lsad/guards/smollm2-135m-instruct-paper``: FreqMask-KM on SAE codes
   at layer 12, ``prompt_last``, fitted on benign rows, per-cluster calibration), deciding on its calibrated
   probability (``heads/two_heads_probability`` against ``heads/two_heads``);
-- **supervised head** ``harm``: logistic regression (C = 1) on the mean over the prompt's tokens at layers 8, 16 and 24
-  (``heads/selection``, ``heads/regularisation``), fitted on the fit split (60%, :func:`hf_lsad.core.splits.split_of`)
-  of every unsafe source against every benign domain and the benign look-alikes, each source weighing alike;
-- **budget**: 5% on validation chat, 0.1 of it to the anomaly head (``heads/two_heads_probability``).
+- **supervised head** ``harm``: logistic regression (C = 1) on the mean over the prompt's tokens at layers 16, 20 and
+  24 (``heads/registry_sources``, ``heads/registry_regularisation``), fitted on the fit split (60%,
+  :func:`hf_lsad.core.splits.split_of`) of every unsafe source against every benign domain and the benign look-alikes
+  (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`), each source weighing alike;
+- **budget**: 5% on validation chat, 0.1 of it to the anomaly head (``heads/two_heads_registry``).
 
 The README's demo prompts are never fitted, labelled or threshold rows (``RESERVED_PROMPTS`` of
 :mod:`hf_lsad.evaluation.sources`).
@@ -97,19 +98,21 @@ def card_texts(report: dict) -> tuple[str, str, str]:
     ]
     limitations = (
         "The supervised head recognises kinds of harm like those it was fitted on. Held out of its fit, mild risky "
-        "questions (do-not-answer) and toxic text that is not a request (RealToxicityPrompts) are mostly missed "
-        "(see the leave-one-source-out table). Benign prompts that share harm's vocabulary (medicine, security, "
-        "chemistry, fiction) are flagged more often than everyday chat; a benign domain unlike any it saw can be "
-        "flagged far above the target rate. The anomaly head catches little at this model size: at 135M "
-        "parameters the unsupervised score does not separate harm from benign chat."
+        "questions (do-not-answer: requests for legal or medical advice, questions about a named person's private "
+        "details, questions to the assistant about itself) are mostly missed; toxic text that is not a request "
+        "(RealToxicityPrompts) is caught when another source of toxic text is in the fit, not otherwise (see the "
+        "leave-one-source-out table). Benign prompts that share harm's vocabulary (medicine, security, chemistry, "
+        "fiction) are flagged more often than everyday chat; a benign domain unlike any it saw can be flagged far "
+        "above the target rate. The anomaly head catches little at this model size: at 135M parameters the "
+        "unsupervised score does not separate harm from benign chat."
     )
     data = (
         "Anomaly head: the paper guard, fitted on the fit split (60%) of the bundled benign domains (task prompts, "
         "chat, benign OOD), calibrated on 1% labelled rows. Supervised head `harm`: the fit split of every bundled "
         "pool: unsafe (AdvBench, HarmBench, do-not-answer, RealToxicityPrompts, in-the-wild jailbreaks, PyRIT "
-        "templates, vauban harmful, prompt injections, harmful look-alike twins) against benign (chat, task "
-        "prompts, benign OOD, benign look-alikes), every source weighing alike. Thresholds on the validation split "
-        "(20%) of chat."
+        "templates, vauban harmful, prompt injections, harmful look-alike twins, slur-eliciting text) against benign "
+        "(chat, task prompts, benign OOD, benign look-alikes, everyday questions, plain statements), every source "
+        "weighing alike. Thresholds on the validation split (20%) of chat."
     )
     return data, "\n".join(lines), limitations
 
