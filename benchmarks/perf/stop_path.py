@@ -8,8 +8,9 @@
    (report, stop, on_step, and a running guard), half of them right-padded (running guard: left-padded,
    see ``concurrent_calls``): nothing raised, every report equal to the same prompt alone (scores
    within 1e-4, same verdicts). The running guard is the bundled guard's detector read
-   at every response token (position ``response_running``, patience 2, threshold at the median
-   statistic of the calls' prompts alone): it checks the per-token path, not a detection claim.
+   at every response token (position ``response_running``, patience 2, threshold halfway between the two
+   middle statistics of the calls' prompts alone, so that no row sits on it within float noise): it checks the
+   per-token path, not a detection claim.
 
 """
 
@@ -178,6 +179,8 @@ def run(args: Settings) -> dict[str, Any]:
     running = GuardedModelForCausalLM(model, running_guard(guard), tokenizer=tokenizer)
     pool = right["prompts"]
     statistics = sorted(generate(running, [p], "running", "left", 12).safety[0].score for p in pool)
-    running.guard.config.threshold = statistics[len(statistics) // 2]
+    # A threshold equal to a row's own statistic would let a 1e-5 wobble of batched arithmetic decide that row.
+    middle = len(statistics) // 2
+    running.guard.config.threshold = (statistics[middle - 1] + statistics[middle]) / 2
     threads = threads_case({"screening": screening, "running": running}, pool, args.threads, args.calls)
     return {"environment": environment(model.device), "right_padding": right, "threads": threads}
