@@ -1,0 +1,112 @@
+"""How much unseen chat the shipped configuration flags, measured on more chat than the threshold was set on.
+
+The guard's thresholds are set on the validation split's chat rows (1,338) and the report measures the test split's
+chat rows (1,266); each is a sample of about 1,300 rows, so either can sit in a lucky or unlucky tail. This study
+measures the same rule on chat rows that are neither: the fit split's chat, cross-fitted. The fit split's chat rows
+are cut into ``folds`` parts by a hash of their id; for each part the supervised head is fitted on every fit row
+but that part's, its threshold set on validation chat exactly as the release does, and the part's rows (unseen by
+that head) are scored. Every fit chat row is scored once, by a head that never saw it: about 3,800 rows of unseen
+chat, the rate the rule gives on chat it did not fit or threshold on, with no test row involved.
+
+The supervised head is measured alone, at the whole budget (the anomaly head was fitted on the fit split's benign
+rows, so its scores there are not out of sample); the shipped guard gives it 0.9 of the budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hf_lsad.evaluation.sources import GUARD_POOLS, SourceRows, load_source_rows, threshold_at
+from hf_lsad.guard.heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig, balanced_weights
+
+
+@dataclass
+class Settings:
+    folder: str = "artifacts/smollm2"
+    """Where the collected stores are (``<folder>/<pool>/layer<L>-<position>``)."""
+    pools: list[str] = field(default_factory=lambda: list(GUARD_POOLS))
+    """Pools whose rows take part."""
+    reads: list[list[Any]] = field(
+        default_factory=lambda: [[16, "prompt_mean"], [20, "prompt_mean"], [24, "prompt_mean"]]
+    )
+    """The supervised head's reads (the shipped ones)."""
+    inverse_regularisation: float = 1.0
+    """The supervised head's ``C`` (the shipped one)."""
+    folds: int = 5
+    """Parts the fit split's chat rows are cut into."""
+    fprs: list[float] = field(default_factory=lambda: [0.05, 0.01])
+    """Target false-positive rates, each set on validation chat."""
+    seed: int = 0
+    """Seed of the row splits."""
+
+
+def fold_of(row_id: str, folds: int) -> int:
+    """A row's part, from a hash of its id (independent of the fit/validation/test hash, which has its own salt)."""
+    return int(hashlib.sha256(f"chat-fold:{row_id}".encode()).hexdigest(), 16) % folds
+
+
+def binomial_interval(flagged: int, rows: int) -> list[float]:
+    """A 95% Wilson interval for a rate of ``flagged`` of ``rows``."""
+    z, rate = 1.959964, flagged / rows
+    centre = (rate + z * z / (2 * rows)) / (1 + z * z / rows)
+    half = z * math.sqrt(rate * (1 - rate) / rows + z * z / (4 * rows * rows)) / (1 + z * z / rows)
+    return [centre - half, centre + half]
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    config = ProbeConfig(
+        reads=[tuple(r) for r in settings.reads], inverse_regularisation=settings.inverse_regularisation
+    )
+    rows = load_source_rows(settings.folder, settings.pools, config.reads, seed=settings.seed)
+    hidden = rows.features[config.reads[0]].shape[1]
+    fit = rows.select(rows.where(split="fit"))
+    validation_chat = rows.select(rows.where(split="validation", domain="chat"))
+    fold = [fold_of(i, settings.folds) if d == "chat" else -1 for i, d in zip(fit.ids, fit.domains)]
+
+    def fit_head(train: SourceRows) -> SupervisedHead:
+        head = SupervisedHead(
+            SupervisedHeadConfig(
+                name="harm",
+                probe=config,
+                hidden_size=hidden,
+                n_safe=int((train.labels == 0).sum()),
+                n_unsafe=int(train.labels.sum()),
+            )
+        )
+        head.probe.fit(head.probe.features(train.features), train.labels, balanced_weights(train.sources, train.labels))
+        return head.eval()
+
+    flagged = {fpr: 0 for fpr in settings.fprs}
+    per_fold = []
+    for k in range(settings.folds):
+        print(f"  fold {k + 1} of {settings.folds}", flush=True)
+        head = fit_head(fit.select([f != k for f in fold]))
+        held_out = fit.select([f == k for f in fold])
+        with torch.no_grad():
+            benign, scores = head(validation_chat.features), head(held_out.features)
+        entry: dict[str, Any] = {"rows": len(held_out)}
+        for fpr in settings.fprs:
+            threshold = threshold_at(benign, fpr)[0]
+            count = int((scores > threshold).sum())
+            flagged[fpr] += count
+            entry[f"flagged@{fpr:g}"] = count
+            entry[f"validation_chat_rate@{fpr:g}"] = float((benign > threshold).double().mean())
+        per_fold.append(entry)
+    rows_scored = sum(entry["rows"] for entry in per_fold)
+    summary = {
+        f"@{fpr:g}": {
+            "unseen_chat_rows": rows_scored,
+            "flagged": flagged[fpr],
+            "rate": flagged[fpr] / rows_scored,
+            "wilson_95": binomial_interval(flagged[fpr], rows_scored),
+        }
+        for fpr in settings.fprs
+    }
+    for fpr, entry in summary.items():
+        print(f"target {fpr}: {entry['flagged']} of {entry['unseen_chat_rows']} unseen chat rows, {entry['rate']:.4f}")
+    return {"validation_chat_rows": len(validation_chat), "folds": per_fold, "summary": summary}
