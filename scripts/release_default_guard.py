@@ -10,11 +10,15 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
   24 (``heads/registry_sources``, ``heads/registry_regularisation``), fitted on the fit split (60%,
   :func:`hf_lsad.core.splits.split_of`) of every unsafe source against every benign domain and the benign look-alikes
   (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`), each source weighing alike;
-- **budget**: 5% on validation chat, 0.1 of it to the anomaly head (``heads/two_heads_registry``).
+- **budget**: 5% of chat, 0.1 of it to the anomaly head (``heads/two_heads_registry``), set on validation chat with
+  confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
+  with probability 0.95 (``heads/chat_rate`` measures both rules on chat that is neither validation nor test).
 
 The README's demo prompts are never fitted, labelled or threshold rows (``RESERVED_PROMPTS`` of
 :mod:`hf_lsad.evaluation.sources`).
-The figures on the card come from ``benchmarks/results/heads--report.json`` (``python benchmarks/run.py heads/report``).
+The figures on the card come from ``benchmarks/results/heads--report.json`` (leave-one-source-out, ``python
+benchmarks/run.py heads/report``) and ``benchmarks/results/heads--shipped.json`` (the guard as shipped, ``python
+benchmarks/run.py heads/shipped``).
 
 Needs the activations of every pool (``hf-lsad collect --pool P --layer 8 12 16 20 24 --position prompt_last
 prompt_mean --out artifacts/smollm2/P``)::
@@ -42,14 +46,16 @@ REPO = Path(__file__).resolve().parent.parent
 HARM_READS = [(16, "prompt_mean"), (20, "prompt_mean"), (24, "prompt_mean")]
 ANOMALY_SHARE = 0.1
 TARGET_FPR = 0.05
+CONFIDENCE = 0.95
 REPORT = REPO / "benchmarks" / "results" / "heads--report.json"
+SHIPPED = REPO / "benchmarks" / "results" / "heads--shipped.json"
 
 
-def card_texts(report: dict) -> tuple[str, str, str]:
-    """The card's training-data paragraph, evaluation note and limitations, from the measured report."""
-    result = report["result"]
-    methods = result["methods"]
-    shipped = result["shipped"][f"anomaly share {ANOMALY_SHARE:g}"]
+def card_texts(report: dict, as_shipped: dict) -> tuple[str, str, str]:
+    """The card's training-data paragraph, evaluation note and limitations, from the measured report (leave one
+    source out) and the measured guard as shipped."""
+    methods = report["result"]["methods"]
+    shipped = as_shipped["result"]["shipped"][f"anomaly share {ANOMALY_SHARE:g}"]
 
     def loso(name: str, fpr: str) -> str:
         summary = methods[name][f"summary@{fpr}"]
@@ -73,7 +79,9 @@ def card_texts(report: dict) -> tuple[str, str, str]:
         + ", ".join(f"{d} {v['fpr@0.05']:.2f}" for d, v in methods[two]["domains"].items())
         + ".",
         "",
-        "The guard as shipped (fitted on every source), on test rows:",
+        f"The guard as shipped (fitted on every source; thresholds set with confidence {CONFIDENCE:g}, flagging "
+        f"{shipped['at 0.05']['validation_chat_fpr']:.1%} / {shipped['at 0.01']['validation_chat_fpr']:.1%} of the "
+        "validation chat), on test rows (`python benchmarks/run.py heads/shipped`):",
         "",
         "| | at 5% | at 1% |",
         "|---|---:|---:|",
@@ -112,7 +120,8 @@ def card_texts(report: dict) -> tuple[str, str, str]:
         "pool: unsafe (AdvBench, HarmBench, do-not-answer, RealToxicityPrompts, in-the-wild jailbreaks, PyRIT "
         "templates, vauban harmful, prompt injections, harmful look-alike twins, slur-eliciting text) against benign "
         "(chat, task prompts, benign OOD, benign look-alikes, everyday questions, plain statements), every source "
-        "weighing alike. Thresholds on the validation split (20%) of chat."
+        "weighing alike. Thresholds on the validation split (20%) of chat, set so that fresh chat is flagged at most "
+        f"at the target with probability {CONFIDENCE:g}."
     )
     return data, "\n".join(lines), limitations
 
@@ -128,7 +137,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     out = Path(args.out)
-    card_args = dict(zip(("data", "metrics_note", "limitations"), card_texts(json.loads(REPORT.read_text()))))
+    texts = card_texts(json.loads(REPORT.read_text()), json.loads(SHIPPED.read_text()))
+    card_args = dict(zip(("data", "metrics_note", "limitations"), texts))
     if args.card_only:
         SafetyGuard.from_pretrained(out).model_card(**card_args).save(out / "README.md")
         print(f"wrote {out / 'README.md'}")
@@ -144,7 +154,11 @@ def main() -> None:
     guard.add_head(head)
     chat = rows.select(rows.where(split="validation", domain="chat"))
     budget = guard.fit_budget(
-        chat.features, target_fpr=TARGET_FPR, shares=[ANOMALY_SHARE, 1 - ANOMALY_SHARE], rows="validation chat"
+        chat.features,
+        target_fpr=TARGET_FPR,
+        shares=[ANOMALY_SHARE, 1 - ANOMALY_SHARE],
+        rows="validation chat",
+        confidence=CONFIDENCE,
     )
     print(budget)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,9 @@ class Settings:
     """Parts the fit split's chat rows are cut into."""
     fprs: list[float] = field(default_factory=lambda: [0.05, 0.01])
     """Target false-positive rates, each set on validation chat."""
+    confidences: list[float | None] = field(default_factory=lambda: [None, 0.95])
+    """Threshold rules: ``None``, the quantile of validation chat; ``c``, the rule of a budget with confidence ``c``
+    (:func:`hf_lsad.guard.threshold.allowed_flags`)."""
     seed: int = 0
     """Seed of the row splits."""
 
@@ -81,7 +85,8 @@ def run(settings: Settings) -> dict[str, Any]:
         head.probe.fit(head.probe.features(train.features), train.labels, balanced_weights(train.sources, train.labels))
         return head.eval()
 
-    flagged = {fpr: 0 for fpr in settings.fprs}
+    rules = [(fpr, confidence) for fpr in settings.fprs for confidence in settings.confidences]
+    flagged = {rule: 0 for rule in rules}
     per_fold = []
     for k in range(settings.folds):
         print(f"  fold {k + 1} of {settings.folds}", flush=True)
@@ -90,23 +95,31 @@ def run(settings: Settings) -> dict[str, Any]:
         with torch.no_grad():
             benign, scores = head(validation_chat.features), head(held_out.features)
         entry: dict[str, Any] = {"rows": len(held_out)}
-        for fpr in settings.fprs:
-            threshold = threshold_at(benign, fpr)[0]
+        for fpr, confidence in rules:
+            threshold = threshold_at(benign, fpr, confidence=confidence)[0]
             count = int((scores > threshold).sum())
-            flagged[fpr] += count
-            entry[f"flagged@{fpr:g}"] = count
-            entry[f"validation_chat_rate@{fpr:g}"] = float((benign > threshold).double().mean())
+            flagged[fpr, confidence] += count
+            entry[rule_name(fpr, confidence)] = {
+                "flagged": count,
+                "validation_chat_rate": float((benign > threshold).double().mean()),
+            }
         per_fold.append(entry)
     rows_scored = sum(entry["rows"] for entry in per_fold)
-    summary = {
-        f"@{fpr:g}": {
+    summary = {}
+    for fpr, confidence in rules:
+        count = flagged[fpr, confidence]
+        summary[rule_name(fpr, confidence)] = {
             "unseen_chat_rows": rows_scored,
-            "flagged": flagged[fpr],
-            "rate": flagged[fpr] / rows_scored,
-            "wilson_95": binomial_interval(flagged[fpr], rows_scored),
+            "flagged": count,
+            "rate": count / rows_scored,
+            "wilson_95": binomial_interval(count, rows_scored),
+            "validation_chat_rate_median": statistics.median(
+                entry[rule_name(fpr, confidence)]["validation_chat_rate"] for entry in per_fold
+            ),
         }
-        for fpr in settings.fprs
-    }
-    for fpr, entry in summary.items():
-        print(f"target {fpr}: {entry['flagged']} of {entry['unseen_chat_rows']} unseen chat rows, {entry['rate']:.4f}")
+        print(f"{rule_name(fpr, confidence)}: {count} of {rows_scored} unseen chat rows, {count / rows_scored:.4f}")
     return {"validation_chat_rows": len(validation_chat), "folds": per_fold, "summary": summary}
+
+
+def rule_name(fpr: float, confidence: float | None) -> str:
+    return f"@{fpr:g}" + (f", confidence {confidence:g}" if confidence is not None else "")

@@ -11,8 +11,9 @@ thresholds at 5% and 1% on validation chat, rates on the held-out group's ``eval
   (:func:`hf_lsad.guard.threshold.budget_thresholds`) at each anomaly share of ``Settings.anomaly_shares``.
 
 With ``evaluate_on="test"`` the run also measures the guard as it ships (:func:`shipped`): the supervised head
-fitted on the fit rows of every pool, thresholds on validation chat, and on test rows the flag rate of chat and of
-each benign domain, the TPR of each unsafe source, and the rows only the anomaly head catches, by source.
+fitted on the fit rows of every pool, thresholds on validation chat (with the budget's ``confidence``, as the
+release sets them), and on test rows the flag rate of chat and of each benign domain, the TPR of each unsafe
+source, and the rows only the anomaly head catches, by source. ``leave_one_out=False`` measures only that.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from hf_lsad.evaluation.sources import (
 )
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig, balanced_weights
+from hf_lsad.guard.threshold import union_flag_rate
 
 
 @dataclass
@@ -56,6 +58,10 @@ class Settings:
     """The anomaly head's share of the false-positive budget, tried in turn (the supervised head has the rest)."""
     evaluate_on: str = "validation"
     """``validation`` to choose the share, ``test`` to report."""
+    confidence: float | None = None
+    """Thresholds as a budget with this confidence sets them (``None``: the plain quantile of validation chat)."""
+    leave_one_out: bool = True
+    """Run leave-one-source-out; ``False`` (with ``evaluate_on="test"``): only the guard as shipped."""
     held_out_sources: list[str] = field(default_factory=lambda: list(EVAL_SOURCES))
     """The unsafe sources held out one at a time (default: the seven the guard is judged on)."""
     held_out_domains: list[str] = field(default_factory=lambda: list(EVAL_DOMAINS))
@@ -118,9 +124,20 @@ def run(settings: Settings) -> dict[str, Any]:
         print(f"  {message}", flush=True)
 
     protocol = dict(
-        evaluate_on=settings.evaluate_on, sources=settings.held_out_sources, domains=settings.held_out_domains
+        evaluate_on=settings.evaluate_on,
+        sources=settings.held_out_sources,
+        domains=settings.held_out_domains,
+        confidence=settings.confidence,
     )
     results: dict[str, Any] = {"rows": len(rows), "methods": {}}
+    if not settings.leave_one_out:
+        if settings.evaluate_on != "test":
+            raise SystemExit("leave_one_out=false measures the guard as shipped, on test rows: set evaluate_on=test")
+        results["shipped"] = {
+            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, hidden, share, settings.confidence)
+            for share in settings.anomaly_shares
+        }
+        return results
     print("anomaly head alone")
     results["methods"]["anomaly"] = leave_one_source_out(rows, anomaly_method, **protocol)
     print("supervised head alone")
@@ -132,13 +149,15 @@ def run(settings: Settings) -> dict[str, Any]:
         )
     if settings.evaluate_on == "test":
         results["shipped"] = {
-            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, hidden, share)
+            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, hidden, share, settings.confidence)
             for share in settings.anomaly_shares
         }
     return results
 
 
-def shipped(rows: SourceRows, anomaly_of: Any, config: ProbeConfig, hidden: int, share: float) -> dict[str, Any]:
+def shipped(
+    rows: SourceRows, anomaly_of: Any, config: ProbeConfig, hidden: int, share: float, confidence: float | None
+) -> dict[str, Any]:
     """The guard as it ships, on test rows: fitted on every fit row, thresholds on validation chat (5% and 1%)."""
     head = fit_supervised(rows.select(rows.where(split="fit")), config, hidden)
     test = rows.select(rows.where(split="test"))
@@ -150,11 +169,18 @@ def shipped(rows: SourceRows, anomaly_of: Any, config: ProbeConfig, hidden: int,
     out: dict[str, Any] = {}
     benign_scores, test_scores = scores(chat), scores(test)
     for fpr in (0.05, 0.01):
-        thresholds = threshold_at(benign_scores, fpr, [share, 1 - share])
+        thresholds = threshold_at(benign_scores, fpr, [share, 1 - share], confidence)
         flags = test_scores > torch.tensor(thresholds)
         flagged = flags.any(1)
         only_anomaly = flags[:, 0] & ~flags[:, 1]
-        entry: dict[str, Any] = {"thresholds": thresholds, "domains": {}, "sources": {}, "only_anomaly": {}}
+        entry: dict[str, Any] = {
+            "thresholds": thresholds,
+            "confidence": confidence,
+            "validation_chat_fpr": union_flag_rate(benign_scores, thresholds),
+            "domains": {},
+            "sources": {},
+            "only_anomaly": {},
+        }
         for domain in sorted(set(test.domains) - {"unsafe"}):
             mask = torch.tensor([d == domain for d in test.domains])
             entry["domains"][domain] = {"rows": int(mask.sum()), "fpr": float(flagged[mask].double().mean())}

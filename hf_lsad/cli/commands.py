@@ -329,10 +329,13 @@ def describe_guard(guard: Any) -> str:
             for name, head in guard.heads.items()
         )
         budget = guard.budget
-        return (
-            f"anomaly ({anomaly}); {heads}. A row is flagged when any head is above its threshold "
-            f"(together {budget.target_fpr:.0%} of {budget.rows})"
-        )
+        together = f"together {budget.target_fpr:.0%} of {budget.rows}"
+        if budget.confidence is not None:
+            together = (
+                f"together at most {budget.target_fpr:.0%} of benign traffic like {budget.rows} "
+                f"with {budget.confidence:.0%} confidence; {budget.measured_fpr:.1%} of the rows it was set on"
+            )
+        return f"anomaly ({anomaly}); {heads}. A row is flagged when any head is above its threshold ({together})"
     if guard.calibration is not None:
         return f"{anomaly}, calibrated: flags P(unsafe) > {guard.threshold:.4g}"
     return f"{anomaly}: flags scores > {guard.threshold:.4g} ({guard.config.target_fpr:.0%} safe FPR)"
@@ -390,8 +393,10 @@ def run_add_head(args: argparse.Namespace) -> None:
     print(f"added head {args.name!r} ({len(unsafe)} unsafe, {len(safe)} own safe prompts); wrote {out}")
     for name, share, threshold in zip(budget.heads, budget.shares, budget.thresholds):
         print(f"  {name}: share {share:.2f}, threshold {threshold:.4g}")
+    confidence = f", {budget.confidence:.0%} confidence" if budget.confidence is not None else ""
     print(
-        f"  together: {budget.measured_fpr:.2%} of {budget.n_rows} {budget.rows} rows (target {budget.target_fpr:.0%})"
+        f"  together: {budget.measured_fpr:.2%} of {budget.n_rows} {budget.rows} rows "
+        f"(target {budget.target_fpr:.0%}{confidence})"
     )
 
 

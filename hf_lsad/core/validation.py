@@ -58,6 +58,7 @@ POSITIVE_NUMBER = Range(low=0, low_open=True, expected="a number > 0")
 OPEN_UNIT = Range(low=0, high=1, low_open=True, high_open=True, expected="a number in (0, 1)")
 HALF_OPEN_UNIT = Range(low=0, high=1, low_open=True, expected="a number in (0, 1]")
 CLOSED_UNIT = Range(low=0, high=1, expected="a number in [0, 1]")
+CONFIDENCE = Range(low=0.5, high=1, high_open=True, expected="a number in [0.5, 1)")
 _RANGE = "hf_lsad.range"
 
 

@@ -9,7 +9,8 @@ The protocol, in one place:
   validation, 20% test, the same for a row whichever subset of its pool was collected. Methods, layers and
   settings are chosen on validation rows; figures are reported on test rows.
 - **Thresholds** are set on held-out benign chat: the score above which ``fpr`` of the chat rows of the
-  threshold split lie (:func:`threshold_at`), at 5% and 1%.
+  threshold split lie (:func:`threshold_at`), at 5% and 1%; with a ``confidence``, the lower score that bounds the
+  rate on fresh chat as the guard's budget does (:func:`~hf_lsad.guard.threshold.allowed_flags`).
 - **Leave one source out** (:func:`leave_one_source_out`): for each unsafe source of :data:`EVAL_SOURCES`,
   fit on the fit rows of every *other* source and every benign domain, set the threshold, and report the
   held-out source's true-positive rate; the table gives each source, the median and the worst. Likewise
@@ -180,16 +181,19 @@ def _normalised(text: str) -> str:
     return re.sub(r"\W+", " ", text.lower()).strip()
 
 
-def threshold_at(benign_scores: Tensor, fpr: float, shares: Sequence[float] | None = None) -> list[float]:
-    """Thresholds at which at most ``fpr`` of the benign rows are flagged, as a guard sets them: one head's
-    ``[n]`` scores (:func:`~hf_lsad.guard.threshold.fpr_threshold`), or several heads' ``[n, heads]`` sharing the
-    budget by ``shares`` (:func:`~hf_lsad.guard.threshold.budget_thresholds`; default: equal shares)."""
+def threshold_at(
+    benign_scores: Tensor, fpr: float, shares: Sequence[float] | None = None, confidence: float | None = None
+) -> list[float]:
+    """Thresholds at which at most ``fpr`` of the benign rows are flagged (with ``confidence``: at most ``fpr`` of
+    fresh rows, with that probability), as a guard sets them: one head's ``[n]`` scores
+    (:func:`~hf_lsad.guard.threshold.fpr_threshold`), or several heads' ``[n, heads]`` sharing the budget by
+    ``shares`` (:func:`~hf_lsad.guard.threshold.budget_thresholds`; default: equal shares)."""
     if len(benign_scores) == 0:
         raise ValueError("no benign rows to set a threshold on")
     if benign_scores.ndim == 1:
-        return [fpr_threshold(benign_scores, fpr)]
+        return [fpr_threshold(benign_scores, fpr, confidence)]
     shares = [1.0] * benign_scores.shape[1] if shares is None else shares
-    return budget_thresholds(benign_scores, fpr, shares)
+    return budget_thresholds(benign_scores, fpr, shares, confidence=confidence)
 
 
 Method = Callable[[SourceRows], Callable[[SourceRows], Tensor]]
@@ -212,6 +216,7 @@ def leave_one_source_out(
     sources: Sequence[str] = EVAL_SOURCES,
     domains: Sequence[str] = EVAL_DOMAINS,
     shares: Sequence[float] | None = None,
+    confidence: float | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """TPR of each unsafe source and FPR of each benign domain, each held out of the fit entirely.
@@ -219,11 +224,18 @@ def leave_one_source_out(
     The method is fitted on the ``fit`` split without the held-out group; thresholds are set on the chat rows
     of the ``validation`` split (the held-out group's own rows never set one); rates are measured on the
     held-out group's rows of ``evaluate_on`` (``validation`` to choose, ``test`` to report). A method of several
-    heads shares each false-positive budget by ``shares`` (:func:`threshold_at`).
+    heads shares each false-positive budget by ``shares``; ``confidence`` sets the thresholds as a guard with that
+    budget confidence does (:func:`threshold_at`).
     """
     fit_rows = rows.where(split="fit")
     threshold_rows = rows.select(rows.where(split="validation", domain=THRESHOLD_DOMAIN))
-    result: dict[str, Any] = {"evaluate_on": evaluate_on, "fprs": list(fprs), "sources": {}, "domains": {}}
+    result: dict[str, Any] = {
+        "evaluate_on": evaluate_on,
+        "fprs": list(fprs),
+        "confidence": confidence,
+        "sources": {},
+        "domains": {},
+    }
     for source in sources:
         if progress:
             progress(f"hold out source {source}")
@@ -234,7 +246,7 @@ def leave_one_source_out(
         positives = score(held_out)
         result["sources"][source] = {
             "rows": len(held_out),
-            **{f"tpr@{fpr:g}": _rate(positives, threshold_at(benign, fpr, shares)) for fpr in fprs},
+            **{f"tpr@{fpr:g}": _rate(positives, threshold_at(benign, fpr, shares, confidence)) for fpr in fprs},
         }
     for domain in domains:
         if progress:
@@ -251,7 +263,7 @@ def leave_one_source_out(
         benign, negatives = score(reference), score(held_out)
         result["domains"][domain] = {
             "rows": len(held_out),
-            **{f"fpr@{fpr:g}": _rate(negatives, threshold_at(benign, fpr, shares)) for fpr in fprs},
+            **{f"fpr@{fpr:g}": _rate(negatives, threshold_at(benign, fpr, shares, confidence)) for fpr in fprs},
         }
     for fpr in fprs:
         tprs = [entry[f"tpr@{fpr:g}"] for entry in result["sources"].values()]

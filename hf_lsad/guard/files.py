@@ -178,7 +178,10 @@ def load_guard_folder(path: Path) -> tuple[GuardParts, dict[str, Any]]:
     names = [head.name for head in heads]
     if len(set(names)) != len(names):
         raise GuardFormatError(f"{source}: two supervised heads share a name: {names}")
-    budget = config_from_dict(BudgetConfig, raw["budget"], source=f"{source}:budget") if heads else None
+    budget = None
+    if heads:  # a budget written before ``confidence`` existed was set by the plain quantile rule
+        written = raw["budget"] if not isinstance(raw["budget"], dict) else {"confidence": None, **raw["budget"]}
+        budget = config_from_dict(BudgetConfig, written, source=f"{source}:budget")
     parts = GuardParts(
         config,
         detector.eval(),

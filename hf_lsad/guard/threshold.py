@@ -7,6 +7,14 @@ The threshold is the safe-quantile rule of the paper (appendix G, Proposition
 most ``q``, and on fresh safe data at most ``q + sqrt(log(2/delta) / 2m)`` with
 probability ``1 - delta`` (DKW).
 
+That bound is about a rate: half the time a fresh sample of safe rows is flagged above ``q``. With a
+``confidence`` ``c`` the threshold instead flags at most :func:`allowed_flags` of the ``m`` rows, the largest
+``k`` with ``P(Binomial(m, q) <= k) <= 1 - c``. For exchangeable continuous scores the safe rate of a threshold
+with ``k`` of ``m`` held-out rows above it is ``Beta(k + 1, m - k)``, and ``P(Beta(k + 1, m - k) <= q) =
+P(Binomial(m, q) >= k + 1)``, so on fresh rows of the same distribution the rate is at most ``q`` with
+probability at least ``c`` (a training-conditional guarantee, Vovk 2012). On 1,338 rows at ``q = 0.05`` and
+``c = 0.95`` that flags 53 rows (4.0%) instead of 66.
+
 The same held-out scores give every input a conformal p-value,
 ``p(s) = (1 + #{j : s'_j >= s}) / (m + 1)``: the share of safe prompts at least
 as unusual as this one. Flagging stays ``s > tau_q``; a flagged score has
@@ -24,8 +32,41 @@ import torch
 from torch import Tensor
 
 
-def fpr_threshold(safe_scores: Tensor, target_fpr: float) -> float:
-    """``tau_q = inf{t : F_m(t) >= 1 - q}`` over held-out safe scores, for ``q = target_fpr``."""
+def allowed_flags(rows: int, target_fpr: float, confidence: float | None = None) -> int:
+    """How many of ``rows`` held-out safe rows a threshold at ``target_fpr`` may flag.
+
+    Without ``confidence``: ``floor(rows * target_fpr)``, the safe-quantile rule. With it: the largest ``k`` such
+    that ``P(Binomial(rows, target_fpr) <= k) <= 1 - confidence``, so that fresh safe rows are flagged at a rate of
+    at most ``target_fpr`` with probability ``confidence`` (see the module docstring).
+    """
+    if not 0.0 < target_fpr < 1.0:
+        raise ValueError(f"target_fpr must be in (0, 1), got {target_fpr}")
+    if rows < 1:
+        raise ValueError("need at least one held-out safe score to set a threshold")
+    if confidence is None:
+        return math.floor(rows * target_fpr + 1e-9)
+    if not 0.5 <= confidence < 1.0:
+        raise ValueError(f"confidence must be in [0.5, 1), got {confidence}")
+    log_q, log_p = math.log(target_fpr), math.log1p(-target_fpr)
+    cdf = 0.0
+    for k in range(rows + 1):
+        cdf += math.exp(
+            math.lgamma(rows + 1) - math.lgamma(k + 1) - math.lgamma(rows - k + 1) + k * log_q + (rows - k) * log_p
+        )
+        if cdf > 1.0 - confidence:
+            if k == 0:
+                needed = math.ceil(math.log(1.0 - confidence) / log_p)
+                raise ValueError(
+                    f"{rows} held-out safe rows cannot bound the rate at {target_fpr:g} with confidence "
+                    f"{confidence:g}: need at least {needed}"
+                )
+            return k - 1
+    return rows
+
+
+def fpr_threshold(safe_scores: Tensor, target_fpr: float, confidence: float | None = None) -> float:
+    """``tau_q = inf{t : F_m(t) >= 1 - q}`` over held-out safe scores, for ``q = target_fpr``; with ``confidence``,
+    the order statistic that leaves :func:`allowed_flags` rows above it."""
     if not 0.0 < target_fpr < 1.0:
         raise ValueError(f"target_fpr must be in (0, 1), got {target_fpr}")
     scores = safe_scores.detach().flatten().double().sort().values
@@ -33,8 +74,8 @@ def fpr_threshold(safe_scores: Tensor, target_fpr: float) -> float:
         raise ValueError("need at least one held-out safe score to set a threshold")
     if not torch.isfinite(scores).all():
         raise ValueError("held-out safe scores contain NaN or inf")
-    # F_m(s_(i)) = i/m, so the infimum is the order statistic s_(ceil(m(1-q))).
-    rank = math.ceil(len(scores) * (1.0 - target_fpr) - 1e-9)
+    # F_m(s_(i)) = i/m, so the infimum is the order statistic s_(m - k) with k = floor(mq) rows above it.
+    rank = len(scores) - allowed_flags(len(scores), target_fpr, confidence)
     return scores[max(rank, 1) - 1].item()
 
 
@@ -63,14 +104,21 @@ def sorted_holdout(holdout_scores: Tensor) -> Tensor:
 
 
 def budget_thresholds(
-    benign_scores: Tensor, target_fpr: float, shares: Sequence[float], *, iterations: int = 60
+    benign_scores: Tensor,
+    target_fpr: float,
+    shares: Sequence[float],
+    *,
+    confidence: float | None = None,
+    iterations: int = 60,
 ) -> list[float]:
     """Thresholds for several heads that share one false-positive budget on held-out benign rows.
 
     ``benign_scores`` is ``[n, heads]`` (each head's score of each benign row). Head ``h`` gets the threshold
     :func:`fpr_threshold` gives at ``shares[h] * alpha``, and ``alpha`` is the largest (found by bisection) for
-    which the rows flagged by *any* head are at most ``target_fpr`` of the ``n``: the union, not each head,
-    meets the target. Heads that flag the same rows leave more budget to each other.
+    which the rows flagged by *any* head are at most :func:`allowed_flags` of the ``n`` (``target_fpr`` of them
+    without ``confidence``): the union, not each head, meets the target. Heads that flag the same rows leave more
+    budget to each other. The thresholds grow with ``alpha``, so the union is one nested family of rules and the
+    ``confidence`` guarantee of :func:`allowed_flags` holds for it as for one head.
     """
     if benign_scores.ndim != 2 or benign_scores.shape[1] != len(shares):
         raise ValueError(f"expected benign scores [n, {len(shares)}], got {tuple(benign_scores.shape)}")
@@ -79,6 +127,7 @@ def budget_thresholds(
     if any(share <= 0 for share in shares):
         raise ValueError(f"every head needs a positive share of the budget, got {list(shares)}")
     scores = benign_scores.double()
+    allowed = allowed_flags(len(scores), target_fpr, confidence)
     total = sum(shares)
     shares = [share / total for share in shares]
 
@@ -88,14 +137,14 @@ def budget_thresholds(
             fpr_threshold(scores[:, h], min(max(share * alpha, 1e-12), 1.0 - 1e-9)) for h, share in enumerate(shares)
         ]
 
-    def union_rate(alpha: float) -> float:
+    def union_count(alpha: float) -> int:
         flagged = scores > torch.tensor(thresholds(alpha), dtype=torch.float64)
-        return float(flagged.any(1).double().mean())
+        return int(flagged.any(1).sum())
 
-    low, high = 0.0, 1.0 / max(shares)  # union_rate(low) = 0 <= target
+    low, high = 0.0, 1.0 / max(shares)  # union_count(low) = 0 <= allowed
     for _ in range(iterations):
         middle = (low + high) / 2
-        low, high = (middle, high) if union_rate(middle) <= target_fpr else (low, middle)
+        low, high = (middle, high) if union_count(middle) <= allowed else (low, middle)
     return thresholds(low)
 
 

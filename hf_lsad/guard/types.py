@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from torch import Tensor
 
 from ..core.hook_point import HookPoint
-from ..core.validation import NON_NEGATIVE, OPEN_UNIT, POSITIVE, check_ranges, ranged
+from ..core.validation import CONFIDENCE, NON_NEGATIVE, OPEN_UNIT, POSITIVE, check_ranges, ranged
 
 ANOMALY_HEAD = "anomaly"
 """The name of the paper's head (the guard's detector, SAE and calibration), always the first head."""
@@ -54,7 +54,8 @@ class BudgetConfig:
     Head ``h`` flags the rows whose score exceeds ``thresholds[h]``; the thresholds were set together on
     ``n_rows`` held-out benign rows (``rows`` says which) so that the rows flagged by *any* head are at most
     ``target_fpr`` of them, head ``h`` taking ``shares[h]`` of the budget
-    (:func:`hf_lsad.guard.threshold.budget_thresholds`).
+    (:func:`hf_lsad.guard.threshold.budget_thresholds`); with a ``confidence``, so that fresh rows of the same kind
+    are flagged at most at ``target_fpr`` with that probability.
     """
 
     heads: list[str]
@@ -78,6 +79,12 @@ class BudgetConfig:
 
     rows: str = "validation chat"
     """Which rows those were."""
+
+    confidence: float | None = ranged(CONFIDENCE, None)
+    """``None``: the rows flagged are at most ``target_fpr`` of the ``n_rows`` (fresh rows: about ``target_fpr``, above
+    it about half the time); a number ``c``: few enough are flagged that fresh rows of the same kind are flagged at
+    most at ``target_fpr`` with probability ``c`` (:func:`hf_lsad.guard.threshold.allowed_flags`). Folders written
+    before this field existed load as ``None``."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

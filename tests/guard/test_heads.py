@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import warnings
@@ -12,10 +13,11 @@ import torch
 from tiny import HEAD_READS, PROMPTS, UNSAFE_PROMPTS, fresh_guard, tiny_guard, tiny_head, two_headed_guard
 
 from hf_lsad.capture.collect import collect_prompt_features
+from hf_lsad.core.integrity import canonical_json
 from hf_lsad.errors import GuardFormatError
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig
-from hf_lsad.guard.threshold import union_flag_rate
+from hf_lsad.guard.threshold import allowed_flags, union_flag_rate
 from hf_lsad.guard.types import BudgetConfig
 
 
@@ -100,6 +102,33 @@ def test_save_and_load_round_trip_bit_exact(tmp_path):
     reads = reads_of(guard, PROMPTS[:4] + UNSAFE_PROMPTS[:4])
     assert guard.reports(reads) == loaded.reports(reads)
     assert (tmp_path / "g" / "heads" / "harm.safetensors").is_file()
+
+
+def test_a_budget_with_confidence_flags_fewer_rows_and_is_kept_on_disk(tmp_path):
+    guard = two_headed_guard()
+    reads = reads_of(guard, PROMPTS)
+    plain = guard.fit_budget(reads, target_fpr=0.25, shares=[0.5, 0.5])
+    bounded = guard.fit_budget(reads, target_fpr=0.25, shares=[0.5, 0.5], confidence=0.9)
+    assert plain.confidence is None and bounded.confidence == 0.9
+    assert round(bounded.measured_fpr * 96) <= allowed_flags(96, 0.25, 0.9) < round(plain.measured_fpr * 96)
+    assert float(guard(reads).flagged.float().mean()) == pytest.approx(bounded.measured_fpr)
+    guard.save_pretrained(tmp_path / "g")
+    assert SafetyGuard.from_pretrained(tmp_path / "g").budget == bounded
+
+
+def test_a_two_headed_folder_written_before_confidence_loads_with_the_quantile_rule(tmp_path):
+    guard = two_headed_guard()
+    guard.save_pretrained(tmp_path / "g")
+
+    def as_written_before(config):  # the budget and its integrity record without the field
+        config["budget"].pop("confidence")
+        record = config["integrity"]
+        record["settings"]["budget"].pop("confidence")
+        record["settings_sha256"] = hashlib.sha256(canonical_json(record["settings"]).encode()).hexdigest()
+
+    edit_config(tmp_path / "g", as_written_before)
+    loaded = SafetyGuard.from_pretrained(tmp_path / "g")
+    assert loaded.budget.confidence is None and loaded.budget.thresholds == guard.budget.thresholds
 
 
 def test_a_single_head_guard_folder_has_no_heads_and_scores_a_tensor(tmp_path):

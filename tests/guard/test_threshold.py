@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from hf_lsad.core.metrics import auroc, tpr_at_fpr
-from hf_lsad.guard.threshold import conformal_p_values, fpr_threshold, sorted_holdout
+from hf_lsad.guard.threshold import (
+    allowed_flags,
+    budget_thresholds,
+    conformal_p_values,
+    fpr_threshold,
+    sorted_holdout,
+)
 
 
 @pytest.mark.parametrize(
@@ -93,3 +99,45 @@ def test_sorted_holdout_rejects_empty_and_nan():
         sorted_holdout(torch.tensor([]))
     with pytest.raises(ValueError, match="finite"):
         sorted_holdout(torch.tensor([1.0, float("nan")]))
+
+
+@pytest.mark.parametrize(
+    "rows, fpr, confidence", [(1338, 0.05, 0.95), (1338, 0.01, 0.95), (500, 0.05, 0.9), (59, 0.05, 0.95)]
+)
+def test_allowed_flags_is_the_binomial_bound(rows, fpr, confidence):
+    from scipy.stats import binom
+
+    k = allowed_flags(rows, fpr, confidence)
+    assert binom.cdf(k, rows, fpr) <= 1 - confidence < binom.cdf(k + 1, rows, fpr)
+    assert allowed_flags(rows, fpr) == math.floor(rows * fpr)
+
+
+def test_allowed_flags_refuses_too_few_rows_and_bad_confidence():
+    with pytest.raises(ValueError, match="need at least 59"):
+        allowed_flags(58, 0.05, 0.95)
+    with pytest.raises(ValueError, match="confidence"):
+        allowed_flags(100, 0.05, 1.0)
+    with pytest.raises(ValueError, match="at least one"):
+        allowed_flags(0, 0.05)
+
+
+def test_confidence_bounds_the_rate_on_fresh_rows():
+    # Uniform safe scores: a threshold t flags fresh safe rows at the rate 1 - t exactly.
+    generator = torch.Generator().manual_seed(0)
+    draws, rows, fpr = 2000, 500, 0.05
+    over = {None: 0, 0.9: 0}
+    for _ in range(draws):
+        scores = torch.rand(rows, generator=generator)
+        for confidence in over:
+            over[confidence] += 1 - fpr_threshold(scores, fpr, confidence) > fpr
+    assert over[0.9] / draws <= 0.12  # at most 1 - confidence, up to sampling error
+    assert over[None] / draws >= 0.35  # the quantile rule overshoots about half the time
+
+
+def test_budget_with_confidence_flags_at_most_the_allowed_rows():
+    scores = torch.rand(1338, 2, generator=torch.Generator().manual_seed(1))
+    for confidence in (None, 0.95):
+        thresholds = budget_thresholds(scores, 0.05, [0.1, 0.9], confidence=confidence)
+        flagged = int((scores > torch.tensor(thresholds, dtype=torch.float32)).any(1).sum())
+        assert flagged <= allowed_flags(1338, 0.05, confidence)
+        assert flagged >= allowed_flags(1338, 0.05, confidence) - 2  # the budget is used, not wasted

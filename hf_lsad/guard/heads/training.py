@@ -100,7 +100,8 @@ def add_head(
             and the mean over the prompt at the anomaly head's layer).
         share: The new head's share of the false-positive budget (default: an equal share with every head); the
             other heads keep their proportions of the rest.
-        target_fpr: The combined flag rate on validation chat (default: the guard's, else 5%).
+        target_fpr: The combined flag rate on validation chat (default: the guard's, else 5%); the guard's
+            ``confidence`` (:class:`~hf_lsad.guard.types.BudgetConfig`) is kept.
         benign_per_pool: Fit rows drawn from each bundled benign pool (seeded; ``None``: all).
         threshold_rows: Validation chat rows the thresholds are set on (seeded; ``None``: all).
         inverse_regularisation: The logistic regression's ``C``.
@@ -154,7 +155,13 @@ def add_head(
         previous = old.shares if old is not None else [1.0]  # a single-head guard: the anomaly head had it all
         shares = [s * (1.0 - share) for s in previous] + [share]
         fpr = target_fpr if target_fpr is not None else old.target_fpr if old is not None else guard.config.target_fpr
-        return guard.fit_budget(benign, target_fpr=fpr, shares=shares, rows=f"validation {THRESHOLD_POOL}")
+        return guard.fit_budget(
+            benign,
+            target_fpr=fpr,
+            shares=shares,
+            rows=f"validation {THRESHOLD_POOL}",
+            confidence=old.confidence if old is not None else None,
+        )
     except BaseException:  # leave the guard as it was
         del guard.heads[name]
         guard.budget = old
