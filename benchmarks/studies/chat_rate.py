@@ -15,15 +15,16 @@ rows, so its scores there are not out of sample); the shipped guard gives it 0.9
 from __future__ import annotations
 
 import hashlib
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from scipy.stats import binomtest
 
-from hf_lsad.evaluation.sources import GUARD_POOLS, SourceRows, load_source_rows, threshold_at
-from hf_lsad.guard.heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig, balanced_weights
+from hf_lsad.evaluation.sources import GUARD_POOLS, load_source_rows, threshold_at
+from hf_lsad.guard.heads import ProbeConfig
+from hf_lsad.guard.heads.training import fit_head
 
 
 @dataclass
@@ -54,43 +55,22 @@ def fold_of(row_id: str, folds: int) -> int:
     return int(hashlib.sha256(f"chat-fold:{row_id}".encode()).hexdigest(), 16) % folds
 
 
-def binomial_interval(flagged: int, rows: int) -> list[float]:
-    """A 95% Wilson interval for a rate of ``flagged`` of ``rows``."""
-    z, rate = 1.959964, flagged / rows
-    centre = (rate + z * z / (2 * rows)) / (1 + z * z / rows)
-    half = z * math.sqrt(rate * (1 - rate) / rows + z * z / (4 * rows * rows)) / (1 + z * z / rows)
-    return [centre - half, centre + half]
-
-
 def run(settings: Settings) -> dict[str, Any]:
     config = ProbeConfig(
         reads=[tuple(r) for r in settings.reads], inverse_regularisation=settings.inverse_regularisation
     )
     rows = load_source_rows(settings.folder, settings.pools, config.reads, seed=settings.seed)
-    hidden = rows.features[config.reads[0]].shape[1]
     fit = rows.select(rows.where(split="fit"))
     validation_chat = rows.select(rows.where(split="validation", domain="chat"))
     fold = [fold_of(i, settings.folds) if d == "chat" else -1 for i, d in zip(fit.ids, fit.domains)]
-
-    def fit_head(train: SourceRows) -> SupervisedHead:
-        head = SupervisedHead(
-            SupervisedHeadConfig(
-                name="harm",
-                probe=config,
-                hidden_size=hidden,
-                n_safe=int((train.labels == 0).sum()),
-                n_unsafe=int(train.labels.sum()),
-            )
-        )
-        head.probe.fit(head.probe.features(train.features), train.labels, balanced_weights(train.sources, train.labels))
-        return head.eval()
 
     rules = [(fpr, confidence) for fpr in settings.fprs for confidence in settings.confidences]
     flagged = {rule: 0 for rule in rules}
     per_fold = []
     for k in range(settings.folds):
         print(f"  fold {k + 1} of {settings.folds}", flush=True)
-        head = fit_head(fit.select([f != k for f in fold]))
+        train = fit.select([f != k for f in fold])
+        head = fit_head("harm", train.features, train.labels, train.sources, config)
         held_out = fit.select([f == k for f in fold])
         with torch.no_grad():
             benign, scores = head(validation_chat.features), head(held_out.features)
@@ -112,7 +92,7 @@ def run(settings: Settings) -> dict[str, Any]:
             "unseen_chat_rows": rows_scored,
             "flagged": count,
             "rate": count / rows_scored,
-            "wilson_95": binomial_interval(count, rows_scored),
+            "wilson_95": [float(end) for end in binomtest(count, rows_scored).proportion_ci(method="wilson")],
             "validation_chat_rate_median": statistics.median(
                 entry[rule_name(fpr, confidence)]["validation_chat_rate"] for entry in per_fold
             ),

@@ -34,7 +34,8 @@ from hf_lsad.evaluation.sources import (
     threshold_at,
 )
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig, balanced_weights
+from hf_lsad.guard.heads import ProbeConfig, SupervisedHead
+from hf_lsad.guard.heads.training import fit_head
 from hf_lsad.guard.threshold import union_flag_rate
 
 
@@ -81,19 +82,9 @@ def anomaly_scores(guard: SafetyGuard, rows: SourceRows, kind: str) -> torch.Ten
     return torch.cat(out).float()
 
 
-def fit_supervised(train: SourceRows, config: ProbeConfig, hidden: int) -> SupervisedHead:
-    head = SupervisedHead(
-        SupervisedHeadConfig(
-            name="harm",
-            probe=config,
-            hidden_size=hidden,
-            n_safe=int((train.labels == 0).sum()),
-            n_unsafe=int(train.labels.sum()),
-            sources=sorted({s for s, y in zip(train.sources, train.labels.tolist()) if y == 1}),
-        )
-    )
-    head.probe.fit(head.probe.features(train.features), train.labels, balanced_weights(train.sources, train.labels))
-    return head.eval()
+def fit_supervised(train: SourceRows, config: ProbeConfig) -> SupervisedHead:
+    """The ``harm`` head as the release fits it (:func:`hf_lsad.guard.heads.training.fit_head`, sources alike)."""
+    return fit_head("harm", train.features, train.labels, train.sources, config)
 
 
 def run(settings: Settings) -> dict[str, Any]:
@@ -103,7 +94,6 @@ def run(settings: Settings) -> dict[str, Any]:
     )
     reads = sorted({guard.reads[0], *config.reads})
     rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
-    hidden = guard.config.hook.hidden_size
     anomaly = dict(zip(rows.ids, anomaly_scores(guard, rows, settings.anomaly_score).tolist()))
 
     def anomaly_of(r: SourceRows) -> torch.Tensor:
@@ -113,11 +103,11 @@ def run(settings: Settings) -> dict[str, Any]:
         return anomaly_of
 
     def supervised_method(train: SourceRows):
-        head = fit_supervised(train, config, hidden)
+        head = fit_supervised(train, config)
         return lambda r: head(r.features)
 
     def two_headed_method(train: SourceRows):
-        head = fit_supervised(train, config, hidden)
+        head = fit_supervised(train, config)
         return lambda r: torch.stack([anomaly_of(r), head(r.features)], dim=1)
 
     def progress(message: str) -> None:
@@ -134,7 +124,7 @@ def run(settings: Settings) -> dict[str, Any]:
         if settings.evaluate_on != "test":
             raise SystemExit("leave_one_out=false measures the guard as shipped, on test rows: set evaluate_on=test")
         results["shipped"] = {
-            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, hidden, share, settings.confidence)
+            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, share, settings.confidence)
             for share in settings.anomaly_shares
         }
         return results
@@ -149,17 +139,17 @@ def run(settings: Settings) -> dict[str, Any]:
         )
     if settings.evaluate_on == "test":
         results["shipped"] = {
-            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, hidden, share, settings.confidence)
+            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, share, settings.confidence)
             for share in settings.anomaly_shares
         }
     return results
 
 
 def shipped(
-    rows: SourceRows, anomaly_of: Any, config: ProbeConfig, hidden: int, share: float, confidence: float | None
+    rows: SourceRows, anomaly_of: Any, config: ProbeConfig, share: float, confidence: float | None
 ) -> dict[str, Any]:
     """The guard as it ships, on test rows: fitted on every fit row, thresholds on validation chat (5% and 1%)."""
-    head = fit_supervised(rows.select(rows.where(split="fit")), config, hidden)
+    head = fit_supervised(rows.select(rows.where(split="fit")), config)
     test = rows.select(rows.where(split="test"))
     chat = rows.select(rows.where(split="validation", domain="chat"))
 

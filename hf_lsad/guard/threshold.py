@@ -28,7 +28,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
+from scipy.stats import binom
 from torch import Tensor
 
 
@@ -47,21 +49,15 @@ def allowed_flags(rows: int, target_fpr: float, confidence: float | None = None)
         return math.floor(rows * target_fpr + 1e-9)
     if not 0.5 <= confidence < 1.0:
         raise ValueError(f"confidence must be in [0.5, 1), got {confidence}")
-    log_q, log_p = math.log(target_fpr), math.log1p(-target_fpr)
-    cdf = 0.0
-    for k in range(rows + 1):
-        cdf += math.exp(
-            math.lgamma(rows + 1) - math.lgamma(k + 1) - math.lgamma(rows - k + 1) + k * log_q + (rows - k) * log_p
+    cdf = binom.cdf(np.arange(rows + 1), rows, target_fpr)  # P(Binomial(rows, q) <= k), ascending in k
+    allowed = int(np.searchsorted(cdf, 1.0 - confidence, side="right")) - 1
+    if allowed < 0:
+        needed = math.ceil(math.log(1.0 - confidence) / math.log1p(-target_fpr))
+        raise ValueError(
+            f"{rows} held-out safe rows cannot bound the rate at {target_fpr:g} with confidence {confidence:g}: "
+            f"need at least {needed}"
         )
-        if cdf > 1.0 - confidence:
-            if k == 0:
-                needed = math.ceil(math.log(1.0 - confidence) / log_p)
-                raise ValueError(
-                    f"{rows} held-out safe rows cannot bound the rate at {target_fpr:g} with confidence "
-                    f"{confidence:g}: need at least {needed}"
-                )
-            return k - 1
-    return rows
+    return allowed
 
 
 def fpr_threshold(safe_scores: Tensor, target_fpr: float, confidence: float | None = None) -> float:
