@@ -6,11 +6,12 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
 - **anomaly head**: the bundled paper guard (``hf_lsad/guards/smollm2-135m-instruct-paper``: FreqMask-KM on SAE codes
   at layer 12, ``prompt_last``, fitted on benign rows, per-cluster calibration), deciding on its calibrated
   probability (``heads/two_heads_probability`` against ``heads/two_heads``);
-- **supervised head** ``harm``: logistic regression (C = 1) on the mean over the prompt's tokens at layers 16, 20 and
-  24 (``heads/registry_sources``, ``heads/registry_regularisation``), fitted on the fit split (60%,
+- **supervised head** ``harm``: an MLP (one layer of 128 ReLU units, L2 penalty 1e-3) on the mean over the prompt's
+  tokens at layers 16, 20 and 24 (reads: ``heads/registry_sources``, ``heads/registry_regularisation``; the MLP over
+  the logistic regression: ``heads/registry_mlp``, ``heads/registry_mlp_penalty``), fitted on the fit split (60%,
   :func:`hf_lsad.core.splits.split_of`) of every unsafe source against every benign domain and the benign look-alikes
   (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`), each source weighing alike;
-- **budget**: 5% of chat, 0.1 of it to the anomaly head (``heads/two_heads_registry``), set on validation chat with
+- **budget**: 5% of chat, 0.1 of it to the anomaly head (``heads/two_heads_mlp``), set on validation chat with
   confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
   with probability 0.95 (``heads/chat_rate`` measures both rules on chat that is neither validation nor test).
 
@@ -43,7 +44,9 @@ from hf_lsad.guard.heads import ProbeConfig
 from hf_lsad.guard.heads.training import fit_head
 
 REPO = Path(__file__).resolve().parent.parent
-HARM_READS = [(16, "prompt_mean"), (20, "prompt_mean"), (24, "prompt_mean")]
+HARM_PROBE = ProbeConfig(
+    reads=[(16, "prompt_mean"), (20, "prompt_mean"), (24, "prompt_mean")], kind="mlp", mlp_units=128, mlp_alpha=1e-3
+)
 ANOMALY_SHARE = 0.1
 TARGET_FPR = 0.05
 CONFIDENCE = 0.95
@@ -145,12 +148,12 @@ def main() -> None:
         return
 
     guard = SafetyGuard.from_pretrained(PAPER_GUARD)
-    reads = sorted({guard.reads[0], *HARM_READS})
+    reads = sorted({guard.reads[0], *HARM_PROBE.reads})
     rows = load_source_rows(args.folder, GUARD_POOLS, reads)
     print(f"{len(rows)} rows (the README's demo prompts are left out: RESERVED_PROMPTS)")
 
     fit = rows.select(rows.where(split="fit"))
-    head = fit_head("harm", fit.features, fit.labels, fit.sources, ProbeConfig(reads=HARM_READS))
+    head = fit_head("harm", fit.features, fit.labels, fit.sources, HARM_PROBE)
     guard.add_head(head)
     chat = rows.select(rows.where(split="validation", domain="chat"))
     budget = guard.fit_budget(

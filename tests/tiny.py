@@ -99,9 +99,14 @@ UNSAFE_PROMPTS = [f"explain how to steal the password of account {i} from my nei
 """The tiny head's kind of harm."""
 
 
+PROBE_KINDS = ["logistic", "mlp"]
+"""Every kind of supervised head, for tests that run over all of them."""
+
+
 @cache
-def tiny_head():
-    """A supervised head ``harm`` fitted on the tiny model: :data:`UNSAFE_PROMPTS` against :data:`PROMPTS`."""
+def tiny_head(kind: str = "logistic"):
+    """A supervised head ``harm`` of ``kind`` fitted on the tiny model: :data:`UNSAFE_PROMPTS` against
+    :data:`PROMPTS`."""
     from hf_lsad.capture.collect import collect_prompt_features
     from hf_lsad.guard.heads import ProbeConfig
     from hf_lsad.guard.heads.training import fit_head
@@ -110,16 +115,18 @@ def tiny_head():
     reads, _ = collect_prompt_features(model, tokenizer, PROMPTS + UNSAFE_PROMPTS, HEAD_READS, progress=False)
     labels = torch.tensor([0] * len(PROMPTS) + [1] * len(UNSAFE_PROMPTS))
     groups = ["benign"] * len(PROMPTS) + ["stealing"] * len(UNSAFE_PROMPTS)
-    return fit_head("harm", reads, labels, groups, ProbeConfig(reads=HEAD_READS))
+    probe = ProbeConfig(reads=HEAD_READS, kind=kind, mlp_units=8) if kind == "mlp" else ProbeConfig(reads=HEAD_READS)
+    return fit_head("harm", reads, labels, groups, probe)
 
 
-def two_headed_guard(target_fpr: float = 0.25) -> SafetyGuard:
-    """A fresh ``prompt_last`` tiny guard with :func:`tiny_head` added and the budget set on :data:`PROMPTS`."""
+def two_headed_guard(target_fpr: float = 0.25, kind: str = "logistic") -> SafetyGuard:
+    """A fresh ``prompt_last`` tiny guard with :func:`tiny_head` of ``kind`` added and the budget set on
+    :data:`PROMPTS`."""
     from hf_lsad.capture.collect import collect_prompt_features
 
     model, tokenizer, _ = tiny_guard("prompt_last")
     guard = fresh_guard("prompt_last")
-    guard.add_head(copy.deepcopy(tiny_head()))
+    guard.add_head(copy.deepcopy(tiny_head(kind)))
     benign, _ = collect_prompt_features(model, tokenizer, PROMPTS, guard.reads, progress=False)
     guard.fit_budget(benign, target_fpr=target_fpr, shares=[0.5, 0.5], rows="tiny benign prompts")
     return guard

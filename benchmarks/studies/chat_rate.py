@@ -39,6 +39,12 @@ class Settings:
     """The supervised head's reads (the shipped ones)."""
     inverse_regularisation: float = 1.0
     """The supervised head's ``C`` (the shipped one)."""
+    kind: str = "logistic"
+    """The supervised head's kind: ``logistic`` or ``mlp`` (:class:`hf_lsad.guard.heads.ProbeConfig`)."""
+    mlp_units: int = 128
+    """An ``mlp`` head's hidden ReLU units."""
+    mlp_alpha: float = 1e-3
+    """An ``mlp`` head's L2 penalty."""
     folds: int = 5
     """Parts the fit split's chat rows are cut into."""
     fprs: list[float] = field(default_factory=lambda: [0.05, 0.01])
@@ -57,7 +63,12 @@ def fold_of(row_id: str, folds: int) -> int:
 
 def run(settings: Settings) -> dict[str, Any]:
     config = ProbeConfig(
-        reads=[tuple(r) for r in settings.reads], inverse_regularisation=settings.inverse_regularisation
+        reads=[tuple(r) for r in settings.reads],
+        kind=settings.kind,
+        inverse_regularisation=settings.inverse_regularisation,
+        mlp_units=settings.mlp_units,
+        mlp_alpha=settings.mlp_alpha,
+        seed=settings.seed,
     )
     rows = load_source_rows(settings.folder, settings.pools, config.reads, seed=settings.seed)
     fit = rows.select(rows.where(split="fit"))

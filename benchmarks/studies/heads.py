@@ -27,7 +27,7 @@ from hf_lsad.evaluation.sources import (
     leave_one_source_out,
     load_source_rows,
 )
-from hf_lsad.guard.heads import LogisticProbe, ProbeConfig, balanced_weights
+from hf_lsad.guard.heads import LogisticProbe, ProbeConfig, balanced_weights, make_probe
 from hf_lsad.sae import SparseAutoencoder
 
 
@@ -53,8 +53,11 @@ class Settings:
     text_baseline: bool = True
     """Also run the TF-IDF bag-of-words baseline through the same protocol."""
     mlp_widths: list[int] = field(default_factory=list)
-    """Hidden widths of a small MLP (one ReLU layer, scikit-learn, sources balanced as for the head) tried on each
-    candidate's reads beside the logistic regression: the issue's "only if leave-one-source-out says it earns it"."""
+    """Hidden widths of a small MLP (the library's ``mlp`` probe: one ReLU layer, sources balanced as for the head)
+    tried on each candidate's reads beside the logistic regression: the issue's "only if leave-one-source-out says it
+    earns it"."""
+    mlp_alphas: list[float] = field(default_factory=lambda: [1e-3])
+    """L2 penalties (scikit-learn's ``alpha``) tried for each MLP width."""
     source_directions: list[int] = field(default_factory=list)
     """Numbers ``k`` of source-style directions projected out of the standardised reads before the logistic fit (see
     :func:`nullspace_method`), tried on each candidate beside the plain head: does a head that cannot see which
@@ -72,8 +75,10 @@ class Settings:
 
 
 def probe_method(config: ProbeConfig, hidden_size: int):
+    """The library's probe of ``config.kind`` (logistic or MLP), sources balanced as the guard's head is."""
+
     def fit(train: SourceRows):
-        probe = LogisticProbe(config, hidden_size)
+        probe = make_probe(config, hidden_size)
         features = probe.features(train.features)
         probe.fit(features, train.labels, balanced_weights(train.sources, train.labels))
         return lambda rows: probe(probe.features(rows.features))
@@ -151,22 +156,6 @@ def sae_method(config: ProbeConfig, sae):
     return fit
 
 
-def mlp_method(config: ProbeConfig, hidden_size: int, width: int, seed: int):
-    """A one-hidden-layer MLP on the standardised reads (early stopping on 10% of the fit rows)."""
-    from sklearn.neural_network import MLPClassifier
-
-    def fit(train: SourceRows):
-        standardise, standard = standardised_reads(config, hidden_size, train)
-        model = MLPClassifier(
-            hidden_layer_sizes=(width,), alpha=1e-3, early_stopping=True, max_iter=200, random_state=seed
-        )
-        weights = balanced_weights(train.sources, train.labels).numpy()
-        model.fit(standard.numpy(), train.labels.numpy(), sample_weight=weights)
-        return sklearn_scorer(model, standardise)
-
-    return fit
-
-
 def text_method(train: SourceRows):
     """TF-IDF unigrams and bigrams + logistic regression, sources balanced as for the head."""
     from sklearn.feature_extraction.text import TfidfVectorizer
@@ -212,8 +201,16 @@ def run(settings: Settings) -> dict[str, Any]:
             config = ProbeConfig(reads=[tuple(read) for read in candidate])
             judge(f"{reads_of}, {k} source directions removed", nullspace_method(config, hidden, k))
         for width in settings.mlp_widths:
-            config = ProbeConfig(reads=[tuple(read) for read in candidate])
-            judge(f"{reads_of}, MLP {width}", mlp_method(config, hidden, width, settings.seed))
+            for alpha in settings.mlp_alphas:
+                name = f"{reads_of}, MLP {width}" + ("" if alpha == 1e-3 else f", alpha={alpha:g}")
+                config = ProbeConfig(
+                    reads=[tuple(read) for read in candidate],
+                    kind="mlp",
+                    mlp_units=width,
+                    mlp_alpha=alpha,
+                    seed=settings.seed,
+                )
+                judge(name, probe_method(config, hidden))
     if settings.text_baseline:
         print("text baseline (TF-IDF)")
         results["text_baseline"] = leave_one_source_out(rows, text_method, **protocol)

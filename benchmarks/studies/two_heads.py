@@ -55,6 +55,12 @@ class Settings:
     """The supervised head's reads (chosen by ``heads/registry_sources`` and ``heads/registry_regularisation``)."""
     inverse_regularisation: float = 1.0
     """The supervised head's ``C``."""
+    kind: str = "logistic"
+    """The supervised head's kind: ``logistic`` or ``mlp`` (:class:`hf_lsad.guard.heads.ProbeConfig`)."""
+    mlp_units: int = 128
+    """An ``mlp`` head's hidden ReLU units."""
+    mlp_alpha: float = 1e-3
+    """An ``mlp`` head's L2 penalty."""
     anomaly_shares: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])
     """The anomaly head's share of the false-positive budget, tried in turn (the supervised head has the rest)."""
     evaluate_on: str = "validation"
@@ -90,7 +96,12 @@ def fit_supervised(train: SourceRows, config: ProbeConfig) -> SupervisedHead:
 def run(settings: Settings) -> dict[str, Any]:
     guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
     config = ProbeConfig(
-        reads=[tuple(r) for r in settings.reads], inverse_regularisation=settings.inverse_regularisation
+        reads=[tuple(r) for r in settings.reads],
+        kind=settings.kind,
+        inverse_regularisation=settings.inverse_regularisation,
+        mlp_units=settings.mlp_units,
+        mlp_alpha=settings.mlp_alpha,
+        seed=settings.seed,
     )
     reads = sorted({guard.reads[0], *config.reads})
     rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)

@@ -324,10 +324,7 @@ def describe_guard(guard: Any) -> str:
     hook = guard.config.hook
     anomaly = f"{guard.config.method} on {hook.layer_module} ({hook.position})"
     if guard.heads:
-        heads = "; ".join(
-            f"{name} (logistic on {', '.join(f'layer {layer} {position}' for layer, position in head.reads)})"
-            for name, head in guard.heads.items()
-        )
+        heads = "; ".join(f"{name} ({head.config.probe.describe()})" for name, head in guard.heads.items())
         budget = guard.budget
         together = f"together {budget.target_fpr:.0%} of {budget.rows}"
         if budget.confidence is not None:

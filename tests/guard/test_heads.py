@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 import torch
-from tiny import HEAD_READS, PROMPTS, UNSAFE_PROMPTS, fresh_guard, tiny_guard, tiny_head, two_headed_guard
+from tiny import HEAD_READS, PROBE_KINDS, PROMPTS, UNSAFE_PROMPTS, fresh_guard, tiny_guard, tiny_head, two_headed_guard
 
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.core.integrity import canonical_json
@@ -37,8 +37,9 @@ def test_the_heads_share_one_budget_on_the_rows_it_was_set_on():
     assert guard.threshold == budget.thresholds[0]  # the anomaly head's threshold is the budget's
 
 
-def test_the_supervised_head_catches_its_kind_of_harm_and_says_so():
-    guard = two_headed_guard()
+@pytest.mark.parametrize("kind", PROBE_KINDS)
+def test_the_supervised_head_catches_its_kind_of_harm_and_says_so(kind):
+    guard = two_headed_guard(kind=kind)
     reports = guard.reports(reads_of(guard, UNSAFE_PROMPTS[:8]))
     assert all(r.flagged and "harm" in r.decided_by and r.reading == "known" for r in reports)
     for report in reports:
@@ -91,8 +92,34 @@ def test_a_head_explanation_sums_to_its_logit():
     )
 
 
-def test_save_and_load_round_trip_bit_exact(tmp_path):
-    guard = two_headed_guard()
+@pytest.mark.parametrize("kind", PROBE_KINDS)
+def test_a_head_explanation_is_input_times_gradient_of_its_logit(kind):
+    head = tiny_head(kind)
+    reads = reads_of(two_headed_guard(kind=kind), PROMPTS[:1] + UNSAFE_PROMPTS[:1])
+    standard = head.probe.standardise(head.probe.features(reads)).requires_grad_(True)
+    with torch.enable_grad():
+        (gradient,) = torch.autograd.grad(head.probe.logit(standard).sum(), standard)
+    for row, terms in enumerate(head.explain(reads, top_k=None)):
+        expected = (standard[row] * gradient[row]).detach()
+        got = torch.zeros_like(expected)
+        got[[t.feature for t in terms]] = torch.tensor([t.contribution for t in terms])
+        assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_an_mlp_head_is_not_a_logistic_head_in_disguise():
+    logistic, mlp = tiny_head("logistic"), tiny_head("mlp")
+    assert type(mlp.probe).__name__ == "MLPProbe" and mlp.probe.hidden_weight.shape == (8, logistic.probe.width)
+    reads = reads_of(two_headed_guard(), PROMPTS[:4] + UNSAFE_PROMPTS[:4])
+    standard = mlp.probe.standardise(mlp.probe.features(reads))
+    local = mlp.probe.local_weights(standard)  # the linear piece each row falls on
+    assert not torch.allclose(local[0], local[-1])
+    with pytest.raises(ValueError, match="kind must be"):
+        ProbeConfig(kind="svm")
+
+
+@pytest.mark.parametrize("kind", PROBE_KINDS)
+def test_save_and_load_round_trip_bit_exact(tmp_path, kind):
+    guard = two_headed_guard(kind=kind)
     guard.save_pretrained(tmp_path / "g")
     loaded = SafetyGuard.from_pretrained(tmp_path / "g")
     assert loaded.head_names == guard.head_names and loaded.budget == guard.budget
@@ -114,6 +141,24 @@ def test_a_budget_with_confidence_flags_fewer_rows_and_is_kept_on_disk(tmp_path)
     assert float(guard(reads).flagged.float().mean()) == pytest.approx(bounded.measured_fpr)
     guard.save_pretrained(tmp_path / "g")
     assert SafetyGuard.from_pretrained(tmp_path / "g").budget == bounded
+
+
+def test_a_head_written_before_probe_kinds_loads_as_logistic(tmp_path):
+    guard = two_headed_guard()
+    guard.save_pretrained(tmp_path / "g")
+
+    def as_written_before(config):  # the head's probe settings and their integrity record without the new fields
+        for probe in (config["heads"][0]["probe"], config["integrity"]["settings"]["heads"][0]["probe"]):
+            for key in ("kind", "mlp_units", "mlp_alpha", "seed"):
+                probe.pop(key)
+        record = config["integrity"]
+        record["settings_sha256"] = hashlib.sha256(canonical_json(record["settings"]).encode()).hexdigest()
+
+    edit_config(tmp_path / "g", as_written_before)
+    loaded = SafetyGuard.from_pretrained(tmp_path / "g")
+    assert loaded.heads["harm"].config == guard.heads["harm"].config
+    reads = reads_of(guard, PROMPTS[:2] + UNSAFE_PROMPTS[:2])
+    assert loaded.reports(reads) == guard.reports(reads)
 
 
 def test_a_two_headed_folder_written_before_confidence_loads_with_the_quantile_rule(tmp_path):
@@ -215,12 +260,21 @@ def edit_config(folder, edit):
         (lambda folder: edit_config(folder, lambda c: c["budget"]["heads"].reverse()), "must be distinct and start"),
         (lambda folder: edit_config(folder, lambda c: c["heads"][0].update(hidden_size=7)), "shape"),
         (lambda folder: edit_config(folder, lambda c: c["heads"][0].update(name="x/y")), "a head name"),
+        (lambda folder: edit_config(folder, lambda c: c["heads"][0]["probe"].update(kind="svm")), "kind"),
     ],
 )
-def test_a_broken_head_in_a_guard_folder_is_a_format_error(tmp_path, edit, error):
-    two_headed_guard().save_pretrained(tmp_path / "g")
+@pytest.mark.parametrize("kind", PROBE_KINDS)
+def test_a_broken_head_in_a_guard_folder_is_a_format_error(tmp_path, edit, error, kind):
+    two_headed_guard(kind=kind).save_pretrained(tmp_path / "g")
     edit(tmp_path / "g")
     with pytest.raises(GuardFormatError, match=error):
+        SafetyGuard.from_pretrained(tmp_path / "g")
+
+
+def test_an_mlp_head_whose_weights_are_not_its_width_is_a_format_error(tmp_path):
+    two_headed_guard(kind="mlp").save_pretrained(tmp_path / "g")
+    edit_config(tmp_path / "g", lambda c: c["heads"][0]["probe"].update(mlp_units=9))
+    with pytest.raises(GuardFormatError, match="shape"):
         SafetyGuard.from_pretrained(tmp_path / "g")
 
 

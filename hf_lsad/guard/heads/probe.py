@@ -1,16 +1,18 @@
-"""The supervised head: a logistic regression on the raw residual stream, read at one or more layers and positions.
+"""The supervised head: a small classifier on the raw residual stream, read at one or more layers and positions.
 
 It learns kinds of harm from labelled rows (many unsafe sources against many benign domains and benign
 look-alikes), where the anomaly head of the paper learns only what safe traffic looks like. Features are the
 concatenated activations of its reads (``[batch, n_reads * hidden]``), standardised with the mean and scale
-of the rows it was fitted on; the head's score is the logistic probability
+of the rows it was fitted on, ``z = (f(x) - mean) / scale``. Two kinds of probe map them to a probability:
 
-    p(x) = sigmoid(w . (f(x) - mean) / scale + b)
+    logistic:  p(x) = sigmoid(w . z + b)
+    mlp:       p(x) = sigmoid(v . relu(W z + c) + b)        (one ReLU layer of ``mlp_units``)
 
-and it flags rows whose ``p`` exceeds its threshold (set on held-out benign rows, see
-:mod:`hf_lsad.guard.threshold`). Fitting uses scikit-learn's L2-regularised logistic regression (lbfgs,
-deterministic) with a weight per row, so that every source counts alike whatever its size; the fitted
-weights are plain tensors (safetensors), so scoring needs neither scikit-learn nor pickles.
+and the head flags rows whose ``p`` exceeds its threshold (set on held-out benign rows, see
+:mod:`hf_lsad.guard.threshold`). Fitting uses scikit-learn (L2-regularised ``LogisticRegression`` with lbfgs;
+``MLPClassifier`` with adam, an L2 penalty and early stopping, seeded) with a weight per row, so that every source
+counts alike whatever its size; the fitted weights are plain tensors (safetensors), so scoring needs neither
+scikit-learn nor pickles.
 """
 
 from __future__ import annotations
@@ -18,15 +20,18 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from ...core.validation import POSITIVE, POSITIVE_NUMBER, check_ranges, ranged
+from ...core.validation import NON_NEGATIVE, POSITIVE, POSITIVE_NUMBER, check_ranges, ranged
 from ..types import ANOMALY_HEAD, FeatureContribution
 
 Read = tuple[int, str]
 """A layer (0-based decoder block) and a position (``prompt_last`` or ``prompt_mean``)."""
+
+ProbeKind = Literal["logistic", "mlp"]
 
 
 @dataclass
@@ -36,14 +41,29 @@ class ProbeConfig:
     reads: list[tuple[int, str]] = field(default_factory=lambda: [(16, "prompt_last"), (16, "prompt_mean")])
     """The (layer, position) activations concatenated into the features, in this order."""
 
+    kind: ProbeKind = "logistic"
+    """``logistic``: a logistic regression on the standardised reads; ``mlp``: one ReLU layer of ``mlp_units``
+    before the logistic output (module docstring)."""
+
     inverse_regularisation: float = ranged(POSITIVE_NUMBER, 1.0)
-    """scikit-learn's ``C``: smaller is a stronger L2 penalty on the standardised features."""
+    """``logistic``: scikit-learn's ``C``; smaller is a stronger L2 penalty on the standardised features."""
 
     max_iter: int = ranged(POSITIVE, 2000)
-    """lbfgs iterations at most."""
+    """Iterations at most: lbfgs steps (``logistic``), epochs (``mlp``)."""
+
+    mlp_units: int = ranged(POSITIVE, 128)
+    """``mlp``: width of the hidden ReLU layer."""
+
+    mlp_alpha: float = ranged(POSITIVE_NUMBER, 1e-3)
+    """``mlp``: scikit-learn's L2 penalty ``alpha``."""
+
+    seed: int = ranged(NON_NEGATIVE, 0)
+    """``mlp``: seeds the initial weights and the 10% of the fit rows held back for early stopping."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.kind not in ("logistic", "mlp"):
+            raise ValueError(f"kind must be 'logistic' or 'mlp', got {self.kind!r}")
         self.reads = [(int(layer), str(position)) for layer, position in self.reads]
         if not self.reads or len(set(self.reads)) != len(self.reads):
             raise ValueError(f"reads must be distinct (layer, position) pairs, got {self.reads}")
@@ -51,9 +71,18 @@ class ProbeConfig:
         if bad:
             raise ValueError(f"a supervised head reads the prompt: positions {bad} are not prompt_last/prompt_mean")
 
+    def describe(self) -> str:
+        """``logistic`` or ``mlp 128``, and what it reads: ``mlp 128 on layer 16 prompt_mean, ...``."""
+        kind = self.kind if self.kind == "logistic" else f"mlp {self.mlp_units}"
+        return f"{kind} on " + ", ".join(f"layer {layer} {position}" for layer, position in self.reads)
 
-class LogisticProbe(nn.Module):
-    """``sigmoid(w . (f - mean) / scale + b)`` over the concatenated reads (module docstring)."""
+
+class Probe(nn.Module):
+    """What both kinds share: the reads concatenated and standardised, the checks of a fit, the probability.
+
+    A kind defines :meth:`logit` of standardised features, :meth:`local_weights` (the gradient of the logit with
+    respect to them, for explanations) and :meth:`fit_standard` (scikit-learn's fit, copied into buffers).
+    """
 
     def __init__(self, config: ProbeConfig, hidden_size: int) -> None:
         super().__init__()
@@ -61,12 +90,10 @@ class LogisticProbe(nn.Module):
         width = hidden_size * len(config.reads)
         self.register_buffer("mean", torch.zeros(width))
         self.register_buffer("scale", torch.ones(width))
-        self.register_buffer("weight", torch.zeros(width))
-        self.register_buffer("bias", torch.zeros(1))
 
     @property
     def width(self) -> int:
-        return int(self.weight.shape[0])
+        return int(self.mean.shape[0])
 
     def features(self, reads: dict[Read, Tensor]) -> Tensor:
         """``[batch, width]``: the head's reads of ``reads`` concatenated in its order."""
@@ -75,19 +102,32 @@ class LogisticProbe(nn.Module):
             raise KeyError(f"the supervised head reads {missing}, which were not recorded")
         return torch.cat([reads[read].float() for read in self.config.reads], dim=1)
 
+    def standardise(self, features: Tensor) -> Tensor:
+        """``[batch, width]`` features, checked, as ``z = (f - mean) / scale`` in float32."""
+        if features.ndim != 2 or features.shape[1] != self.width:
+            raise ValueError(f"the supervised head reads {self.width} features per row, got {tuple(features.shape)}")
+        return (features.to(self.mean.device, torch.float32) - self.mean) / self.scale
+
+    def logit(self, standard: Tensor) -> Tensor:
+        """``[batch]`` logits of standardised features ``[batch, width]``."""
+        raise NotImplementedError
+
+    def local_weights(self, standard: Tensor) -> Tensor:
+        """``[batch, width]``: d logit / d z at each row (for the logistic probe, ``w`` on every row)."""
+        raise NotImplementedError
+
+    def fit_standard(self, standard: Tensor, labels: Tensor, weights: Tensor | None) -> None:
+        """Fit on float64 standardised features ``[n, width]`` and copy the result into the buffers."""
+        raise NotImplementedError
+
     @torch.no_grad()
     def forward(self, features: Tensor) -> Tensor:
         """Probabilities ``[batch]`` of ``features`` ``[batch, width]``."""
-        if features.ndim != 2 or features.shape[1] != self.width:
-            raise ValueError(f"the supervised head reads {self.width} features per row, got {tuple(features.shape)}")
-        standard = (features.to(self.mean.device, torch.float32) - self.mean) / self.scale
-        return torch.sigmoid(standard @ self.weight + self.bias)
+        return torch.sigmoid(self.logit(self.standardise(features)))
 
     @torch.no_grad()
-    def fit(self, features: Tensor, labels: Tensor, weights: Tensor | None = None) -> LogisticProbe:
+    def fit(self, features: Tensor, labels: Tensor, weights: Tensor | None = None) -> Probe:
         """Fit on ``features`` ``[n, width]`` with 0/1 ``labels`` and per-row ``weights`` (default: equal)."""
-        from sklearn.linear_model import LogisticRegression  # seconds to import: only fits pay for it
-
         if features.ndim != 2 or features.shape[1] != self.width:
             raise ValueError(f"expected features [n, {self.width}], got {tuple(features.shape)}")
         if not torch.isfinite(features).all():
@@ -97,14 +137,80 @@ class LogisticProbe(nn.Module):
             raise ValueError("a supervised head needs both safe (0) and unsafe (1) rows")
         mean = features.double().mean(0)
         scale = features.double().std(0).clamp_min(1e-6)
-        standard = ((features.double() - mean) / scale).numpy()
-        model = LogisticRegression(C=self.config.inverse_regularisation, max_iter=self.config.max_iter)
-        model.fit(standard, labels.numpy(), sample_weight=None if weights is None else weights.double().numpy())
+        self.fit_standard((features.double() - mean) / scale, labels, weights)
         self.mean.copy_(mean.float())
         self.scale.copy_(scale.float())
+        return self
+
+
+class LogisticProbe(Probe):
+    """``sigmoid(w . z + b)`` over the standardised reads (module docstring)."""
+
+    def __init__(self, config: ProbeConfig, hidden_size: int) -> None:
+        super().__init__(config, hidden_size)
+        self.register_buffer("weight", torch.zeros(self.width))
+        self.register_buffer("bias", torch.zeros(1))
+
+    def logit(self, standard: Tensor) -> Tensor:
+        return standard @ self.weight + self.bias
+
+    def local_weights(self, standard: Tensor) -> Tensor:
+        return self.weight.expand_as(standard)
+
+    def fit_standard(self, standard: Tensor, labels: Tensor, weights: Tensor | None) -> None:
+        from sklearn.linear_model import LogisticRegression  # seconds to import: only fits pay for it
+
+        model = LogisticRegression(C=self.config.inverse_regularisation, max_iter=self.config.max_iter)
+        model.fit(standard.numpy(), labels.numpy(), sample_weight=None if weights is None else weights.double().numpy())
         self.weight.copy_(torch.from_numpy(model.coef_[0]).float())
         self.bias.copy_(torch.tensor(model.intercept_).float())
-        return self
+
+
+class MLPProbe(Probe):
+    """``sigmoid(v . relu(W z + c) + b)`` over the standardised reads: one ReLU layer (module docstring)."""
+
+    def __init__(self, config: ProbeConfig, hidden_size: int) -> None:
+        super().__init__(config, hidden_size)
+        units = config.mlp_units
+        self.register_buffer("hidden_weight", torch.zeros(units, self.width))  # W
+        self.register_buffer("hidden_bias", torch.zeros(units))  # c
+        self.register_buffer("weight", torch.zeros(units))  # v
+        self.register_buffer("bias", torch.zeros(1))  # b
+
+    def logit(self, standard: Tensor) -> Tensor:
+        hidden = torch.relu(standard @ self.hidden_weight.T + self.hidden_bias)  # [batch, units]
+        return hidden @ self.weight + self.bias
+
+    def local_weights(self, standard: Tensor) -> Tensor:
+        # The logit is linear where the same units are active: sum over active units j of v_j W_j.
+        active = (standard @ self.hidden_weight.T + self.hidden_bias) > 0  # [batch, units]
+        return (active * self.weight) @ self.hidden_weight  # [batch, width]
+
+    def fit_standard(self, standard: Tensor, labels: Tensor, weights: Tensor | None) -> None:
+        from sklearn.neural_network import MLPClassifier  # seconds to import: only fits pay for it
+
+        config = self.config
+        model = MLPClassifier(
+            hidden_layer_sizes=(config.mlp_units,),
+            alpha=config.mlp_alpha,
+            early_stopping=True,
+            max_iter=config.max_iter,
+            random_state=config.seed,
+        )
+        model.fit(standard.numpy(), labels.numpy(), sample_weight=None if weights is None else weights.double().numpy())
+        self.hidden_weight.copy_(torch.from_numpy(model.coefs_[0].T).float())
+        self.hidden_bias.copy_(torch.from_numpy(model.intercepts_[0]).float())
+        self.weight.copy_(torch.from_numpy(model.coefs_[1][:, 0]).float())
+        self.bias.copy_(torch.from_numpy(model.intercepts_[1]).float())
+
+
+PROBES: dict[str, type[Probe]] = {"logistic": LogisticProbe, "mlp": MLPProbe}
+"""Probe kind -> its class: the one registration of a kind."""
+
+
+def make_probe(config: ProbeConfig, hidden_size: int) -> Probe:
+    """An unfitted probe of ``config.kind`` reading ``config.reads`` of width ``hidden_size`` each."""
+    return PROBES[config.kind](config, hidden_size)
 
 
 def balanced_weights(groups: Sequence[str], labels: Tensor) -> Tensor:
@@ -162,12 +268,12 @@ def check_head_name(name: str) -> None:
 
 
 class SupervisedHead(nn.Module):
-    """A named :class:`LogisticProbe` in a guard: scores the reads it needs out of all the guard recorded."""
+    """A named :class:`Probe` in a guard: scores the reads it needs out of all the guard recorded."""
 
     def __init__(self, config: SupervisedHeadConfig) -> None:
         super().__init__()
         self.config = config
-        self.probe = LogisticProbe(config.probe, config.hidden_size)
+        self.probe = make_probe(config.probe, config.hidden_size)
 
     @property
     def name(self) -> str:
@@ -186,14 +292,17 @@ class SupervisedHead(nn.Module):
     def explain(self, reads: dict[Read, Tensor], *, top_k: int | None = 10) -> list[tuple[FeatureContribution, ...]]:
         """Per row, the feature dimensions that push its logit up most, largest first.
 
-        The logit is ``sum_i w_i (x_i - mean_i) / scale_i + b``; each term is a
-        :class:`~hf_lsad.guard.types.FeatureContribution` with ``feature`` the dimension of the concatenated reads
-        (``read_index * hidden_size + unit``), ``activation`` the row's value, ``contribution`` the term and
+        Each term is ``z_i * g_i``, the standardised feature ``z_i = (x_i - mean_i) / scale_i`` times the gradient
+        ``g_i`` of the logit with respect to it: for a logistic probe ``g = w`` and the terms sum to the logit less
+        its bias; for an MLP ``g`` is the weight of the linear piece the row falls on (input times gradient). Each
+        is a :class:`~hf_lsad.guard.types.FeatureContribution` with ``feature`` the dimension of the concatenated
+        reads (``read_index * hidden_size + unit``), ``activation`` the row's value, ``contribution`` the term and
         ``typical`` the mean of the rows the head was fitted on.
         """
         probe = self.probe
         features = probe.features(reads).to(probe.mean.device, torch.float32)
-        terms = (features - probe.mean) / probe.scale * probe.weight  # [batch, width]
+        standard = probe.standardise(features)
+        terms = standard * probe.local_weights(standard)  # [batch, width]
         k = terms.shape[1] if top_k is None else min(top_k, terms.shape[1])
         order = terms.topk(k, dim=1).indices
         return [
