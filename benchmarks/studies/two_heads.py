@@ -5,8 +5,8 @@ thresholds at 5% and 1% on validation chat, rates on the held-out group's ``eval
 
 - **anomaly**: the paper's head alone (the bundled paper guard: FreqMask-KM on SAE codes of layer 12, fitted on
   benign rows only), its raw score or its calibrated probability;
-- **supervised**: the logistic head alone, with the reads and regularisation chosen by ``heads/registry_sources``
-  and ``heads/registry_regularisation``;
+- **supervised**: the supervised head alone, of the kind in ``Settings.kind`` (the shipped one: an MLP of 256 ReLU
+  units, ``heads/registry_mlp_width``) on the reads chosen by ``heads/registry_sources``;
 - **two heads**: both, flagging when either exceeds its threshold, the thresholds sharing one budget
   (:func:`hf_lsad.guard.threshold.budget_thresholds`) at each anomaly share of ``Settings.anomaly_shares``.
 
