@@ -308,7 +308,5 @@ def _heads_rows(guard: GuardParts) -> list[list[str]]:
         reads = ", ".join(f"layer {layer} `{position}`" for layer, position in head.reads)
         sources = ", ".join(head.config.sources)
         learnt = f"{head.config.n_unsafe} unsafe rows ({sources}) against {head.config.n_safe} benign"
-        probe = head.config.probe
-        kind = probe.kind if probe.kind == "logistic" else f"mlp ({probe.mlp_units} ReLU units)"
-        rows.append([f"`{head.name}`", kind, reads, learnt, f"{share:.2f}", f"{threshold:.4g}"])
+        rows.append([f"`{head.name}`", head.config.probe.label, reads, learnt, f"{share:.2f}", f"{threshold:.4g}"])
     return rows

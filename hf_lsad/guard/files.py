@@ -202,14 +202,15 @@ def head_weights(name: str) -> str:
 
 
 PROBE_DEFAULTS_BEFORE_KINDS: dict[str, Any] = {"kind": "logistic", "mlp_units": 128, "mlp_alpha": 1e-3, "seed": 0}
-"""What a head's ``probe`` settings written before the MLP kind existed mean: a logistic probe (the MLP's settings
-are unused by it)."""
+"""What a head's ``probe`` settings without ``kind`` (written before the MLP kind existed) mean: a logistic probe (the
+MLP's settings are unused by it). Settings that name a kind must hold every key."""
 
 
 def read_head(path: Path, raw: dict[str, Any], source: str) -> SupervisedHead:
     """A supervised head from its ``config.json`` entry and its tensor file under ``path``."""
-    if isinstance(raw, dict) and isinstance(raw.get("probe"), dict):  # written before MLP heads: logistic
-        raw = {**raw, "probe": {**PROBE_DEFAULTS_BEFORE_KINDS, **raw["probe"]}}
+    probe = raw.get("probe") if isinstance(raw, dict) else None
+    if isinstance(probe, dict) and "kind" not in probe:  # written before MLP heads: logistic
+        raw = {**raw, "probe": {**PROBE_DEFAULTS_BEFORE_KINDS, **probe}}
     config = config_from_dict(SupervisedHeadConfig, raw, source=source)
     head = SupervisedHead(config)
     file = path / head_weights(config.name)

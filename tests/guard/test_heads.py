@@ -278,6 +278,13 @@ def test_an_mlp_head_whose_weights_are_not_its_width_is_a_format_error(tmp_path)
         SafetyGuard.from_pretrained(tmp_path / "g")
 
 
+def test_a_head_that_names_its_kind_must_hold_every_setting(tmp_path):
+    two_headed_guard(kind="mlp").save_pretrained(tmp_path / "g")
+    edit_config(tmp_path / "g", lambda c: c["heads"][0]["probe"].pop("mlp_units"))
+    with pytest.raises(GuardFormatError, match="missing config key"):
+        SafetyGuard.from_pretrained(tmp_path / "g")
+
+
 def test_an_edited_budget_is_caught_by_the_integrity_record(tmp_path):
     two_headed_guard().save_pretrained(tmp_path / "g")
     edit_config(tmp_path / "g", lambda c: c["budget"]["thresholds"].__setitem__(1, 0.999))

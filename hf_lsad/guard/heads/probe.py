@@ -71,10 +71,14 @@ class ProbeConfig:
         if bad:
             raise ValueError(f"a supervised head reads the prompt: positions {bad} are not prompt_last/prompt_mean")
 
+    @property
+    def label(self) -> str:
+        """The kind in a word or two: ``logistic``, ``mlp 256`` (its hidden units)."""
+        return self.kind if self.kind == "logistic" else f"mlp {self.mlp_units}"
+
     def describe(self) -> str:
-        """``logistic`` or ``mlp 128``, and what it reads: ``mlp 128 on layer 16 prompt_mean, ...``."""
-        kind = self.kind if self.kind == "logistic" else f"mlp {self.mlp_units}"
-        return f"{kind} on " + ", ".join(f"layer {layer} {position}" for layer, position in self.reads)
+        """The kind and what it reads: ``mlp 256 on layer 16 prompt_mean, ...``."""
+        return f"{self.label} on " + ", ".join(f"layer {layer} {position}" for layer, position in self.reads)
 
 
 class Probe(nn.Module):
