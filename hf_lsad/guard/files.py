@@ -25,6 +25,7 @@ SHA-256 of each tensor file and the settings the threshold was set for, checked 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -53,7 +54,7 @@ from ..detectors.base import Detector, detector_class
 from ..sae.model import SAE_WEIGHTS, SparseAutoencoder
 from ..version import library_versions
 from .calibration import AffineCalibration
-from .heads import SupervisedHead, SupervisedHeadConfig
+from .heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig
 from .running import RunningConfig
 from .types import BudgetConfig, GuardConfig
 
@@ -201,9 +202,11 @@ def head_weights(name: str) -> str:
     return f"{HEADS_SUBFOLDER}/{name}.safetensors"
 
 
-PROBE_DEFAULTS_BEFORE_KINDS: dict[str, Any] = {"kind": "logistic", "mlp_units": 128, "mlp_alpha": 1e-3, "seed": 0}
-"""What a head's ``probe`` settings without ``kind`` (written before the MLP kind existed) mean: a logistic probe (the
-MLP's settings are unused by it). Settings that name a kind must hold every key."""
+PROBE_DEFAULTS_BEFORE_KINDS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(ProbeConfig) if f.name in ("kind", "mlp_units", "mlp_alpha", "seed")
+}
+"""What a head's ``probe`` settings without ``kind`` (written before the MLP kind existed) mean: :class:`ProbeConfig`'s
+defaults, a logistic probe (the MLP's settings are unused by it). Settings that name a kind must hold every key."""
 
 
 def read_head(path: Path, raw: dict[str, Any], source: str) -> SupervisedHead:

@@ -139,9 +139,9 @@ class Probe(nn.Module):
         labels = labels.to(torch.int64)
         if set(labels.unique().tolist()) != {0, 1}:
             raise ValueError("a supervised head needs both safe (0) and unsafe (1) rows")
-        mean = features.double().mean(0)
-        scale = features.double().std(0).clamp_min(1e-6)
-        self.fit_standard((features.double() - mean) / scale, labels, weights)
+        values = features.double()
+        mean, scale = values.mean(0), values.std(0).clamp_min(1e-6)
+        self.fit_standard((values - mean) / scale, labels, weights)
         self.mean.copy_(mean.float())
         self.scale.copy_(scale.float())
         return self
