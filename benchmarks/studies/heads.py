@@ -14,7 +14,7 @@ The activations come from ``hf-lsad collect`` (one store per pool and read under
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -58,6 +58,14 @@ class Settings:
     earns it"."""
     mlp_alphas: list[float] = field(default_factory=lambda: [1e-3])
     """L2 penalties (scikit-learn's ``alpha``) tried for each MLP width."""
+    balance_powers: list[float] = field(default_factory=lambda: [0.0])
+    """How each MLP weighs its groups (sources and benign domains' sources), tried in turn: a group of ``n`` rows
+    weighs ``n ** power`` within its label (:func:`tempered_weights`). ``0`` weighs every source alike, as the
+    shipped head does (ShareGPT's 3,554 fit rows then weigh what vauban's 22 look-alikes weigh); ``1`` weighs every
+    row alike; ``0.5`` between."""
+    mlp_ensemble: int = 1
+    """MLPs fitted with seeds ``seed .. seed + mlp_ensemble - 1`` whose probabilities are averaged: does a steadier
+    head (the fits of one width vary with the seed) carry over better?"""
     source_directions: list[int] = field(default_factory=list)
     """Numbers ``k`` of source-style directions projected out of the standardised reads before the logistic fit (see
     :func:`nullspace_method`), tried on each candidate beside the plain head: does a head that cannot see which
@@ -82,6 +90,38 @@ def probe_method(config: ProbeConfig, hidden_size: int):
         features = probe.features(train.features)
         probe.fit(features, train.labels, balanced_weights(train.sources, train.labels))
         return lambda rows: probe(probe.features(rows.features))
+
+    return fit
+
+
+def tempered_weights(groups: list[str], labels: torch.Tensor, power: float) -> torch.Tensor:
+    """Per-row weights under which a group of ``n`` rows weighs ``n ** power`` of its label's total and the two labels
+    weigh the same (``power=0``: :func:`~hf_lsad.guard.heads.balanced_weights`; ``1``: every row of a label alike)."""
+    if power == 0:
+        return balanced_weights(groups, labels)
+    labels = labels.to(torch.int64)
+    weights = torch.zeros(len(groups), dtype=torch.float64)
+    for label in (0, 1):
+        rows = (labels == label).nonzero().flatten().tolist()
+        sizes = {name: sum(1 for i in rows if groups[i] == name) for name in {groups[i] for i in rows}}
+        total = sum(n**power for n in sizes.values())
+        for i in rows:
+            weights[i] = sizes[groups[i]] ** power / (total * sizes[groups[i]])
+    return weights * len(groups) / weights.sum()
+
+
+def ensemble_method(config: ProbeConfig, hidden_size: int, members: int, power: float):
+    """``members`` library probes of ``config`` (seeds ``config.seed`` onwards), groups weighed by
+    :func:`tempered_weights`, their probabilities averaged."""
+
+    def fit(train: SourceRows):
+        weights = tempered_weights(train.sources, train.labels, power)
+        probes = []
+        for member in range(members):
+            probe = make_probe(replace(config, seed=config.seed + member), hidden_size)
+            probe.fit(probe.features(train.features), train.labels, weights)
+            probes.append(probe)
+        return lambda rows: torch.stack([p(p.features(rows.features)) for p in probes]).mean(0)
 
     return fit
 
@@ -202,15 +242,21 @@ def run(settings: Settings) -> dict[str, Any]:
             judge(f"{reads_of}, {k} source directions removed", nullspace_method(config, hidden, k))
         for width in settings.mlp_widths:
             for alpha in settings.mlp_alphas:
-                name = f"{reads_of}, MLP {width}" + ("" if alpha == 1e-3 else f", alpha={alpha:g}")
-                config = ProbeConfig(
-                    reads=[tuple(read) for read in candidate],
-                    kind="mlp",
-                    mlp_units=width,
-                    mlp_alpha=alpha,
-                    seed=settings.seed,
-                )
-                judge(name, probe_method(config, hidden))
+                for power in settings.balance_powers:
+                    name = f"{reads_of}, MLP {width}" + ("" if alpha == 1e-3 else f", alpha={alpha:g}")
+                    name += f", groups weigh n^{power:g}" if power else ""
+                    name += f", mean of {settings.mlp_ensemble} seeds" if settings.mlp_ensemble > 1 else ""
+                    config = ProbeConfig(
+                        reads=[tuple(read) for read in candidate],
+                        kind="mlp",
+                        mlp_units=width,
+                        mlp_alpha=alpha,
+                        seed=settings.seed,
+                    )
+                    if power == 0 and settings.mlp_ensemble == 1:
+                        judge(name, probe_method(config, hidden))
+                    else:
+                        judge(name, ensemble_method(config, hidden, settings.mlp_ensemble, power))
     if settings.text_baseline:
         print("text baseline (TF-IDF)")
         results["text_baseline"] = leave_one_source_out(rows, text_method, **protocol)
