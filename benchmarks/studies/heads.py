@@ -14,6 +14,7 @@ The activations come from ``hf-lsad collect`` (one store per pool and read under
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -58,11 +59,11 @@ class Settings:
     earns it"."""
     mlp_alphas: list[float] = field(default_factory=lambda: [1e-3])
     """L2 penalties (scikit-learn's ``alpha``) tried for each MLP width."""
-    balance_powers: list[float] = field(default_factory=lambda: [0.0])
+    balance_powers: list[Any] = field(default_factory=lambda: [0.0])
     """How each MLP weighs its groups (sources and benign domains' sources), tried in turn: a group of ``n`` rows
     weighs ``n ** power`` within its label (:func:`tempered_weights`). ``0`` weighs every source alike, as the
     shipped head does (ShareGPT's 3,554 fit rows then weigh what vauban's 22 look-alikes weigh); ``1`` weighs every
-    row alike; ``0.5`` between."""
+    row alike; ``0.5`` between. A pair ``[benign, unsafe]`` sets each label's power."""
     mlp_ensemble: int = 1
     """MLPs fitted with seeds ``seed .. seed + mlp_ensemble - 1`` whose probabilities are averaged: does a steadier
     head (the fits of one width vary with the seed) carry over better?"""
@@ -94,23 +95,25 @@ def probe_method(config: ProbeConfig, hidden_size: int):
     return fit
 
 
-def tempered_weights(groups: list[str], labels: torch.Tensor, power: float) -> torch.Tensor:
+def tempered_weights(groups: list[str], labels: torch.Tensor, power: float | Sequence[float]) -> torch.Tensor:
     """Per-row weights under which a group of ``n`` rows weighs ``n ** power`` of its label's total and the two labels
-    weigh the same (``power=0``: :func:`~hf_lsad.guard.heads.balanced_weights`; ``1``: every row of a label alike)."""
-    if power == 0:
+    weigh the same (``power=0``: :func:`~hf_lsad.guard.heads.balanced_weights`; ``1``: every row of a label alike;
+    a pair: the benign label's power, then the unsafe label's)."""
+    powers = (float(power), float(power)) if isinstance(power, (int, float)) else tuple(map(float, power))
+    if powers == (0.0, 0.0):
         return balanced_weights(groups, labels)
     labels = labels.to(torch.int64)
     weights = torch.zeros(len(groups), dtype=torch.float64)
     for label in (0, 1):
         rows = (labels == label).nonzero().flatten().tolist()
         sizes = {name: sum(1 for i in rows if groups[i] == name) for name in {groups[i] for i in rows}}
-        total = sum(n**power for n in sizes.values())
+        total = sum(n ** powers[label] for n in sizes.values())
         for i in rows:
-            weights[i] = sizes[groups[i]] ** power / (total * sizes[groups[i]])
+            weights[i] = sizes[groups[i]] ** powers[label] / (total * sizes[groups[i]])
     return weights * len(groups) / weights.sum()
 
 
-def ensemble_method(config: ProbeConfig, hidden_size: int, members: int, power: float):
+def ensemble_method(config: ProbeConfig, hidden_size: int, members: int, power: float | Sequence[float]):
     """``members`` library probes of ``config`` (seeds ``config.seed`` onwards), groups weighed by
     :func:`tempered_weights`, their probabilities averaged."""
 
@@ -244,7 +247,10 @@ def run(settings: Settings) -> dict[str, Any]:
             for alpha in settings.mlp_alphas:
                 for power in settings.balance_powers:
                     name = f"{reads_of}, MLP {width}" + ("" if alpha == 1e-3 else f", alpha={alpha:g}")
-                    name += f", groups weigh n^{power:g}" if power else ""
+                    if isinstance(power, (int, float)):
+                        name += f", groups weigh n^{power:g}" if power else ""
+                    else:
+                        name += f", benign groups weigh n^{power[0]:g}, unsafe n^{power[1]:g}"
                     name += f", mean of {settings.mlp_ensemble} seeds" if settings.mlp_ensemble > 1 else ""
                     config = ProbeConfig(
                         reads=[tuple(read) for read in candidate],
@@ -253,7 +259,7 @@ def run(settings: Settings) -> dict[str, Any]:
                         mlp_alpha=alpha,
                         seed=settings.seed,
                     )
-                    if power == 0 and settings.mlp_ensemble == 1:
+                    if power in (0, [0, 0]) and settings.mlp_ensemble == 1:
                         judge(name, probe_method(config, hidden))
                     else:
                         judge(name, ensemble_method(config, hidden, settings.mlp_ensemble, power))
