@@ -8,7 +8,9 @@ in either case: Fisher's exact test on the flagged counts, and the two-sample Ko
 distribution of the supervised score. The fit split's rows taught the head, so its figures are in-sample.
 
 Persona and role-play openings ("act as", "pretend", "from now on", ...) look like the jailbreak templates the head
-learnt from; their share and flag rate per split say whether the test split's tail is made of them.
+learnt from; their share and flag rate per split say whether the test split's tail is made of them. Rows sharing
+their opening (near-duplicates) are counted too: clusters of them would make the splits vary more than independent
+rows do.
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ class Settings:
     """Seed of the row splits."""
 
 
+def _opening(text: str) -> str:
+    """A row's first 40 characters, lower case, punctuation and spacing folded: rows that share one are near-duplicate
+    requests (a template filled in twice, a prompt pasted with a different ending)."""
+    return re.sub(r"\W+", " ", text.lower()).strip()[:40]
+
+
 def run(settings: Settings) -> dict[str, Any]:
     guard = SafetyGuard.from_pretrained(settings.guard)
     rows = load_source_rows(settings.folder, [settings.pool], guard.reads, seed=settings.seed)
@@ -70,6 +78,16 @@ def run(settings: Settings) -> dict[str, Any]:
             "persona_flag_rate": float(output.flagged[mask & persona].double().mean()),
             "other_flag_rate": float(output.flagged[mask & ~persona].double().mean()),
         }
+    openings: dict[str, list[int]] = {}
+    for i, text in enumerate(rows.texts):
+        openings.setdefault(_opening(text), []).append(i)
+    repeated = [members for members in openings.values() if len(members) > 1]
+    result["repeated_openings"] = {
+        "clusters": len(repeated),
+        "rows": sum(len(members) for members in repeated),
+        "flagged": sum(int(output.flagged[i]) for members in repeated for i in members),
+        "of_rows": len(rows),
+    }
     validation, test = result["splits"]["validation"], result["splits"]["test"]
     table = [
         [validation["flagged"], validation["rows"] - validation["flagged"]],
@@ -88,5 +106,6 @@ def run(settings: Settings) -> dict[str, Any]:
             f"persona {entry['persona_rows']} rows at {entry['persona_flag_rate']:.1%}, "
             f"others at {entry['other_flag_rate']:.1%}"
         )
+    print(f"repeated openings: {result['repeated_openings']}")
     print(f"Fisher validation vs test: {result['fisher_validation_vs_test']}; KS: {result['ks_validation_vs_test']}")
     return result
