@@ -113,9 +113,9 @@ def tempered_weights(groups: list[str], labels: torch.Tensor, power: float | Seq
     return weights * len(groups) / weights.sum()
 
 
-def ensemble_method(config: ProbeConfig, hidden_size: int, members: int, power: float | Sequence[float]):
+def mlp_method(config: ProbeConfig, hidden_size: int, members: int, power: float | Sequence[float]):
     """``members`` library probes of ``config`` (seeds ``config.seed`` onwards), groups weighed by
-    :func:`tempered_weights`, their probabilities averaged."""
+    :func:`tempered_weights`, their probabilities averaged (one member at power 0: :func:`probe_method`'s head)."""
 
     def fit(train: SourceRows):
         weights = tempered_weights(train.sources, train.labels, power)
@@ -259,10 +259,7 @@ def run(settings: Settings) -> dict[str, Any]:
                         mlp_alpha=alpha,
                         seed=settings.seed,
                     )
-                    if power in (0, [0, 0]) and settings.mlp_ensemble == 1:
-                        judge(name, probe_method(config, hidden))
-                    else:
-                        judge(name, ensemble_method(config, hidden, settings.mlp_ensemble, power))
+                    judge(name, mlp_method(config, hidden, settings.mlp_ensemble, power))
     if settings.text_baseline:
         print("text baseline (TF-IDF)")
         results["text_baseline"] = leave_one_source_out(rows, text_method, **protocol)
