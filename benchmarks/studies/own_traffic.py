@@ -1,0 +1,130 @@
+"""Traffic the guard never saw: thresholds on bundled chat, or on a sample of that traffic itself.
+
+A user whose traffic is unlike every bundled benign domain meets the guard as leave-one-domain-out measures it: a
+held-out benign domain is flagged at 13-53% at thresholds set on chat (``heads/report``). The remedy a user has
+without refitting is :meth:`hf_lsad.guard.SafetyGuard.fit_budget` on a sample of their own benign traffic. This
+study measures what that gives and what it costs. For each benign domain ``D`` held out:
+
+- the two-headed guard is fitted as shipped but without ``D``: the supervised head on the fit rows of every other
+  pool, the anomaly head the paper guard as shipped, the anomaly head's share of the budget as shipped;
+- **bundled chat**: thresholds on validation chat with the shipped budget (for ``D`` = chat, on the other benign
+  domains' validation rows, as the protocol of :mod:`hf_lsad.evaluation.sources` does);
+- **your traffic**: thresholds on ``D``'s validation rows, the same budget;
+- under each, the flag rate of ``D``'s test rows, of the test chat rows, and the TPR of each unsafe source's test
+  rows. The unsafe sources are all in the fit (only the benign domain is held out), so these TPRs say what moving
+  the thresholds costs on familiar harm; leave-one-source-out says what to expect of an unfamiliar source.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hf_lsad.evaluation.sources import (
+    EVAL_DOMAINS,
+    EVAL_SOURCES,
+    GUARD_POOLS,
+    THRESHOLD_DOMAIN,
+    SourceRows,
+    load_source_rows,
+    threshold_at,
+)
+from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.heads import ProbeConfig
+from hf_lsad.guard.threshold import union_flag_rate
+
+from .two_heads import anomaly_scores, fit_supervised
+
+
+@dataclass
+class Settings:
+    folder: str = "artifacts/smollm2"
+    """Where the collected stores are (``<folder>/<pool>/layer<L>-<position>``)."""
+    pools: list[str] = field(default_factory=lambda: list(GUARD_POOLS))
+    """Pools whose rows take part."""
+    anomaly_guard: str = "hf_lsad/guards/smollm2-135m-instruct-paper"
+    """The paper's guard whose detector is the anomaly head (its read must be collected under ``folder``)."""
+    reads: list[list[Any]] = field(
+        default_factory=lambda: [[16, "prompt_mean"], [20, "prompt_mean"], [24, "prompt_mean"]]
+    )
+    """The supervised head's reads (the shipped ones)."""
+    kind: str = "mlp"
+    """The supervised head's kind (the shipped one)."""
+    mlp_units: int = 256
+    """An ``mlp`` head's hidden ReLU units (the shipped width)."""
+    mlp_alpha: float = 0.01
+    """An ``mlp`` head's L2 penalty (the shipped one)."""
+    inverse_regularisation: float = 1.0
+    """A ``logistic`` head's ``C``."""
+    anomaly_share: float = 0.1
+    """The anomaly head's share of the budget (the shipped one)."""
+    target_fpr: float = 0.05
+    """The budget: the combined flag rate on the rows the thresholds are set on."""
+    confidence: float | None = 0.95
+    """The budget's confidence (the shipped one; ``None``: the plain quantile)."""
+    domains: list[str] = field(default_factory=lambda: list(EVAL_DOMAINS))
+    """The benign domains held out one at a time, each playing the user's own traffic."""
+    sources: list[str] = field(default_factory=lambda: list(EVAL_SOURCES))
+    """The unsafe sources whose test rows give the TPR."""
+    seed: int = 0
+    """Seed of the row splits."""
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
+    config = ProbeConfig(
+        reads=[tuple(r) for r in settings.reads],
+        kind=settings.kind,
+        inverse_regularisation=settings.inverse_regularisation,
+        mlp_units=settings.mlp_units,
+        mlp_alpha=settings.mlp_alpha,
+        seed=settings.seed,
+    )
+    rows = load_source_rows(
+        settings.folder, settings.pools, sorted({guard.reads[0], *config.reads}), seed=settings.seed
+    )
+    anomaly = dict(zip(rows.ids, anomaly_scores(guard, rows, "probability").tolist()))
+    shares = [settings.anomaly_share, 1 - settings.anomaly_share]
+    test_chat = rows.select(rows.where(split="test", domain=THRESHOLD_DOMAIN))
+    results: dict[str, Any] = {"domains": {}}
+    for domain in settings.domains:
+        print(f"hold out domain {domain}", flush=True)
+        train = rows.select([s == "fit" and d != domain for s, d in zip(rows.splits, rows.domains)])
+        head = fit_supervised(train, config)
+
+        def scores(r: SourceRows) -> torch.Tensor:
+            return torch.stack([torch.tensor([anomaly[i] for i in r.ids]), head(r.features)], dim=1)  # [n, 2]
+
+        if domain == THRESHOLD_DOMAIN:
+            bundled = rows.select(
+                [s == "validation" and d not in ("unsafe", domain) for s, d in zip(rows.splits, rows.domains)]
+            )
+        else:
+            bundled = rows.select(rows.where(split="validation", domain=THRESHOLD_DOMAIN))
+        own = rows.select(rows.where(split="validation", domain=domain))
+        held_out = scores(rows.select(rows.where(split="test", domain=domain)))
+        chat = scores(test_chat)
+        unsafe = {source: scores(rows.select(rows.where(split="test", source=source))) for source in settings.sources}
+        entry: dict[str, Any] = {"validation_rows": len(own), "test_rows": len(held_out)}
+        for rule, reference in (("bundled chat", bundled), ("your traffic", own)):
+            thresholds = threshold_at(scores(reference), settings.target_fpr, shares, settings.confidence)
+            tprs = {source: union_flag_rate(values, thresholds) for source, values in unsafe.items()}
+            entry[rule] = {
+                "thresholds": thresholds,
+                "threshold_rows": len(reference),
+                "domain_fpr": union_flag_rate(held_out, thresholds),
+                "chat_fpr": union_flag_rate(chat, thresholds),
+                "sources": tprs,
+                "median_tpr": statistics.median(tprs.values()),
+                "worst_tpr": min(tprs.values()),
+            }
+            print(
+                f"  {rule}: {domain} flagged {entry[rule]['domain_fpr']:.3f}, test chat {entry[rule]['chat_fpr']:.3f}, "
+                f"TPR median {entry[rule]['median_tpr']:.2f} / worst {entry[rule]['worst_tpr']:.2f}",
+                flush=True,
+            )
+        results["domains"][domain] = entry
+    return results
