@@ -9,7 +9,8 @@ study measures what that gives and what it costs. For each benign domain ``D`` h
   pool, the anomaly head the paper guard as shipped, the anomaly head's share of the budget as shipped;
 - **bundled chat**: thresholds on validation chat with the shipped budget (for ``D`` = chat, on the other benign
   domains' validation rows, as the protocol of :mod:`hf_lsad.evaluation.sources` does);
-- **your traffic**: thresholds on ``D``'s validation rows, the same budget;
+- **your traffic**: thresholds on ``D``'s validation rows, the same budget (and with the plain quantile, for a
+  domain with too few rows for the confidence: the budget refuses those, and the entry says so);
 - under each, the flag rate of ``D``'s test rows, of the test chat rows, and the TPR of each unsafe source's test
   rows. The unsafe sources are all in the fit (only the benign domain is held out), so these TPRs say what moving
   the thresholds costs on familiar harm; leave-one-source-out says what to expect of an unfamiliar source.
@@ -33,7 +34,7 @@ from hf_lsad.evaluation.sources import (
     threshold_at,
 )
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads import ProbeConfig
+from hf_lsad.guard.heads import ProbeConfig, SupervisedHead
 from hf_lsad.guard.threshold import union_flag_rate
 
 from .two_heads import anomaly_scores, fit_supervised
@@ -73,6 +74,15 @@ class Settings:
     """Seed of the row splits."""
 
 
+def two_headed_scores(anomaly: dict[str, float], head: SupervisedHead):
+    """A scorer of rows: ``[n, 2]``, the anomaly head's (looked up by row id) beside the supervised head's."""
+
+    def scores(rows: SourceRows) -> torch.Tensor:
+        return torch.stack([torch.tensor([anomaly[i] for i in rows.ids]), head(rows.features)], dim=1)
+
+    return scores
+
+
 def run(settings: Settings) -> dict[str, Any]:
     guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
     config = ProbeConfig(
@@ -95,8 +105,7 @@ def run(settings: Settings) -> dict[str, Any]:
         train = rows.select([s == "fit" and d != domain for s, d in zip(rows.splits, rows.domains)])
         head = fit_supervised(train, config)
 
-        def scores(r: SourceRows) -> torch.Tensor:
-            return torch.stack([torch.tensor([anomaly[i] for i in r.ids]), head(r.features)], dim=1)  # [n, 2]
+        scores = two_headed_scores(anomaly, head)
 
         if domain == THRESHOLD_DOMAIN:
             bundled = rows.select(
@@ -109,12 +118,23 @@ def run(settings: Settings) -> dict[str, Any]:
         chat = scores(test_chat)
         unsafe = {source: scores(rows.select(rows.where(split="test", source=source))) for source in settings.sources}
         entry: dict[str, Any] = {"validation_rows": len(own), "test_rows": len(held_out)}
-        for rule, reference in (("bundled chat", bundled), ("your traffic", own)):
-            thresholds = threshold_at(scores(reference), settings.target_fpr, shares, settings.confidence)
+        rules = (
+            ("bundled chat", bundled, settings.confidence),
+            ("your traffic", own, settings.confidence),
+            ("your traffic, quantile", own, None),
+        )
+        for rule, reference, confidence in rules:
+            try:
+                thresholds = threshold_at(scores(reference), settings.target_fpr, shares, confidence)
+            except ValueError as error:  # too few rows of the domain for the confidence: said, not worked around
+                entry[rule] = {"threshold_rows": len(reference), "error": str(error)}
+                print(f"  {rule}: {error}", flush=True)
+                continue
             tprs = {source: union_flag_rate(values, thresholds) for source, values in unsafe.items()}
             entry[rule] = {
                 "thresholds": thresholds,
                 "threshold_rows": len(reference),
+                "confidence": confidence,
                 "domain_fpr": union_flag_rate(held_out, thresholds),
                 "chat_fpr": union_flag_rate(chat, thresholds),
                 "sources": tprs,
