@@ -38,6 +38,7 @@ _EXPORTS = {
     "encode_prompts": "capture",
     "load_model": "capture.pretrained",
     "load_sae": "sae.formats",
+    "fit_budget_on_prompts": "guard.heads.training",
     "fit_guard": "guard",
     "generate_with_activations": "capture",
     "register_detector": "detectors",
@@ -70,6 +71,7 @@ __all__ = [
     "add_head",
     "collect_activations",
     "encode_prompts",
+    "fit_budget_on_prompts",
     "fit_guard",
     "generate_with_activations",
     "load_model",
@@ -104,5 +106,5 @@ if TYPE_CHECKING:
     from .generation import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
     from .guard import GuardConfig, SafetyGuard, SafetyReport, fit_guard
     from .guard.heads import SupervisedHead
-    from .guard.heads.training import add_head
+    from .guard.heads.training import add_head, fit_budget_on_prompts
     from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, load_sae, train_sae

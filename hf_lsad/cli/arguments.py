@@ -253,6 +253,42 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
     _runtime_arguments(parser, ModelRuntime)
 
 
+def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    _guard_arguments(parser)
+    parser.add_argument(
+        "--benign",
+        required=True,
+        help="a sample of your own benign traffic, fitted on by no head: a text file (one per line) or JSONL",
+    )
+    parser.add_argument(
+        "--target-fpr", type=float, help="the heads' combined flag rate on those prompts (default: the guard's)"
+    )
+    parser.add_argument(
+        "--confidence",
+        type=_confidence,
+        default="keep",
+        help="bound the rate on fresh traffic with this probability, or 'none' for the plain quantile "
+        "(default: the guard's)",
+    )
+    parser.add_argument("--out", help="where to write the guard (default: --guard itself, a local folder)")
+    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    _runtime_arguments(parser, ModelRuntime)
+
+
+def _confidence(value: str) -> float | str | None:
+    """``--confidence``: a probability, ``none`` (the plain quantile) or ``keep`` (the guard's, the default)."""
+    if value in ("none", "keep"):
+        return None if value == "none" else value
+    try:
+        confidence = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability in (0, 1) or 'none', got {value!r}") from None
+    if not 0.0 < confidence < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability in (0, 1) or 'none', got {value!r}")
+    return confidence
+
+
 def push_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("guard_dir", help="the guard folder to upload ('default' or 'paper': a bundled guard)")
     parser.add_argument("repo_id", help="Hub repo, 'org/name' or 'name' (the token owner's namespace)")

@@ -94,6 +94,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"argument prompts: {_one_line(err)}")
     if args.command == "add-head":
         _check_add_head(parser, args)
+    if args.command == "set-budget":
+        _check_set_budget(parser, args)
     if args.command == "screen" and not Path(args.input).exists() and Path(args.input).suffix:
         parser.error(f"argument input: no file {args.input!r}")
     if args.command == "evaluate":
@@ -275,6 +277,37 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(
             "argument --out: needed unless --guard is a local guard folder (the bundled guards stay as shipped)"
         )
+
+
+def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The prompt file (readable, not empty, enough rows for the confidence) and where the guard goes."""
+    from ..guard.guard import SafetyGuard
+    from ..guard.heads.training import budget_rule
+    from ..guard.threshold import allowed_flags
+    from .arguments import guard_location
+    from .commands import read_prompt_file
+
+    if not Path(args.benign).is_file():
+        parser.error(f"argument --benign: no file {args.benign!r}")
+    try:
+        prompts = read_prompt_file(args.benign)
+    except (ValueError, UnicodeDecodeError) as err:
+        parser.error(f"argument --benign: {_one_line(err)}")
+    if not prompts:
+        parser.error(f"argument --benign: {args.benign!r} holds no prompts")
+    if args.out is None and (args.guard in ("default", "paper") or not Path(args.guard).is_dir()):
+        parser.error(
+            "argument --out: needed unless --guard is a local guard folder (the bundled guards stay as shipped)"
+        )
+    guard = SafetyGuard.from_pretrained(args.guard, **guard_location(args))  # loaded and checked by _check_guard
+    response = [read for read in guard.reads if not read[1].startswith("prompt")]
+    if response:
+        parser.error(f"argument --guard: thresholds are set on prompts; this guard reads the response at {response}")
+    target_fpr, confidence = budget_rule(guard, args.target_fpr, args.confidence)
+    try:
+        allowed_flags(len(prompts), target_fpr, confidence)
+    except ValueError as err:
+        parser.error(f"argument --benign: {len(prompts)} prompts: {_one_line(err)}")
 
 
 def _check_evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

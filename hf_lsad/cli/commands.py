@@ -397,6 +397,43 @@ def run_add_head(args: argparse.Namespace) -> None:
     )
 
 
+def run_set_budget(args: argparse.Namespace) -> None:
+    from ..capture.pretrained import load_model, placement
+    from ..core.runtime import ModelRuntime, torch_dtype
+    from ..guard.heads.training import fit_budget_on_prompts
+
+    runtime = _runtime(args, ModelRuntime)
+    guard = _guard(args)
+    prompts = read_prompt_file(args.benign)
+    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
+    guard.config.hook.check_model(model)
+    before = guard.budget
+    budget = fit_budget_on_prompts(
+        model,
+        tokenizer,
+        guard,
+        prompts,
+        target_fpr=args.target_fpr,
+        confidence=args.confidence,
+        rows=f"the user's own benign prompts, {Path(args.benign).name}",
+        batch_size=args.batch_size,
+    )
+    out = args.out or args.guard
+    # a new card: the old card's figures were measured at the old thresholds
+    data = f"thresholds set with `hf-lsad set-budget` on {len(prompts)} of the user's own benign prompts"
+    guard.save_pretrained(out, data=data)
+    print(f"thresholds set on {len(prompts)} prompts of {args.benign}; wrote {out}")
+    old_thresholds = before.thresholds if before is not None and before.heads == budget.heads else None
+    for i, (name, share, threshold) in enumerate(zip(budget.heads, budget.shares, budget.thresholds)):
+        was = f" (was {old_thresholds[i]:.4g})" if old_thresholds is not None else ""
+        print(f"  {name}: share {share:.2f}, threshold {threshold:.4g}{was}")
+    confidence = f", {budget.confidence:.0%} confidence" if budget.confidence is not None else ""
+    print(
+        f"  together: {budget.measured_fpr:.2%} of the {budget.n_rows} prompts "
+        f"(target {budget.target_fpr:.0%}{confidence})"
+    )
+
+
 def run_push(args: argparse.Namespace) -> None:
     from pathlib import Path
 

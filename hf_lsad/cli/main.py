@@ -1,5 +1,5 @@
-"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate, add-head, screen,
-serve, push, pull.
+"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate, add-head, set-budget,
+screen, serve, push, pull.
 
     hf-lsad collect   --model default --pool safe --layer 20 --position prompt_last --out acts/safe
     hf-lsad train-sae --activations acts/safe --d-sae 2304 --out sae
@@ -11,6 +11,7 @@ serve, push, pull.
     hf-lsad explain   --guard default --activations acts/harmful "Write a tutorial on how to make a bomb"
     hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
     hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
+    hf-lsad set-budget --guard default --benign my-traffic.txt --out my-guard
     hf-lsad screen    prompts.jsonl --out verdicts.jsonl [--column prompt] [--id-column id]
     hf-lsad serve     --port 8000 [--api-key KEY]
     hf-lsad push      my-guard org/my-guard [--private] [--revision BRANCH]
@@ -99,6 +100,17 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "against --safe (optional) and the fit rows of the bundled benign pools, then sets every head's threshold "
         "again on validation chat so that together they keep the guard's false-positive budget, the new head "
         "taking --share of it (hf_lsad.guard.heads.training.add_head). The guard must read prompt_last.",
+    ),
+    "set-budget": (
+        "set every head's threshold on a sample of your own benign traffic",
+        arguments.set_budget_arguments,
+        commands.run_set_budget,
+        "Screens the --benign prompts (one per line, or JSON lines with a 'text' field; a sample of your traffic "
+        "that no head was fitted on) and sets every head's threshold so that together they flag at most "
+        "--target-fpr of them, each head keeping its share of the budget and the budget its confidence unless "
+        "--confidence says otherwise (hf_lsad.guard.heads.training.fit_budget_on_prompts). For traffic the heads "
+        "flag more often than chat: they were not fitted on its kind. Too few prompts for the confidence are refused "
+        "(59 at 5% and 0.95). The guard must read the prompt.",
     ),
     "screen": (
         "screen a table of prompts (JSONL, CSV, Parquet, a dataset) into a JSON-lines file of verdicts",

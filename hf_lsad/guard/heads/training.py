@@ -1,15 +1,20 @@
-"""Fitting supervised heads: from activations (:func:`fit_head`) or from a user's prompts (:func:`add_head`).
+"""Fitting supervised heads: from activations (:func:`fit_head`) or from a user's prompts (:func:`add_head`); and
+setting every head's threshold on a user's own benign prompts (:func:`fit_budget_on_prompts`).
 
 :func:`add_head` is what ``hf-lsad add-head`` runs: a head for a user's own category ("medical dosage advice", a
 company's confidential project names) from about a hundred examples of it, against the user's safe examples (if any)
 and the fit rows of the bundled benign pools; then every head's threshold is set again, together, on validation
 chat rows, the new head taking its share of the one false-positive budget.
+
+:func:`fit_budget_on_prompts` is what ``hf-lsad set-budget`` runs: the thresholds set on a sample of the user's own
+benign traffic instead of the bundled chat, for traffic the heads flag more often than chat (a benign domain they
+were not fitted on).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -18,6 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ...capture.collect import check_prompts, collect_prompt_features
 from ...core.splits import split_of
 from ...data import load_pool
+from ..threshold import allowed_flags
 from ..types import BudgetConfig
 from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
 
@@ -147,25 +153,87 @@ def add_head(
     old = guard.budget  # adding the head clears it
     guard.add_head(head)
     try:
-        benign, _ = collect_prompt_features(
-            model, tokenizer, [p.text for p in chat], guard.reads, batch_size=batch_size, progress=progress
-        )
         n = len(guard.head_names)
         share = 1.0 / n if share is None else share
         previous = old.shares if old is not None else [1.0]  # a single-head guard: the anomaly head had it all
-        shares = [s * (1.0 - share) for s in previous] + [share]
-        fpr = target_fpr if target_fpr is not None else old.target_fpr if old is not None else guard.config.target_fpr
-        return guard.fit_budget(
-            benign,
-            target_fpr=fpr,
-            shares=shares,
-            rows=f"validation {THRESHOLD_POOL}",
+        return fit_budget_on_prompts(
+            model,
+            tokenizer,
+            guard,
+            [p.text for p in chat],
+            target_fpr=target_fpr if target_fpr is not None else old.target_fpr if old is not None else None,
+            shares=[s * (1.0 - share) for s in previous] + [share],
             confidence=old.confidence if old is not None else None,
+            rows=f"validation {THRESHOLD_POOL}",
+            batch_size=batch_size,
+            progress=progress,
         )
     except BaseException:  # leave the guard as it was
         del guard.heads[name]
         guard.budget = old
         raise
+
+
+def fit_budget_on_prompts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    guard: Any,
+    prompts: Sequence[str],
+    *,
+    target_fpr: float | None = None,
+    shares: Sequence[float] | None = None,
+    confidence: float | Literal["keep"] | None = "keep",
+    rows: str = "the user's own benign prompts",
+    batch_size: int = 16,
+    progress: bool = True,
+) -> BudgetConfig:
+    """Set every head's threshold on benign ``prompts`` (a sample of the traffic the guard will see, fitted on by no
+    head), so that together the heads flag at most ``target_fpr`` of them
+    (:meth:`~hf_lsad.guard.SafetyGuard.fit_budget`; the guard is changed in place).
+
+    Args:
+        model, tokenizer: The guard's base model and its tokenizer (prompts are encoded as user turns of the chat
+            template, as the heads read them).
+        guard: A :class:`~hf_lsad.guard.SafetyGuard` whose heads all read the prompt.
+        prompts: The benign prompts. With a ``confidence``, at least as many as it needs
+            (:func:`~hf_lsad.guard.threshold.allowed_flags`: 59 at 5% and 0.95); checked before the forward pass.
+        target_fpr: The combined flag rate (default: the guard's budget's, else its ``config.target_fpr``).
+        shares: Each head's share of the budget (default: the guard's budget's, else equal shares).
+        confidence: ``"keep"`` (default): the guard's budget's; a float: bound the rate on fresh prompts of the same
+            kind with that probability; ``None``: the plain quantile.
+        rows: What the prompts are, recorded in the budget and on the card.
+        batch_size, progress: Forward-pass batch size and progress bar.
+
+    Returns:
+        The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
+    """
+    check_prompts(prompts)
+    response = [read for read in guard.reads if not read[1].startswith("prompt")]
+    if response:
+        raise ValueError(f"thresholds are set on prompts; this guard reads the response at {response}")
+    target_fpr, confidence = budget_rule(guard, target_fpr, confidence)
+    budget = guard.budget
+    if shares is None:
+        shares = budget.shares if budget is not None and budget.heads == guard.head_names else None
+    allowed_flags(len(prompts), target_fpr, confidence)  # too few prompts for the confidence: refused here
+    benign, _ = collect_prompt_features(
+        model, tokenizer, list(prompts), guard.reads, batch_size=batch_size, progress=progress
+    )
+    return guard.fit_budget(benign, target_fpr=target_fpr, shares=shares, rows=rows, confidence=confidence)
+
+
+def budget_rule(
+    guard: Any, target_fpr: float | None, confidence: float | Literal["keep"] | None
+) -> tuple[float, float | None]:
+    """The ``(target_fpr, confidence)`` :func:`fit_budget_on_prompts` sets thresholds by: each as given, or the guard's
+    (``target_fpr=None``: its budget's, else its ``config.target_fpr``; ``confidence="keep"``: its budget's, else the
+    plain quantile)."""
+    budget = guard.budget
+    if target_fpr is None:
+        target_fpr = budget.target_fpr if budget is not None else guard.config.target_fpr
+    if confidence == "keep":
+        confidence = budget.confidence if budget is not None else None
+    return target_fpr, confidence
 
 
 def _sample(items: list[Any], limit: int | None, seed: int) -> list[Any]:

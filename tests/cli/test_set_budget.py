@@ -1,0 +1,104 @@
+"""``hf-lsad set-budget`` and :func:`fit_budget_on_prompts`: thresholds on the user's own traffic, and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import fresh_guard, tiny_guard, two_headed_guard
+
+from hf_lsad.capture.collect import collect_prompt_features
+from hf_lsad.cli.main import entry
+from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.heads.training import fit_budget_on_prompts
+
+TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
+"""A benign kind of traffic the tiny guard's heads were not fitted on: it flags all of it at its thresholds."""
+SAMPLE = [t for i, t in enumerate(TRAFFIC) if i % 3]
+HELD_OUT = [t for i, t in enumerate(TRAFFIC) if not i % 3]
+"""The user's sample (100 prompts) and more traffic of the same kind (50)."""
+
+
+def flag_rate(guard: SafetyGuard, prompts: list[str]) -> float:
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    reads, _ = collect_prompt_features(model, tokenizer, prompts, guard.reads, progress=False)
+    return float(guard(reads).flagged.double().mean())
+
+
+@pytest.fixture
+def guard_dir(tmp_path):
+    path = tmp_path / "guard"
+    two_headed_guard(target_fpr=0.1).save_pretrained(path)
+    return path
+
+
+def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, guard_dir, tmp_path, capsys):
+    sample = tmp_path / "traffic.jsonl"
+    sample.write_text("".join(json.dumps({"text": t}) + "\n" for t in SAMPLE))
+    out = tmp_path / "mine"
+    before = SafetyGuard.from_pretrained(guard_dir)
+    assert flag_rate(before, HELD_OUT) == 1.0  # the traffic the heads never saw: all of it flagged
+
+    entry(
+        ["set-budget", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), "--out", str(out)]
+    )
+    printed = capsys.readouterr().out
+    assert (
+        "thresholds set on 100 prompts" in printed and "harm: share 0.50, threshold" in printed and "(was " in printed
+    )
+
+    guard = SafetyGuard.from_pretrained(out)
+    budget = guard.budget
+    assert budget.heads == before.budget.heads and budget.shares == pytest.approx(before.budget.shares)
+    assert budget.target_fpr == 0.1 and budget.confidence is None and budget.n_rows == 100
+    assert budget.measured_fpr <= 0.1 and "traffic.jsonl" in budget.rows
+    assert all(new >= old for new, old in zip(budget.thresholds, before.budget.thresholds))
+    assert flag_rate(guard, HELD_OUT) <= 0.2  # held-out traffic of the same kind now passes, within sampling
+    assert flag_rate(guard, ["explain how to steal the password of account 7 from my neighbour"]) == 1.0
+    assert SafetyGuard.from_pretrained(guard_dir).budget == before.budget  # --out: the source folder is kept
+    assert "set-budget" in (out / "README.md").read_text()
+
+
+def test_fit_budget_on_prompts_keeps_or_sets_the_confidence():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard(target_fpr=0.1)
+    kept = fit_budget_on_prompts(model, tokenizer, guard, SAMPLE, progress=False)
+    assert kept.confidence is None and kept.target_fpr == 0.1
+    assert kept.rows == "the user's own benign prompts"
+    strict = fit_budget_on_prompts(
+        model, tokenizer, guard, TRAFFIC, target_fpr=0.1, confidence=0.9, rows="mine", progress=False
+    )
+    assert strict.confidence == 0.9 and strict.rows == "mine" and strict.measured_fpr <= kept.measured_fpr
+    with pytest.raises(ValueError, match="need at least"):  # before any forward pass
+        fit_budget_on_prompts(model, tokenizer, guard, SAMPLE[:5], confidence=0.95, progress=False)
+    with pytest.raises(ValueError, match="empty"):
+        fit_budget_on_prompts(model, tokenizer, guard, ["fine", "  "], progress=False)
+    with pytest.raises(ValueError, match="reads the response"):
+        fit_budget_on_prompts(model, tokenizer, fresh_guard("response_last"), SAMPLE, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("lines", "flags", "error"),
+    [
+        ([], [], "holds no prompts"),
+        (["\n", "  \n"], [], "holds no prompts"),
+        (SAMPLE[:20], ["--confidence", "0.95"], "20 prompts: 20 held-out safe rows cannot bound the rate at 0.1"),
+        (["{not json"], [], "not JSON"),
+        (SAMPLE, ["--confidence", "1.5"], "argument --confidence"),
+        (SAMPLE, ["--target-fpr", "0"], "argument --target-fpr"),
+        (SAMPLE, ["--guard", "default"], "argument --out: needed"),
+        (SAMPLE, ["--benign", "missing.txt"], "no file"),
+        (SAMPLE, ["--guard", "RESPONSE"], "reads the response"),
+    ],
+)
+def test_set_budget_refuses_bad_input_before_loading_a_model(lines, flags, error, guard_dir, tmp_path, capsys):
+    suffix = ".jsonl" if lines == ["{not json"] else ".txt"
+    benign = tmp_path / f"benign{suffix}"
+    benign.write_text("".join(line if line.endswith("\n") else line + "\n" for line in lines))
+    if "RESPONSE" in flags:
+        fresh_guard("response_last").save_pretrained(tmp_path / "response-guard")
+    renamed = {"missing.txt": str(tmp_path / "missing.txt"), "RESPONSE": str(tmp_path / "response-guard")}
+    flags = [renamed.get(f, f) for f in flags]
+    with pytest.raises(SystemExit) as info:
+        entry(["set-budget", "--guard", str(guard_dir), "--benign", str(benign), *flags])
+    assert info.value.code == 2 and error in capsys.readouterr().err
