@@ -14,6 +14,7 @@ The activations come from ``hf-lsad collect`` (one store per pool and read under
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -64,6 +65,9 @@ class Settings:
     weighs ``n ** power`` within its label (:func:`tempered_weights`). ``0`` weighs every source alike, as the
     shipped head does (ShareGPT's 3,554 fit rows then weigh what vauban's 22 look-alikes weigh); ``1`` weighs every
     row alike; ``0.5`` between. A pair ``[benign, unsafe]`` sets each label's power."""
+    mlp_seeds: list[int] = field(default_factory=list)
+    """Seeds of each MLP's fit (its initial weights and early-stopping rows), each tried as its own candidate with the
+    row splits fixed by ``seed``: how much a figure moves between fits of one configuration. Empty: ``seed``."""
     mlp_ensemble: int = 1
     """MLPs fitted with seeds ``seed .. seed + mlp_ensemble - 1`` whose probabilities are averaged: does a steadier
     head (the fits of one width vary with the seed) carry over better?"""
@@ -245,19 +249,22 @@ def run(settings: Settings) -> dict[str, Any]:
             judge(f"{reads_of}, {k} source directions removed", nullspace_method(config, hidden, k))
         for width in settings.mlp_widths:
             for alpha in settings.mlp_alphas:
-                for power in settings.balance_powers:
+                for power, fit_seed in itertools.product(
+                    settings.balance_powers, settings.mlp_seeds or [settings.seed]
+                ):
                     name = f"{reads_of}, MLP {width}" + ("" if alpha == 1e-3 else f", alpha={alpha:g}")
                     if isinstance(power, (int, float)):
                         name += f", groups weigh n^{power:g}" if power else ""
                     else:
                         name += f", benign groups weigh n^{power[0]:g}, unsafe n^{power[1]:g}"
                     name += f", mean of {settings.mlp_ensemble} seeds" if settings.mlp_ensemble > 1 else ""
+                    name += f", fit seed {fit_seed}" if settings.mlp_seeds else ""
                     config = ProbeConfig(
                         reads=[tuple(read) for read in candidate],
                         kind="mlp",
                         mlp_units=width,
                         mlp_alpha=alpha,
-                        seed=settings.seed,
+                        seed=fit_seed,
                     )
                     judge(name, mlp_method(config, hidden, settings.mlp_ensemble, power))
     if settings.text_baseline:
