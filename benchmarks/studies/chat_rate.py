@@ -22,9 +22,10 @@ from typing import Any
 import torch
 from scipy.stats import binomtest
 
-from hf_lsad.evaluation.sources import GUARD_POOLS, load_source_rows, threshold_at
-from hf_lsad.guard.heads import ProbeConfig
+from hf_lsad.evaluation.sources import GUARD_POOLS, load_source_rows, threshold_at, threshold_reference
 from hf_lsad.guard.heads.training import fit_head
+
+from .two_heads import probe_config
 
 
 @dataclass
@@ -62,17 +63,10 @@ def fold_of(row_id: str, folds: int) -> int:
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    config = ProbeConfig(
-        reads=[tuple(r) for r in settings.reads],
-        kind=settings.kind,
-        inverse_regularisation=settings.inverse_regularisation,
-        mlp_units=settings.mlp_units,
-        mlp_alpha=settings.mlp_alpha,
-        seed=settings.seed,
-    )
+    config = probe_config(settings)
     rows = load_source_rows(settings.folder, settings.pools, config.reads, seed=settings.seed)
     fit = rows.select(rows.where(split="fit"))
-    validation_chat = rows.select(rows.where(split="validation", domain="chat"))
+    validation_chat = threshold_reference(rows)
     fold = [fold_of(i, settings.folds) if d == "chat" else -1 for i, d in zip(fit.ids, fit.domains)]
 
     rules = [(fpr, confidence) for fpr in settings.fprs for confidence in settings.confidences]

@@ -93,10 +93,8 @@ def run(settings: Settings) -> dict[str, Any]:
         [validation["flagged"], validation["rows"] - validation["flagged"]],
         [test["flagged"], test["rows"] - test["flagged"]],
     ]
-    result["fisher_validation_vs_test"] = {
-        "odds_ratio": float(fisher_exact(table).statistic),
-        "p_value": float(fisher_exact(table).pvalue),
-    }
+    fisher = fisher_exact(table)
+    result["fisher_validation_vs_test"] = {"odds_ratio": float(fisher.statistic), "p_value": float(fisher.pvalue)}
     scores_of = {split: score[torch.tensor(rows.where(split=split))].numpy() for split in ("validation", "test")}
     ks = ks_2samp(scores_of["validation"], scores_of["test"])
     result["ks_validation_vs_test"] = {"statistic": float(ks.statistic), "p_value": float(ks.pvalue)}

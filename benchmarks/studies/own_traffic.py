@@ -22,22 +22,19 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from hf_lsad.evaluation.sources import (
     EVAL_DOMAINS,
     EVAL_SOURCES,
     GUARD_POOLS,
     THRESHOLD_DOMAIN,
-    SourceRows,
     load_source_rows,
     threshold_at,
+    threshold_reference,
 )
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads import ProbeConfig, SupervisedHead
 from hf_lsad.guard.threshold import union_flag_rate
 
-from .two_heads import anomaly_scores, fit_supervised
+from .two_heads import anomaly_lookup, anomaly_scores, fit_supervised, probe_config, two_headed
 
 
 @dataclass
@@ -74,45 +71,21 @@ class Settings:
     """Seed of the row splits."""
 
 
-def two_headed_scores(anomaly: dict[str, float], head: SupervisedHead):
-    """A scorer of rows: ``[n, 2]``, the anomaly head's (looked up by row id) beside the supervised head's."""
-
-    def scores(rows: SourceRows) -> torch.Tensor:
-        return torch.stack([torch.tensor([anomaly[i] for i in rows.ids]), head(rows.features)], dim=1)
-
-    return scores
-
-
 def run(settings: Settings) -> dict[str, Any]:
     guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
-    config = ProbeConfig(
-        reads=[tuple(r) for r in settings.reads],
-        kind=settings.kind,
-        inverse_regularisation=settings.inverse_regularisation,
-        mlp_units=settings.mlp_units,
-        mlp_alpha=settings.mlp_alpha,
-        seed=settings.seed,
-    )
+    config = probe_config(settings)
     rows = load_source_rows(
         settings.folder, settings.pools, sorted({guard.reads[0], *config.reads}), seed=settings.seed
     )
-    anomaly = dict(zip(rows.ids, anomaly_scores(guard, rows, "probability").tolist()))
+    anomaly_of = anomaly_lookup(dict(zip(rows.ids, anomaly_scores(guard, rows, "probability").tolist())))
     shares = [settings.anomaly_share, 1 - settings.anomaly_share]
     test_chat = rows.select(rows.where(split="test", domain=THRESHOLD_DOMAIN))
     results: dict[str, Any] = {"domains": {}}
     for domain in settings.domains:
         print(f"hold out domain {domain}", flush=True)
         train = rows.select([s == "fit" and d != domain for s, d in zip(rows.splits, rows.domains)])
-        head = fit_supervised(train, config)
-
-        scores = two_headed_scores(anomaly, head)
-
-        if domain == THRESHOLD_DOMAIN:
-            bundled = rows.select(
-                [s == "validation" and d not in ("unsafe", domain) for s, d in zip(rows.splits, rows.domains)]
-            )
-        else:
-            bundled = rows.select(rows.where(split="validation", domain=THRESHOLD_DOMAIN))
+        scores = two_headed(anomaly_of, fit_supervised(train, config))
+        bundled = threshold_reference(rows, domain)
         own = rows.select(rows.where(split="validation", domain=domain))
         held_out = scores(rows.select(rows.where(split="test", domain=domain)))
         chat = scores(test_chat)

@@ -19,6 +19,7 @@ source, and the rows only the anomaly head catches, by source. ``leave_one_out=F
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ from hf_lsad.evaluation.sources import (
     leave_one_source_out,
     load_source_rows,
     threshold_at,
+    threshold_reference,
 )
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads import ProbeConfig, SupervisedHead
@@ -88,14 +90,10 @@ def anomaly_scores(guard: SafetyGuard, rows: SourceRows, kind: str) -> torch.Ten
     return torch.cat(out).float()
 
 
-def fit_supervised(train: SourceRows, config: ProbeConfig) -> SupervisedHead:
-    """The ``harm`` head as the release fits it (:func:`hf_lsad.guard.heads.training.fit_head`, sources alike)."""
-    return fit_head("harm", train.features, train.labels, train.sources, config)
-
-
-def run(settings: Settings) -> dict[str, Any]:
-    guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
-    config = ProbeConfig(
+def probe_config(settings: Any) -> ProbeConfig:
+    """The supervised head's :class:`ProbeConfig` from a study's settings (``reads``, ``kind``,
+    ``inverse_regularisation``, ``mlp_units``, ``mlp_alpha``, ``seed``)."""
+    return ProbeConfig(
         reads=[tuple(r) for r in settings.reads],
         kind=settings.kind,
         inverse_regularisation=settings.inverse_regularisation,
@@ -103,12 +101,29 @@ def run(settings: Settings) -> dict[str, Any]:
         mlp_alpha=settings.mlp_alpha,
         seed=settings.seed,
     )
+
+
+def anomaly_lookup(anomaly: dict[str, float]) -> Callable[[SourceRows], torch.Tensor]:
+    """A scorer of rows by the anomaly head's scores computed once for every row (``{row id: score}``)."""
+    return lambda rows: torch.tensor([anomaly[i] for i in rows.ids])
+
+
+def two_headed(anomaly_of: Callable[[SourceRows], torch.Tensor], head: SupervisedHead):
+    """A scorer of rows: ``[n, 2]``, the anomaly head's score beside the supervised head's."""
+    return lambda rows: torch.stack([anomaly_of(rows), head(rows.features)], dim=1)
+
+
+def fit_supervised(train: SourceRows, config: ProbeConfig) -> SupervisedHead:
+    """The ``harm`` head as the release fits it (:func:`hf_lsad.guard.heads.training.fit_head`, sources alike)."""
+    return fit_head("harm", train.features, train.labels, train.sources, config)
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
+    config = probe_config(settings)
     reads = sorted({guard.reads[0], *config.reads})
     rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
-    anomaly = dict(zip(rows.ids, anomaly_scores(guard, rows, settings.anomaly_score).tolist()))
-
-    def anomaly_of(r: SourceRows) -> torch.Tensor:
-        return torch.tensor([anomaly[i] for i in r.ids])
+    anomaly_of = anomaly_lookup(dict(zip(rows.ids, anomaly_scores(guard, rows, settings.anomaly_score).tolist())))
 
     def anomaly_method(train: SourceRows):
         return anomaly_of
@@ -118,8 +133,7 @@ def run(settings: Settings) -> dict[str, Any]:
         return lambda r: head(r.features)
 
     def two_headed_method(train: SourceRows):
-        head = fit_supervised(train, config)
-        return lambda r: torch.stack([anomaly_of(r), head(r.features)], dim=1)
+        return two_headed(anomaly_of, fit_supervised(train, config))
 
     def progress(message: str) -> None:
         print(f"  {message}", flush=True)
@@ -157,15 +171,17 @@ def run(settings: Settings) -> dict[str, Any]:
 
 
 def shipped(
-    rows: SourceRows, anomaly_of: Any, config: ProbeConfig, share: float, confidence: float | None
+    rows: SourceRows,
+    anomaly_of: Callable[[SourceRows], torch.Tensor],
+    config: ProbeConfig,
+    share: float,
+    confidence: float | None,
 ) -> dict[str, Any]:
     """The guard as it ships, on test rows: fitted on every fit row, thresholds on validation chat (5% and 1%)."""
     head = fit_supervised(rows.select(rows.where(split="fit")), config)
     test = rows.select(rows.where(split="test"))
-    chat = rows.select(rows.where(split="validation", domain="chat"))
-
-    def scores(r: SourceRows) -> torch.Tensor:
-        return torch.stack([anomaly_of(r), head(r.features)], dim=1)
+    chat = threshold_reference(rows)
+    scores = two_headed(anomaly_of, head)
 
     out: dict[str, Any] = {}
     benign_scores, test_scores = scores(chat), scores(test)

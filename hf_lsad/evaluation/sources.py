@@ -196,6 +196,16 @@ def threshold_at(
     return budget_thresholds(benign_scores, fpr, shares, confidence=confidence)
 
 
+def threshold_reference(rows: SourceRows, held_out_domain: str | None = None) -> SourceRows:
+    """The rows thresholds are set on: the validation split's chat; when chat itself is the benign domain held out,
+    the validation rows of every other benign domain."""
+    if held_out_domain != THRESHOLD_DOMAIN:
+        return rows.select(rows.where(split="validation", domain=THRESHOLD_DOMAIN))
+    return rows.select(
+        [s == "validation" and d not in ("unsafe", held_out_domain) for s, d in zip(rows.splits, rows.domains)]
+    )
+
+
 Method = Callable[[SourceRows], Callable[[SourceRows], Tensor]]
 """``fit(training rows) -> score(rows)``: ``[n]`` scores (higher: more likely unsafe), or ``[n, heads]`` for a
 guard of several heads (a row is flagged when any head's score exceeds its threshold)."""
@@ -228,7 +238,7 @@ def leave_one_source_out(
     budget confidence does (:func:`threshold_at`).
     """
     fit_rows = rows.where(split="fit")
-    threshold_rows = rows.select(rows.where(split="validation", domain=THRESHOLD_DOMAIN))
+    threshold_rows = threshold_reference(rows)
     result: dict[str, Any] = {
         "evaluate_on": evaluate_on,
         "fprs": list(fprs),
@@ -253,12 +263,7 @@ def leave_one_source_out(
             progress(f"hold out domain {domain}")
         train = rows.select([f and d != domain for f, d in zip(fit_rows, rows.domains)])
         score = method(train)
-        if domain == THRESHOLD_DOMAIN:
-            reference = rows.select(
-                [s == "validation" and d not in ("unsafe", domain) for s, d in zip(rows.splits, rows.domains)]
-            )
-        else:
-            reference = threshold_rows
+        reference = threshold_rows if domain != THRESHOLD_DOMAIN else threshold_reference(rows, domain)
         held_out = rows.select(rows.where(split=evaluate_on, domain=domain))
         benign, negatives = score(reference), score(held_out)
         result["domains"][domain] = {

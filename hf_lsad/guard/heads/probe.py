@@ -62,8 +62,8 @@ class ProbeConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.kind not in ("logistic", "mlp"):
-            raise ValueError(f"kind must be 'logistic' or 'mlp', got {self.kind!r}")
+        if self.kind not in PROBES:
+            raise ValueError(f"kind must be one of {sorted(PROBES)}, got {self.kind!r}")
         self.reads = [(int(layer), str(position)) for layer, position in self.reads]
         if not self.reads or len(set(self.reads)) != len(self.reads):
             raise ValueError(f"reads must be distinct (layer, position) pairs, got {self.reads}")
