@@ -75,6 +75,11 @@ class Settings:
     """Numbers ``k`` of source-style directions projected out of the standardised reads before the logistic fit (see
     :func:`nullspace_method`), tried on each candidate beside the plain head: does a head that cannot see which
     source a row came from carry over to a source it never saw?"""
+    mass_mean: bool = False
+    """Also try each candidate as a mass-mean probe (:func:`mass_mean_method`): the direction between the labels'
+    source means, no fit. Probes of that kind are reported to carry over to unseen distributions better than a
+    logistic fit (Marks & Tegmark, "The Geometry of Truth", 2023): does it flag fewer rows of an unseen benign
+    domain?"""
     sae: str = ""
     """An SAE folder (``save_pretrained`` layout, e.g. the paper guard's ``sae/``, which reads layer 12 at the last
     prompt token): each candidate is also tried on the SAE's codes of its reads instead of the raw residual, the
@@ -188,6 +193,22 @@ def nullspace_method(config: ProbeConfig, hidden_size: int, k: int):
     return fit
 
 
+def mass_mean_method(config: ProbeConfig, hidden_size: int):
+    """Score: the standardised reads projected on the difference between the mean of the unsafe sources' means and
+    the mean of the benign sources' means (each source weighing alike, as for the head). Nothing is fitted beyond the
+    means, so nothing can fit a source's style beyond its mean."""
+
+    def fit(train: SourceRows):
+        standardise, standard = standardised_reads(config, hidden_size, train)
+        names = sorted(set(train.sources))
+        source_means = torch.stack([standard[[s == name for s in train.sources]].mean(0) for name in names])
+        source_labels = torch.tensor([int(train.labels[train.sources.index(name)]) for name in names])
+        direction = source_means[source_labels == 1].mean(0) - source_means[source_labels == 0].mean(0)  # [width]
+        return lambda rows: (standardise(rows) @ direction).float()
+
+    return fit
+
+
 def sae_method(config: ProbeConfig, sae):
     """The logistic head on the SAE's codes of each read (``[n, d_sae]`` per read) instead of the residual."""
 
@@ -244,6 +265,9 @@ def run(settings: Settings) -> dict[str, Any]:
             judge(f"{reads_of}, C={c:g}", probe_method(config, hidden))
             if sae is not None:
                 judge(f"{reads_of}, SAE codes, C={c:g}", sae_method(config, sae))
+        if settings.mass_mean:
+            config = ProbeConfig(reads=[tuple(read) for read in candidate])
+            judge(f"{reads_of}, mass mean", mass_mean_method(config, hidden))
         for k in settings.source_directions:
             config = ProbeConfig(reads=[tuple(read) for read in candidate])
             judge(f"{reads_of}, {k} source directions removed", nullspace_method(config, hidden, k))
