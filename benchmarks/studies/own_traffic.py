@@ -53,7 +53,7 @@ class Settings:
     """The supervised head's kind (the shipped one)."""
     mlp_units: int = 256
     """An ``mlp`` head's hidden ReLU units (the shipped width)."""
-    mlp_alpha: float = 0.01
+    mlp_alpha: float = 0.1
     """An ``mlp`` head's L2 penalty (the shipped one)."""
     inverse_regularisation: float = 1.0
     """A ``logistic`` head's ``C``."""
