@@ -6,12 +6,13 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
 - **anomaly head**: the bundled paper guard (``hf_lsad/guards/smollm2-135m-instruct-paper``: FreqMask-KM on SAE codes
   at layer 12, ``prompt_last``, fitted on benign rows, per-cluster calibration), deciding on its calibrated
   probability (``heads/two_heads_probability`` against ``heads/two_heads``);
-- **supervised head** ``harm``: an MLP (one layer of 256 ReLU units, L2 penalty 0.01) on the mean over the prompt's
-  tokens at layers 16, 20 and 24 (reads: ``heads/registry_sources``, ``heads/registry_regularisation``; the MLP, its
-  width and penalty: ``heads/registry_mlp``, ``heads/registry_mlp_penalty``, ``heads/registry_mlp_width``), fitted on
-  the fit split (60%, :func:`hf_lsad.core.splits.split_of`) of every unsafe source against every benign domain and the
-  benign look-alikes (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`), each source weighing alike;
-- **budget**: 5% of chat, 0.1 of it to the anomaly head (``heads/two_heads_mlp``), set on validation chat with
+- **supervised head** ``harm``: an MLP (one layer of 256 ReLU units, L2 penalty 0.1) on the mean over the prompt's
+  tokens at layers 16, 20 and 24 (reads: ``heads/registry_sources``, ``heads/registry_regularisation``; the MLP and its
+  width: ``heads/registry_mlp``, ``heads/registry_mlp_penalty``, ``heads/registry_mlp_width``; its penalty, ahead on
+  the worst held-out source in each of three fits: ``heads/registry_mlp_wide_penalty``,
+  ``heads/registry_mlp_seeds``), fitted on the fit split (60%, :func:`hf_lsad.core.splits.split_of`) of every unsafe
+  source against every benign domain and the benign look-alikes (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`), each source weighing alike;
+- **budget**: 5% of chat, 0.1 of it to the anomaly head (``heads/two_heads_mlp_penalty``), set on validation chat with
   confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
   with probability 0.95 (``heads/chat_rate`` measures both rules on chat that is neither validation nor test).
 
@@ -45,7 +46,7 @@ from hf_lsad.guard.heads.training import fit_head
 
 REPO = Path(__file__).resolve().parent.parent
 HARM_PROBE = ProbeConfig(
-    reads=[(16, "prompt_mean"), (20, "prompt_mean"), (24, "prompt_mean")], kind="mlp", mlp_units=256, mlp_alpha=0.01
+    reads=[(16, "prompt_mean"), (20, "prompt_mean"), (24, "prompt_mean")], kind="mlp", mlp_units=256, mlp_alpha=0.1
 )
 ANOMALY_SHARE = 0.1
 TARGET_FPR = 0.05
