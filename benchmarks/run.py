@@ -56,11 +56,13 @@ def result_path(name: str) -> Path:
 
 
 def commit() -> str:
-    """The commit the tree is at, with ``+dirty`` when tracked files differ from it."""
+    """The commit the tree is at, with ``+dirty`` when tracked files differ from it. The results and the index this
+    runner writes do not count: a queue of experiments would otherwise mark every run after the first dirty."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     if head.returncode != 0:
         return "unknown"
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=REPO).returncode != 0
+    written_here = [f":(exclude){path.relative_to(REPO)}" for path in (RESULTS, INDEX)]
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", *written_here], cwd=REPO).returncode != 0
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
@@ -93,12 +95,13 @@ def run_experiment(name: str, overrides: dict[str, Any]) -> Path:
     flags = [f"--set={key}={json.dumps(value)}" for key, value in overrides.items()]
     command = "python benchmarks/run.py " + shlex.join([name, *flags])
     print(f"{name}: {experiment['claim']}")
+    ran_at = commit()  # the code that runs, before any edit made while it runs
     result = module.run(settings)
     record = {
         "experiment": name,
         "claim": experiment["claim"],
         "command": command,
-        "commit": commit(),
+        "commit": ran_at,
         "settings": dataclasses.asdict(settings),
         "result": result,
     }
