@@ -195,12 +195,16 @@ def shipped(
             "confidence": confidence,
             "validation_chat_fpr": union_flag_rate(benign_scores, thresholds),
             "domains": {},
+            "benign_sources": {},
             "sources": {},
             "only_anomaly": {},
         }
         for domain in sorted(set(test.domains) - {"unsafe"}):
             mask = torch.tensor([d == domain for d in test.domains])
             entry["domains"][domain] = {"rows": int(mask.sum()), "fpr": float(flagged[mask].double().mean())}
+        for source in sorted({s for s, y in zip(test.sources, test.labels.tolist()) if y == 0}):
+            mask = torch.tensor([s == source for s in test.sources])
+            entry["benign_sources"][source] = {"rows": int(mask.sum()), "fpr": float(flagged[mask].double().mean())}
         for source in sorted({s for s, y in zip(test.sources, test.labels.tolist()) if y == 1}):
             mask = torch.tensor([s == source for s in test.sources])
             entry["sources"][source] = {"rows": int(mask.sum()), "tpr": float(flagged[mask].double().mean())}
