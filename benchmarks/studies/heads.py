@@ -163,6 +163,14 @@ def sklearn_scorer(model, transform):
     return score
 
 
+def means_by_source(standard: torch.Tensor, train: SourceRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each training source's mean standardised row ``[n_sources, width]`` and the source's label ``[n_sources]``."""
+    names = sorted(set(train.sources))
+    means = torch.stack([standard[[s == name for s in train.sources]].mean(0) for name in names])
+    labels = torch.tensor([int(train.labels[train.sources.index(name)]) for name in names])
+    return means, labels
+
+
 def nullspace_method(config: ProbeConfig, hidden_size: int, k: int):
     """The logistic head restricted to the complement of the training sources' style.
 
@@ -175,9 +183,7 @@ def nullspace_method(config: ProbeConfig, hidden_size: int, k: int):
 
     def fit(train: SourceRows):
         standardise, standard = standardised_reads(config, hidden_size, train)
-        names = sorted(set(train.sources))
-        source_means = torch.stack([standard[[s == name for s in train.sources]].mean(0) for name in names])
-        source_labels = torch.tensor([int(train.labels[train.sources.index(name)]) for name in names])
+        source_means, source_labels = means_by_source(standard, train)
         label_means = torch.stack([source_means[source_labels == label].mean(0) for label in (0, 1)])
         style = source_means - label_means[source_labels]  # [n_sources, width]
         directions = torch.linalg.svd(style, full_matrices=False).Vh[:k]  # [k, width]
@@ -200,9 +206,7 @@ def mass_mean_method(config: ProbeConfig, hidden_size: int):
 
     def fit(train: SourceRows):
         standardise, standard = standardised_reads(config, hidden_size, train)
-        names = sorted(set(train.sources))
-        source_means = torch.stack([standard[[s == name for s in train.sources]].mean(0) for name in names])
-        source_labels = torch.tensor([int(train.labels[train.sources.index(name)]) for name in names])
+        source_means, source_labels = means_by_source(standard, train)
         direction = source_means[source_labels == 1].mean(0) - source_means[source_labels == 0].mean(0)  # [width]
         return lambda rows: (standardise(rows) @ direction).float()
 

@@ -202,13 +202,14 @@ def shipped(
         for domain in sorted(set(test.domains) - {"unsafe"}):
             mask = torch.tensor([d == domain for d in test.domains])
             entry["domains"][domain] = {"rows": int(mask.sum()), "fpr": float(flagged[mask].double().mean())}
-        for source in sorted({s for s, y in zip(test.sources, test.labels.tolist()) if y == 0}):
+        for source, label in sorted(set(zip(test.sources, test.labels.tolist()))):
             mask = torch.tensor([s == source for s in test.sources])
-            entry["benign_sources"][source] = {"rows": int(mask.sum()), "fpr": float(flagged[mask].double().mean())}
-        for source in sorted({s for s, y in zip(test.sources, test.labels.tolist()) if y == 1}):
-            mask = torch.tensor([s == source for s in test.sources])
-            entry["sources"][source] = {"rows": int(mask.sum()), "tpr": float(flagged[mask].double().mean())}
-            entry["only_anomaly"][source] = int(only_anomaly[mask].sum())
+            rate = float(flagged[mask].double().mean())
+            if label == 0:
+                entry["benign_sources"][source] = {"rows": int(mask.sum()), "fpr": rate}
+            else:
+                entry["sources"][source] = {"rows": int(mask.sum()), "tpr": rate}
+                entry["only_anomaly"][source] = int(only_anomaly[mask].sum())
         tprs = [v["tpr"] for v in entry["sources"].values()]
         entry["median_source_tpr"], entry["worst_source_tpr"] = statistics.median(tprs), min(tprs)
         out[f"at {fpr:g}"] = entry

@@ -282,7 +282,7 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The prompt file (readable, not empty, enough rows for the confidence) and where the guard goes."""
     from ..guard.guard import SafetyGuard
-    from ..guard.heads.training import budget_rule
+    from ..guard.heads.training import budget_rule, check_reads_prompt
     from ..guard.threshold import allowed_flags
     from .arguments import guard_location
     from .commands import read_prompt_file
@@ -300,9 +300,10 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
             "argument --out: needed unless --guard is a local guard folder (the bundled guards stay as shipped)"
         )
     guard = SafetyGuard.from_pretrained(args.guard, **guard_location(args))  # loaded and checked by _check_guard
-    response = [read for read in guard.reads if not read[1].startswith("prompt")]
-    if response:
-        parser.error(f"argument --guard: thresholds are set on prompts; this guard reads the response at {response}")
+    try:
+        check_reads_prompt(guard)
+    except ValueError as err:
+        parser.error(f"argument --guard: {err}")
     target_fpr, confidence = budget_rule(guard, args.target_fpr, args.confidence)
     try:
         allowed_flags(len(prompts), target_fpr, confidence)

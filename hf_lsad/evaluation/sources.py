@@ -263,7 +263,7 @@ def leave_one_source_out(
             progress(f"hold out domain {domain}")
         train = rows.select([f and d != domain for f, d in zip(fit_rows, rows.domains)])
         score = method(train)
-        reference = threshold_rows if domain != THRESHOLD_DOMAIN else threshold_reference(rows, domain)
+        reference = threshold_reference(rows, domain)
         held_out = rows.select(rows.where(split=evaluate_on, domain=domain))
         benign, negatives = score(reference), score(held_out)
         result["domains"][domain] = {

@@ -208,9 +208,7 @@ def fit_budget_on_prompts(
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
     """
     check_prompts(prompts)
-    response = [read for read in guard.reads if not read[1].startswith("prompt")]
-    if response:
-        raise ValueError(f"thresholds are set on prompts; this guard reads the response at {response}")
+    check_reads_prompt(guard)
     target_fpr, confidence = budget_rule(guard, target_fpr, confidence)
     budget = guard.budget
     if shares is None:
@@ -220,6 +218,13 @@ def fit_budget_on_prompts(
         model, tokenizer, list(prompts), guard.reads, batch_size=batch_size, progress=progress
     )
     return guard.fit_budget(benign, target_fpr=target_fpr, shares=shares, rows=rows, confidence=confidence)
+
+
+def check_reads_prompt(guard: Any) -> None:
+    """Refuse a guard with a head that reads the response: :func:`fit_budget_on_prompts` scores prompts alone."""
+    response = [read for read in guard.reads if not read[1].startswith("prompt")]
+    if response:
+        raise ValueError(f"thresholds are set on prompts; this guard reads the response at {response}")
 
 
 def budget_rule(
