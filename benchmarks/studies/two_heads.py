@@ -13,7 +13,9 @@ thresholds at 5% and 1% on validation chat, rates on the held-out group's ``eval
 With ``evaluate_on="test"`` the run also measures the guard as it ships (:func:`shipped`): the supervised head
 fitted on the fit rows of every pool, thresholds on validation chat (with the budget's ``confidence``, as the
 release sets them), and on test rows the flag rate of chat and of each benign domain, the TPR of each unsafe
-source, and the rows only the anomaly head catches, by source. ``leave_one_out=False`` measures only that.
+source, and the rows only the anomaly head catches, by source. ``leave_one_out=False`` measures only that, on the
+rows of ``evaluate_on`` (on validation rows, chat is the rows the thresholds were set on; the other domains and
+the sources are held out of both the fit and the thresholds).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class Settings:
     confidence: float | None = None
     """Thresholds as a budget with this confidence sets them (``None``: the plain quantile of validation chat)."""
     leave_one_out: bool = True
-    """Run leave-one-source-out; ``False`` (with ``evaluate_on="test"``): only the guard as shipped."""
+    """Run leave-one-source-out; ``False``: only the guard as shipped, on the ``evaluate_on`` rows."""
     held_out_sources: list[str] = field(default_factory=lambda: list(EVAL_SOURCES))
     """The unsafe sources held out one at a time (default: the seven the guard is judged on)."""
     held_out_domains: list[str] = field(default_factory=lambda: list(EVAL_DOMAINS))
@@ -146,10 +148,10 @@ def run(settings: Settings) -> dict[str, Any]:
     )
     results: dict[str, Any] = {"rows": len(rows), "methods": {}}
     if not settings.leave_one_out:
-        if settings.evaluate_on != "test":
-            raise SystemExit("leave_one_out=false measures the guard as shipped, on test rows: set evaluate_on=test")
         results["shipped"] = {
-            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, share, settings.confidence)
+            f"anomaly share {share:g}": shipped(
+                rows, anomaly_of, config, share, settings.confidence, settings.evaluate_on
+            )
             for share in settings.anomaly_shares
         }
         return results
@@ -176,10 +178,12 @@ def shipped(
     config: ProbeConfig,
     share: float,
     confidence: float | None,
+    evaluate_on: str = "test",
 ) -> dict[str, Any]:
-    """The guard as it ships, on test rows: fitted on every fit row, thresholds on validation chat (5% and 1%)."""
+    """The guard as it ships, on the ``evaluate_on`` rows: fitted on every fit row, thresholds on validation chat
+    (5% and 1%)."""
     head = fit_supervised(rows.select(rows.where(split="fit")), config)
-    test = rows.select(rows.where(split="test"))
+    test = rows.select(rows.where(split=evaluate_on))
     chat = threshold_reference(rows)
     scores = two_headed(anomaly_of, head)
 
