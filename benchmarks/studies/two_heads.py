@@ -166,7 +166,7 @@ def run(settings: Settings) -> dict[str, Any]:
         )
     if settings.evaluate_on == "test":
         results["shipped"] = {
-            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, share, settings.confidence)
+            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, share, settings.confidence, "test")
             for share in settings.anomaly_shares
         }
     return results
@@ -178,20 +178,20 @@ def shipped(
     config: ProbeConfig,
     share: float,
     confidence: float | None,
-    evaluate_on: str = "test",
+    evaluate_on: str,
 ) -> dict[str, Any]:
     """The guard as it ships, on the ``evaluate_on`` rows: fitted on every fit row, thresholds on validation chat
     (5% and 1%)."""
     head = fit_supervised(rows.select(rows.where(split="fit")), config)
-    test = rows.select(rows.where(split=evaluate_on))
+    evaluated = rows.select(rows.where(split=evaluate_on))
     chat = threshold_reference(rows)
     scores = two_headed(anomaly_of, head)
 
     out: dict[str, Any] = {}
-    benign_scores, test_scores = scores(chat), scores(test)
+    benign_scores, evaluated_scores = scores(chat), scores(evaluated)
     for fpr in (0.05, 0.01):
         thresholds = threshold_at(benign_scores, fpr, [share, 1 - share], confidence)
-        flags = test_scores > torch.tensor(thresholds)
+        flags = evaluated_scores > torch.tensor(thresholds)
         flagged = flags.any(1)
         only_anomaly = flags[:, 0] & ~flags[:, 1]
         entry: dict[str, Any] = {
@@ -203,11 +203,11 @@ def shipped(
             "sources": {},
             "only_anomaly": {},
         }
-        for domain in sorted(set(test.domains) - {"unsafe"}):
-            mask = torch.tensor([d == domain for d in test.domains])
+        for domain in sorted(set(evaluated.domains) - {"unsafe"}):
+            mask = torch.tensor([d == domain for d in evaluated.domains])
             entry["domains"][domain] = {"rows": int(mask.sum()), "fpr": float(flagged[mask].double().mean())}
-        for source, label in sorted(set(zip(test.sources, test.labels.tolist()))):
-            mask = torch.tensor([s == source for s in test.sources])
+        for source, label in sorted(set(zip(evaluated.sources, evaluated.labels.tolist()))):
+            mask = torch.tensor([s == source for s in evaluated.sources])
             rate = float(flagged[mask].double().mean())
             if label == 0:
                 entry["benign_sources"][source] = {"rows": int(mask.sum()), "fpr": rate}
