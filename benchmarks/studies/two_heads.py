@@ -147,26 +147,20 @@ def run(settings: Settings) -> dict[str, Any]:
         confidence=settings.confidence,
     )
     results: dict[str, Any] = {"rows": len(rows), "methods": {}}
-    if not settings.leave_one_out:
-        results["shipped"] = {
-            f"anomaly share {share:g}": shipped(
-                rows, anomaly_of, config, share, settings.confidence, settings.evaluate_on
+    if settings.leave_one_out:
+        print("anomaly head alone")
+        results["methods"]["anomaly"] = leave_one_source_out(rows, anomaly_method, **protocol)
+        print("supervised head alone")
+        results["methods"]["supervised"] = leave_one_source_out(rows, supervised_method, progress=progress, **protocol)
+        for share in settings.anomaly_shares:
+            print(f"two heads, anomaly share {share:g}")
+            results["methods"][f"two heads, anomaly share {share:g}"] = leave_one_source_out(
+                rows, two_headed_method, shares=[share, 1 - share], progress=progress, **protocol
             )
-            for share in settings.anomaly_shares
-        }
-        return results
-    print("anomaly head alone")
-    results["methods"]["anomaly"] = leave_one_source_out(rows, anomaly_method, **protocol)
-    print("supervised head alone")
-    results["methods"]["supervised"] = leave_one_source_out(rows, supervised_method, progress=progress, **protocol)
-    for share in settings.anomaly_shares:
-        print(f"two heads, anomaly share {share:g}")
-        results["methods"][f"two heads, anomaly share {share:g}"] = leave_one_source_out(
-            rows, two_headed_method, shares=[share, 1 - share], progress=progress, **protocol
-        )
-    if settings.evaluate_on == "test":
+    if not settings.leave_one_out or settings.evaluate_on == "test":
+        scores = two_headed(anomaly_of, fit_supervised(rows.select(rows.where(split="fit")), config))
         results["shipped"] = {
-            f"anomaly share {share:g}": shipped(rows, anomaly_of, config, share, settings.confidence, "test")
+            f"anomaly share {share:g}": shipped(rows, scores, share, settings.confidence, settings.evaluate_on)
             for share in settings.anomaly_shares
         }
     return results
@@ -174,18 +168,15 @@ def run(settings: Settings) -> dict[str, Any]:
 
 def shipped(
     rows: SourceRows,
-    anomaly_of: Callable[[SourceRows], torch.Tensor],
-    config: ProbeConfig,
+    scores: Callable[[SourceRows], torch.Tensor],
     share: float,
     confidence: float | None,
     evaluate_on: str,
 ) -> dict[str, Any]:
-    """The guard as it ships, on the ``evaluate_on`` rows: fitted on every fit row, thresholds on validation chat
-    (5% and 1%)."""
-    head = fit_supervised(rows.select(rows.where(split="fit")), config)
+    """The guard as it ships, on the ``evaluate_on`` rows: ``scores`` the two heads with the supervised one fitted on
+    every fit row (:func:`two_headed`), thresholds on validation chat (5% and 1%)."""
     evaluated = rows.select(rows.where(split=evaluate_on))
     chat = threshold_reference(rows)
-    scores = two_headed(anomaly_of, head)
 
     out: dict[str, Any] = {}
     benign_scores, evaluated_scores = scores(chat), scores(evaluated)
