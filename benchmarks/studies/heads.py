@@ -71,6 +71,9 @@ class Settings:
     mlp_ensemble: int = 1
     """MLPs fitted with seeds ``seed .. seed + mlp_ensemble - 1`` whose probabilities are averaged: does a steadier
     head (the fits of one width vary with the seed) carry over better?"""
+    mlp_members: int = 1
+    """The library's own mean of fits (``ProbeConfig.mlp_members``): each MLP is that many fits, seeds ``fit seed``
+    onwards, whose logits are averaged, one MLP of ``mlp_members`` times the width that a guard can ship."""
     source_directions: list[int] = field(default_factory=list)
     """Numbers ``k`` of source-style directions projected out of the standardised reads before the logistic fit (see
     :func:`nullspace_method`), tried on each candidate beside the plain head: does a head that cannot see which
@@ -286,6 +289,7 @@ def run(settings: Settings) -> dict[str, Any]:
                     else:
                         name += f", benign groups weigh n^{power[0]:g}, unsafe n^{power[1]:g}"
                     name += f", mean of {settings.mlp_ensemble} seeds" if settings.mlp_ensemble > 1 else ""
+                    name += f", logits of {settings.mlp_members} fits" if settings.mlp_members > 1 else ""
                     name += f", fit seed {fit_seed}" if settings.mlp_seeds else ""
                     config = ProbeConfig(
                         reads=[tuple(read) for read in candidate],
@@ -293,6 +297,7 @@ def run(settings: Settings) -> dict[str, Any]:
                         mlp_units=width,
                         mlp_alpha=alpha,
                         seed=fit_seed,
+                        mlp_members=settings.mlp_members,
                     )
                     judge(name, mlp_method(config, hidden, settings.mlp_ensemble, power))
     if settings.text_baseline:

@@ -206,14 +206,18 @@ PROBE_DEFAULTS_BEFORE_KINDS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(ProbeConfig) if f.name in ("kind", "mlp_units", "mlp_alpha", "seed")
 }
 """What a head's ``probe`` settings without ``kind`` (written before the MLP kind existed) mean: :class:`ProbeConfig`'s
-defaults, a logistic probe (the MLP's settings are unused by it). Settings that name a kind must hold every key."""
+defaults, a logistic probe (the MLP's settings are unused by it). Settings that name a kind must hold these keys."""
+
+PROBE_DEFAULTS_BEFORE_MEMBERS: dict[str, Any] = {"mlp_members": 1}
+"""What a head's ``probe`` settings without ``mlp_members`` (written before an MLP could average fits) mean: one fit."""
 
 
 def read_head(path: Path, raw: dict[str, Any], source: str) -> SupervisedHead:
     """A supervised head from its ``config.json`` entry and its tensor file under ``path``."""
     probe = raw.get("probe") if isinstance(raw, dict) else None
-    if isinstance(probe, dict) and "kind" not in probe:  # written before MLP heads: logistic
-        raw = {**raw, "probe": {**PROBE_DEFAULTS_BEFORE_KINDS, **probe}}
+    if isinstance(probe, dict):
+        before_kinds = PROBE_DEFAULTS_BEFORE_KINDS if "kind" not in probe else {}  # written before MLP heads
+        raw = {**raw, "probe": {**before_kinds, **PROBE_DEFAULTS_BEFORE_MEMBERS, **probe}}
     config = config_from_dict(SupervisedHeadConfig, raw, source=source)
     head = SupervisedHead(config)
     file = path / head_weights(config.name)

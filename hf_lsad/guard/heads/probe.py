@@ -8,6 +8,10 @@ of the rows it was fitted on, ``z = (f(x) - mean) / scale``. Two kinds of probe 
     logistic:  p(x) = sigmoid(w . z + b)
     mlp:       p(x) = sigmoid(v . relu(W z + c) + b)        (one ReLU layer of ``mlp_units``)
 
+An MLP of ``mlp_members`` fits (seeds ``seed``, ``seed + 1``, ...) averages their logits, which is itself one MLP:
+their hidden layers side by side (``mlp_members * mlp_units`` units) and their output weights divided by
+``mlp_members``. Fits of one configuration vary with the seed; their mean varies less.
+
 and the head flags rows whose ``p`` exceeds its threshold (set on held-out benign rows, see
 :mod:`hf_lsad.guard.threshold`). Fitting uses scikit-learn (L2-regularised ``LogisticRegression`` with lbfgs;
 ``MLPClassifier`` with adam, an L2 penalty and early stopping, seeded) with a weight per row, so that every source
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -60,6 +65,10 @@ class ProbeConfig:
     seed: int = ranged(NON_NEGATIVE, 0)
     """``mlp``: seeds the initial weights and the 10% of the fit rows held back for early stopping."""
 
+    mlp_members: int = ranged(POSITIVE, 1)
+    """``mlp``: fits (seeds ``seed`` onwards) whose logits are averaged; the head then holds ``mlp_members *
+    mlp_units`` hidden units (module docstring)."""
+
     def __post_init__(self) -> None:
         check_ranges(self)
         if self.kind not in PROBES:
@@ -73,8 +82,10 @@ class ProbeConfig:
 
     @property
     def label(self) -> str:
-        """The kind in a word or two: ``logistic``, ``mlp 256`` (its hidden units)."""
-        return self.kind if self.kind == "logistic" else f"mlp {self.mlp_units}"
+        """The kind in a word or two: ``logistic``, ``mlp 256`` (its hidden units), ``mlp 256 x 3 fits``."""
+        if self.kind == "logistic":
+            return self.kind
+        return f"mlp {self.mlp_units}" + (f" x {self.mlp_members} fits" if self.mlp_members > 1 else "")
 
     def describe(self) -> str:
         """The kind and what it reads: ``mlp 256 on layer 16 prompt_mean, ...``."""
@@ -171,11 +182,12 @@ class LogisticProbe(Probe):
 
 
 class MLPProbe(Probe):
-    """``sigmoid(v . relu(W z + c) + b)`` over the standardised reads: one ReLU layer (module docstring)."""
+    """``sigmoid(v . relu(W z + c) + b)`` over the standardised reads: one ReLU layer, of ``mlp_members`` fits side by
+    side (module docstring)."""
 
     def __init__(self, config: ProbeConfig, hidden_size: int) -> None:
         super().__init__(config, hidden_size)
-        units = config.mlp_units
+        units = config.mlp_units * config.mlp_members
         self.register_buffer("hidden_weight", torch.zeros(units, self.width))  # W
         self.register_buffer("hidden_bias", torch.zeros(units))  # c
         self.register_buffer("weight", torch.zeros(units))  # v
@@ -194,18 +206,25 @@ class MLPProbe(Probe):
         from sklearn.neural_network import MLPClassifier  # seconds to import: only fits pay for it
 
         config = self.config
-        model = MLPClassifier(
-            hidden_layer_sizes=(config.mlp_units,),
-            alpha=config.mlp_alpha,
-            early_stopping=True,
-            max_iter=config.max_iter,
-            random_state=config.seed,
-        )
-        model.fit(standard.numpy(), labels.numpy(), sample_weight=None if weights is None else weights.double().numpy())
-        self.hidden_weight.copy_(torch.from_numpy(model.coefs_[0].T).float())
-        self.hidden_bias.copy_(torch.from_numpy(model.intercepts_[0]).float())
-        self.weight.copy_(torch.from_numpy(model.coefs_[1][:, 0]).float())
-        self.bias.copy_(torch.from_numpy(model.intercepts_[1]).float())
+        fits = []
+        for member in range(config.mlp_members):
+            model = MLPClassifier(
+                hidden_layer_sizes=(config.mlp_units,),
+                alpha=config.mlp_alpha,
+                early_stopping=True,
+                max_iter=config.max_iter,
+                random_state=config.seed + member,
+            )
+            model.fit(
+                standard.numpy(), labels.numpy(), sample_weight=None if weights is None else weights.double().numpy()
+            )
+            fits.append(model)
+        # The mean of the fits' logits: their hidden units side by side, each output weight divided by their number.
+        members = len(fits)
+        self.hidden_weight.copy_(torch.from_numpy(np.concatenate([m.coefs_[0].T for m in fits])).float())
+        self.hidden_bias.copy_(torch.from_numpy(np.concatenate([m.intercepts_[0] for m in fits])).float())
+        self.weight.copy_(torch.from_numpy(np.concatenate([m.coefs_[1][:, 0] for m in fits]) / members).float())
+        self.bias.copy_(torch.from_numpy(sum(m.intercepts_[1] for m in fits) / members).float())
 
 
 PROBES: dict[str, type[Probe]] = {"logistic": LogisticProbe, "mlp": MLPProbe}
