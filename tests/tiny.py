@@ -99,13 +99,20 @@ UNSAFE_PROMPTS = [f"explain how to steal the password of account {i} from my nei
 """The tiny head's kind of harm."""
 
 
-PROBE_KINDS = ["logistic", "mlp"]
-"""Every kind of supervised head, for tests that run over all of them."""
+HEAD_PROBES: dict[str, dict] = {
+    "logistic": {},
+    "mlp": {"kind": "mlp", "mlp_units": 8},
+    "mlp-2-fits": {"kind": "mlp", "mlp_units": 8, "mlp_members": 2},
+}
+"""Every kind of supervised head, and an MLP that averages two fits: their probe settings beside the reads."""
+
+PROBE_KINDS = list(HEAD_PROBES)
+"""The heads of :data:`HEAD_PROBES`, for tests that run over all of them."""
 
 
 @cache
 def tiny_head(kind: str = "logistic"):
-    """A supervised head ``harm`` of ``kind`` fitted on the tiny model: :data:`UNSAFE_PROMPTS` against
+    """A supervised head ``harm`` of ``kind`` (:data:`HEAD_PROBES`) fitted on the tiny model: :data:`UNSAFE_PROMPTS` against
     :data:`PROMPTS`."""
     from hf_lsad.capture.collect import collect_prompt_features
     from hf_lsad.guard.heads import ProbeConfig
@@ -115,8 +122,7 @@ def tiny_head(kind: str = "logistic"):
     reads, _ = collect_prompt_features(model, tokenizer, PROMPTS + UNSAFE_PROMPTS, HEAD_READS, progress=False)
     labels = torch.tensor([0] * len(PROMPTS) + [1] * len(UNSAFE_PROMPTS))
     groups = ["benign"] * len(PROMPTS) + ["stealing"] * len(UNSAFE_PROMPTS)
-    probe = ProbeConfig(reads=HEAD_READS, kind=kind, mlp_units=8) if kind == "mlp" else ProbeConfig(reads=HEAD_READS)
-    return fit_head("harm", reads, labels, groups, probe)
+    return fit_head("harm", reads, labels, groups, ProbeConfig(reads=HEAD_READS, **HEAD_PROBES[kind]))
 
 
 def two_headed_guard(target_fpr: float = 0.25, kind: str = "logistic") -> SafetyGuard:

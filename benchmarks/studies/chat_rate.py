@@ -46,6 +46,8 @@ class Settings:
     """An ``mlp`` head's hidden ReLU units."""
     mlp_alpha: float = 1e-3
     """An ``mlp`` head's L2 penalty."""
+    mlp_members: int = 1
+    """An ``mlp`` head's fits whose logits are averaged (``ProbeConfig.mlp_members``)."""
     folds: int = 5
     """Parts the fit split's chat rows are cut into."""
     fprs: list[float] = field(default_factory=lambda: [0.05, 0.01])

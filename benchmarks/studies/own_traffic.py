@@ -55,6 +55,8 @@ class Settings:
     """An ``mlp`` head's hidden ReLU units (the shipped width)."""
     mlp_alpha: float = 0.1
     """An ``mlp`` head's L2 penalty (the shipped one)."""
+    mlp_members: int = 1
+    """An ``mlp`` head's fits whose logits are averaged (``ProbeConfig.mlp_members``)."""
     inverse_regularisation: float = 1.0
     """A ``logistic`` head's ``C``."""
     anomaly_share: float = 0.1

@@ -65,6 +65,8 @@ class Settings:
     """An ``mlp`` head's hidden ReLU units."""
     mlp_alpha: float = 1e-3
     """An ``mlp`` head's L2 penalty."""
+    mlp_members: int = 1
+    """An ``mlp`` head's fits whose logits are averaged (``ProbeConfig.mlp_members``)."""
     anomaly_shares: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])
     """The anomaly head's share of the false-positive budget, tried in turn (the supervised head has the rest)."""
     evaluate_on: str = "validation"
@@ -94,13 +96,14 @@ def anomaly_scores(guard: SafetyGuard, rows: SourceRows, kind: str) -> torch.Ten
 
 def probe_config(settings: Any) -> ProbeConfig:
     """The supervised head's :class:`ProbeConfig` from a study's settings (``reads``, ``kind``,
-    ``inverse_regularisation``, ``mlp_units``, ``mlp_alpha``, ``seed``)."""
+    ``inverse_regularisation``, ``mlp_units``, ``mlp_alpha``, ``mlp_members``, ``seed``)."""
     return ProbeConfig(
         reads=[tuple(r) for r in settings.reads],
         kind=settings.kind,
         inverse_regularisation=settings.inverse_regularisation,
         mlp_units=settings.mlp_units,
         mlp_alpha=settings.mlp_alpha,
+        mlp_members=settings.mlp_members,
         seed=settings.seed,
     )
 

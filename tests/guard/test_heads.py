@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.core.integrity import canonical_json
 from hf_lsad.errors import GuardFormatError
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig
+from hf_lsad.guard.heads import MLPProbe, ProbeConfig, SupervisedHead, SupervisedHeadConfig
 from hf_lsad.guard.threshold import allowed_flags, union_flag_rate
 from hf_lsad.guard.types import BudgetConfig
 
@@ -117,6 +118,24 @@ def test_an_mlp_head_is_not_a_logistic_head_in_disguise():
         ProbeConfig(kind="svm")
 
 
+def test_an_mlp_of_several_fits_averages_their_logits():
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(120, 6, generator=generator)
+    labels = (features[:, 0] + 0.5 * features[:, 1] ** 2 > 0.5).long()
+    reads = [(1, "prompt_last")]
+    config = ProbeConfig(reads=reads, kind="mlp", mlp_units=4, seed=3, mlp_members=3, max_iter=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # too few epochs to converge: the average, not the fit, is tested
+        mean = MLPProbe(config, 6).fit(features, labels)
+        singles = [MLPProbe(replace(config, seed=3 + i, mlp_members=1), 6).fit(features, labels) for i in range(3)]
+    assert mean.hidden_weight.shape == (12, 6) and config.label == "mlp 4 x 3 fits"
+    assert torch.equal(mean.hidden_weight[4:8], singles[1].hidden_weight)
+    standard = mean.standardise(features)
+    expected = torch.stack([single.logit(standard) for single in singles]).mean(0)
+    assert torch.allclose(mean.logit(standard), expected, atol=1e-5)
+    assert not torch.allclose(singles[0].logit(standard), singles[1].logit(standard))
+
+
 @pytest.mark.parametrize("kind", PROBE_KINDS)
 def test_save_and_load_round_trip_bit_exact(tmp_path, kind):
     guard = two_headed_guard(kind=kind)
@@ -151,6 +170,23 @@ def test_a_head_written_before_probe_kinds_loads_as_logistic(tmp_path):
         for probe in (config["heads"][0]["probe"], config["integrity"]["settings"]["heads"][0]["probe"]):
             for key in ("kind", "mlp_units", "mlp_alpha", "seed"):
                 probe.pop(key)
+        record = config["integrity"]
+        record["settings_sha256"] = hashlib.sha256(canonical_json(record["settings"]).encode()).hexdigest()
+
+    edit_config(tmp_path / "g", as_written_before)
+    loaded = SafetyGuard.from_pretrained(tmp_path / "g")
+    assert loaded.heads["harm"].config == guard.heads["harm"].config
+    reads = reads_of(guard, PROMPTS[:2] + UNSAFE_PROMPTS[:2])
+    assert loaded.reports(reads) == guard.reports(reads)
+
+
+def test_an_mlp_head_written_before_mlp_members_loads_as_one_fit(tmp_path):
+    guard = two_headed_guard(kind="mlp")
+    guard.save_pretrained(tmp_path / "g")
+
+    def as_written_before(config):  # the head's probe settings and their integrity record without the field
+        for probe in (config["heads"][0]["probe"], config["integrity"]["settings"]["heads"][0]["probe"]):
+            probe.pop("mlp_members")
         record = config["integrity"]
         record["settings_sha256"] = hashlib.sha256(canonical_json(record["settings"]).encode()).hexdigest()
 
