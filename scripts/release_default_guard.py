@@ -6,8 +6,8 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
 - **anomaly head**: the bundled paper guard (``hf_lsad/guards/smollm2-135m-instruct-paper``: FreqMask-KM on SAE codes
   at layer 12, ``prompt_last``, fitted on benign rows, per-cluster calibration), deciding on its calibrated
   probability (``heads/two_heads_probability`` against ``heads/two_heads``);
-- **supervised head** ``harm``: an MLP (one layer of 256 ReLU units, L2 penalty 0.1) on the mean over the prompt's
-  tokens at layers 16, 20 and 24 (reads: ``heads/registry_sources``, ``heads/registry_regularisation``; the MLP and its
+- **supervised head** ``harm``: an MLP (one layer of 256 ReLU units, L2 penalty 0.1; the mean of the logits of three
+  fits, seeds 0, 1, 2: ``heads/registry_mlp_members``) on the mean over the prompt's tokens at layers 16, 20 and 24 (reads: ``heads/registry_sources``, ``heads/registry_regularisation``; the MLP and its
   width: ``heads/registry_mlp``, ``heads/registry_mlp_penalty``, ``heads/registry_mlp_width``; its penalty, ahead on
   the worst held-out source in each of three fits: ``heads/registry_mlp_wide_penalty``,
   ``heads/registry_mlp_seeds``), fitted on the fit split (60%, :func:`hf_lsad.core.splits.split_of`) of every unsafe
@@ -47,7 +47,11 @@ from hf_lsad.guard.heads.training import fit_head
 
 REPO = Path(__file__).resolve().parent.parent
 HARM_PROBE = ProbeConfig(
-    reads=[(16, "prompt_mean"), (20, "prompt_mean"), (24, "prompt_mean")], kind="mlp", mlp_units=256, mlp_alpha=0.1
+    reads=[(16, "prompt_mean"), (20, "prompt_mean"), (24, "prompt_mean")],
+    kind="mlp",
+    mlp_units=256,
+    mlp_alpha=0.1,
+    mlp_members=3,
 )
 ANOMALY_SHARE = 0.1
 TARGET_FPR = 0.05
