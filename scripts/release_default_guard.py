@@ -7,12 +7,13 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
   at layer 12, ``prompt_last``, fitted on benign rows, per-cluster calibration), deciding on its calibrated
   probability (``heads/two_heads_probability`` against ``heads/two_heads``);
 - **supervised head** ``harm``: an MLP (one layer of 256 ReLU units, L2 penalty 0.1; the mean of the logits of three
-  fits, seeds 0, 1, 2: ``heads/registry_mlp_members``) on the mean over the prompt's tokens at layers 16, 20 and 24 (reads: ``heads/registry_sources``, ``heads/registry_regularisation``; the MLP and its
-  width: ``heads/registry_mlp``, ``heads/registry_mlp_penalty``, ``heads/registry_mlp_width``; its penalty, ahead on
-  the worst held-out source in each of three fits: ``heads/registry_mlp_wide_penalty``,
-  ``heads/registry_mlp_seeds``), fitted on the fit split (60%, :func:`hf_lsad.core.splits.split_of`) of every unsafe
-  source against every benign domain and the benign look-alikes (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`;
-  all 253 hand-written contrast pairs: ``heads/registry_mlp_seeds_contrast``), each source weighing alike;
+  fits, seeds 0, 1, 2: ``heads/registry_mlp_members``) on the mean over the prompt's tokens at layers 16, 20 and 24
+  (reads: ``heads/registry_sources``, ``heads/registry_regularisation``; the MLP and its width: ``heads/registry_mlp``,
+  ``heads/registry_mlp_penalty``, ``heads/registry_mlp_width``; its penalty, ahead on the worst held-out source in
+  each of three fits: ``heads/registry_mlp_wide_penalty``, ``heads/registry_mlp_seeds``), fitted on the fit split
+  (60%, :func:`hf_lsad.core.splits.split_of`) of every unsafe source against every benign domain and the benign
+  look-alikes (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`; all 253 hand-written contrast pairs:
+  ``heads/registry_mlp_seeds_contrast``), each source weighing alike;
 - **budget**: 5% of chat, 0.1 of it to the anomaly head (``heads/two_heads_mlp_penalty``), set on validation chat with
   confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
   with probability 0.95 (``heads/chat_rate`` measures both rules on chat that is neither validation nor test).

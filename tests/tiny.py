@@ -112,8 +112,8 @@ PROBE_KINDS = list(HEAD_PROBES)
 
 @cache
 def tiny_head(kind: str = "logistic"):
-    """A supervised head ``harm`` of ``kind`` (:data:`HEAD_PROBES`) fitted on the tiny model: :data:`UNSAFE_PROMPTS` against
-    :data:`PROMPTS`."""
+    """A supervised head ``harm`` of ``kind`` (:data:`HEAD_PROBES`) fitted on the tiny model: :data:`UNSAFE_PROMPTS`
+    against :data:`PROMPTS`."""
     from hf_lsad.capture.collect import collect_prompt_features
     from hf_lsad.guard.heads import ProbeConfig
     from hf_lsad.guard.heads.training import fit_head
