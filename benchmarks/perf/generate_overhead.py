@@ -2,10 +2,15 @@
 
 Both generate exactly ``new_tokens`` tokens greedily from the same prompts (``min_new_tokens`` =
 ``max_new_tokens``), so they do the same model work; the guarded call must return the same sequences.
+
+The ratio carries the machine's noise (calls of one variant vary by several percent here). What the supervised heads
+themselves cost is measured apart, without that noise: the wall time spent inside them (forward hooks on each head)
+during one more guarded call, and its share of that call.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -48,6 +53,39 @@ def run(settings: Settings) -> dict[str, Any]:
             assert torch.equal(plain(), guarded_call())  # warm-up, and the same sequences
             timing = interleaved_medians({"plain": plain, "guarded": guarded_call}, settings.repeats)
         timing["ratio"] = timing["median_s"]["guarded"] / timing["median_s"]["plain"]
+        timing["supervised_heads"] = time_inside_heads(guarded, guarded_call)
         results[f"batch_{batch_size}"] = timing
-        print(f"batch {batch_size}: guarded / plain {timing['ratio']:.3f}")
+        heads = timing["supervised_heads"]
+        print(
+            f"batch {batch_size}: guarded / plain {timing['ratio']:.3f}; inside the supervised heads "
+            f"{heads['seconds'] * 1e3:.2f} ms of {heads['call_seconds']:.2f} s ({heads['calls']} calls)"
+        )
     return {"environment": environment(model.device), "batches": results}
+
+
+def time_inside_heads(guarded: GuardedModelForCausalLM, call) -> dict[str, Any]:
+    """Calls of the guard's supervised heads during one ``call``, the seconds spent inside them and their share of
+    the call's wall time."""
+    inside = {"calls": 0, "seconds": 0.0}
+    started: list[float] = []
+
+    def before(module, args):
+        started.append(time.perf_counter())
+
+    def after(module, args, output):
+        inside["seconds"] += time.perf_counter() - started.pop()
+        inside["calls"] += 1
+
+    heads = list(guarded.guard.heads.values())
+    handles = [
+        hook for head in heads for hook in (head.register_forward_pre_hook(before), head.register_forward_hook(after))
+    ]
+    try:
+        start = time.perf_counter()
+        with torch.no_grad():
+            call()
+        total = time.perf_counter() - start
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {**inside, "call_seconds": total, "share": inside["seconds"] / total}
