@@ -22,7 +22,7 @@ from hf_lsad.capture.pretrained import load_model
 from hf_lsad.data import load_pool
 from hf_lsad.generation import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from perf.harness import environment, interleaved_medians
+from perf.harness import environment, interleaved_medians, timed
 
 
 @dataclass
@@ -81,10 +81,8 @@ def time_inside_heads(guarded: GuardedModelForCausalLM, call) -> dict[str, Any]:
         hook for head in heads for hook in (head.register_forward_pre_hook(before), head.register_forward_hook(after))
     ]
     try:
-        start = time.perf_counter()
         with torch.no_grad():
-            call()
-        total = time.perf_counter() - start
+            total = timed(call)
     finally:
         for handle in handles:
             handle.remove()

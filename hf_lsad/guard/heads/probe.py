@@ -206,6 +206,8 @@ class MLPProbe(Probe):
         from sklearn.neural_network import MLPClassifier  # seconds to import: only fits pay for it
 
         config = self.config
+        x, y = standard.numpy(), labels.numpy()
+        sample_weight = None if weights is None else weights.double().numpy()
         fits = []
         for member in range(config.mlp_members):
             model = MLPClassifier(
@@ -215,10 +217,7 @@ class MLPProbe(Probe):
                 max_iter=config.max_iter,
                 random_state=config.seed + member,
             )
-            model.fit(
-                standard.numpy(), labels.numpy(), sample_weight=None if weights is None else weights.double().numpy()
-            )
-            fits.append(model)
+            fits.append(model.fit(x, y, sample_weight=sample_weight))
         # The mean of the fits' logits: their hidden units side by side, each output weight divided by their number.
         members = len(fits)
         self.hidden_weight.copy_(torch.from_numpy(np.concatenate([m.coefs_[0].T for m in fits])).float())
