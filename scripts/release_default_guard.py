@@ -12,9 +12,10 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
   ``heads/registry_mlp_penalty``, ``heads/registry_mlp_width``; its penalty, ahead on the worst held-out source in
   each of three fits: ``heads/registry_mlp_wide_penalty``, ``heads/registry_mlp_seeds``), fitted on the fit split
   (60%, :func:`hf_lsad.core.splits.split_of`) of every unsafe source against every benign domain and the benign
-  look-alikes (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`; all 253 hand-written contrast pairs:
-  ``heads/registry_mlp_seeds_contrast``), each source weighing alike;
-- **budget**: 5% of chat, 0.1 of it to the anomaly head (``heads/two_heads_mlp_penalty``), set on validation chat with
+  look-alikes (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`; the hand-written contrast pairs: 253 by
+  ``heads/registry_mlp_seeds_contrast``, 46 of persona openings more by ``heads/two_heads_persona``), each source
+  weighing alike;
+- **budget**: 5% of chat, 0.05 of it to the anomaly head (``heads/two_heads_persona``), set on validation chat with
   confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
   with probability 0.95 (``heads/chat_rate`` measures both rules on chat that is neither validation nor test).
 
@@ -54,7 +55,7 @@ HARM_PROBE = ProbeConfig(
     mlp_alpha=0.1,
     mlp_members=3,
 )
-ANOMALY_SHARE = 0.1
+ANOMALY_SHARE = 0.05
 TARGET_FPR = 0.05
 CONFIDENCE = 0.95
 REPORT = REPO / "benchmarks" / "results" / "heads--report.json"
