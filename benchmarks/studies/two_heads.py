@@ -133,12 +133,21 @@ def run(settings: Settings) -> dict[str, Any]:
     def anomaly_method(train: SourceRows):
         return anomaly_of
 
+    # The supervised head alone and each share of the two heads hold out the same rows: fit each training set once.
+    fitted: dict[tuple[str, ...], SupervisedHead] = {}
+
+    def fitted_on(train: SourceRows) -> SupervisedHead:
+        key = tuple(train.ids)
+        if key not in fitted:
+            fitted[key] = fit_supervised(train, config)
+        return fitted[key]
+
     def supervised_method(train: SourceRows):
-        head = fit_supervised(train, config)
+        head = fitted_on(train)
         return lambda r: head(r.features)
 
     def two_headed_method(train: SourceRows):
-        return two_headed(anomaly_of, fit_supervised(train, config))
+        return two_headed(anomaly_of, fitted_on(train))
 
     def progress(message: str) -> None:
         print(f"  {message}", flush=True)
@@ -161,7 +170,7 @@ def run(settings: Settings) -> dict[str, Any]:
                 rows, two_headed_method, shares=[share, 1 - share], progress=progress, **protocol
             )
     if not settings.leave_one_out or settings.evaluate_on == "test":
-        scores = two_headed(anomaly_of, fit_supervised(rows.select(rows.where(split="fit")), config))
+        scores = two_headed(anomaly_of, fitted_on(rows.select(rows.where(split="fit"))))
         results["shipped"] = {
             f"anomaly share {share:g}": shipped(rows, scores, share, settings.confidence, settings.evaluate_on)
             for share in settings.anomaly_shares
