@@ -17,13 +17,14 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
   weighing alike;
 - **budget**: 5% of chat, 0.05 of it to the anomaly head (``heads/two_heads_persona``), set on validation chat with
   confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
-  with probability 0.95 (``heads/chat_rate`` measures both rules on chat that is neither validation nor test).
+  with probability 0.95 (``heads/chat_rate_persona`` measures both rules on chat that is neither validation nor test).
 
 The README's demo prompts are never fitted, labelled or threshold rows (``RESERVED_PROMPTS`` of
 :mod:`hf_lsad.evaluation.sources`).
 The figures on the card come from ``benchmarks/results/heads--report.json`` (leave-one-source-out, ``python
 benchmarks/run.py heads/report``) and ``benchmarks/results/heads--shipped.json`` (the guard as shipped, ``python
-benchmarks/run.py heads/shipped``).
+benchmarks/run.py heads/shipped``). Both fit this configuration from the stores and never read the bundled guard:
+when the configuration changes, run them first, then this script.
 
 Needs the activations of every pool (``hf-lsad collect --pool P --layer 8 12 16 20 24 --position prompt_last
 prompt_mean --out artifacts/smollm2/P``)::
