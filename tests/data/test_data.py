@@ -49,6 +49,8 @@ def test_pool_names() -> None:
         "toxic_text",
         "questions",
         "statements",
+        "unseen_harmful",
+        "unseen_benign",
     )
     assert UNSAFE_POOLS == (
         "harmful",
@@ -58,18 +60,24 @@ def test_pool_names() -> None:
         "injection",
         "harmful_contrast",
         "toxic_text",
+        "unseen_harmful",
     )
     assert set(UNSAFE_POOLS) < set(POOLS)
     assert set(POOL_CATEGORY) == set(POOLS) == set(DOMAINS)
     assert POOL_CATEGORY["chat"] == "safe" and POOL_CATEGORY["harmful_vauban"] == "harmful"
     assert POOL_CATEGORY["lookalike"] == "safe" and POOL_CATEGORY["injection"] == "injection"
     assert POOL_CATEGORY["toxic_text"] == "toxic" and POOL_CATEGORY["statements"] == "benign_ood"
+    assert POOL_CATEGORY["unseen_harmful"] == "harmful" and POOL_CATEGORY["unseen_benign"] == "safe"
+
+
+MIN_ROWS = {"injection": 100, "unseen_harmful": 40, "unseen_benign": 150}
+"""The smallest pools' sizes; every other pool has at least 200 rows."""
 
 
 @pytest.mark.parametrize("name", POOLS)
 def test_pool_loads_with_valid_rows(pools: dict[str, list[Prompt]], name: str) -> None:
     rows = pools[name]
-    assert len(rows) >= (100 if name == "injection" else 200)
+    assert len(rows) >= MIN_ROWS.get(name, 200)
     for p in rows:
         assert isinstance(p, Prompt)
         assert p.id and p.text.strip() and p.source and p.license and p.domain
@@ -97,6 +105,8 @@ def test_expected_sources(pools: dict[str, list[Prompt]]) -> None:
     assert sources["toxic_text"] == {"slurprompts"}
     assert sources["questions"] == {"freshqa", "persistbench"}
     assert sources["statements"] == {"falseclaims"}
+    assert sources["unseen_harmful"] == {"spikee-harmful"}
+    assert sources["unseen_benign"] == {"spikee-finance", "spikee-advice"}
     # benign OOD material must not leak into the safe pool
     assert not sources["safe"] & sources["benign_ood"]
 
