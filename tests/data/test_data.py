@@ -106,7 +106,7 @@ def test_expected_sources(pools: dict[str, list[Prompt]]) -> None:
     assert sources["questions"] == {"freshqa", "persistbench"}
     assert sources["statements"] == {"falseclaims"}
     assert sources["unseen_harmful"] == {"spikee-harmful"}
-    assert sources["unseen_benign"] == {"spikee-finance", "spikee-advice"}
+    assert sources["unseen_benign"] == {"spikee-finance", "spikee-finance-translated", "spikee-advice"}
     # benign OOD material must not leak into the safe pool
     assert not sources["safe"] & sources["benign_ood"]
 
