@@ -136,8 +136,8 @@ def card_texts(report: dict, as_shipped: dict, unseen: dict) -> tuple[str, str, 
         f"{flagged('spikee-advice')} (do-not-answer, a source of the fit, counts such requests as risky).",
     ]
     limitations = (
-        "It has seen English only: a prompt in another language reads as harm (finance questions translated into "
-        f"Zulu, Scottish Gaelic, Albanian or Irish: {flagged('spikee-finance-translated')} flagged, the same "
+        "The guard has seen English only: a prompt in another language reads as harm (finance questions translated "
+        f"into Zulu, Scottish Gaelic, Albanian or Irish: {flagged('spikee-finance-translated')} flagged, the same "
         f"questions in English {flagged('spikee-finance')}). "
         "The supervised head recognises kinds of harm like those it was fitted on. Held out of its fit, mild risky "
         "questions (do-not-answer: requests for legal or medical advice, questions about a named person's private "

@@ -64,11 +64,7 @@ def store_texts(records: list[dict[str, Any]]) -> list[str]:
     wanted = {r.get("id") for r in records if "text" not in r and "prompt" not in r}
     if wanted:
         for pool in POOLS:
-            try:
-                prompts = load_pool(pool)
-            except Exception:  # a pool that cannot be read just names no prompt
-                continue
-            texts.update((p.id, p.text) for p in prompts if p.id in wanted)
+            texts.update((p.id, p.text) for p in load_pool(pool) if p.id in wanted)
     return [r.get("text") or r.get("prompt") or texts.get(r.get("id"), f"<{r.get('id')}>") for r in records]
 
 
