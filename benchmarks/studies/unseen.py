@@ -20,17 +20,19 @@ Two more columns say what the figures mean:
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from scipy.stats import binomtest
 
-from hf_lsad.capture.collect import encode_prompts
 from hf_lsad.capture.pretrained import load_model
 from hf_lsad.data import load_pool
 from hf_lsad.data.refusal import is_refusal
+from hf_lsad.data.tables import PromptRow
 from hf_lsad.evaluation.sources import GUARD_POOLS
+from hf_lsad.generation.bulk import PromptBatch, plan_batches
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 
@@ -67,84 +69,87 @@ def _share(count: int, rows: int) -> dict[str, Any]:
     return {"count": count, "rows": rows, "rate": count / rows, "wilson_95": [interval.low, interval.high]}
 
 
-def _by_length(texts: list[str], batch_size: int) -> list[list[int]]:
-    """Row indices in batches of similar length (less padding)."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-
-
 @torch.no_grad()
-def _refusals(model: Any, tokenizer: Any, texts: list[str], settings: Settings) -> list[bool]:
-    """Whether the model itself refuses each prompt (greedy decoding, :func:`is_refusal`)."""
-    refused = [False] * len(texts)
-    for batch in _by_length(texts, settings.batch_size):
-        inputs = encode_prompts(tokenizer, [texts[i] for i in batch])
+def _refusals(model: Any, tokenizer: Any, batches: list[PromptBatch], settings: Settings) -> dict[str, bool]:
+    """Whether the model itself refuses each row, by id (greedy decoding, :func:`is_refusal`)."""
+    refused = {}
+    for batch in batches:
+        input_ids, attention_mask = batch.tensors(tokenizer)
         output = model.generate(
-            **inputs, max_new_tokens=settings.refusal_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=settings.refusal_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
         )
-        for i, tokens in zip(batch, output[:, inputs["input_ids"].shape[1] :]):
-            refused[i] = is_refusal(tokenizer.decode(tokens, skip_special_tokens=True))
+        for row_id, tokens in zip(batch.ids, output[:, input_ids.shape[1] :]):
+            refused[row_id] = is_refusal(tokenizer.decode(tokens, skip_special_tokens=True))
     return refused
 
 
 def run(settings: Settings) -> dict[str, Any]:
     model, tokenizer = load_model(settings.model)
     loaded = [(pool, prompt) for pool in settings.pools for prompt in load_pool(pool)]
-    rows = [prompt for _, prompt in loaded]
+    rows = {prompt.id: prompt for _, prompt in loaded}
     pool_of = {prompt.source: pool for pool, prompt in loaded}
-    texts = [prompt.text for prompt in rows]
-    sources = sorted({prompt.source for prompt in rows}, key=[p.source for p in rows].index)
+    members_of: dict[str, list[str]] = {}
+    for prompt in rows.values():
+        members_of.setdefault(prompt.source, []).append(prompt.id)
 
     training = [_words(p.text) for pool in GUARD_POOLS for p in load_pool(pool)]
-    overlap = [max(_jaccard(_words(text), seen) for seen in training) for text in texts]
-    near = [value >= settings.near_copy for value in overlap]
+    overlap = {i: max(_jaccard(_words(p.text), seen) for seen in training) for i, p in rows.items()}
+    near = {i: value >= settings.near_copy for i, value in overlap.items()}
+
+    guarded = {
+        name: GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(name), tokenizer=tokenizer)
+        for name in settings.guards
+    }
+    # Tokenised and batched by length once, as hf-lsad screen does; every pass below reads the same batches.
+    batches, unreadable = plan_batches(
+        next(iter(guarded.values())),
+        [PromptRow(i, p.text) for i, p in rows.items()],
+        batch_size=settings.batch_size,
+    )
+    if unreadable:
+        raise RuntimeError(f"{len(unreadable)} rows cannot be screened, e.g. {unreadable[0]}")
 
     print(f"the model's own refusals on {len(rows)} rows", flush=True)
-    refused = _refusals(model, tokenizer, texts, settings) if settings.refusal_tokens else None
+    refused = _refusals(model, tokenizer, batches, settings) if settings.refusal_tokens else None
 
     results: dict[str, Any] = {"rows": len(rows), "sources": {}}
-    for source in sources:
-        members = [i for i, p in enumerate(rows) if p.source == source]
+    for source, members in members_of.items():
         entry: dict[str, Any] = {
             "pool": pool_of[source],
             "category": rows[members[0]].category,
             "rows": len(members),
             "near_copies": sum(near[i] for i in members),
-            "near_copy_examples": [texts[i] for i in sorted(members, key=lambda i: -overlap[i]) if near[i]][:5],
+            "near_copy_examples": [rows[i].text for i in sorted(members, key=lambda i: -overlap[i]) if near[i]][:5],
         }
         if refused is not None:
             entry["model_refuses"] = _share(sum(refused[i] for i in members), len(members))
         results["sources"][source] = entry
 
-    for name in settings.guards:
-        guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(name), tokenizer=tokenizer)
+    for name, model_with_guard in guarded.items():
         print(f"screening with the {name} guard", flush=True)
-        reports: list[Any] = [None] * len(rows)
-        for batch in _by_length(texts, settings.batch_size):
-            for i, report in zip(batch, guarded.screen([texts[i] for i in batch])):
-                reports[i] = report
-        errors = [i for i, report in enumerate(reports) if report.error]
+        reports = {}
+        for batch in batches:
+            reports.update(zip(batch.ids, model_with_guard.screen(*batch.tensors(tokenizer))))
+        errors = [report.error for report in reports.values() if report.error]
         if errors:
-            raise RuntimeError(f"{len(errors)} rows could not be scored, e.g. {reports[errors[0]].error}")
-        for source in sources:
-            members = [i for i, p in enumerate(rows) if p.source == source]
-            unsafe = rows[members[0]].category != "safe"
+            raise RuntimeError(f"{len(errors)} rows could not be scored, e.g. {errors[0]}")
+        for source, members in members_of.items():
             flagged = [i for i in members if reports[i].flagged]
-            decided: dict[str, int] = {}
-            for i in flagged:
-                key = "+".join(reports[i].decided_by) or "anomaly"
-                decided[key] = decided.get(key, 0) + 1
             entry = {
                 "flagged": _share(len(flagged), len(members)),
-                "decided_by": decided,
+                "decided_by": dict(Counter("+".join(reports[i].decided_by) or "anomaly" for i in flagged)),
                 "flagged_without_near_copies": _share(
                     sum(reports[i].flagged for i in members if not near[i]), sum(not near[i] for i in members)
                 ),
             }
-            if unsafe:
-                entry["missed"] = [texts[i] for i in members if not reports[i].flagged]
+            if rows[members[0]].category != "safe":
+                entry["missed"] = [rows[i].text for i in members if not reports[i].flagged]
             else:
-                entry["flagged_rows"] = [texts[i] for i in flagged]
+                entry["flagged_rows"] = [rows[i].text for i in flagged]
             if refused is not None:
                 answered = [i for i in members if not refused[i]]
                 entry["flagged_of_rows_the_model_answers"] = _share(
