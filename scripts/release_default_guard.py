@@ -119,13 +119,13 @@ def card_texts(report: dict, as_shipped: dict, unseen: dict) -> tuple[str, str, 
         + (", ".join(f"{n} of {s}" for s, n in only.items()) if only else "none")
         + ".",
     ]
-    met = unseen["result"]["sources"]
+    unseen_sources = unseen["result"]["sources"]
 
     def flagged(source: str) -> str:
-        share = met[source]["default"]["flagged"]
+        share = unseen_sources[source]["default"]["flagged"]
         return f"{share['count']} of {share['rows']}"
 
-    refused = met["spikee-harmful"]["model_refuses"]
+    refused = unseen_sources["spikee-harmful"]["model_refuses"]
     lines += [
         "",
         "On a source found after the release, which no fit, threshold or choice has read (spikee's prompts; "
