@@ -289,8 +289,9 @@ def _guarded_model(args: argparse.Namespace) -> Any:
         args.guard, args.guard
     )
     print(f"loading {model_name} ({runtime.dtype}) and {guard_name} ...", file=sys.stderr, flush=True)
+    guard = _guard(args)  # a guard that is missing or corrupt fails before the model is loaded
     model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
-    return GuardedModelForCausalLM(model, _guard(args), tokenizer=tokenizer)
+    return GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
 
 
 def run_generate(args: argparse.Namespace) -> None:

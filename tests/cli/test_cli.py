@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hf_lsad.cli.main import main
+from hf_lsad.cli.main import entry, main
 from hf_lsad.core.splits import split_safe
 from hf_lsad.data.store import load_activations
 from hf_lsad.guard import SafetyGuard
@@ -177,3 +177,11 @@ def test_the_guard_line_says_how_the_budget_was_set():
         f"(together at most 25% of benign traffic like tiny benign prompts with 90% confidence; "
         f"{budget.measured_fpr:.1%} of the rows it was set on)"
     )
+
+
+def test_generate_fails_on_a_missing_guard_before_loading_the_model(hub_server, capsys):
+    # Both repos are missing on the Hub: the guard is loaded (and fails) first, so the error names it, not the model.
+    with pytest.raises(SystemExit) as info:
+        entry(["generate", "--model", "hf-lsad-org/no-such-model", "--guard", "hf-lsad-org/no-such-guard", "hi"])
+    error = capsys.readouterr().err
+    assert info.value.code == 1 and "no-such-guard" in error and "no-such-model" not in error.split("error:", 1)[1]
