@@ -52,7 +52,7 @@ from hf_lsad.guard.heads.training import fit_head
 
 REPO = Path(__file__).resolve().parent.parent
 HARM_PROBE = ProbeConfig(
-    reads=[(16, "prompt_mean"), (20, "prompt_mean"), (24, "prompt_mean")],
+    reads=[(16, "prompt_mean"), (20, "prompt_mean"), (24, "prompt_mean"), (28, "prompt_mean")],
     kind="mlp",
     mlp_units=256,
     mlp_alpha=0.1,
