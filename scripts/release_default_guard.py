@@ -7,14 +7,14 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
   at layer 12, ``prompt_last``, fitted on benign rows, per-cluster calibration), deciding on its calibrated
   probability (``heads/two_heads_probability`` against ``heads/two_heads``);
 - **supervised head** ``harm``: an MLP (one layer of 256 ReLU units, L2 penalty 0.1; the mean of the logits of three
-  fits, seeds 0, 1, 2: ``heads/registry_mlp_members``) on the mean over the prompt's tokens at layers 16, 20 and 24
-  (reads: ``heads/registry_sources``, ``heads/registry_regularisation``; the MLP and its width: ``heads/registry_mlp``,
-  ``heads/registry_mlp_penalty``, ``heads/registry_mlp_width``; its penalty, ahead on the worst held-out source in
-  each of three fits: ``heads/registry_mlp_wide_penalty``, ``heads/registry_mlp_seeds``), fitted on the fit split
-  (60%, :func:`hf_lsad.core.splits.split_of`) of every unsafe source against every benign domain and the benign
-  look-alikes (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`; the hand-written contrast pairs: 253 by
-  ``heads/registry_mlp_seeds_contrast``, 46 of persona openings more by ``heads/two_heads_persona``), each source
-  weighing alike;
+  fits, seeds 0, 1, 2: ``heads/registry_mlp_members``) on the mean over the prompt's tokens at layers 16, 20, 24 and
+  28 (reads: ``heads/registry_sources``, ``heads/registry_regularisation``, ``heads/two_heads_deep_reads4``; the MLP
+  and its width: ``heads/registry_mlp``, ``heads/registry_mlp_penalty``, ``heads/registry_mlp_width``; its penalty,
+  ahead on the worst held-out source in each of three fits: ``heads/registry_mlp_wide_penalty``,
+  ``heads/registry_mlp_seeds``), fitted on the fit split (60%, :func:`hf_lsad.core.splits.split_of`) of every unsafe
+  source against every benign domain and the benign look-alikes (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`; the
+  hand-written contrast pairs: 253 by ``heads/registry_mlp_seeds_contrast``, 46 of persona openings more by
+  ``heads/two_heads_persona``), each source weighing alike;
 - **budget**: 5% of chat, 0.05 of it to the anomaly head (``heads/two_heads_persona``), set on validation chat with
   confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
   with probability 0.95 (``heads/chat_rate_persona`` measures both rules on chat that is neither validation nor test).
@@ -28,7 +28,7 @@ when the configuration changes, run them first, then this script. The released g
 after the release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``,
 which reads the bundled guard: after a release, run it, then ``--card-only``).
 
-Needs the activations of every pool (``hf-lsad collect --pool P --layer 8 12 16 20 24 --position prompt_last
+Needs the activations of every pool (``hf-lsad collect --pool P --layer 12 16 20 24 28 --position prompt_last
 prompt_mean --out artifacts/smollm2/P``)::
 
     python scripts/release_default_guard.py [--folder artifacts/smollm2]
@@ -68,7 +68,8 @@ UNSEEN = REPO / "benchmarks" / "results" / "heads--unseen.json"
 
 def card_texts(report: dict, as_shipped: dict, unseen: dict) -> tuple[str, str, str]:
     """The card's training-data paragraph, evaluation note and limitations, from the measured report (leave one
-    source out), the measured guard as shipped and the released guard on a source found after the release."""
+    source out), the measured guard as shipped and the released guard on a source no fit, threshold or choice has
+    read."""
     methods = report["result"]["methods"]
     shipped = as_shipped["result"]["shipped"][f"anomaly share {ANOMALY_SHARE:g}"]
 
@@ -128,7 +129,7 @@ def card_texts(report: dict, as_shipped: dict, unseen: dict) -> tuple[str, str, 
     refused = unseen_sources["spikee-harmful"]["model_refuses"]
     lines += [
         "",
-        "On a source found after the release, which no fit, threshold or choice has read (spikee's prompts; "
+        "On a source that no fit, threshold or choice has read (spikee's prompts, found after an earlier release; "
         "`python benchmarks/run.py heads/unseen`, the released guard through `GuardedModelForCausalLM.screen`): "
         f"harmful instructions flagged {flagged('spikee-harmful')} (the model alone refused {refused['count']} of "
         f"{refused['rows']}); general questions about finance {flagged('spikee-finance')}; the same questions "

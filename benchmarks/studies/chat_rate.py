@@ -37,7 +37,8 @@ class Settings:
     reads: list[list[Any]] = field(
         default_factory=lambda: [[16, "prompt_mean"], [20, "prompt_mean"], [24, "prompt_mean"]]
     )
-    """The supervised head's reads (the shipped ones)."""
+    """The supervised head's reads (by default the three reads shipped before ``heads/two_heads_deep_reads4``; the
+    experiments of the shipped guard set its four)."""
     inverse_regularisation: float = 1.0
     """The supervised head's ``C`` (the shipped one)."""
     kind: str = "logistic"

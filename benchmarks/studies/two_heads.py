@@ -56,7 +56,9 @@ class Settings:
     reads: list[list[Any]] = field(
         default_factory=lambda: [[16, "prompt_mean"], [20, "prompt_mean"], [24, "prompt_mean"]]
     )
-    """The supervised head's reads (chosen by ``heads/registry_sources`` and ``heads/registry_regularisation``)."""
+    """The supervised head's reads (by default those chosen by ``heads/registry_sources`` and
+    ``heads/registry_regularisation``; ``heads/two_heads_deep_reads4`` added layer 28, which the experiments of the
+    shipped guard set)."""
     inverse_regularisation: float = 1.0
     """The supervised head's ``C``."""
     kind: str = "logistic"

@@ -179,7 +179,7 @@ class SafetyReport(NamedTuple):
 
         Calibrated: ``ok: P(unsafe) 0.127 <= 0.7013 (score 49.62, cluster 17, p-value 0.375)``;
         uncalibrated: ``FLAGGED: score 301.2 > 230.5 (cluster 3, p-value 0.002)``; with supervised heads:
-        ``FLAGGED by harm (known): anomaly 0.1271 <= 0.9602; harm 0.9959 > 0.618 (anomaly cluster 17, p-value
+        ``FLAGGED by harm (known): anomaly 0.1271 <= 0.9602; harm 0.9885 > 0.3574 (anomaly cluster 17, p-value
         0.375)``."""
         verdict = "FLAGGED" if self.flagged else "ok"
         if self.error is not None:
