@@ -77,6 +77,8 @@ def encode_prompts(
 
 
 class Collected(NamedTuple):
+    """What :func:`collect_activations` read from the prompts, in their order."""
+
     activations: Tensor
     """``[n_prompts, hidden]`` float32 on the CPU, in prompt order."""
     responses: list[str]

@@ -39,6 +39,8 @@ def seeded_cut(n: int, fractions: Sequence[float], seed: int) -> list[Tensor]:
 
 
 class SafeSplit(NamedTuple):
+    """The safe rows' indices cut in two by :func:`split_safe`."""
+
     fit: Tensor
     """Row indices the detector is fitted on."""
     holdout: Tensor

@@ -66,6 +66,8 @@ def is_refusal(response: str, *, window: int | None = DEFAULT_WINDOW) -> bool:
 
 
 class RefusalCounts(NamedTuple):
+    """How many responses a refusal rule labelled, and how."""
+
     responses: int
     """Responses labelled."""
     refusals: int

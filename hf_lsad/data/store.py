@@ -38,6 +38,8 @@ INDEX = "index.json"
 
 
 class ActivationSet(NamedTuple):
+    """A store read into memory: the rows, their records and where they were read."""
+
     activations: Tensor
     """``[n, hidden_size]`` float32."""
     records: list[dict[str, Any]]

@@ -39,6 +39,8 @@ class DetectorConfig:
 
 
 class DetectorOutput(NamedTuple):
+    """What a detector's forward returns for a batch."""
+
     scores: Tensor
     """Anomaly score per row, ``[batch]`` float: higher means less like the safe data."""
     clusters: Tensor

@@ -68,12 +68,20 @@ class SplitFractions(Protocol):
 
 
 class Splits(NamedTuple):
+    """Row indices of every split (module docstring); the unsafe ones per category."""
+
     safe_fit: Tensor
+    """Safe rows the detectors and the SAE are fitted on."""
     safe_validation: Tensor
+    """Safe rows that select the grid point (negatives of the validation AUROC)."""
     safe_test: Tensor
+    """Safe rows of the test metrics and of the 5% threshold they are read at."""
     unsafe_probe: dict[str, Tensor]
+    """Training positives of the supervised linear probe, and nothing else."""
     unsafe_validation: dict[str, Tensor]
+    """Positives that select the grid point."""
     unsafe_test: dict[str, Tensor]
+    """Positives of the test metrics."""
 
 
 def make_splits(n_safe: int, n_unsafe: Mapping[str, int], config: SplitFractions) -> Splits:

@@ -24,6 +24,8 @@ from .threshold import fpr_threshold
 
 
 class FitResult(NamedTuple):
+    """A fitted guard and the safe rows it was fitted and thresholded on."""
+
     guard: SafetyGuard
     split: SafeSplit
     holdout_scores: Tensor

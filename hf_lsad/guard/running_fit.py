@@ -19,11 +19,15 @@ if TYPE_CHECKING:
 
 
 class RunningFit(NamedTuple):
+    """A running guard and the safe responses it was fitted and thresholded on."""
+
     guard: SafetyGuard
     holdout_statistics: Tensor
     """``S`` of each held-out safe response, the values the threshold was set on."""
     fit_sequences: Tensor
+    """Indices, among the non-empty safe responses, of those the detector was fitted on."""
     holdout_sequences: Tensor
+    """Indices, among the non-empty safe responses, of those the threshold was set on."""
 
 
 @torch.no_grad()

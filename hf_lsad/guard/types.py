@@ -112,6 +112,8 @@ class FeatureContribution(NamedTuple):
 
 
 class GuardOutput(NamedTuple):
+    """What a guard's forward returns for a batch of reads."""
+
     scores: Tensor
     """Anomaly score per row, ``[batch]``."""
     clusters: Tensor

@@ -80,6 +80,8 @@ class SAEConfig:
 
 
 class SAEOutput(NamedTuple):
+    """What :meth:`SparseAutoencoder.forward` returns."""
+
     codes: Tensor
     """Sparse features ``z``, shape ``[batch, d_sae]``."""
     reconstruction: Tensor

@@ -44,6 +44,8 @@ class SAETrainConfig:
 
 
 class SAEStats(NamedTuple):
+    """How well an SAE reconstructs a set of activations, and how sparsely."""
+
     l0: float
     """Mean number of active features per activation."""
     fraction_variance_explained: float
