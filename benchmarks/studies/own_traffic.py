@@ -11,6 +11,9 @@ study measures what that gives and what it costs. For each benign domain ``D`` h
   domains' validation rows, as the protocol of :mod:`hf_lsad.evaluation.sources` does);
 - **your traffic**: thresholds on ``D``'s validation rows, the same budget (and with the plain quantile, for a
   domain with too few rows for the confidence: the budget refuses those, and the entry says so);
+- **your traffic in the fit** (``fit_on_sample``): the supervised head fitted again with ``D``'s validation rows
+  beside the fit rows of every other pool (``D``'s sources weighed as every source is), thresholds on bundled chat
+  as in the first rule: the same sample taught to the head instead of used for the thresholds;
 - under each, the flag rate of ``D``'s test rows, of the test chat rows, and the TPR of each unsafe source's test
   rows. The unsafe sources are all in the fit (only the benign domain is held out), so these TPRs say what moving
   the thresholds costs on familiar harm; leave-one-source-out says what to expect of an unfamiliar source.
@@ -66,6 +69,9 @@ class Settings:
     """The budget: the combined flag rate on the rows the thresholds are set on."""
     confidence: float | None = 0.95
     """The budget's confidence (the shipped one; ``None``: the plain quantile)."""
+    fit_on_sample: bool = False
+    """Also fit the supervised head with the domain's validation rows (the user's sample) and set the thresholds on
+    bundled chat (the rule ``your traffic in the fit``)."""
     domains: list[str] = field(default_factory=lambda: list(EVAL_DOMAINS))
     """The benign domains held out one at a time, each playing the user's own traffic."""
     sources: list[str] = field(default_factory=lambda: list(EVAL_SOURCES))
@@ -87,19 +93,29 @@ def run(settings: Settings) -> dict[str, Any]:
     for domain in settings.domains:
         print(f"hold out domain {domain}", flush=True)
         train = rows.select([s == "fit" and d != domain for s, d in zip(rows.splits, rows.domains)])
-        scores = two_headed(anomaly_of, fit_supervised(train, config))
+        scorers = {"held out": two_headed(anomaly_of, fit_supervised(train, config))}
         bundled = threshold_reference(rows, domain)
         own = rows.select(rows.where(split="validation", domain=domain))
-        held_out = scores(rows.select(rows.where(split="test", domain=domain)))
-        chat = scores(test_chat)
-        unsafe = {source: scores(rows.select(rows.where(split="test", source=source))) for source in settings.sources}
-        entry: dict[str, Any] = {"validation_rows": len(own), "test_rows": len(held_out)}
-        rules = (
-            ("bundled chat", bundled, settings.confidence),
-            ("your traffic", own, settings.confidence),
-            ("your traffic, quantile", own, None),
-        )
-        for rule, reference, confidence in rules:
+        rules = [
+            ("bundled chat", "held out", bundled, settings.confidence),
+            ("your traffic", "held out", own, settings.confidence),
+            ("your traffic, quantile", "held out", own, None),
+        ]
+        if settings.fit_on_sample:
+            print("  fit again with the sample", flush=True)
+            sample_in_fit = [
+                (s == "fit" and d != domain) or (s == "validation" and d == domain)
+                for s, d in zip(rows.splits, rows.domains)
+            ]
+            scorers["sample in fit"] = two_headed(anomaly_of, fit_supervised(rows.select(sample_in_fit), config))
+            rules.append(("your traffic in the fit", "sample in fit", bundled, settings.confidence))
+        domain_test = rows.select(rows.where(split="test", domain=domain))
+        source_test = {source: rows.select(rows.where(split="test", source=source)) for source in settings.sources}
+        entry: dict[str, Any] = {"validation_rows": len(own), "test_rows": len(domain_test)}
+        for rule, fitted, reference, confidence in rules:
+            scores = scorers[fitted]
+            held_out, chat = scores(domain_test), scores(test_chat)
+            unsafe = {source: scores(values) for source, values in source_test.items()}
             try:
                 thresholds = threshold_at(scores(reference), settings.target_fpr, shares, confidence)
             except ValueError as error:  # too few rows of the domain for the confidence: said, not worked around
