@@ -14,6 +14,9 @@ study measures what that gives and what it costs. For each benign domain ``D`` h
 - **your traffic in the fit** (``fit_on_sample``): the supervised head fitted again with ``D``'s validation rows
   beside the fit rows of every other pool (``D``'s sources weighed as every source is), thresholds on bundled chat
   as in the first rule: the same sample taught to the head instead of used for the thresholds;
+- **part of your traffic in the fit** (``fit_on_sample_part``): the sample cut in two by the hash of the row splits
+  with seed ``seed + 1`` (its ``fit`` part, about 60%, into the head's fit as above; the rest sets the thresholds,
+  with the budget's confidence and with the plain quantile): both remedies at once, each on its own rows;
 - under each, the flag rate of ``D``'s test rows, of the test chat rows, and the TPR of each unsafe source's test
   rows. The unsafe sources are all in the fit (only the benign domain is held out), so these TPRs say what moving
   the thresholds costs on familiar harm; leave-one-source-out says what to expect of an unfamiliar source.
@@ -25,6 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from hf_lsad.core.splits import split_of
 from hf_lsad.evaluation.sources import (
     EVAL_DOMAINS,
     EVAL_SOURCES,
@@ -72,6 +76,9 @@ class Settings:
     fit_on_sample: bool = False
     """Also fit the supervised head with the domain's validation rows (the user's sample) and set the thresholds on
     bundled chat (the rule ``your traffic in the fit``)."""
+    fit_on_sample_part: bool = False
+    """Also fit the supervised head with about 60% of the domain's validation rows and set the thresholds on the rest
+    (the rules ``part of your traffic in the fit``)."""
     domains: list[str] = field(default_factory=lambda: list(EVAL_DOMAINS))
     """The benign domains held out one at a time, each playing the user's own traffic."""
     sources: list[str] = field(default_factory=lambda: list(EVAL_SOURCES))
@@ -109,6 +116,22 @@ def run(settings: Settings) -> dict[str, Any]:
             ]
             scorers["sample in fit"] = two_headed(anomaly_of, fit_supervised(rows.select(sample_in_fit), config))
             rules.append(("your traffic in the fit", "sample in fit", bundled, settings.confidence))
+        if settings.fit_on_sample_part:
+            print("  fit again with part of the sample", flush=True)
+            part = [split_of(i, settings.seed + 1) == "fit" for i in rows.ids]
+            part_in_fit = [
+                (s == "fit" and d != domain) or (s == "validation" and d == domain and taught)
+                for s, d, taught in zip(rows.splits, rows.domains, part)
+            ]
+            scorers["part in fit"] = two_headed(anomaly_of, fit_supervised(rows.select(part_in_fit), config))
+            rest = rows.select(
+                [
+                    s == "validation" and d == domain and not taught
+                    for s, d, taught in zip(rows.splits, rows.domains, part)
+                ]
+            )
+            rules.append(("part of your traffic in the fit", "part in fit", rest, settings.confidence))
+            rules.append(("part of your traffic in the fit, quantile", "part in fit", rest, None))
         domain_test = rows.select(rows.where(split="test", domain=domain))
         source_test = {source: rows.select(rows.where(split="test", source=source)) for source in settings.sources}
         entry: dict[str, Any] = {"validation_rows": len(own), "test_rows": len(domain_test)}
