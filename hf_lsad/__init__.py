@@ -42,6 +42,7 @@ _EXPORTS = {
     "fit_guard": "guard",
     "generate_with_activations": "capture",
     "register_detector": "detectors",
+    "teach_traffic": "guard.heads.training",
     "train_sae": "sae",
 }
 
@@ -77,6 +78,7 @@ __all__ = [
     "load_model",
     "load_sae",
     "register_detector",
+    "teach_traffic",
     "train_sae",
 ]
 
@@ -106,5 +108,5 @@ if TYPE_CHECKING:
     from .generation import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
     from .guard import GuardConfig, SafetyGuard, SafetyReport, fit_guard
     from .guard.heads import SupervisedHead
-    from .guard.heads.training import add_head, fit_budget_on_prompts
+    from .guard.heads.training import add_head, fit_budget_on_prompts, teach_traffic
     from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, load_sae, train_sae

@@ -12,7 +12,7 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
   and its width: ``heads/registry_mlp``, ``heads/registry_mlp_penalty``, ``heads/registry_mlp_width``; its penalty,
   ahead on the worst held-out source in each of three fits: ``heads/registry_mlp_wide_penalty``,
   ``heads/registry_mlp_seeds``), fitted on the fit split (60%, :func:`hf_lsad.core.splits.split_of`) of every unsafe
-  source against every benign domain and the benign look-alikes (:data:`hf_lsad.evaluation.sources.GUARD_POOLS`; the
+  source against every benign domain and the benign look-alikes (:data:`hf_lsad.data.GUARD_POOLS`; the
   hand-written contrast pairs: 253 by ``heads/registry_mlp_seeds_contrast``, 46 of persona openings more by
   ``heads/two_heads_persona``), each source weighing alike;
 - **budget**: 5% of chat, 0.05 of it to the anomaly head (``heads/two_heads_persona``), set on validation chat with
@@ -20,7 +20,7 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
   with probability 0.95 (``heads/chat_rate_persona`` measures both rules on chat that is neither validation nor test).
 
 The README's demo prompts are never fitted, labelled or threshold rows (``RESERVED_PROMPTS`` of
-:mod:`hf_lsad.evaluation.sources`).
+:mod:`hf_lsad.data.pools`).
 The figures on the card come from ``benchmarks/results/heads--report.json`` (leave-one-source-out, ``python
 benchmarks/run.py heads/report``) and ``benchmarks/results/heads--shipped.json`` (the guard as shipped, ``python
 benchmarks/run.py heads/shipped``). Both fit this configuration from the stores and never read the bundled guard:
@@ -44,7 +44,8 @@ from pathlib import Path
 
 import torch
 
-from hf_lsad.evaluation.sources import GUARD_POOLS, load_source_rows
+from hf_lsad.data import GUARD_POOLS
+from hf_lsad.evaluation.sources import load_source_rows
 from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
 from hf_lsad.guard.files import PAPER_GUARD
 from hf_lsad.guard.heads import ProbeConfig

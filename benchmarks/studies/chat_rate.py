@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from scipy.stats import binomtest
 
-from hf_lsad.evaluation.sources import GUARD_POOLS, load_source_rows, threshold_at, threshold_reference
+from hf_lsad.data import GUARD_POOLS
+from hf_lsad.evaluation.sources import load_source_rows, threshold_at, threshold_reference
 from hf_lsad.guard.heads.training import fit_head
 
 from .two_heads import probe_config

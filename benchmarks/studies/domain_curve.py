@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
+from hf_lsad.data import GUARD_POOLS
 from hf_lsad.evaluation.sources import (
     BENIGN_DOMAINS,
     EVAL_DOMAINS,
-    GUARD_POOLS,
     THRESHOLD_DOMAIN,
     SourceRows,
     load_source_rows,

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
+from hf_lsad.data import GUARD_POOLS
 from hf_lsad.evaluation.sources import (
     EVAL_DOMAINS,
     EVAL_SOURCES,
-    GUARD_POOLS,
     SourceRows,
     leave_one_source_out,
     load_source_rows,

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_lsad.core.splits import split_of
+from hf_lsad.data import GUARD_POOLS
 from hf_lsad.evaluation.sources import (
     EVAL_DOMAINS,
     EVAL_SOURCES,
-    GUARD_POOLS,
     THRESHOLD_DOMAIN,
     load_source_rows,
     threshold_at,

@@ -28,10 +28,9 @@ import torch
 from scipy.stats import binomtest
 
 from hf_lsad.capture.pretrained import load_model
-from hf_lsad.data import load_pool
+from hf_lsad.data import GUARD_POOLS, load_pool
 from hf_lsad.data.refusal import is_refusal
 from hf_lsad.data.tables import PromptRow
-from hf_lsad.evaluation.sources import GUARD_POOLS
 from hf_lsad.generation.bulk import PromptBatch, plan_batches
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard

@@ -276,6 +276,28 @@ def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
     _runtime_arguments(parser, ModelRuntime)
 
 
+def teach_arguments(parser: argparse.ArgumentParser) -> None:
+    set_budget_arguments(parser)
+    parser.add_argument("--head", default="harm", help="the supervised head to fit again (default: harm)")
+    parser.add_argument(
+        "--fit-fraction",
+        type=float,
+        default=0.6,
+        help="the share of the --benign prompts taught to the head; the rest set the thresholds (default: 0.6)",
+    )
+    parser.add_argument(
+        "--pools",
+        nargs="+",
+        help="the bundled pools whose fit rows the head is fitted on again (default: those it was released with)",
+    )
+    parser.add_argument(
+        "--rows-per-pool",
+        type=int,
+        help="fit rows drawn from each bundled pool (default: all of them, as the guard was released)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the cut and of --rows-per-pool's draw")
+
+
 def _confidence(value: str) -> float | str | None:
     """``--confidence``: a probability, ``none`` (the plain quantile) or ``keep`` (the guard's, the default)."""
     if value in ("none", "keep"):

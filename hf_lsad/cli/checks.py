@@ -52,6 +52,8 @@ def _flag_rules() -> dict[str, tuple[type, str] | Range]:
         "max_concurrency": POSITIVE,
         "benign_per_pool": POSITIVE,
         "threshold_rows": POSITIVE,
+        "rows_per_pool": POSITIVE,
+        "fit_fraction": OPEN_UNIT,
     }
 
 
@@ -94,7 +96,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"argument prompts: {_one_line(err)}")
     if args.command == "add-head":
         _check_add_head(parser, args)
-    if args.command == "set-budget":
+    if args.command in ("set-budget", "teach"):
         _check_set_budget(parser, args)
     if args.command == "screen" and not Path(args.input).exists() and Path(args.input).suffix:
         parser.error(f"argument input: no file {args.input!r}")
@@ -280,9 +282,10 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The prompt file (readable, not empty, enough rows for the confidence) and where the guard goes."""
+    """The prompt file (readable, not empty, enough rows for the confidence: for ``teach``, in the part held back for
+    the thresholds), the head ``teach`` fits again, and where the guard goes."""
     from ..guard.guard import SafetyGuard
-    from ..guard.heads.training import budget_rule, check_reads_prompt
+    from ..guard.heads.training import budget_rule, check_reads_prompt, cut_traffic
     from ..guard.threshold import allowed_flags
     from .arguments import guard_location
     from .commands import read_prompt_file
@@ -304,11 +307,24 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
         check_reads_prompt(guard)
     except ValueError as err:
         parser.error(f"argument --guard: {err}")
+    if args.command == "teach":
+        from ..data import POOL_CATEGORY
+
+        unknown = sorted(set(args.pools or []) - set(POOL_CATEGORY))
+        if unknown:
+            parser.error(f"argument --pools: {unknown} are not bundled pools ({sorted(POOL_CATEGORY)})")
+        if args.head not in guard.heads:
+            parser.error(f"argument --head: the guard has no supervised head {args.head!r}; it has {guard.head_names}")
+        try:
+            _, prompts = cut_traffic(prompts, args.fit_fraction, args.seed)  # the thresholds' part
+        except ValueError as err:
+            parser.error(f"argument --fit-fraction: {_one_line(err)}")
     target_fpr, confidence = budget_rule(guard, args.target_fpr, args.confidence)
     try:
         allowed_flags(len(prompts), target_fpr, confidence)
     except ValueError as err:
-        parser.error(f"argument --benign: {len(prompts)} prompts: {_one_line(err)}")
+        held_back = " held back for the thresholds" if args.command == "teach" else ""
+        parser.error(f"argument --benign: {len(prompts)} prompts{held_back}: {_one_line(err)}")
 
 
 def _check_evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

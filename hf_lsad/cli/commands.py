@@ -435,6 +435,49 @@ def run_set_budget(args: argparse.Namespace) -> None:
     )
 
 
+def run_teach(args: argparse.Namespace) -> None:
+    from ..capture.pretrained import load_model, placement
+    from ..core.runtime import ModelRuntime, torch_dtype
+    from ..guard.heads.training import teach_traffic
+
+    runtime = _runtime(args, ModelRuntime)
+    guard = _guard(args)
+    prompts = read_prompt_file(args.benign)
+    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
+    guard.config.hook.check_model(model)
+    budget = teach_traffic(
+        model,
+        tokenizer,
+        guard,
+        prompts,
+        head=args.head,
+        fit_fraction=args.fit_fraction,
+        **({"pools": args.pools} if args.pools else {}),
+        rows_per_pool=args.rows_per_pool,
+        target_fpr=args.target_fpr,
+        confidence=args.confidence,
+        rows=f"the user's own benign prompts, {Path(args.benign).name}",
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    out = args.out or args.guard
+    taught = len(prompts) - budget.n_rows
+    data = (
+        f"head `{args.head}` fitted again with `hf-lsad teach` on {taught} of the user's own benign prompts beside the "
+        f"bundled pools' fit rows; thresholds set on the other {budget.n_rows}"
+    )
+    guard.save_pretrained(out, data=data)
+    print(f"head {args.head!r} taught {taught} prompts of {args.benign}; thresholds set on the other {budget.n_rows}")
+    print(f"wrote {out}")
+    for name, share, threshold in zip(budget.heads, budget.shares, budget.thresholds):
+        print(f"  {name}: share {share:.2f}, threshold {threshold:.4g}")
+    confidence = f", {budget.confidence:.0%} confidence" if budget.confidence is not None else ""
+    print(
+        f"  together: {budget.measured_fpr:.2%} of the {budget.n_rows} held-back prompts "
+        f"(target {budget.target_fpr:.0%}{confidence})"
+    )
+
+
 def run_push(args: argparse.Namespace) -> None:
     from pathlib import Path
 

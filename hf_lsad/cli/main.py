@@ -1,5 +1,5 @@
 """The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate, add-head, set-budget,
-screen, serve, push, pull.
+teach, screen, serve, push, pull.
 
     hf-lsad collect   --model default --pool safe --layer 20 --position prompt_last --out acts/safe
     hf-lsad train-sae --activations acts/safe --d-sae 2304 --out sae
@@ -12,6 +12,7 @@ screen, serve, push, pull.
     hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
     hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
     hf-lsad set-budget --guard default --benign my-traffic.txt --out my-guard
+    hf-lsad teach     --guard default --benign my-traffic.txt --out my-guard [--head harm] [--fit-fraction 0.6]
     hf-lsad screen    prompts.jsonl --out verdicts.jsonl [--column prompt] [--id-column id]
     hf-lsad serve     --port 8000 [--api-key KEY]
     hf-lsad push      my-guard org/my-guard [--private] [--revision BRANCH]
@@ -111,6 +112,18 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "--confidence says otherwise (hf_lsad.guard.heads.training.fit_budget_on_prompts). For traffic the heads "
         "flag more often than chat: they were not fitted on its kind. Too few prompts for the confidence are refused "
         "(59 at 5% and 0.95). The guard must read the prompt.",
+    ),
+    "teach": (
+        "teach a supervised head a sample of your own benign traffic, and set the thresholds on the rest",
+        arguments.teach_arguments,
+        commands.run_teach,
+        "Cuts the --benign prompts (one per line, or JSON lines with a 'text' field; a sample of your traffic that no "
+        "head was fitted on) by a seeded permutation: --fit-fraction of them join --head's fit as one more benign "
+        "source beside the bundled pools' fit rows (the head keeps its reads and settings), the rest set every "
+        "head's threshold as set-budget does (hf_lsad.guard.heads.training.teach_traffic). Costs less of the harm "
+        "the guard catches than set-budget alone. Collecting the bundled rows is a forward pass over about 15,600 "
+        "prompts (--rows-per-pool draws fewer). Too few held-back prompts for the confidence are refused before the "
+        "model loads (59 at 5% and 0.95).",
     ),
     "screen": (
         "screen a table of prompts (JSONL, CSV, Parquet, a dataset) into a JSON-lines file of verdicts",

@@ -5,10 +5,13 @@ See :mod:`hf_lsad.data.pools` for the pool contents and API.
 
 from .pools import (
     DOMAINS,
+    GUARD_POOLS,
     POOL_CATEGORY,
     POOLS,
+    RESERVED_PROMPTS,
     UNSAFE_POOLS,
     Prompt,
+    is_reserved,
     load_hub_prompts,
     load_manifest,
     load_pool,
@@ -18,10 +21,13 @@ from .pools import (
 
 __all__ = [
     "DOMAINS",
+    "GUARD_POOLS",
     "POOLS",
     "POOL_CATEGORY",
+    "RESERVED_PROMPTS",
     "UNSAFE_POOLS",
     "Prompt",
+    "is_reserved",
     "load_hub_prompts",
     "load_manifest",
     "load_pool",

@@ -23,7 +23,6 @@ supervised head, a text baseline and the anomaly head all go through the same pr
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from torch import Tensor
 
 from ..core.splits import split_of
 from ..data import POOL_CATEGORY, load_pool
+from ..data.pools import is_reserved
 from ..data.store import load_activations
 from ..guard.threshold import budget_thresholds, fpr_threshold, union_flag_rate
 
@@ -65,28 +65,6 @@ EVAL_DOMAINS: tuple[str, ...] = ("chat", "task_prompts", "benign_ood", "lookalik
 """The benign domains held out one at a time by default: the four the guard was first judged on. The domains of the
 registry search (``questions``, ``statements``) are training data and are held out only when asked for, so the
 summary stays comparable across the data added."""
-
-GUARD_POOLS: tuple[str, ...] = (
-    "chat",
-    "safe",
-    "benign_ood",
-    "lookalike",
-    "questions",
-    "statements",
-    "harmful",
-    "toxic",
-    "jailbreak",
-    "harmful_vauban",
-    "injection",
-    "harmful_contrast",
-    "toxic_text",
-)
-"""The bundled pools the default guard's supervised head is fitted, thresholded and judged on: every unsafe source
-against every benign domain (the registry search's ``questions``, ``statements`` and ``toxic_text`` included)."""
-
-RESERVED_PROMPTS: tuple[str, ...] = ("How do I bake bread at home?", "Write a tutorial on how to make a bomb")
-"""The README's demo prompts: kept out of every fit, threshold and reported row (one of them is an AdvBench row), so
-the demo shows the guard on prompts it never saw."""
 
 THRESHOLD_DOMAIN = "chat"
 """Thresholds are set on held-out benign chat: the traffic a deployed guard mostly sees."""
@@ -144,9 +122,8 @@ class SourceRows:
 
 def load_source_rows(folder: str | Path, pools: Sequence[str], reads: Sequence[Read], *, seed: int = 0) -> SourceRows:
     """The rows of ``pools`` collected under ``folder`` (``<folder>/<pool>/layer<L>-<position>``) for ``reads``,
-    without the :data:`RESERVED_PROMPTS`."""
+    without the :data:`~hf_lsad.data.pools.RESERVED_PROMPTS`."""
     features: dict[Read, list[Tensor]] = {read: [] for read in reads}
-    reserved = {_normalised(text) for text in RESERVED_PROMPTS}
     ids, texts, sources, domains, labels = [], [], [], [], []
     for pool in pools:
         stores = {read: load_activations(Path(folder) / pool / f"layer{read[0]}-{read[1]}") for read in reads}
@@ -156,7 +133,7 @@ def load_source_rows(folder: str | Path, pools: Sequence[str], reads: Sequence[R
                 raise ValueError(f"{folder}/{pool}: the stores of {read} and {reads[0]} hold other rows")
             features[read].append(store.activations.float())
         text_of = {p.id: p.text for p in load_pool(pool)}
-        keep = torch.tensor([_normalised(text_of[r["id"]]) not in reserved for r in records])
+        keep = torch.tensor([not is_reserved(text_of[r["id"]]) for r in records])
         for read in stores:
             features[read][-1] = features[read][-1][keep]
         unsafe = POOL_CATEGORY[pool] not in ("safe", "benign_ood")
@@ -175,10 +152,6 @@ def load_source_rows(folder: str | Path, pools: Sequence[str], reads: Sequence[R
         labels=torch.tensor(labels),
         splits=[split_of(i, seed) for i in ids],
     )
-
-
-def _normalised(text: str) -> str:
-    return re.sub(r"\W+", " ", text.lower()).strip()
 
 
 def threshold_at(

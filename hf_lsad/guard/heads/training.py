@@ -9,6 +9,11 @@ chat rows, the new head taking its share of the one false-positive budget.
 :func:`fit_budget_on_prompts` is what ``hf-lsad set-budget`` runs: the thresholds set on a sample of the user's own
 benign traffic instead of the bundled chat, for traffic the heads flag more often than chat (a benign domain they
 were not fitted on).
+
+:func:`teach_traffic` is what ``hf-lsad teach`` runs: a supervised head fitted again on the bundled pools' fit rows
+with part of the user's benign sample beside them, and every threshold set on the rest of the sample. Thresholds
+alone move up to where the user's traffic sits, and pass the harm that looks like it; a head taught the traffic
+moves its scores instead (measured: ``benchmarks/experiments/heads/own_traffic_fit.json``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...capture.collect import check_prompts, collect_prompt_features
 from ...core.splits import split_of
-from ...data import load_pool
+from ...data import GUARD_POOLS, POOL_CATEGORY, is_reserved, load_pool
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
 from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
@@ -218,6 +223,116 @@ def fit_budget_on_prompts(
         model, tokenizer, list(prompts), guard.reads, batch_size=batch_size, progress=progress
     )
     return guard.fit_budget(benign, target_fpr=target_fpr, shares=shares, rows=rows, confidence=confidence)
+
+
+USER_SOURCE = "user-benign"
+"""The source name the user's benign prompts are fitted under by :func:`teach_traffic` (weighed as one source)."""
+
+
+def teach_traffic(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    guard: Any,
+    prompts: Sequence[str],
+    *,
+    head: str = "harm",
+    fit_fraction: float = 0.6,
+    pools: Sequence[str] = GUARD_POOLS,
+    rows_per_pool: int | None = None,
+    target_fpr: float | None = None,
+    confidence: float | Literal["keep"] | None = "keep",
+    rows: str = "the user's own benign prompts",
+    batch_size: int = 16,
+    seed: int = 0,
+    progress: bool = True,
+) -> BudgetConfig:
+    """Fit supervised head ``head`` again with part of the user's benign ``prompts`` beside the bundled pools' fit rows,
+    and set every head's threshold on the rest of them (the guard is changed in place).
+
+    The prompts are cut by a seeded permutation: ``fit_fraction`` of them join the head's fit as one more benign source
+    (:data:`USER_SOURCE`, weighed like every other source), the rest set the thresholds as
+    :func:`fit_budget_on_prompts` does. The head keeps its reads and fit settings (``head.config.probe``); its other
+    rows are by default those it was released with: the ``fit`` split of every pool of
+    :data:`~hf_lsad.data.GUARD_POOLS`, without the README's demo prompts.
+
+    Args:
+        model, tokenizer: The guard's base model and its tokenizer.
+        guard: A :class:`~hf_lsad.guard.SafetyGuard` with a supervised head named ``head``, every head reading the
+            prompt.
+        prompts: A sample of the user's benign traffic, fitted on by no head. The part that sets the thresholds must be
+            as large as the confidence needs (59 prompts at 5% and 0.95); checked before any forward pass.
+        head: The supervised head to fit again.
+        fit_fraction: The share of ``prompts`` taught to the head, in (0, 1).
+        pools: The bundled pools whose fit rows the head is fitted on again (default: those it was released with;
+            fewer, or fewer rows, make a faster fit of another head).
+        rows_per_pool: Fit rows drawn from each bundled pool (seeded; ``None``: all of them, as released).
+        target_fpr, confidence: As :func:`fit_budget_on_prompts` (default: the guard's budget's).
+        rows: What the prompts are, recorded in the budget and on the card.
+        batch_size, seed, progress: Forward-pass batch size; the seed of the cut and of ``rows_per_pool``'s draw
+            (the bundled rows' split is the release's whatever the seed); progress bars.
+
+    Returns:
+        The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
+    """
+    check_prompts(prompts)
+    check_reads_prompt(guard)
+    if head not in guard.heads:
+        raise ValueError(f"the guard has no supervised head named {head!r}; it has {guard.head_names}")
+    unknown = sorted(set(pools) - set(POOL_CATEGORY))
+    if unknown or not pools:
+        raise ValueError(f"pools must be bundled pools ({sorted(POOL_CATEGORY)}), got {list(pools)}")
+    taught, held_back = cut_traffic(prompts, fit_fraction, seed)
+    target, rule = budget_rule(guard, target_fpr, confidence)
+    allowed_flags(len(held_back), target, rule)  # too few prompts for the confidence: refused before the forward pass
+
+    texts, groups, labels = [], [], []
+    for pool in pools:
+        # the release's split (seed 0): the bundled validation and test rows stay out of every fit
+        pool_rows = [p for p in load_pool(pool) if split_of(p.id) == "fit" and not is_reserved(p.text)]
+        pool_rows = _sample(pool_rows, rows_per_pool, seed)
+        unsafe = POOL_CATEGORY[pool] not in ("safe", "benign_ood")
+        texts += [p.text for p in pool_rows]
+        groups += [p.source for p in pool_rows]
+        labels += [int(unsafe)] * len(pool_rows)
+    texts += taught
+    groups += [USER_SOURCE] * len(taught)
+    labels += [0] * len(taught)
+    old_head, old_budget = guard.heads[head], guard.budget
+    fit_reads, _ = collect_prompt_features(
+        model, tokenizer, texts, old_head.reads, batch_size=batch_size, progress=progress
+    )
+    new_head = fit_head(head, fit_reads, torch.tensor(labels), groups, old_head.config.probe)
+    guard.heads[head] = new_head.to(old_head.probe.mean.device)
+    try:
+        return fit_budget_on_prompts(
+            model,
+            tokenizer,
+            guard,
+            held_back,
+            target_fpr=target,
+            shares=old_budget.shares if old_budget is not None else None,
+            confidence=rule,
+            rows=f"{rows} ({len(held_back)} held back; {len(taught)} more taught to head {head!r})",
+            batch_size=batch_size,
+            progress=progress,
+        )
+    except BaseException:  # leave the guard as it was
+        guard.heads[head] = old_head
+        guard.budget = old_budget
+        raise
+
+
+def cut_traffic(prompts: Sequence[str], fit_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """``(taught, held_back)``: :func:`teach_traffic`'s seeded cut of the user's prompts, each part in input order."""
+    if not 0.0 < fit_fraction < 1.0:
+        raise ValueError(f"fit_fraction must be in (0, 1), got {fit_fraction}")
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_taught = round(fit_fraction * len(prompts))
+    taught = [prompts[i] for i in sorted(order[:n_taught])]
+    held_back = [prompts[i] for i in sorted(order[n_taught:])]
+    if not taught or not held_back:
+        raise ValueError(f"{len(prompts)} prompts cut at {fit_fraction} leave none to fit on or none to set thresholds")
+    return taught, held_back
 
 
 def check_reads_prompt(guard: Any) -> None:

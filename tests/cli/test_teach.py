@@ -1,0 +1,132 @@
+"""``hf-lsad teach`` and :func:`teach_traffic`: a head taught part of the user's traffic, thresholds on the rest."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from tiny import fresh_guard, tiny_guard, two_headed_guard
+
+from hf_lsad.capture.collect import collect_prompt_features
+from hf_lsad.cli.main import entry
+from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.heads.training import USER_SOURCE, cut_traffic, teach_traffic
+
+TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
+"""A benign kind of traffic the tiny guard's heads were not fitted on: it flags all of it at its thresholds."""
+SAMPLE = [t for i, t in enumerate(TRAFFIC) if i % 3]
+HELD_OUT = [t for i, t in enumerate(TRAFFIC) if not i % 3]
+"""The user's sample (100 prompts) and more traffic of the same kind (50)."""
+POOLS = ["harmful", "toxic_text", "questions", "statements"]
+ROWS_PER_POOL = 12
+"""Bundled pools of short prompts and fit rows per pool in these tests (the release fits on every row of 13 pools)."""
+
+
+def harm_scores(guard: SafetyGuard, prompts: list[str]) -> torch.Tensor:
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    reads, _ = collect_prompt_features(model, tokenizer, prompts, guard.reads, progress=False)
+    return guard(reads).head_scores["harm"]
+
+
+def flag_rate(guard: SafetyGuard, prompts: list[str]) -> float:
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    reads, _ = collect_prompt_features(model, tokenizer, prompts, guard.reads, progress=False)
+    return float(guard(reads).flagged.double().mean())
+
+
+@pytest.fixture
+def guard_dir(tmp_path):
+    path = tmp_path / "guard"
+    two_headed_guard(target_fpr=0.1).save_pretrained(path)
+    return path
+
+
+def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir, tmp_path, capsys):
+    sample = tmp_path / "traffic.jsonl"
+    sample.write_text("".join(json.dumps({"text": t}) + "\n" for t in SAMPLE))
+    out = tmp_path / "mine"
+    before = SafetyGuard.from_pretrained(guard_dir)
+    assert flag_rate(before, HELD_OUT) == 1.0  # the traffic the heads never saw: all of it flagged
+
+    flags = ["--benign", str(sample), "--fit-fraction", "0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
+    entry(["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "head 'harm' taught 50 prompts" in printed and "thresholds set on the other 50" in printed
+
+    guard = SafetyGuard.from_pretrained(out)
+    budget, head = guard.budget, guard.heads["harm"].config
+    assert budget.heads == before.budget.heads and budget.shares == pytest.approx(before.budget.shares)
+    assert budget.n_rows == 50 and budget.measured_fpr <= 0.1 and "traffic.jsonl" in budget.rows
+    assert head.probe == before.heads["harm"].config.probe  # same reads and settings, fitted again
+    assert USER_SOURCE not in head.sources and "advbench" in head.sources  # the user's rows are benign
+    assert head.n_safe == 2 * ROWS_PER_POOL + 50 and head.n_unsafe == 2 * ROWS_PER_POOL
+    # the head moved its scores on the traffic (not only the thresholds), and held-out traffic of the kind passes
+    assert harm_scores(guard, HELD_OUT).mean() < harm_scores(before, HELD_OUT).mean()
+    assert flag_rate(guard, HELD_OUT) <= 0.2
+    assert SafetyGuard.from_pretrained(guard_dir).budget == before.budget  # --out: the source folder is kept
+    assert "hf-lsad teach" in (out / "README.md").read_text()
+
+
+def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    kwargs = dict(fit_fraction=0.5, pools=POOLS, rows_per_pool=ROWS_PER_POOL, progress=False)
+    first, second = two_headed_guard(target_fpr=0.1), two_headed_guard(target_fpr=0.1)
+    a = teach_traffic(model, tokenizer, first, SAMPLE, **kwargs)
+    b = teach_traffic(model, tokenizer, second, SAMPLE, **kwargs)
+    assert a == b and a.rows == "the user's own benign prompts (50 held back; 50 more taught to head 'harm')"
+    assert all(torch.equal(x, y) for x, y in zip(first.state_dict().values(), second.state_dict().values()))
+
+    guard = two_headed_guard(target_fpr=0.1)
+    head, budget = guard.heads["harm"], copy.deepcopy(guard.budget)
+    with pytest.raises(ValueError, match="no supervised head named 'dosage'"):
+        teach_traffic(model, tokenizer, guard, SAMPLE, head="dosage", **kwargs)
+    with pytest.raises(ValueError, match=r"fit_fraction must be in \(0, 1\)"):
+        teach_traffic(model, tokenizer, guard, SAMPLE, fit_fraction=1.0, progress=False)
+    with pytest.raises(ValueError, match="need at least"):  # 20 held back cannot bound 10% with 0.95: before any pass
+        teach_traffic(model, tokenizer, guard, SAMPLE[:40], confidence=0.95, **kwargs)
+    with pytest.raises(ValueError, match="must be bundled pools"):
+        teach_traffic(model, tokenizer, guard, SAMPLE, **{**kwargs, "pools": ["nonesuch"]})
+    with pytest.raises(ValueError, match="empty"):
+        teach_traffic(model, tokenizer, guard, ["fine", "  "], **kwargs)
+    with pytest.raises(ValueError, match="reads the response"):
+        teach_traffic(model, tokenizer, fresh_guard("response_last"), SAMPLE, **kwargs)
+    assert guard.heads["harm"] is head and guard.budget == budget
+
+
+def test_cut_traffic_keeps_every_prompt_once():
+    taught, held_back = cut_traffic(SAMPLE, 0.6, seed=3)
+    assert len(taught) == 60 and len(held_back) == 40 and sorted(taught + held_back) == sorted(SAMPLE)
+    assert cut_traffic(SAMPLE, 0.6, seed=3) == (taught, held_back) != cut_traffic(SAMPLE, 0.6, seed=4)
+    with pytest.raises(ValueError, match="leave none"):
+        cut_traffic(SAMPLE[:1], 0.6, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("lines", "flags", "error"),
+    [
+        ([], [], "holds no prompts"),
+        (SAMPLE, ["--head", "dosage"], "argument --head: the guard has no supervised head 'dosage'"),
+        (SAMPLE, ["--fit-fraction", "1.5"], "argument --fit-fraction"),
+        (SAMPLE[:1], [], "argument --fit-fraction: 1 prompts cut at 0.6 leave none"),
+        (SAMPLE, ["--rows-per-pool", "0"], "argument --rows-per-pool"),
+        (
+            SAMPLE[:50],
+            ["--confidence", "0.95"],
+            "20 prompts held back for the thresholds: 20 held-out safe rows cannot",
+        ),
+        (SAMPLE, ["--pools", "nonesuch"], "argument --pools: ['nonesuch'] are not bundled pools"),
+        (SAMPLE, ["--guard", "default"], "argument --out: needed"),
+        (SAMPLE, ["--guard", "RESPONSE"], "reads the response"),
+    ],
+)
+def test_teach_refuses_bad_input_before_loading_a_model(lines, flags, error, guard_dir, tmp_path, capsys):
+    benign = tmp_path / "benign.txt"
+    benign.write_text("".join(line + "\n" for line in lines))
+    if "RESPONSE" in flags:
+        fresh_guard("response_last").save_pretrained(tmp_path / "response-guard")
+    flags = [str(tmp_path / "response-guard") if f == "RESPONSE" else f for f in flags]
+    with pytest.raises(SystemExit) as info:
+        entry(["teach", "--guard", str(guard_dir), "--benign", str(benign), *flags])
+    assert info.value.code == 2 and error in capsys.readouterr().err
