@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 
 from ..core.splits import split_of
-from ..data import POOL_CATEGORY, load_pool
-from ..data.pools import is_reserved
+from ..data import load_pool
+from ..data.pools import is_reserved, is_unsafe_pool
 from ..data.store import load_activations
 from ..guard.threshold import budget_thresholds, fpr_threshold, union_flag_rate
 
@@ -136,7 +136,7 @@ def load_source_rows(folder: str | Path, pools: Sequence[str], reads: Sequence[R
         keep = torch.tensor([not is_reserved(text_of[r["id"]]) for r in records])
         for read in stores:
             features[read][-1] = features[read][-1][keep]
-        unsafe = POOL_CATEGORY[pool] not in ("safe", "benign_ood")
+        unsafe = is_unsafe_pool(pool)
         for record in (r for r, kept in zip(records, keep.tolist()) if kept):
             ids.append(record["id"])
             texts.append(text_of[record["id"]])

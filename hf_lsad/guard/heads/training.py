@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...capture.collect import check_prompts, collect_prompt_features
 from ...core.splits import split_of
-from ...data import GUARD_POOLS, POOL_CATEGORY, is_reserved, load_pool
+from ...data import GUARD_POOLS, POOL_CATEGORY, is_reserved, is_unsafe_pool, load_pool
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
 from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
@@ -290,7 +290,7 @@ def teach_traffic(
         # the release's split (seed 0): the bundled validation and test rows stay out of every fit
         pool_rows = [p for p in load_pool(pool) if split_of(p.id) == "fit" and not is_reserved(p.text)]
         pool_rows = _sample(pool_rows, rows_per_pool, seed)
-        unsafe = POOL_CATEGORY[pool] not in ("safe", "benign_ood")
+        unsafe = is_unsafe_pool(pool)
         texts += [p.text for p in pool_rows]
         groups += [p.source for p in pool_rows]
         labels += [int(unsafe)] * len(pool_rows)
