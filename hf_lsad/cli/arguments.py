@@ -296,6 +296,11 @@ def teach_arguments(parser: argparse.ArgumentParser) -> None:
         help="fit rows drawn from each bundled pool (default: all of them, as the guard was released)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the cut and of --rows-per-pool's draw")
+    parser.add_argument(
+        "--cache",
+        help="a folder that keeps the bundled rows' activations: written by the first teach, read by the next ones "
+        "with the same model and head (default: collected every time, kept nowhere)",
+    )
 
 
 def _confidence(value: str) -> float | str | None:

@@ -315,6 +315,8 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(f"argument --pools: {unknown} are not bundled pools ({sorted(POOL_CATEGORY)})")
         if args.head not in guard.heads:
             parser.error(f"argument --head: the guard has no supervised head {args.head!r}; it has {guard.head_names}")
+        if args.cache is not None and Path(args.cache).exists() and not Path(args.cache).is_dir():
+            parser.error(f"argument --cache: {args.cache!r} is a file, not a folder")
         try:
             _, prompts = cut_traffic(prompts, args.fit_fraction, args.seed)  # the thresholds' part
         except ValueError as err:

@@ -457,6 +457,7 @@ def run_teach(args: argparse.Namespace) -> None:
         target_fpr=args.target_fpr,
         confidence=args.confidence,
         rows=f"the user's own benign prompts, {Path(args.benign).name}",
+        cache_dir=args.cache,
         batch_size=args.batch_size,
         seed=args.seed,
     )

@@ -12,7 +12,7 @@ teach, screen, serve, push, pull.
     hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
     hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
     hf-lsad set-budget --guard default --benign my-traffic.txt --out my-guard
-    hf-lsad teach     --guard default --benign my-traffic.txt --out my-guard [--head harm] [--fit-fraction 0.6]
+    hf-lsad teach     --guard default --benign my-traffic.txt --out my-guard [--head harm] [--cache teach-cache]
     hf-lsad screen    prompts.jsonl --out verdicts.jsonl [--column prompt] [--id-column id]
     hf-lsad serve     --port 8000 [--api-key KEY]
     hf-lsad push      my-guard org/my-guard [--private] [--revision BRANCH]
@@ -122,8 +122,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "source beside the bundled pools' fit rows (the head keeps its reads and settings), the rest set every "
         "head's threshold as set-budget does (hf_lsad.guard.heads.training.teach_traffic). Costs less of the harm "
         "the guard catches than set-budget alone. Collecting the bundled rows is a forward pass over about 15,600 "
-        "prompts (--rows-per-pool draws fewer). Too few held-back prompts for the confidence are refused before the "
-        "model loads (59 at 5% and 0.95).",
+        "prompts (--rows-per-pool draws fewer; --cache keeps them for the next teach). Too few held-back prompts for "
+        "the confidence are refused before the model loads (59 at 5% and 0.95).",
     ),
     "screen": (
         "screen a table of prompts (JSONL, CSV, Parquet, a dataset) into a JSON-lines file of verdicts",

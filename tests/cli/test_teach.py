@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from tiny import fresh_guard, tiny_guard, two_headed_guard
 
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.main import entry
+from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.training import USER_SOURCE, cut_traffic, teach_traffic
 
@@ -95,6 +97,65 @@ def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():
     assert guard.heads["harm"] is head and guard.budget == budget
 
 
+def same_guard(a: SafetyGuard, b: SafetyGuard) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_teach_traffic_keeps_the_bundled_rows_in_a_cache(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    kwargs = dict(fit_fraction=0.5, rows_per_pool=ROWS_PER_POOL, progress=False)
+    cache = tmp_path / "cache"
+    plain, first, again, fewer, fewer_plain = (two_headed_guard(target_fpr=0.1) for _ in range(5))
+    teach_traffic(model, tokenizer, plain, SAMPLE, pools=POOLS, **kwargs)
+    teach_traffic(model, tokenizer, first, SAMPLE, pools=POOLS, cache_dir=cache, **kwargs)  # collects and writes
+    reads = sorted(first.heads["harm"].reads)
+    assert sorted(p.name for p in cache.iterdir()) == sorted(f"layer{layer}-{position}" for layer, position in reads)
+    assert len(load_activations(cache / f"layer{reads[0][0]}-{reads[0][1]}").records) == len(POOLS) * ROWS_PER_POOL
+    teach_traffic(model, tokenizer, again, SAMPLE, pools=POOLS, cache_dir=cache, **kwargs)  # reads
+    assert same_guard(first, plain) and same_guard(again, plain)  # the cache changes nothing in the fit
+    # a cache written for more pools serves a fit on fewer (its rows were batched with others: equal to round-off)
+    teach_traffic(model, tokenizer, fewer, SAMPLE, pools=POOLS[:2], cache_dir=cache, **kwargs)
+    teach_traffic(model, tokenizer, fewer_plain, SAMPLE, pools=POOLS[:2], **kwargs)
+    assert torch.allclose(harm_scores(fewer, HELD_OUT), harm_scores(fewer_plain, HELD_OUT), atol=1e-4)
+
+    # the fit reads the cache, not the model: activations changed in the cache change the head
+    folder = cache / f"layer{reads[0][0]}-{reads[0][1]}"
+    store = load_activations(folder)
+    save_activations(folder, store.activations + 1.0, store.records, store.hook, inputs=store.inputs)
+    changed = two_headed_guard(target_fpr=0.1)
+    teach_traffic(model, tokenizer, changed, SAMPLE, pools=POOLS, cache_dir=cache, **kwargs)
+    assert not torch.equal(
+        changed.heads["harm"].state_dict()["probe.mean"], plain.heads["harm"].state_dict()["probe.mean"]
+    )
+
+
+def test_teach_traffic_refuses_a_cache_it_cannot_trust(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    kwargs = dict(fit_fraction=0.5, rows_per_pool=ROWS_PER_POOL, progress=False)
+    cache = tmp_path / "cache"
+    teach_traffic(
+        model, tokenizer, two_headed_guard(target_fpr=0.1), SAMPLE, pools=POOLS[:2], cache_dir=cache, **kwargs
+    )
+    guard = two_headed_guard(target_fpr=0.1)
+    head, budget = guard.heads["harm"], copy.deepcopy(guard.budget)
+    with pytest.raises(ValueError, match="lacks 24 of the 48 bundled prompts"):
+        teach_traffic(model, tokenizer, guard, SAMPLE, pools=POOLS, cache_dir=cache, **kwargs)
+
+    layer, position = sorted(guard.heads["harm"].reads)[0]
+    folder = cache / f"layer{layer}-{position}"
+    store = load_activations(folder)
+    records = [{**store.records[0], "digest": "0" * 16}, *store.records[1:]]
+    save_activations(folder, store.activations, records, store.hook, inputs=store.inputs)
+    with pytest.raises(ValueError, match="the text of 1 bundled prompts was different"):
+        teach_traffic(model, tokenizer, guard, SAMPLE, pools=POOLS[:2], cache_dir=cache, **kwargs)
+
+    other = dataclasses.replace(store.hook, position="prompt_last" if position == "prompt_mean" else "prompt_mean")
+    save_activations(folder, store.activations, store.records, other, inputs=store.inputs)
+    with pytest.raises(ValueError, match=f"holds activations of layer {layer} {other.position}"):
+        teach_traffic(model, tokenizer, guard, SAMPLE, pools=POOLS[:2], cache_dir=cache, **kwargs)
+    assert guard.heads["harm"] is head and guard.budget == budget
+
+
 def test_cut_traffic_keeps_every_prompt_once():
     taught, held_back = cut_traffic(SAMPLE, 0.6, seed=3)
     assert len(taught) == 60 and len(held_back) == 40 and sorted(taught + held_back) == sorted(SAMPLE)
@@ -119,6 +180,7 @@ def test_cut_traffic_keeps_every_prompt_once():
         (SAMPLE, ["--pools", "nonesuch"], "argument --pools: ['nonesuch'] are not bundled pools"),
         (SAMPLE, ["--guard", "default"], "argument --out: needed"),
         (SAMPLE, ["--guard", "RESPONSE"], "reads the response"),
+        (SAMPLE, ["--cache", "BENIGN"], "argument --cache: "),
     ],
 )
 def test_teach_refuses_bad_input_before_loading_a_model(lines, flags, error, guard_dir, tmp_path, capsys):
@@ -127,6 +189,7 @@ def test_teach_refuses_bad_input_before_loading_a_model(lines, flags, error, gua
     if "RESPONSE" in flags:
         fresh_guard("response_last").save_pretrained(tmp_path / "response-guard")
     flags = [str(tmp_path / "response-guard") if f == "RESPONSE" else f for f in flags]
+    flags = [str(benign) if f == "BENIGN" else f for f in flags]
     with pytest.raises(SystemExit) as info:
         entry(["teach", "--guard", str(guard_dir), "--benign", str(benign), *flags])
     assert info.value.code == 2 and error in capsys.readouterr().err

@@ -18,7 +18,10 @@ moves its scores instead (measured: ``benchmarks/experiments/heads/own_traffic_f
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -26,8 +29,10 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...capture.collect import check_prompts, collect_prompt_features
+from ...core.hook_point import HookPoint
 from ...core.splits import split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, is_reserved, is_unsafe_pool, load_pool
+from ...data.store import INDEX, load_activations, save_activations
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
 from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
@@ -242,6 +247,7 @@ def teach_traffic(
     target_fpr: float | None = None,
     confidence: float | Literal["keep"] | None = "keep",
     rows: str = "the user's own benign prompts",
+    cache_dir: str | os.PathLike | None = None,
     batch_size: int = 16,
     seed: int = 0,
     progress: bool = True,
@@ -268,6 +274,9 @@ def teach_traffic(
         rows_per_pool: Fit rows drawn from each bundled pool (seeded; ``None``: all of them, as released).
         target_fpr, confidence: As :func:`fit_budget_on_prompts` (default: the guard's budget's).
         rows: What the prompts are, recorded in the budget and on the card.
+        cache_dir: A folder that keeps the bundled rows' activations (:func:`bundled_features`): read when it holds
+            them, so that teaching the same head again costs a forward pass over the user's prompts alone; written
+            after they are collected when it does not. ``None``: collected every time, kept nowhere.
         batch_size, seed, progress: Forward-pass batch size; the seed of the cut and of ``rows_per_pool``'s draw
             (the bundled rows' split is the release's whatever the seed); progress bars.
 
@@ -285,23 +294,28 @@ def teach_traffic(
     target, rule = budget_rule(guard, target_fpr, confidence)
     allowed_flags(len(held_back), target, rule)  # too few prompts for the confidence: refused before the forward pass
 
-    texts, groups, labels = [], [], []
+    bundled = []
     for pool in pools:
         # the release's split (seed 0): the bundled validation and test rows stay out of every fit
         pool_rows = [p for p in load_pool(pool) if split_of(p.id) == "fit" and not is_reserved(p.text)]
-        pool_rows = _sample(pool_rows, rows_per_pool, seed)
-        unsafe = is_unsafe_pool(pool)
-        texts += [p.text for p in pool_rows]
-        groups += [p.source for p in pool_rows]
-        labels += [int(unsafe)] * len(pool_rows)
-    texts += taught
-    groups += [USER_SOURCE] * len(taught)
-    labels += [0] * len(taught)
+        bundled += [(p, is_unsafe_pool(pool)) for p in _sample(pool_rows, rows_per_pool, seed)]
+    groups = [p.source for p, _ in bundled] + [USER_SOURCE] * len(taught)
+    labels = torch.tensor([int(unsafe) for _, unsafe in bundled] + [0] * len(taught))
     old_head, old_budget = guard.heads[head], guard.budget
-    fit_reads, _ = collect_prompt_features(
-        model, tokenizer, texts, old_head.reads, batch_size=batch_size, progress=progress
+    bundled_reads = bundled_features(
+        model,
+        tokenizer,
+        [p for p, _ in bundled],
+        old_head.reads,
+        cache_dir=cache_dir,
+        batch_size=batch_size,
+        progress=progress,
     )
-    new_head = fit_head(head, fit_reads, torch.tensor(labels), groups, old_head.config.probe)
+    taught_reads, _ = collect_prompt_features(
+        model, tokenizer, taught, old_head.reads, batch_size=batch_size, progress=progress
+    )
+    fit_reads = {read: torch.cat([bundled_reads[read], taught_reads[read]]) for read in old_head.reads}
+    new_head = fit_head(head, fit_reads, labels, groups, old_head.config.probe)
     guard.heads[head] = new_head.to(old_head.probe.mean.device)
     try:
         return fit_budget_on_prompts(
@@ -320,6 +334,77 @@ def teach_traffic(
         guard.heads[head] = old_head
         guard.budget = old_budget
         raise
+
+
+def bundled_features(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Any],
+    reads: Sequence[Read],
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> dict[Read, Tensor]:
+    """``[n_prompts, hidden]`` activations of bundled pool ``prompts`` (:class:`~hf_lsad.data.Prompt`) at each read,
+    kept in ``cache_dir`` when given.
+
+    The cache holds one activation store per read (``layer<L>-<position>/``, :mod:`hf_lsad.data.store`), its records
+    the prompts' ids and a digest of their text. A read whose store is there is read from it: any prompts it holds,
+    in any order, so a cache written for every bundled pool serves a fit on fewer. A read whose store is not there is
+    collected and written. A store of another model or read, one that lacks some of the prompts, or one written when
+    a prompt's text was different, is refused (``ValueError``) rather than collected again over it.
+    """
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise ValueError("the bundled prompts hold repeated ids")
+    digests = [_digest(p.text) for p in prompts]
+    folders = {read: None if cache_dir is None else Path(cache_dir) / f"layer{read[0]}-{read[1]}" for read in reads}
+    features = {
+        read: _cached_read(model, folder, read, ids, digests)
+        for read, folder in folders.items()
+        if folder is not None and (folder / INDEX).exists()
+    }
+    missing = [read for read in reads if read not in features]
+    if not missing:
+        return features
+    collected, inputs = collect_prompt_features(
+        model, tokenizer, [p.text for p in prompts], missing, batch_size=batch_size, progress=progress
+    )
+    records = [{"id": p.id, "digest": d, "source": p.source, "category": p.category} for p, d in zip(prompts, digests)]
+    for read in missing:
+        folder = folders[read]
+        if folder is not None:
+            save_activations(folder, collected[read], records, HookPoint.from_model(model, *read), inputs=inputs)
+        features[read] = collected[read]
+    return features
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _cached_read(model: PreTrainedModel, folder: Path, read: Read, ids: list[str], digests: list[str]) -> Tensor:
+    """The rows of ``ids`` from the cache store in ``folder``, checked to be ``model``'s activations at ``read`` of
+    prompts with these text ``digests``."""
+    store = load_activations(folder)
+    if (store.hook.layer, store.hook.position) != tuple(read):
+        raise ValueError(f"{folder} holds activations of layer {store.hook.layer} {store.hook.position}, not {read}")
+    store.hook.check_model(model)
+    row_of = {record["id"]: row for row, record in enumerate(store.records)}
+    absent = [i for i in ids if i not in row_of]
+    if absent:
+        raise ValueError(
+            f"{folder} lacks {len(absent)} of the {len(ids)} bundled prompts to fit on (e.g. {absent[0]!r}); "
+            "it was written for other pools or rows: pass another cache folder, or delete this one"
+        )
+    changed = [i for i, digest in zip(ids, digests) if store.records[row_of[i]].get("digest") != digest]
+    if changed:
+        raise ValueError(
+            f"{folder} was written when the text of {len(changed)} bundled prompts was different "
+            f"(e.g. {changed[0]!r}); pass another cache folder, or delete this one"
+        )
+    return store.activations[torch.tensor([row_of[i] for i in ids])]
 
 
 def cut_traffic(prompts: Sequence[str], fit_fraction: float, seed: int) -> tuple[list[str], list[str]]:
