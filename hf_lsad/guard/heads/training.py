@@ -30,7 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...capture.collect import check_prompts, collect_prompt_features
 from ...core.hook_point import HookPoint
-from ...core.splits import split_of
+from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, is_reserved, is_unsafe_pool, load_pool
 from ...data.store import INDEX, load_activations, save_activations
 from ..threshold import allowed_flags
@@ -411,10 +411,9 @@ def cut_traffic(prompts: Sequence[str], fit_fraction: float, seed: int) -> tuple
     """``(taught, held_back)``: :func:`teach_traffic`'s seeded cut of the user's prompts, each part in input order."""
     if not 0.0 < fit_fraction < 1.0:
         raise ValueError(f"fit_fraction must be in (0, 1), got {fit_fraction}")
-    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_taught = round(fit_fraction * len(prompts))
-    taught = [prompts[i] for i in sorted(order[:n_taught])]
-    held_back = [prompts[i] for i in sorted(order[n_taught:])]
+    taught_rows, held_back_rows = seeded_parts(len(prompts), [round(fit_fraction * len(prompts))], seed)
+    taught = [prompts[i] for i in taught_rows.tolist()]
+    held_back = [prompts[i] for i in held_back_rows.tolist()]
     if not taught or not held_back:
         raise ValueError(f"{len(prompts)} prompts cut at {fit_fraction} leave none to fit on or none to set thresholds")
     return taught, held_back
