@@ -76,6 +76,30 @@ def encode_prompts(
     )
 
 
+def length_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
+    """Indices of prompts of these ``lengths`` grouped into forward-pass batches, shortest first (ties in input order).
+
+    Each batch holds at most ``batch_size`` prompts and, when ``max_batch_tokens`` is given, at most that many padded
+    tokens (its prompts times its longest prompt, with ``lengths`` in tokens); a prompt longer than the budget is a
+    batch of its own. The budget keeps one long prompt from padding its batch-mates to its length: on a CPU a batch's
+    cost per token grows with its padded size.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+    if max_batch_tokens is not None and max_batch_tokens < 1:
+        raise ValueError(f"max_batch_tokens must be a positive integer or None, got {max_batch_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    if max_batch_tokens is None:
+        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    for i in order:  # ascending lengths: prompt i is the longest of any batch it joins
+        if batches and len(batches[-1]) < batch_size and (len(batches[-1]) + 1) * lengths[i] <= max_batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 class Collected(NamedTuple):
     """What :func:`collect_activations` read from the prompts, in their order."""
 
@@ -147,17 +171,27 @@ def collect_prompt_features(
     reads: Sequence[tuple[int, str]],
     *,
     batch_size: int = 16,
+    max_batch_tokens: int | None = None,
     chat_template: bool = True,
     progress: bool = True,
 ) -> tuple[dict[tuple[int, str], Tensor], InputProfile]:
     """``[n_prompts, hidden]`` float32 CPU activations of every ``(layer, position)`` read (prompt positions),
-    one forward pass per batch cut after the deepest layer; prompts batched by length, results in input order."""
+    one forward pass per batch cut after the deepest layer; results in input order.
+
+    Prompts are batched by :func:`length_batches`: ``batch_size`` at a time in order of their length in characters
+    (``max_batch_tokens=None``, how every bundled collection was made), or in order of their length in tokens with at
+    most ``max_batch_tokens`` padded tokens a batch. The batches change the activations by float round-off only.
+    """
     check_prompts(prompts)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    if max_batch_tokens is None:
+        lengths = [len(prompt) for prompt in prompts]
+    else:
+        texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)
+        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
+    batches = length_batches(lengths, batch_size, max_batch_tokens)
     out = {read: torch.empty(len(prompts), model.config.get_text_config().hidden_size) for read in reads}
     device, longest = model.device, 0
-    for start in tqdm(range(0, len(order), batch_size), desc=f"collect {len(reads)} reads", disable=not progress):
-        batch = order[start : start + batch_size]
+    for batch in tqdm(batches, desc=f"collect {len(reads)} reads", disable=not progress):
         inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
         longest = max(longest, int(inputs["attention_mask"].sum(1).max()))
         features = prompt_features(model, reads, inputs["input_ids"].to(device), inputs["attention_mask"].to(device))

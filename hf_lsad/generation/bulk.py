@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from tqdm.auto import tqdm
 
-from ..capture.collect import prompt_texts
+from ..capture.collect import length_batches, prompt_texts
 from ..capture.recorder import PROMPT_POSITIONS
 from ..data.tables import PromptRow
 from .model import GuardedModelForCausalLM
@@ -176,10 +176,10 @@ def plan_batches(
         for row, ids, ok in zip(readable, token_ids, fits)
         if not ok
     ]
-    order = sorted((i for i, ok in enumerate(fits) if ok), key=lambda i: (len(token_ids[i]), i))
+    fitting = [i for i, ok in enumerate(fits) if ok]
     batches = [
-        PromptBatch([readable[i].id for i in chunk], [token_ids[i] for i in chunk])
-        for chunk in (order[first : first + batch_size] for first in range(0, len(order), batch_size))
+        PromptBatch([readable[fitting[j]].id for j in chunk], [token_ids[fitting[j]] for j in chunk])
+        for chunk in length_batches([len(token_ids[i]) for i in fitting], batch_size)
     ]
     return batches, errors
 
