@@ -76,6 +76,22 @@ def encode_prompts(
     )
 
 
+BATCH_TOKENS = 4096
+"""The padded tokens a forward pass holds by default where a user waits on their own prompts: fitting heads and
+setting thresholds on them (``hf-lsad add-head``, ``set-budget``, ``teach``) and screening a file (``hf-lsad
+screen``). A long prompt then does not pad its batch-mates to its length (:func:`length_batches`; measured in
+``benchmarks/results/perf--collect_batching.json``). Collection and evaluation keep ``batch_size`` prompts a pass
+by default, as the bundled stores and the recorded studies were made."""
+
+
+def check_batching(batch_size: int, max_batch_tokens: int | None) -> None:
+    """Raise ``ValueError`` for a batch size or a token budget that is not a positive integer."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+    if max_batch_tokens is not None and max_batch_tokens < 1:
+        raise ValueError(f"max_batch_tokens must be a positive integer or None, got {max_batch_tokens}")
+
+
 def length_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
     """Indices of prompts of these ``lengths`` grouped into forward-pass batches, shortest first (ties in input order).
 
@@ -84,10 +100,7 @@ def length_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: in
     batch of its own. The budget keeps one long prompt from padding its batch-mates to its length: on a CPU a batch's
     cost per token grows with its padded size.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
-    if max_batch_tokens is not None and max_batch_tokens < 1:
-        raise ValueError(f"max_batch_tokens must be a positive integer or None, got {max_batch_tokens}")
+    check_batching(batch_size, max_batch_tokens)
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     if max_batch_tokens is None:
         return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
@@ -98,6 +111,24 @@ def length_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: in
         else:
             batches.append([i])
     return batches
+
+
+def prompt_batches(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    batch_size: int,
+    max_batch_tokens: int | None = None,
+    *,
+    chat_template: bool = True,
+) -> list[list[int]]:
+    """:func:`length_batches` of ``prompts``: ``batch_size`` at a time in order of their length in characters
+    (``max_batch_tokens=None``, how every bundled collection was made), or in order of their length in tokens, as the
+    model reads them, with at most ``max_batch_tokens`` padded tokens a batch."""
+    if max_batch_tokens is None:
+        return length_batches([len(prompt) for prompt in prompts], batch_size)
+    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
+    return length_batches(lengths, batch_size, max_batch_tokens)
 
 
 class Collected(NamedTuple):
@@ -120,32 +151,40 @@ def collect_activations(
     layer: int,
     position: str = "response_last",
     batch_size: int = 16,
+    max_batch_tokens: int | None = None,
     max_new_tokens: int = 64,
     chat_template: bool = True,
     progress: bool = True,
 ) -> Collected:
     """Activations of ``prompts`` at decoder block ``layer``: greedy generation, batched, left-padded.
 
-    Prompts are batched by length to waste little compute on padding; results
-    come back in the input order. ``prompt_last`` and ``prompt_mean`` generate nothing: their
-    forward pass stops after block ``layer`` (:func:`~hf_lsad.capture.recorder.prompt_features`).
+    Prompts are batched by length to waste little compute on padding (:func:`prompt_batches`, ``max_batch_tokens``
+    counting the prompts' padded tokens); results come back in the input order. ``prompt_last`` and ``prompt_mean``
+    generate nothing: they are :func:`collect_prompt_features` of the one read, a forward pass that stops after block
+    ``layer``.
     """
     check_prompts(prompts)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    if position in PROMPT_POSITIONS:
+        read = (layer, position)
+        features, profile = collect_prompt_features(
+            model,
+            tokenizer,
+            prompts,
+            [read],
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            chat_template=chat_template,
+            progress=progress,
+        )
+        return Collected(features[read], [""] * len(prompts), profile)
+    batches = prompt_batches(tokenizer, prompts, batch_size, max_batch_tokens, chat_template=chat_template)
     activations: list[Tensor] = [None] * len(prompts)  # type: ignore[list-item]
     responses = [""] * len(prompts)
     device = model.device
     longest = 0
-    for start in tqdm(range(0, len(order), batch_size), desc=f"collect layer {layer} {position}", disable=not progress):
-        batch = order[start : start + batch_size]
+    for batch in tqdm(batches, desc=f"collect layer {layer} {position}", disable=not progress):
         inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
         longest = max(longest, int(inputs["attention_mask"].sum(1).max()))
-        if position in PROMPT_POSITIONS:
-            ids, mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
-            acts = prompt_features(model, [(layer, position)], ids, mask)[layer, position]
-            for row, i in enumerate(batch):
-                activations[i] = acts[row].float().cpu()
-            continue
         output, acts = generate_with_activations(
             model,
             layer,
@@ -178,17 +217,11 @@ def collect_prompt_features(
     """``[n_prompts, hidden]`` float32 CPU activations of every ``(layer, position)`` read (prompt positions),
     one forward pass per batch cut after the deepest layer; results in input order.
 
-    Prompts are batched by :func:`length_batches`: ``batch_size`` at a time in order of their length in characters
-    (``max_batch_tokens=None``, how every bundled collection was made), or in order of their length in tokens with at
-    most ``max_batch_tokens`` padded tokens a batch. The batches change the activations by float round-off only.
+    Prompts are batched by :func:`prompt_batches`: ``batch_size`` at a time, or under a budget of
+    ``max_batch_tokens`` padded tokens. The batches change the activations by float round-off only.
     """
     check_prompts(prompts)
-    if max_batch_tokens is None:
-        lengths = [len(prompt) for prompt in prompts]
-    else:
-        texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)
-        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
-    batches = length_batches(lengths, batch_size, max_batch_tokens)
+    batches = prompt_batches(tokenizer, prompts, batch_size, max_batch_tokens, chat_template=chat_template)
     out = {read: torch.empty(len(prompts), model.config.get_text_config().hidden_size) for read in reads}
     device, longest = model.device, 0
     for batch in tqdm(batches, desc=f"collect {len(reads)} reads", disable=not progress):

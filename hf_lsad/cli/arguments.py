@@ -95,6 +95,13 @@ def collect_arguments(parser: argparse.ArgumentParser) -> None:
         help="token(s) whose activation is kept; several layers or positions need prompt positions only",
     )
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=_batch_tokens,
+        default=None,
+        help="padded prompt tokens a forward pass holds at most, prompts batched in order of their length in tokens "
+        "(default: none, --batch-size prompts in order of their length in characters, as the bundled stores were made)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length for response positions")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
     parser.add_argument("--out", required=True, help="activation store folder to write")
@@ -249,7 +256,7 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threshold-rows", type=int, default=1000, help="validation chat rows the thresholds are set on"
     )
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    _budget_batch_arguments(parser)
     _runtime_arguments(parser, ModelRuntime)
 
 
@@ -272,8 +279,23 @@ def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", help="where to write the guard (default: --guard itself, a local folder)")
     parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    _budget_batch_arguments(parser)
     _runtime_arguments(parser, ModelRuntime)
+
+
+def _budget_batch_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--batch-size`` and ``--max-batch-tokens`` of the commands that batch a user's own prompts (fit heads or set
+    thresholds on them, screen them): under a token budget by default."""
+    from ..capture.collect import BATCH_TOKENS
+
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass, at most")
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=_batch_tokens,
+        default=BATCH_TOKENS,
+        help=f"padded tokens a forward pass holds at most, or 'none' for --batch-size prompts whatever their length "
+        f"(default: {BATCH_TOKENS})",
+    )
 
 
 def teach_arguments(parser: argparse.ArgumentParser) -> None:
@@ -316,6 +338,16 @@ def _confidence(value: str) -> float | str | None:
     return confidence
 
 
+def _batch_tokens(value: str) -> int | None:
+    """``--max-batch-tokens``: a number of tokens, or ``none`` (no budget: ``--batch-size`` prompts a pass)."""
+    if value == "none":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens or 'none', got {value!r}") from None
+
+
 def push_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("guard_dir", help="the guard folder to upload ('default' or 'paper': a bundled guard)")
     parser.add_argument("repo_id", help="Hub repo, 'org/name' or 'name' (the token owner's namespace)")
@@ -348,7 +380,7 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--raw", action="store_true", help="read prompts as they are, not as chat-template user turns")
     parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
     _guard_arguments(parser)
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    _budget_batch_arguments(parser)
     _runtime_arguments(parser, ModelRuntime)
 
 

@@ -39,6 +39,7 @@ def _flag_rules() -> dict[str, tuple[type, str] | Range]:
         # options of a command, not of a saved config
         "limit": POSITIVE,
         "batch_size": POSITIVE,
+        "max_batch_tokens": POSITIVE,
         "max_new_tokens": POSITIVE,
         "top_k": POSITIVE,
         "examples": POSITIVE,

@@ -48,13 +48,20 @@ def run_collect(args: argparse.Namespace) -> None:
             layer=layer,
             position=position,
             batch_size=args.batch_size,
+            max_batch_tokens=args.max_batch_tokens,
             max_new_tokens=args.max_new_tokens,
             progress=progress,
         )
         features, inputs, responses = {reads[0]: collected.activations}, collected.inputs, collected.responses
     elif mine:  # several reads of the prompt: one forward pass per batch
         features, inputs = collect_prompt_features(
-            model, tokenizer, texts, reads, batch_size=args.batch_size, progress=state.is_local_main_process
+            model,
+            tokenizer,
+            texts,
+            reads,
+            batch_size=args.batch_size,
+            max_batch_tokens=args.max_batch_tokens,
+            progress=state.is_local_main_process,
         )
         responses = [""] * len(mine)
     for read in reads:
@@ -380,6 +387,7 @@ def run_add_head(args: argparse.Namespace) -> None:
         benign_per_pool=args.benign_per_pool,
         threshold_rows=args.threshold_rows,
         batch_size=args.batch_size,
+        max_batch_tokens=args.max_batch_tokens,
     )
     out = args.out or args.guard
     # a new card: the old card's figures described the guard without this head
@@ -418,6 +426,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
         confidence=args.confidence,
         rows=f"the user's own benign prompts, {Path(args.benign).name}",
         batch_size=args.batch_size,
+        max_batch_tokens=args.max_batch_tokens,
     )
     out = args.out or args.guard
     # a new card: the old card's figures were measured at the old thresholds
@@ -459,6 +468,7 @@ def run_teach(args: argparse.Namespace) -> None:
         rows=f"the user's own benign prompts, {Path(args.benign).name}",
         cache_dir=args.cache,
         batch_size=args.batch_size,
+        max_batch_tokens=args.max_batch_tokens,
         seed=args.seed,
     )
     out = args.out or args.guard
@@ -532,7 +542,13 @@ def run_screen(args: argparse.Namespace) -> None:
     guarded = _guarded_model(args)
     print(f"screening {len(rows)} rows of {args.input} into {args.out}", file=sys.stderr, flush=True)
     summary = screen_to_jsonl(
-        guarded, rows, args.out, batch_size=args.batch_size, chat_template=not args.raw, progress=True
+        guarded,
+        rows,
+        args.out,
+        batch_size=args.batch_size,
+        max_batch_tokens=args.max_batch_tokens,
+        chat_template=not args.raw,
+        progress=True,
     )
     print(summary.describe())
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from tqdm.auto import tqdm
 
-from ..capture.collect import length_batches, prompt_texts
+from ..capture.collect import BATCH_TOKENS, check_batching, length_batches, prompt_texts
 from ..capture.recorder import PROMPT_POSITIONS
 from ..data.tables import PromptRow
 from .model import GuardedModelForCausalLM
@@ -73,6 +73,7 @@ def screen_to_jsonl(
     out: str | os.PathLike,
     *,
     batch_size: int = 16,
+    max_batch_tokens: int | None = BATCH_TOKENS,
     chat_template: bool = True,
     progress: bool = True,
 ) -> ScreenSummary:
@@ -87,14 +88,15 @@ def screen_to_jsonl(
         guarded: A guarded model with its ``tokenizer``, whose guard reads the prompt.
         rows: The input rows (:func:`hf_lsad.data.tables.read_prompt_table`); ids must be unique.
         out: The JSON-lines file to append to (created if missing).
-        batch_size: Prompts per forward pass.
+        batch_size: Prompts per forward pass, at most.
+        max_batch_tokens: Padded tokens per forward pass, at most (``None``: ``batch_size`` prompts whatever their
+            length); rows are batched in order of their length in tokens either way.
         chat_template: Read each prompt as a user turn of the tokenizer's chat template (as ``screen`` does).
         progress: Show a progress bar with rows/s.
     """
     if guarded.tokenizer is None:
         raise ValueError("screening strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+    check_batching(batch_size, max_batch_tokens)
     position = guarded.guard.config.hook.position
     if position not in PROMPT_POSITIONS:
         raise ValueError(f"screening needs a guard that reads the prompt {PROMPT_POSITIONS}; this one reads {position}")
@@ -117,7 +119,9 @@ def screen_to_jsonl(
             handle.flush()  # a kill loses at most the batch in flight
             bar.update(len(records))
 
-        batches, errors = plan_batches(guarded, pending, batch_size=batch_size, chat_template=chat_template)
+        batches, errors = plan_batches(
+            guarded, pending, batch_size=batch_size, max_batch_tokens=max_batch_tokens, chat_template=chat_template
+        )
         write([_error_record(row_id, error) for row_id, error in errors])
         for batch in batches:
             write(_screen_batch(guarded, batch))
@@ -158,10 +162,16 @@ class PromptBatch(NamedTuple):
 
 
 def plan_batches(
-    guarded: GuardedModelForCausalLM, rows: Sequence[PromptRow], *, batch_size: int, chat_template: bool = True
+    guarded: GuardedModelForCausalLM,
+    rows: Sequence[PromptRow],
+    *,
+    batch_size: int,
+    max_batch_tokens: int | None = None,
+    chat_template: bool = True,
 ) -> tuple[list[PromptBatch], list[tuple[str, str]]]:
-    """The rows that can be screened, tokenised as ``screen`` reads them and batched in order of token length, and
-    ``(id, error)`` of the others: rows read without a prompt, then rows longer than the model's context."""
+    """The rows that can be screened, tokenised as ``screen`` reads them and batched in order of token length
+    (:func:`~hf_lsad.capture.collect.length_batches`), and ``(id, error)`` of the others: rows read without a prompt,
+    then rows longer than the model's context."""
     tokenizer = guarded.tokenizer
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
@@ -179,7 +189,7 @@ def plan_batches(
     fitting = [i for i, ok in enumerate(fits) if ok]
     batches = [
         PromptBatch([readable[fitting[j]].id for j in chunk], [token_ids[fitting[j]] for j in chunk])
-        for chunk in length_batches([len(token_ids[i]) for i in fitting], batch_size)
+        for chunk in length_batches([len(token_ids[i]) for i in fitting], batch_size, max_batch_tokens)
     ]
     return batches, errors
 

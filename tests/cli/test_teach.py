@@ -10,8 +10,8 @@ import pytest
 import torch
 from tiny import fresh_guard, tiny_guard, two_headed_guard
 
-from hf_lsad.capture.collect import collect_prompt_features
-from hf_lsad.cli.main import entry
+from hf_lsad.capture.collect import BATCH_TOKENS, collect_prompt_features
+from hf_lsad.cli.main import entry, parse
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.training import USER_SOURCE, cut_traffic, teach_traffic
@@ -181,6 +181,8 @@ def test_cut_traffic_keeps_every_prompt_once():
         (SAMPLE, ["--guard", "default"], "argument --out: needed"),
         (SAMPLE, ["--guard", "RESPONSE"], "reads the response"),
         (SAMPLE, ["--cache", "BENIGN"], "argument --cache: "),
+        (SAMPLE, ["--max-batch-tokens", "0"], "argument --max-batch-tokens: 0 is not"),
+        (SAMPLE, ["--max-batch-tokens", "lots"], "expected a number of tokens or 'none', got 'lots'"),
     ],
 )
 def test_teach_refuses_bad_input_before_loading_a_model(lines, flags, error, guard_dir, tmp_path, capsys):
@@ -193,3 +195,17 @@ def test_teach_refuses_bad_input_before_loading_a_model(lines, flags, error, gua
     with pytest.raises(SystemExit) as info:
         entry(["teach", "--guard", str(guard_dir), "--benign", str(benign), *flags])
     assert info.value.code == 2 and error in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["teach", "set-budget", "add-head", "collect"])
+def test_the_token_budget_of_a_forward_pass_is_a_flag(command):
+    required = {
+        "teach": ["--guard", "default", "--benign", "b.txt"],
+        "set-budget": ["--guard", "default", "--benign", "b.txt"],
+        "add-head": ["--guard", "default", "--name", "n", "--unsafe", "u.txt"],
+        "collect": ["--pool", "chat", "--out", "store"],
+    }[command]
+    default = None if command == "collect" else BATCH_TOKENS  # collect: batched as the bundled stores were made
+    assert parse([command, *required])[1].max_batch_tokens == default
+    assert parse([command, *required, "--max-batch-tokens", "none"])[1].max_batch_tokens is None
+    assert parse([command, *required, "--max-batch-tokens", "2048"])[1].max_batch_tokens == 2048

@@ -13,7 +13,7 @@ import pytest
 from tiny import PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
 
 from hf_lsad.data.tables import PromptRow, read_prompt_table
-from hf_lsad.generation.bulk import screen_to_jsonl
+from hf_lsad.generation.bulk import plan_batches, screen_to_jsonl
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 
@@ -66,6 +66,27 @@ def test_every_row_gets_the_verdict_it_gets_alone_and_bad_rows_their_error(tmp_p
         if any(head in r.get("decided_by", []) for r in got.values())
     }
     assert summary.flagged_by_head.get("harm", 0) >= 15  # the tiny head's kind of harm
+
+
+def test_a_token_budget_batches_rows_apart_for_the_same_verdicts(tmp_path):
+    model = guarded()
+    rows = [PromptRow(f"r{i}", text) for i, text in enumerate(TEXTS)] + [PromptRow("longer", "many words " * 60)]
+    budget = 60
+    planned, _ = plan_batches(model, rows, batch_size=8, max_batch_tokens=budget)
+    sizes = [(len(batch.ids), max(map(len, batch.token_ids))) for batch in planned]
+    assert all(n * longest <= budget or n == 1 for n, longest in sizes) and any(n < 8 for n, _ in sizes[:-1])
+    screen_to_jsonl(model, rows, tmp_path / "budget.jsonl", batch_size=8, max_batch_tokens=budget, progress=False)
+    screen_to_jsonl(model, rows, tmp_path / "fixed.jsonl", batch_size=8, max_batch_tokens=None, progress=False)
+    assert_same_verdicts(by_id(tmp_path / "budget.jsonl"), by_id(tmp_path / "fixed.jsonl"))
+
+
+@pytest.mark.parametrize(("size", "budget", "error"), [(0, None, "batch_size"), (4, 0, "max_batch_tokens")])
+def test_bad_batching_is_refused_before_the_file_is_touched(tmp_path, size, budget, error):
+    with pytest.raises(ValueError, match=error):
+        screen_to_jsonl(
+            guarded(), [PromptRow("a", "hi")], tmp_path / "out.jsonl", batch_size=size, max_batch_tokens=budget
+        )
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_a_resumed_run_finishes_what_an_interrupted_one_left(tmp_path):

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ...capture.collect import check_prompts, collect_prompt_features
+from ...capture.collect import BATCH_TOKENS, check_prompts, collect_prompt_features
 from ...core.hook_point import HookPoint
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, is_reserved, is_unsafe_pool, load_pool
@@ -100,6 +100,7 @@ def add_head(
     threshold_rows: int | None = 1000,
     inverse_regularisation: float = 0.01,
     batch_size: int = 16,
+    max_batch_tokens: int | None = BATCH_TOKENS,
     seed: int = 0,
     progress: bool = True,
 ) -> BudgetConfig:
@@ -122,6 +123,8 @@ def add_head(
         threshold_rows: Validation chat rows the thresholds are set on (seeded; ``None``: all).
         inverse_regularisation: The logistic regression's ``C``.
         batch_size, seed, progress: Forward-pass batch size, sampling seed, progress bars.
+        max_batch_tokens: Padded tokens a forward pass holds at most (``None``: ``batch_size`` prompts whatever
+            their length, as the bundled collections were made).
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
@@ -155,7 +158,13 @@ def add_head(
         groups += [pool] * len(rows)
     labels = torch.tensor([1] * len(unsafe) + [0] * (len(texts) - len(unsafe)))
     fit_reads, _ = collect_prompt_features(
-        model, tokenizer, texts, config.reads, batch_size=batch_size, progress=progress
+        model,
+        tokenizer,
+        texts,
+        config.reads,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
     )
     head = fit_head(name, fit_reads, labels, groups, config)
 
@@ -176,6 +185,7 @@ def add_head(
             confidence=old.confidence if old is not None else None,
             rows=f"validation {THRESHOLD_POOL}",
             batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
             progress=progress,
         )
     except BaseException:  # leave the guard as it was
@@ -195,6 +205,7 @@ def fit_budget_on_prompts(
     confidence: float | Literal["keep"] | None = "keep",
     rows: str = "the user's own benign prompts",
     batch_size: int = 16,
+    max_batch_tokens: int | None = BATCH_TOKENS,
     progress: bool = True,
 ) -> BudgetConfig:
     """Set every head's threshold on benign ``prompts`` (a sample of the traffic the guard will see, fitted on by no
@@ -213,6 +224,8 @@ def fit_budget_on_prompts(
             kind with that probability; ``None``: the plain quantile.
         rows: What the prompts are, recorded in the budget and on the card.
         batch_size, progress: Forward-pass batch size and progress bar.
+        max_batch_tokens: Padded tokens a forward pass holds at most (``None``: ``batch_size`` prompts whatever
+            their length).
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
@@ -225,7 +238,13 @@ def fit_budget_on_prompts(
         shares = budget.shares if budget is not None and budget.heads == guard.head_names else None
     allowed_flags(len(prompts), target_fpr, confidence)  # too few prompts for the confidence: refused here
     benign, _ = collect_prompt_features(
-        model, tokenizer, list(prompts), guard.reads, batch_size=batch_size, progress=progress
+        model,
+        tokenizer,
+        list(prompts),
+        guard.reads,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
     )
     return guard.fit_budget(benign, target_fpr=target_fpr, shares=shares, rows=rows, confidence=confidence)
 
@@ -249,6 +268,7 @@ def teach_traffic(
     rows: str = "the user's own benign prompts",
     cache_dir: str | os.PathLike | None = None,
     batch_size: int = 16,
+    max_batch_tokens: int | None = BATCH_TOKENS,
     seed: int = 0,
     progress: bool = True,
 ) -> BudgetConfig:
@@ -279,6 +299,9 @@ def teach_traffic(
             after they are collected when it does not. ``None``: collected every time, kept nowhere.
         batch_size, seed, progress: Forward-pass batch size; the seed of the cut and of ``rows_per_pool``'s draw
             (the bundled rows' split is the release's whatever the seed); progress bars.
+        max_batch_tokens: Padded tokens a forward pass holds at most (``None``: ``batch_size`` prompts whatever
+            their length). The bundled pools hold prompts of up to 8,000 tokens; padding their batch-mates to that
+            length is most of the cost of a teach without it.
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
@@ -309,10 +332,17 @@ def teach_traffic(
         old_head.reads,
         cache_dir=cache_dir,
         batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
         progress=progress,
     )
     taught_reads, _ = collect_prompt_features(
-        model, tokenizer, taught, old_head.reads, batch_size=batch_size, progress=progress
+        model,
+        tokenizer,
+        taught,
+        old_head.reads,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
     )
     fit_reads = {read: torch.cat([bundled_reads[read], taught_reads[read]]) for read in old_head.reads}
     new_head = fit_head(head, fit_reads, labels, groups, old_head.config.probe)
@@ -328,6 +358,7 @@ def teach_traffic(
             confidence=rule,
             rows=f"{rows} ({len(held_back)} held back; {len(taught)} more taught to head {head!r})",
             batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
             progress=progress,
         )
     except BaseException:  # leave the guard as it was
@@ -344,6 +375,7 @@ def bundled_features(
     *,
     cache_dir: str | os.PathLike | None = None,
     batch_size: int = 16,
+    max_batch_tokens: int | None = BATCH_TOKENS,
     progress: bool = True,
 ) -> dict[Read, Tensor]:
     """``[n_prompts, hidden]`` activations of bundled pool ``prompts`` (:class:`~hf_lsad.data.Prompt`) at each read,
@@ -369,7 +401,13 @@ def bundled_features(
     if not missing:
         return features
     collected, inputs = collect_prompt_features(
-        model, tokenizer, [p.text for p in prompts], missing, batch_size=batch_size, progress=progress
+        model,
+        tokenizer,
+        [p.text for p in prompts],
+        missing,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
     )
     records = [{"id": p.id, "digest": d, "source": p.source, "category": p.category} for p, d in zip(prompts, digests)]
     for read in missing:
