@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from hf_lsad.capture.collect import collect_prompt_features, length_batches, prompt_texts
+from hf_lsad.capture.collect import collect_prompt_features, prompt_texts
 from hf_lsad.capture.pretrained import load_model
+from hf_lsad.core.batching import length_batches
 from hf_lsad.core.splits import split_of
 from hf_lsad.data import GUARD_POOLS, load_pool
 from hf_lsad.guard import SafetyGuard

@@ -47,7 +47,9 @@ class Settings:
     """Unsafe rows: half harmful, 30% toxic, 20% vauban harmful (seeded subsets; the jailbreak pool's prompts, up to
     6,000 tokens, would make the run an hour long on 2 cores)."""
     batch_size: int = 16
-    """Prompts per forward pass, for both variants."""
+    """Prompts per forward pass at most, for both variants."""
+    max_batch_tokens: int | None = 4096
+    """Padded tokens per forward pass at most, for both variants (``None``: ``batch_size`` prompts a pass)."""
     kill_at: float = 0.5
     """Share of the rows written when the screening subprocess is killed."""
     seed: int = 0
@@ -76,7 +78,7 @@ def run(settings: Settings) -> dict[str, Any]:
     rows = read_prompt_table(table, id_column="id")
 
     # the forward cut, on the same length-sorted batches screen_to_jsonl makes
-    planned, _ = plan_batches(guarded, rows, batch_size=settings.batch_size)
+    planned, _ = plan_batches(guarded, rows, batch_size=settings.batch_size, max_batch_tokens=settings.max_batch_tokens)
     batches = [batch.tensors(tokenizer) for batch in planned]
     start = time.perf_counter()
     for input_ids, attention_mask in batches:
@@ -85,7 +87,14 @@ def run(settings: Settings) -> dict[str, Any]:
 
     whole = work / "whole.jsonl"
     start = time.perf_counter()
-    summary = screen_to_jsonl(guarded, rows, whole, batch_size=settings.batch_size, progress=False)
+    summary = screen_to_jsonl(
+        guarded,
+        rows,
+        whole,
+        batch_size=settings.batch_size,
+        max_batch_tokens=settings.max_batch_tokens,
+        progress=False,
+    )
     screen_seconds = time.perf_counter() - start
     print(summary.describe())
     print(f"screen {len(rows) / screen_seconds:.1f} rows/s, cut at layer {deepest} {len(rows) / cut_seconds:.1f}")
@@ -93,6 +102,8 @@ def run(settings: Settings) -> dict[str, Any]:
     resumed = work / "resumed.jsonl"
     argv = [sys.executable, "-m", "hf_lsad.cli", "screen", str(table), "--out", str(resumed)]
     argv += ["--id-column", "id", "--batch-size", str(settings.batch_size)]
+    argv += ["--max-batch-tokens", str(settings.max_batch_tokens).lower()]  # None: 'none'
+
     env = dict(os.environ, TQDM_DISABLE="1")
     with (work / "log").open("w") as log:
         process = subprocess.Popen(argv, env=env, stdout=log, stderr=log, cwd=REPO)

@@ -4,7 +4,8 @@
 template, padded on the left by default), shared by collection, screening and the CLI, so a
 guard scores the token it was fitted on. :func:`collect_activations` runs the recorder of
 :mod:`hf_lsad.capture.recorder` over a prompt list: a forward pass cut after the hooked block
-for ``prompt_last``, greedy generation for the response positions.
+for ``prompt_last``, greedy generation for the response positions, in batches of
+:func:`~hf_lsad.core.batching.length_batches`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..core.batching import length_batches
 from ..core.prompt_inputs import InputProfile
 from .recorder import PROMPT_POSITIONS, generate_with_activations, prompt_features
 
@@ -76,43 +78,6 @@ def encode_prompts(
     )
 
 
-BATCH_TOKENS = 4096
-"""The padded tokens a forward pass holds by default where a user waits on their own prompts: fitting heads and
-setting thresholds on them (``hf-lsad add-head``, ``set-budget``, ``teach``) and screening a file (``hf-lsad
-screen``). A long prompt then does not pad its batch-mates to its length (:func:`length_batches`; measured in
-``benchmarks/results/perf--collect_batching.json``). Collection and evaluation keep ``batch_size`` prompts a pass
-by default, as the bundled stores and the recorded studies were made."""
-
-
-def check_batching(batch_size: int, max_batch_tokens: int | None) -> None:
-    """Raise ``ValueError`` for a batch size or a token budget that is not a positive integer."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
-    if max_batch_tokens is not None and max_batch_tokens < 1:
-        raise ValueError(f"max_batch_tokens must be a positive integer or None, got {max_batch_tokens}")
-
-
-def length_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
-    """Indices of prompts of these ``lengths`` grouped into forward-pass batches, shortest first (ties in input order).
-
-    Each batch holds at most ``batch_size`` prompts and, when ``max_batch_tokens`` is given, at most that many padded
-    tokens (its prompts times its longest prompt, with ``lengths`` in tokens); a prompt longer than the budget is a
-    batch of its own. The budget keeps one long prompt from padding its batch-mates to its length: on a CPU a batch's
-    cost per token grows with its padded size.
-    """
-    check_batching(batch_size, max_batch_tokens)
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    if max_batch_tokens is None:
-        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    batches: list[list[int]] = []
-    for i in order:  # ascending lengths: prompt i is the longest of any batch it joins
-        if batches and len(batches[-1]) < batch_size and (len(batches[-1]) + 1) * lengths[i] <= max_batch_tokens:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
 def prompt_batches(
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
@@ -121,9 +86,9 @@ def prompt_batches(
     *,
     chat_template: bool = True,
 ) -> list[list[int]]:
-    """:func:`length_batches` of ``prompts``: ``batch_size`` at a time in order of their length in characters
-    (``max_batch_tokens=None``, how every bundled collection was made), or in order of their length in tokens, as the
-    model reads them, with at most ``max_batch_tokens`` padded tokens a batch."""
+    """:func:`~hf_lsad.core.batching.length_batches` of ``prompts``: ``batch_size`` at a time in order of their
+    length in characters (``max_batch_tokens=None``, how every bundled collection was made), or in order of their
+    length in tokens, as the model reads them, with at most ``max_batch_tokens`` padded tokens a batch."""
     if max_batch_tokens is None:
         return length_batches([len(prompt) for prompt in prompts], batch_size)
     texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)

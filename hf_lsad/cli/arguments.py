@@ -286,7 +286,7 @@ def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
 def _budget_batch_arguments(parser: argparse.ArgumentParser) -> None:
     """``--batch-size`` and ``--max-batch-tokens`` of the commands that batch a user's own prompts (fit heads or set
     thresholds on them, screen them): under a token budget by default."""
-    from ..capture.collect import BATCH_TOKENS
+    from ..core.batching import BATCH_TOKENS
 
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass, at most")
     parser.add_argument(

@@ -23,8 +23,9 @@ from typing import Any, NamedTuple
 import torch
 from tqdm.auto import tqdm
 
-from ..capture.collect import BATCH_TOKENS, check_batching, length_batches, prompt_texts
+from ..capture.collect import prompt_texts
 from ..capture.recorder import PROMPT_POSITIONS
+from ..core.batching import BATCH_TOKENS, check_batching, length_batches
 from ..data.tables import PromptRow
 from .model import GuardedModelForCausalLM
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 from tiny import fresh_guard, tiny_guard, two_headed_guard
 
-from hf_lsad.capture.collect import BATCH_TOKENS, collect_prompt_features
+from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.main import entry, parse
+from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.training import USER_SOURCE, cut_traffic, teach_traffic

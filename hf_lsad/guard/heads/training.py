@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ...capture.collect import BATCH_TOKENS, check_prompts, collect_prompt_features
+from ...capture.collect import check_prompts, collect_prompt_features
+from ...core.batching import BATCH_TOKENS
 from ...core.hook_point import HookPoint
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, is_reserved, is_unsafe_pool, load_pool
@@ -385,7 +386,9 @@ def bundled_features(
     the prompts' ids and a digest of their text. A read whose store is there is read from it: any prompts it holds,
     in any order, so a cache written for every bundled pool serves a fit on fewer. A read whose store is not there is
     collected and written. A store of another model or read, one that lacks some of the prompts, or one written when
-    a prompt's text was different, is refused (``ValueError``) rather than collected again over it.
+    a prompt's text was different, is refused (``ValueError``) rather than collected again over it. ``batch_size``
+    and ``max_batch_tokens`` batch the forward pass as :func:`~hf_lsad.capture.collect.collect_prompt_features` does
+    (another batching than the cache's moves the features by float round-off alone).
     """
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
