@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tiny import MIXED_BATCH, PROMPTS
 
@@ -34,3 +35,23 @@ def test_collection_under_a_budget_reads_the_same_features_in_input_order_and_ke
     single, _ = collect_prompt_features(model, tokenizer, [prompts[4]], READS, max_batch_tokens=budget, progress=False)
     for read in READS:
         torch.testing.assert_close(budgeted[read][4], single[read][0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["prompt_last", "response_last"])
+def test_one_read_under_a_budget_matches_fixed_batches(position, monkeypatch):
+    from hf_lsad.capture import collect
+
+    model, tokenizer = tiny_model("llama")
+    prompts = [*MIXED_BATCH, *PROMPTS[:10], "a long prompt " * 40]
+    kwargs = dict(layer=2, position=position, batch_size=4, max_new_tokens=4, progress=False)
+    batches = []
+    encode = collect.encode_prompts
+    monkeypatch.setattr(
+        collect, "encode_prompts", lambda tok, texts, **kw: batches.append(list(texts)) or encode(tok, texts, **kw)
+    )
+    budgeted = collect.collect_activations(model, tokenizer, prompts, max_batch_tokens=64, **kwargs)
+    assert [prompts[-1]] in batches  # the long prompt went alone
+    assert len(batches) > -(-len(prompts) // 4)  # the budget, not the size, closed batches
+    fixed = collect.collect_activations(model, tokenizer, prompts, **kwargs)
+    torch.testing.assert_close(budgeted.activations, fixed.activations, atol=1e-5, rtol=1e-5)
+    assert budgeted.responses == fixed.responses and budgeted.inputs == fixed.inputs
