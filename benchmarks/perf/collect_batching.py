@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hf_lsad.capture.collect import collect_prompt_features, prompt_texts
+from hf_lsad.capture.collect import collect_prompt_features, prompt_token_lengths
 from hf_lsad.capture.pretrained import load_model
 from hf_lsad.core.batching import length_batches
 from hf_lsad.core.splits import split_of
@@ -49,8 +49,7 @@ def run(settings: Settings) -> dict[str, Any]:
     prompts = [
         p.text for pool in GUARD_POOLS for p in load_pool(pool) if split_of(p.id) == "fit" and not is_reserved(p.text)
     ]
-    texts, add_special_tokens = prompt_texts(tokenizer, prompts)
-    tokens = [len(ids) for ids in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
+    tokens = prompt_token_lengths(tokenizer, prompts)
     release = length_batches([len(p) for p in prompts], settings.batch_size)
     budget = length_batches(tokens, settings.batch_size, settings.max_batch_tokens)
     counted = {

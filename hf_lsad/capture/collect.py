@@ -78,6 +78,14 @@ def encode_prompts(
     )
 
 
+def prompt_token_lengths(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, chat_template: bool = True
+) -> list[int]:
+    """Each prompt's length in tokens as the model reads it (:func:`prompt_texts`), unpadded."""
+    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
+
+
 def prompt_batches(
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
@@ -91,8 +99,7 @@ def prompt_batches(
     length in tokens, as the model reads them, with at most ``max_batch_tokens`` padded tokens a batch."""
     if max_batch_tokens is None:
         return length_batches([len(prompt) for prompt in prompts], batch_size)
-    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
+    lengths = prompt_token_lengths(tokenizer, prompts, chat_template=chat_template)
     return length_batches(lengths, batch_size, max_batch_tokens)
 
 

@@ -171,7 +171,7 @@ def plan_batches(
     chat_template: bool = True,
 ) -> tuple[list[PromptBatch], list[tuple[str, str]]]:
     """The rows that can be screened, tokenised as ``screen`` reads them and batched in order of token length
-    (:func:`~hf_lsad.capture.collect.length_batches`), and ``(id, error)`` of the others: rows read without a prompt,
+    (:func:`~hf_lsad.core.batching.length_batches`), and ``(id, error)`` of the others: rows read without a prompt,
     then rows longer than the model's context."""
     tokenizer = guarded.tokenizer
     if tokenizer.pad_token_id is None:
