@@ -25,8 +25,11 @@ study measures what that gives and what it costs. For each benign domain ``D`` h
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from torch import Tensor
 
 from hf_lsad.core.splits import split_of
 from hf_lsad.data import GUARD_POOLS
@@ -34,6 +37,7 @@ from hf_lsad.evaluation.sources import (
     EVAL_DOMAINS,
     EVAL_SOURCES,
     THRESHOLD_DOMAIN,
+    SourceRows,
     load_source_rows,
     threshold_at,
     threshold_reference,
@@ -136,30 +140,49 @@ def run(settings: Settings) -> dict[str, Any]:
         source_test = {source: rows.select(rows.where(split="test", source=source)) for source in settings.sources}
         entry: dict[str, Any] = {"validation_rows": len(own), "test_rows": len(domain_test)}
         for rule, fitted, reference, confidence in rules:
-            scores = scorers[fitted]
-            held_out, chat = scores(domain_test), scores(test_chat)
-            unsafe = {source: scores(values) for source, values in source_test.items()}
-            try:
-                thresholds = threshold_at(scores(reference), settings.target_fpr, shares, confidence)
-            except ValueError as error:  # too few rows of the domain for the confidence: said, not worked around
-                entry[rule] = {"threshold_rows": len(reference), "error": str(error)}
-                print(f"  {rule}: {error}", flush=True)
-                continue
-            tprs = {source: union_flag_rate(values, thresholds) for source, values in unsafe.items()}
-            entry[rule] = {
-                "thresholds": thresholds,
-                "threshold_rows": len(reference),
-                "confidence": confidence,
-                "domain_fpr": union_flag_rate(held_out, thresholds),
-                "chat_fpr": union_flag_rate(chat, thresholds),
-                "sources": tprs,
-                "median_tpr": statistics.median(tprs.values()),
-                "worst_tpr": min(tprs.values()),
-            }
-            print(
-                f"  {rule}: {domain} flagged {entry[rule]['domain_fpr']:.3f}, test chat {entry[rule]['chat_fpr']:.3f}, "
-                f"TPR median {entry[rule]['median_tpr']:.2f} / worst {entry[rule]['worst_tpr']:.2f}",
-                flush=True,
+            entry[rule] = measure_rule(
+                scorers[fitted], reference, settings.target_fpr, shares, confidence, domain_test, test_chat, source_test
             )
+            print(f"  {rule}: {describe_rule(entry[rule], domain)}", flush=True)
         results["domains"][domain] = entry
     return results
+
+
+def measure_rule(
+    scores: Callable[[SourceRows], Tensor],
+    reference: SourceRows,
+    target_fpr: float,
+    shares: list[float],
+    confidence: float | None,
+    domain_test: SourceRows,
+    test_chat: SourceRows,
+    source_test: dict[str, SourceRows],
+) -> dict[str, Any]:
+    """Thresholds set on ``reference`` rows by the budget (``target_fpr`` split by ``shares``, with ``confidence``),
+    and at them: the held-out domain's test rows flagged, the test chat flagged and each unsafe source's TPR. A
+    reference with too few rows for the confidence gives the budget's refusal instead: said, not worked around."""
+    try:
+        thresholds = threshold_at(scores(reference), target_fpr, shares, confidence)
+    except ValueError as error:
+        return {"threshold_rows": len(reference), "error": str(error)}
+    tprs = {source: union_flag_rate(scores(values), thresholds) for source, values in source_test.items()}
+    return {
+        "thresholds": thresholds,
+        "threshold_rows": len(reference),
+        "confidence": confidence,
+        "domain_fpr": union_flag_rate(scores(domain_test), thresholds),
+        "chat_fpr": union_flag_rate(scores(test_chat), thresholds),
+        "sources": tprs,
+        "median_tpr": statistics.median(tprs.values()),
+        "worst_tpr": min(tprs.values()),
+    }
+
+
+def describe_rule(entry: dict[str, Any], domain: str) -> str:
+    """One line of progress for a :func:`measure_rule` entry."""
+    if "error" in entry:
+        return entry["error"]
+    return (
+        f"{domain} flagged {entry['domain_fpr']:.3f}, test chat {entry['chat_fpr']:.3f}, "
+        f"TPR median {entry['median_tpr']:.2f} / worst {entry['worst_tpr']:.2f}"
+    )
