@@ -9,7 +9,7 @@ each benign domain ``D`` held out and each sample size ``n``:
 
 - ``draws`` samples of ``n`` rows of ``D``'s validation split, each drawn by a seeded permutation (seed ``draw``),
   playing the prompts a user brings;
-- each sample cut as ``teach_traffic`` cuts it (:func:`hf_lsad.core.splits.seeded_parts`, the first
+- each sample cut by ``teach_traffic``'s own cut (:func:`hf_lsad.guard.heads.training.cut_traffic`, the first
   ``round(fit_fraction * n)`` rows of a seeded permutation taught, seed ``draw``);
 - the supervised head fitted on the fit rows of every pool but ``D`` and the taught rows (``D``'s sources weighed
   as every source is), the anomaly head the paper guard as shipped, the thresholds on the rows held back with the
@@ -32,6 +32,7 @@ from hf_lsad.core.splits import seeded_parts
 from hf_lsad.data import GUARD_POOLS
 from hf_lsad.evaluation.sources import EVAL_SOURCES, THRESHOLD_DOMAIN, load_source_rows
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.heads.training import cut_traffic
 
 from .own_traffic import describe_rule, measure_rule
 from .two_heads import anomaly_lookup, anomaly_scores, fit_supervised, probe_config, two_headed
@@ -105,9 +106,7 @@ def run(settings: Settings) -> dict[str, Any]:
             for draw in range(settings.draws):
                 print(f"hold out {domain}: {size} prompts, draw {draw}", flush=True)
                 sample = [own[i] for i in seeded_parts(len(own), [size], draw)[0].tolist()]
-                taught_rows, held_back_rows = seeded_parts(size, [round(settings.fit_fraction * size)], draw)
-                taught = {sample[i] for i in taught_rows.tolist()}
-                held_back = {sample[i] for i in held_back_rows.tolist()}
+                taught, held_back = map(set, cut_traffic(sample, settings.fit_fraction, draw))
                 in_fit = [
                     (s == "fit" and d != domain) or i in taught
                     for i, (s, d) in enumerate(zip(rows.splits, rows.domains))

@@ -22,7 +22,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -40,6 +40,10 @@ from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, bala
 
 BENIGN_POOLS: tuple[str, ...] = ("chat", "safe", "benign_ood", "lookalike")
 """The bundled benign pools a head added from a few examples learns against (their fit rows)."""
+
+T = TypeVar("T")
+"""Any row :func:`cut_traffic` cuts."""
+
 
 THRESHOLD_POOL = "chat"
 """The pool whose validation rows set every head's threshold again: the traffic a deployed guard mostly sees."""
@@ -448,8 +452,9 @@ def _cached_read(model: PreTrainedModel, folder: Path, read: Read, ids: list[str
     return store.activations[torch.tensor([row_of[i] for i in ids])]
 
 
-def cut_traffic(prompts: Sequence[str], fit_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """``(taught, held_back)``: :func:`teach_traffic`'s seeded cut of the user's prompts, each part in input order."""
+def cut_traffic(prompts: Sequence[T], fit_fraction: float, seed: int) -> tuple[list[T], list[T]]:
+    """``(taught, held_back)``: :func:`teach_traffic`'s seeded cut of the user's prompts (or of any rows: the
+    benchmarks cut row indices by it), each part in input order."""
     if not 0.0 < fit_fraction < 1.0:
         raise ValueError(f"fit_fraction must be in (0, 1), got {fit_fraction}")
     taught_rows, held_back_rows = seeded_parts(len(prompts), [round(fit_fraction * len(prompts))], seed)
