@@ -31,6 +31,7 @@ _EXPORTS = {
     "SAETrainConfig": "sae",
     "SafetyGuard": "guard",
     "SafetyReport": "guard",
+    "SmallSampleWarning": "errors",
     "SparseAutoencoder": "sae",
     "SupervisedHead": "guard.heads",
     "add_head": "guard.heads.training",
@@ -65,6 +66,7 @@ __all__ = [
     "SAETrainConfig",
     "SafetyGuard",
     "SafetyReport",
+    "SmallSampleWarning",
     "SparseAutoencoder",
     "SupervisedHead",
     "UnsafeGuardFileError",
@@ -103,6 +105,7 @@ if TYPE_CHECKING:
         GuardMismatchError,
         InputError,
         ModelMismatchError,
+        SmallSampleWarning,
         UnsafeGuardFileError,
     )
     from .generation import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM

@@ -16,9 +16,11 @@ All are ``ValueError`` subclasses, so code that caught ``ValueError`` before kee
 - :class:`InputError`: inputs to guarded ``generate`` the guard cannot score meaningfully
   (e.g. a prompt longer than the model's context).
 
-And one warning category, :class:`DegenerateFitWarning`, for fits that finish but should
+And two warning categories: :class:`DegenerateFitWarning`, for fits that finish but should
 not be trusted (an SAE that explains little variance, clusters too small for their masks
 or covariances); filter it to an error with ``warnings.simplefilter("error", DegenerateFitWarning)``.
+:class:`SmallSampleWarning`, for a guard taught a sample of the user's traffic too small for
+the guard to be steady (``teach``: fewer than a thousand prompts).
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ class InputError(ValueError):
 
 class DegenerateFitWarning(UserWarning):
     """A fit finished, but its result is degenerate (the message gives the number and the floor)."""
+
+
+class SmallSampleWarning(UserWarning):
+    """A guard was taught a sample of the user's traffic so small that another sample of the same traffic would
+    give another guard (the message gives the count and what to bring)."""
 
 
 __all__ = [

@@ -286,7 +286,7 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
     """The prompt file (readable, not empty, enough rows for the confidence: for ``teach``, in the part held back for
     the thresholds), the head ``teach`` fits again, and where the guard goes."""
     from ..guard.guard import SafetyGuard
-    from ..guard.heads.training import budget_rule, check_reads_prompt, cut_traffic
+    from ..guard.heads.training import budget_rule, check_reads_prompt, cut_traffic, small_sample_warning
     from ..guard.threshold import allowed_flags
     from .arguments import guard_location
     from .commands import read_prompt_file
@@ -299,6 +299,7 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(f"argument --benign: {_one_line(err)}")
     if not prompts:
         parser.error(f"argument --benign: {args.benign!r} holds no prompts")
+    brought = len(prompts)
     if args.out is None and (args.guard in ("default", "paper") or not Path(args.guard).is_dir()):
         parser.error(
             "argument --out: needed unless --guard is a local guard folder (the bundled guards stay as shipped)"
@@ -324,10 +325,13 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(f"argument --fit-fraction: {_one_line(err)}")
     target_fpr, confidence = budget_rule(guard, args.target_fpr, args.confidence)
     try:
-        allowed_flags(len(prompts), target_fpr, confidence)
+        allowed = allowed_flags(len(prompts), target_fpr, confidence)
     except ValueError as err:
         held_back = " held back for the thresholds" if args.command == "teach" else ""
         parser.error(f"argument --benign: {len(prompts)} prompts{held_back}: {_one_line(err)}")
+    warning = small_sample_warning(brought, len(prompts), allowed) if args.command == "teach" else ""
+    if warning:  # said before the model loads, not after an hour's forward pass
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _check_evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

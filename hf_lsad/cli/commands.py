@@ -10,6 +10,7 @@ import argparse
 import json
 import shlex
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -447,6 +448,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
 def run_teach(args: argparse.Namespace) -> None:
     from ..capture.pretrained import load_model, placement
     from ..core.runtime import ModelRuntime, torch_dtype
+    from ..errors import SmallSampleWarning
     from ..guard.heads.training import teach_traffic
 
     runtime = _runtime(args, ModelRuntime)
@@ -454,23 +456,25 @@ def run_teach(args: argparse.Namespace) -> None:
     prompts = read_prompt_file(args.benign)
     model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
     guard.config.hook.check_model(model)
-    budget = teach_traffic(
-        model,
-        tokenizer,
-        guard,
-        prompts,
-        head=args.head,
-        fit_fraction=args.fit_fraction,
-        **({"pools": args.pools} if args.pools else {}),
-        rows_per_pool=args.rows_per_pool,
-        target_fpr=args.target_fpr,
-        confidence=args.confidence,
-        rows=f"the user's own benign prompts, {Path(args.benign).name}",
-        cache_dir=args.cache,
-        batch_size=args.batch_size,
-        max_batch_tokens=args.max_batch_tokens,
-        seed=args.seed,
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallSampleWarning)  # said before the model loaded (cli.checks)
+        budget = teach_traffic(
+            model,
+            tokenizer,
+            guard,
+            prompts,
+            head=args.head,
+            fit_fraction=args.fit_fraction,
+            **({"pools": args.pools} if args.pools else {}),
+            rows_per_pool=args.rows_per_pool,
+            target_fpr=args.target_fpr,
+            confidence=args.confidence,
+            rows=f"the user's own benign prompts, {Path(args.benign).name}",
+            cache_dir=args.cache,
+            batch_size=args.batch_size,
+            max_batch_tokens=args.max_batch_tokens,
+            seed=args.seed,
+        )
     out = args.out or args.guard
     taught = len(prompts) - budget.n_rows
     data = (

@@ -123,7 +123,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "head's threshold as set-budget does (hf_lsad.guard.heads.training.teach_traffic). Costs less of the harm "
         "the guard catches than set-budget alone. Collecting the bundled rows is a forward pass over about 15,600 "
         "prompts (--rows-per-pool draws fewer; --cache keeps them for the next teach). Too few held-back prompts for "
-        "the confidence are refused before the model loads (59 at 5% and 0.95).",
+        "the confidence are refused before the model loads (59 at 5% and 0.95); bring about a thousand prompts, "
+        "since with fewer the guard moves with the sample (said before the model loads).",
     ),
     "screen": (
         "screen a table of prompts (JSONL, CSV, Parquet, a dataset) into a JSON-lines file of verdicts",

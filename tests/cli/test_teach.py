@@ -14,8 +14,9 @@ from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.main import entry, parse
 from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.data.store import load_activations, save_activations
+from hf_lsad.errors import SmallSampleWarning
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import USER_SOURCE, cut_traffic, teach_traffic
+from hf_lsad.guard.heads.training import STEADY_SAMPLE, USER_SOURCE, cut_traffic, small_sample_warning, teach_traffic
 
 TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
 """A benign kind of traffic the tiny guard's heads were not fitted on: it flags all of it at its thresholds."""
@@ -55,8 +56,11 @@ def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir
 
     flags = ["--benign", str(sample), "--fit-fraction", "0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
     entry(["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, "--out", str(out)])
-    printed = capsys.readouterr().out
-    assert "head 'harm' taught 50 prompts" in printed and "thresholds set on the other 50" in printed
+    printed = capsys.readouterr()
+    assert "head 'harm' taught 50 prompts" in printed.out and "thresholds set on the other 50" in printed.out
+    # 100 prompts: told once, before the model loads, that the guard will move with the sample
+    assert printed.err.count("bring about 1,000") == 1
+    assert "warning: 100 prompts: the thresholds are set on the 50 held back" in printed.err
 
     guard = SafetyGuard.from_pretrained(out)
     budget, head = guard.budget, guard.heads["harm"].config
@@ -76,7 +80,8 @@ def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():
     model, tokenizer, _ = tiny_guard("prompt_last")
     kwargs = dict(fit_fraction=0.5, pools=POOLS, rows_per_pool=ROWS_PER_POOL, progress=False)
     first, second = two_headed_guard(target_fpr=0.1), two_headed_guard(target_fpr=0.1)
-    a = teach_traffic(model, tokenizer, first, SAMPLE, **kwargs)
+    with pytest.warns(SmallSampleWarning, match=r"^100 prompts: the thresholds are set on the 50 held back, of which"):
+        a = teach_traffic(model, tokenizer, first, SAMPLE, **kwargs)
     b = teach_traffic(model, tokenizer, second, SAMPLE, **kwargs)
     assert a == b and a.rows == "the user's own benign prompts (50 held back; 50 more taught to head 'harm')"
     assert all(torch.equal(x, y) for x, y in zip(first.state_dict().values(), second.state_dict().values()))
@@ -155,6 +160,13 @@ def test_teach_traffic_refuses_a_cache_it_cannot_trust(tmp_path):
     with pytest.raises(ValueError, match=f"holds activations of layer {layer} {other.position}"):
         teach_traffic(model, tokenizer, guard, SAMPLE, pools=POOLS[:2], cache_dir=cache, **kwargs)
     assert guard.heads["harm"] is head and guard.budget == budget
+
+
+def test_a_sample_is_steady_from_a_thousand_prompts():
+    assert STEADY_SAMPLE == 1000 and small_sample_warning(1000, 400, 11) == ""
+    warning = small_sample_warning(300, 120, 2)
+    assert warning.startswith("300 prompts: the thresholds are set on the 120 held back, of which at most 2 may be")
+    assert "bring about 1,000" in warning
 
 
 def test_cut_traffic_keeps_every_prompt_once():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -34,6 +35,7 @@ from ...core.hook_point import HookPoint
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, is_reserved, is_unsafe_pool, load_pool
 from ...data.store import INDEX, load_activations, save_activations
+from ...errors import SmallSampleWarning
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
 from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
@@ -257,6 +259,24 @@ def fit_budget_on_prompts(
 USER_SOURCE = "user-benign"
 """The source name the user's benign prompts are fitted under by :func:`teach_traffic` (weighed as one source)."""
 
+STEADY_SAMPLE = 1000
+"""Prompts a user should bring to :func:`teach_traffic`. With a few hundred, the thresholds rest on the top few
+scores of the part held back, and which sample is brought moves both the traffic flagged and the harm caught; with
+a thousand far less (measured with chat, task prompts and benign OOD as the user's traffic:
+``benchmarks/experiments/heads/own_traffic_sample.json`` and ``own_traffic_sample_domains.json``)."""
+
+
+def small_sample_warning(n_prompts: int, n_held_back: int, allowed: int) -> str:
+    """What to tell a user who brings ``n_prompts`` to ``teach``, of which ``n_held_back`` set the thresholds and
+    ``allowed`` of those may be flagged (``""`` from :data:`STEADY_SAMPLE` prompts up)."""
+    if n_prompts >= STEADY_SAMPLE:
+        return ""
+    return (
+        f"{n_prompts} prompts: the thresholds are set on the {n_held_back} held back, of which at most {allowed} may "
+        f"be flagged, so the guard moves with which sample you bring; bring about {STEADY_SAMPLE:,} "
+        "(docs/heads.md, 'Your own traffic')"
+    )
+
 
 def teach_traffic(
     model: PreTrainedModel,
@@ -291,7 +311,8 @@ def teach_traffic(
         guard: A :class:`~hf_lsad.guard.SafetyGuard` with a supervised head named ``head``, every head reading the
             prompt.
         prompts: A sample of the user's benign traffic, fitted on by no head. The part that sets the thresholds must be
-            as large as the confidence needs (59 prompts at 5% and 0.95); checked before any forward pass.
+            as large as the confidence needs (59 prompts at 5% and 0.95); checked before any forward pass. Fewer than
+            :data:`STEADY_SAMPLE` are taught with a :class:`SmallSampleWarning`.
         head: The supervised head to fit again.
         fit_fraction: The share of ``prompts`` taught to the head, in (0, 1).
         pools: The bundled pools whose fit rows the head is fitted on again (default: those it was released with;
@@ -320,7 +341,10 @@ def teach_traffic(
         raise ValueError(f"pools must be bundled pools ({sorted(POOL_CATEGORY)}), got {list(pools)}")
     taught, held_back = cut_traffic(prompts, fit_fraction, seed)
     target, rule = budget_rule(guard, target_fpr, confidence)
-    allowed_flags(len(held_back), target, rule)  # too few prompts for the confidence: refused before the forward pass
+    allowed = allowed_flags(len(held_back), target, rule)  # too few for the confidence: refused before any pass
+    warning = small_sample_warning(len(prompts), len(held_back), allowed)
+    if warning:
+        warnings.warn(warning, SmallSampleWarning, stacklevel=2)
 
     bundled = []
     for pool in pools:
