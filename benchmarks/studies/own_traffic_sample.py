@@ -19,14 +19,19 @@ each benign domain ``D`` held out and each sample size ``n``:
   each figure. A size larger than ``D``'s validation split is skipped and the entry says so; a draw whose rows
   held back are too few for the confidence gives the budget's refusal.
 
-It chooses nothing and changes no release: it says how many prompts a user should bring to ``teach``.
+With ``remedy = "set_budget"`` the same draws measure ``hf-lsad set-budget``
+(:meth:`hf_lsad.guard.SafetyGuard.fit_budget` on the user's prompts): the supervised head fitted once per held-out
+domain on the fit rows of every other pool, and the thresholds of each draw set on the whole sample.
+
+It chooses nothing and changes no release: it says how many prompts a user should bring to ``teach`` and to
+``set-budget``.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from hf_lsad.core.splits import seeded_parts
 from hf_lsad.data import GUARD_POOLS
@@ -69,8 +74,11 @@ class Settings:
     """The budget: the combined flag rate on the rows held back (``teach``'s default, the guard's)."""
     confidence: float | None = 0.95
     """The budget's confidence (the shipped one, which ``teach`` keeps; ``None``: the plain quantile)."""
+    remedy: Literal["teach", "set_budget"] = "teach"
+    """What the user does with the sample: ``teach`` (part taught to the head, the rest sets the thresholds) or
+    ``set_budget`` (the whole sample sets the thresholds of the head fitted without the domain)."""
     fit_fraction: float = 0.6
-    """The part of each sample taught to the head (``teach``'s default)."""
+    """The part of each sample taught to the head under ``teach`` (its default)."""
     sample_sizes: list[int] = field(default_factory=lambda: [300, 1000])
     """How many prompts the user brings."""
     draws: int = 5
@@ -93,11 +101,17 @@ def run(settings: Settings) -> dict[str, Any]:
     shares = [settings.anomaly_share, 1 - settings.anomaly_share]
     test_chat = rows.select(rows.where(split="test", domain=THRESHOLD_DOMAIN))
     source_test = {source: rows.select(rows.where(split="test", source=source)) for source in settings.sources}
+    if settings.remedy not in ("teach", "set_budget"):
+        raise ValueError(f"remedy must be 'teach' or 'set_budget', got {settings.remedy!r}")
     results: dict[str, Any] = {"domains": {}}
     for domain in settings.domains:
         own = [i for i, (s, d) in enumerate(zip(rows.splits, rows.domains)) if s == "validation" and d == domain]
         domain_test = rows.select(rows.where(split="test", domain=domain))
         entry: dict[str, Any] = {"validation_rows": len(own), "test_rows": len(domain_test), "sizes": {}}
+        without_domain = [s == "fit" and d != domain for s, d in zip(rows.splits, rows.domains)]
+        if settings.remedy == "set_budget":  # one head for every draw: only the thresholds move with the sample
+            print(f"hold out {domain}: fit without it", flush=True)
+            held_out_scores = two_headed(anomaly_of, fit_supervised(rows.select(without_domain), config))
         for size in settings.sample_sizes:
             if size > len(own):
                 entry["sizes"][str(size)] = {"error": f"{domain} has {len(own)} validation rows, fewer than {size}"}
@@ -106,12 +120,13 @@ def run(settings: Settings) -> dict[str, Any]:
             for draw in range(settings.draws):
                 print(f"hold out {domain}: {size} prompts, draw {draw}", flush=True)
                 sample = [own[i] for i in seeded_parts(len(own), [size], draw)[0].tolist()]
-                taught, held_back = map(set, cut_traffic(sample, settings.fit_fraction, draw))
-                in_fit = [
-                    (s == "fit" and d != domain) or i in taught
-                    for i, (s, d) in enumerate(zip(rows.splits, rows.domains))
-                ]
-                scores = two_headed(anomaly_of, fit_supervised(rows.select(in_fit), config))
+                if settings.remedy == "set_budget":
+                    taught, held_back = set(), set(sample)
+                    scores = held_out_scores
+                else:
+                    taught, held_back = map(set, cut_traffic(sample, settings.fit_fraction, draw))
+                    in_fit = [without_domain[i] or i in taught for i in range(len(rows))]
+                    scores = two_headed(anomaly_of, fit_supervised(rows.select(in_fit), config))
                 reference = rows.select([i in held_back for i in range(len(rows))])
                 measured = measure_rule(
                     scores,
