@@ -63,10 +63,6 @@ def holdout_rows(n_fit: int, n_holdout: int, seed: int) -> Tensor:
     return seeded_parts(n_fit + n_holdout, [n_holdout], seed)[0]
 
 
-SPLITS = ("fit", "validation", "test")
-"""The row splits of a prompt by its id (:func:`split_of`)."""
-
-
 def split_of(row_id: str, seed: int = 0) -> str:
     """``fit`` (60%), ``validation`` (20%) or ``test`` (20%), from a hash of the row id and ``seed``.
 

@@ -29,7 +29,6 @@ Collection and fitting are in :mod:`hf_lsad.guard.running_fit`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -74,8 +73,3 @@ def sequence_statistic(scores: Tensor, patience: int) -> tuple[Tensor, Tensor]:
         best = int(windows.argmax())
         stat[row], at[row] = windows[best], best + m - 1
     return stat, at
-
-
-def running_bound(target_fpr: float, n_sequences: int, delta: float = 0.05) -> float:
-    """DKW upper bound on the false-stop rate of fresh safe responses (module docstring)."""
-    return target_fpr + math.sqrt(math.log(2 / delta) / (2 * n_sequences))
