@@ -83,6 +83,13 @@ class Settings:
     source means, no fit. Probes of that kind are reported to carry over to unseen distributions better than a
     logistic fit (Marks & Tegmark, "The Geometry of Truth", 2023): does it flag fewer rows of an unseen benign
     domain?"""
+    knn_neighbours: list[int] = field(default_factory=list)
+    """Numbers ``k`` of nearest training rows tried as a head on each candidate's reads (:func:`knn_method`): a local
+    score that does not extrapolate beyond the rows it knows. Does it flag fewer rows of an unseen benign domain
+    than the heads that fit a boundary?"""
+    knn_weighing: list[str] = field(default_factory=lambda: ["balanced"])
+    """How each neighbour's vote weighs, tried in turn: ``balanced`` (each source of a label alike, as the head's fit
+    weighs its rows) or ``similarity`` (its cosine similarity to the row scored, every row alike)."""
     sae: str = ""
     """An SAE folder (``save_pretrained`` layout, e.g. the paper guard's ``sae/``, which reads layer 12 at the last
     prompt token): each candidate is also tried on the SAE's codes of its reads instead of the raw residual, the
@@ -216,6 +223,39 @@ def mass_mean_method(config: ProbeConfig, hidden_size: int):
     return fit
 
 
+def knn_method(config: ProbeConfig, hidden_size: int, neighbours: int, weighing: str):
+    """Score: the weighted share of unsafe rows among the ``neighbours`` training rows nearest to a row (cosine
+    similarity of the standardised reads, faiss's exact inner-product search). ``weighing`` is ``balanced`` (each
+    neighbour weighs as :func:`~hf_lsad.guard.heads.balanced_weights` weighs its row) or ``similarity`` (its
+    similarity, clamped at zero, every row alike). Nothing is fitted beyond the rows, so a row far from all of them
+    is scored by whichever rows are least far, not by a boundary drawn past them."""
+    import faiss
+
+    if weighing not in ("balanced", "similarity"):
+        raise ValueError(f"knn_weighing must be 'balanced' or 'similarity', got {weighing!r}")
+
+    def fit(train: SourceRows):
+        standardise, standard = standardised_reads(config, hidden_size, train)
+        index = faiss.IndexFlatIP(standard.shape[1])
+        index.add(torch.nn.functional.normalize(standard.float(), dim=1).numpy())
+        row_weights = balanced_weights(train.sources, train.labels).float()
+        unsafe = train.labels.float()
+
+        def score(rows: SourceRows) -> torch.Tensor:
+            query = torch.nn.functional.normalize(standardise(rows).float(), dim=1).numpy()
+            similarity, found = index.search(query, neighbours)  # [n, neighbours] each
+            found = torch.from_numpy(found)
+            if weighing == "balanced":
+                weights = row_weights[found]
+            else:
+                weights = torch.from_numpy(similarity).clamp_min(1e-6)
+            return (weights * unsafe[found]).sum(1) / weights.sum(1)
+
+        return score
+
+    return fit
+
+
 def sae_method(config: ProbeConfig, sae):
     """The logistic head on the SAE's codes of each read (``[n, d_sae]`` per read) instead of the residual."""
 
@@ -272,6 +312,12 @@ def run(settings: Settings) -> dict[str, Any]:
             judge(f"{reads_of}, C={c:g}", probe_method(config, hidden))
             if sae is not None:
                 judge(f"{reads_of}, SAE codes, C={c:g}", sae_method(config, sae))
+        for neighbours, weighing in itertools.product(settings.knn_neighbours, settings.knn_weighing):
+            config = ProbeConfig(reads=[tuple(read) for read in candidate])
+            judge(
+                f"{reads_of}, {neighbours} nearest rows, {weighing} votes",
+                knn_method(config, hidden, neighbours, weighing),
+            )
         if settings.mass_mean:
             config = ProbeConfig(reads=[tuple(read) for read in candidate])
             judge(f"{reads_of}, mass mean", mass_mean_method(config, hidden))
