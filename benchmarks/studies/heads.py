@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -87,7 +87,7 @@ class Settings:
     """Numbers ``k`` of nearest training rows tried as a head on each candidate's reads (:func:`knn_method`): a local
     score that does not extrapolate beyond the rows it knows. Does it flag fewer rows of an unseen benign domain
     than the heads that fit a boundary?"""
-    knn_weighing: list[str] = field(default_factory=lambda: ["balanced"])
+    knn_weighing: list[Literal["balanced", "similarity"]] = field(default_factory=lambda: ["balanced"])
     """How each neighbour's vote weighs, tried in turn: ``balanced`` (each source of a label alike, as the head's fit
     weighs its rows) or ``similarity`` (its cosine similarity to the row scored, every row alike)."""
     sae: str = ""

@@ -92,6 +92,8 @@ class Settings:
 
 
 def run(settings: Settings) -> dict[str, Any]:
+    if settings.remedy not in ("teach", "set_budget"):
+        raise ValueError(f"remedy must be 'teach' or 'set_budget', got {settings.remedy!r}")
     guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
     config = probe_config(settings)
     rows = load_source_rows(
@@ -101,8 +103,6 @@ def run(settings: Settings) -> dict[str, Any]:
     shares = [settings.anomaly_share, 1 - settings.anomaly_share]
     test_chat = rows.select(rows.where(split="test", domain=THRESHOLD_DOMAIN))
     source_test = {source: rows.select(rows.where(split="test", source=source)) for source in settings.sources}
-    if settings.remedy not in ("teach", "set_budget"):
-        raise ValueError(f"remedy must be 'teach' or 'set_budget', got {settings.remedy!r}")
     results: dict[str, Any] = {"domains": {}}
     for domain in settings.domains:
         own = [i for i, (s, d) in enumerate(zip(rows.splits, rows.domains)) if s == "validation" and d == domain]
