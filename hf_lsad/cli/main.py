@@ -110,8 +110,9 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "that no head was fitted on) and sets every head's threshold so that together they flag at most "
         "--target-fpr of them, each head keeping its share of the budget and the budget its confidence unless "
         "--confidence says otherwise (hf_lsad.guard.heads.training.fit_budget_on_prompts). For traffic the heads "
-        "flag more often than chat: they were not fitted on its kind. Too few prompts for the confidence are refused "
-        "(59 at 5% and 0.95). The guard must read the prompt.",
+        "flag more often than chat: they were not fitted on its kind. Passes more of the harm the guard catches than "
+        "teach, which also teaches a head part of the sample (docs/heads.md, 'Your own traffic'). Too few prompts for "
+        "the confidence are refused (59 at 5% and 0.95). The guard must read the prompt.",
     ),
     "teach": (
         "teach a supervised head a sample of your own benign traffic, and set the thresholds on the rest",
