@@ -6,8 +6,13 @@ users who install the wheel (the bundled guard's head weights once were: ``heads
 from __future__ import annotations
 
 import os
-import tomllib
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
