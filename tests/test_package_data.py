@@ -44,10 +44,12 @@ def test_every_data_file_is_in_the_wheel():
     assert not missing, f"no package-data glob in pyproject.toml reaches {missing}"
 
 
-def test_the_bundled_guards_are_data_files():
-    # the check above is only as good as its walk: the guards' weights must be among the files it sees
+def test_the_bundled_guards_and_the_typing_marker_are_data_files():
+    # the check above is only as good as its walk: the guards' weights must be among the files it sees, and the PEP 561
+    # marker that lets a user's type checker read hf_lsad's annotations
     found = data_files()
     for guard in ("smollm2-135m-instruct", "smollm2-135m-instruct-paper"):
         weights = {path for path in found if path.is_relative_to(ROOT / "hf_lsad" / "guards" / guard)}
         assert any(path.name == "sae.safetensors" for path in weights), guard
     assert (ROOT / "hf_lsad/guards/smollm2-135m-instruct/heads/harm.safetensors").resolve() in found
+    assert (ROOT / "hf_lsad/py.typed").resolve() in found
