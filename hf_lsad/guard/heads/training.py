@@ -43,10 +43,6 @@ from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, bala
 BENIGN_POOLS: tuple[str, ...] = ("chat", "safe", "benign_ood", "lookalike")
 """The bundled benign pools a head added from a few examples learns against (their fit rows)."""
 
-T = TypeVar("T")
-"""Any row :func:`cut_traffic` cuts."""
-
-
 THRESHOLD_POOL = "chat"
 """The pool whose validation rows set every head's threshold again: the traffic a deployed guard mostly sees."""
 
@@ -474,6 +470,10 @@ def _cached_read(model: PreTrainedModel, folder: Path, read: Read, ids: list[str
             f"(e.g. {changed[0]!r}); pass another cache folder, or delete this one"
         )
     return store.activations[torch.tensor([row_of[i] for i in ids])]
+
+
+T = TypeVar("T")
+"""Any row :func:`cut_traffic` cuts."""
 
 
 def cut_traffic(prompts: Sequence[T], fit_fraction: float, seed: int) -> tuple[list[T], list[T]]:
