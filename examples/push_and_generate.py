@@ -46,6 +46,8 @@ UNSAFE_POOLS = ("harmful", "toxic")
 
 def fit_and_push(args: argparse.Namespace, workdir: Path) -> tuple[str, str, Path | None]:
     """Steps 1-4; returns the repo id, the commit sha, and the tiny model's folder (None for SmolLM2)."""
+    from transformers import PreTrainedTokenizerBase
+
     from hf_lsad import FreqMaskConfig, SAETrainConfig, fit_guard, train_sae
     from hf_lsad.capture.collect import collect_activations
     from hf_lsad.capture.pretrained import load_model
@@ -58,6 +60,7 @@ def fit_and_push(args: argparse.Namespace, workdir: Path) -> tuple[str, str, Pat
 
     settings = SETTINGS[args.model]
     model_dir = None
+    tokenizer: PreTrainedTokenizerBase  # a fast tokenizer for the tiny model, whatever the GGUF gives for SmolLM2
     if args.model == "tiny":
         model, tokenizer = tiny_model("llama", seed=0)
         model_dir = workdir / "tiny-llama"
@@ -116,13 +119,14 @@ def fit_and_push(args: argparse.Namespace, workdir: Path) -> tuple[str, str, Pat
 
 def pull_and_generate(args: argparse.Namespace) -> None:
     """Step 5 (in its own process): load the guard from the Hub and generate with it."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
     from hf_lsad import GuardedModelForCausalLM, SafetyGuard
     from hf_lsad.capture.collect import encode_prompts
     from hf_lsad.capture.pretrained import load_model
 
     guard_kwargs = {"revision": args.revision, "cache_dir": args.cache_dir}
+    tokenizer: PreTrainedTokenizerBase
     if args.model_dir:
         guarded = GuardedModelForCausalLM.from_pretrained(args.model_dir, guard=args.pull, guard_kwargs=guard_kwargs)
         tokenizer = AutoTokenizer.from_pretrained(args.model_dir)

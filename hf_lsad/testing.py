@@ -6,11 +6,13 @@ examples use it too; the library itself never imports it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-_TINY_ARCHITECTURES = {
+_TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": dict(num_key_value_heads=2),
     "qwen2": dict(num_key_value_heads=2),
     "mistral": dict(num_key_value_heads=2, sliding_window=None),

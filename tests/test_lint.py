@@ -39,3 +39,17 @@ def test_ruff_format_is_clean():
     marker = "fmt: " + "skip"  # spelled apart so this file does not carry it
     skips = [str(p) for folder in CHECKED for p in (ROOT / folder).rglob("*.py") if marker in p.read_text()]
     assert not skips, f"{marker!r} in {skips}"
+
+
+def test_mypy_is_clean(tmp_path):
+    """The package and the examples type-check (``[tool.mypy]`` in pyproject.toml): hf_lsad ships ``py.typed``, so
+    a user's type checker takes its annotations at their word, and the examples call the public API as users do."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail("mypy is not installed: it is a test dependency (pip install -e '.[test]')", pytrace=False)
+    # the cache goes to tmp_path: nothing is written into the checkout
+    command = [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy"), "--no-color-output"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        pytest.fail(
+            f"`python -m mypy` in {ROOT} exited {result.returncode}:\n{result.stdout}{result.stderr}", pytrace=False
+        )

@@ -11,7 +11,7 @@ for ``prompt_last``, greedy generation for the response positions, in batches of
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypedDict
 
 import torch
 from torch import Tensor
@@ -45,11 +45,25 @@ def prompt_texts(
     the tokenizer has one and ``chat_template``), and whether the tokenizer must add its special tokens."""
     if chat_template and tokenizer.chat_template:
         texts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            str(
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+                )
+            )
             for p in prompts
         ]
         return texts, False  # the template already holds them
     return list(prompts), True
+
+
+class EncodedPrompts(TypedDict):
+    """What :func:`encode_prompts` returns, ready for ``generate(**encoded)`` (a ``TypedDict``, so a type checker
+    matches its two keys to ``generate``'s arguments)."""
+
+    input_ids: Tensor
+    """``[batch, tokens]`` long, padded."""
+    attention_mask: Tensor
+    """``[batch, tokens]``, 1 on the prompts' tokens and 0 on padding."""
 
 
 def encode_prompts(
@@ -58,11 +72,14 @@ def encode_prompts(
     *,
     chat_template: bool = True,
     padding_side: Literal["left", "right"] = "left",
-) -> dict[str, Tensor]:
+    device: torch.device | str | None = None,
+) -> EncodedPrompts:
     """Tokenise prompts as user turns of the chat template when it has one, padded on ``padding_side``.
 
     Left padding (the default) is what decoder-only generation expects; guarded ``generate`` and
-    ``screen`` read right-padded rows at their last real token too, with the same scores.
+    ``screen`` read right-padded rows at their last real token too, with the same scores. Only ``input_ids`` and
+    ``attention_mask`` are returned: other tokenizer outputs (``token_type_ids``) are not generation inputs.
+    ``device``: where the tensors go (default: the CPU), e.g. ``guarded.device``.
     """
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -71,10 +88,11 @@ def encode_prompts(
     if tokenizer.pad_token is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
     # padding_side as an argument, not by setting tokenizer.padding_side and back: that raced between threads.
-    return dict(
-        tokenizer(
-            texts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens, padding_side=padding_side
-        )
+    encoded = tokenizer(
+        texts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens, padding_side=padding_side
+    )
+    return EncodedPrompts(
+        input_ids=encoded["input_ids"].to(device), attention_mask=encoded["attention_mask"].to(device)
     )
 
 
@@ -155,13 +173,13 @@ def collect_activations(
     device = model.device
     longest = 0
     for batch in tqdm(batches, desc=f"collect layer {layer} {position}", disable=not progress):
-        inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
+        inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template, device=device)
         longest = max(longest, int(inputs["attention_mask"].sum(1).max()))
         output, acts = generate_with_activations(
             model,
             layer,
             position,
-            **{k: v.to(device) for k, v in inputs.items()},
+            **inputs,
             max_new_tokens=max_new_tokens,
             do_sample=False,
             pad_token_id=tokenizer.pad_token_id,

@@ -118,6 +118,13 @@ def final_call_index(new_tokens: Tensor, eos_token_ids: Sequence[int], position:
     return first_eos.clamp(max=n_new - 1)
 
 
+def call_generate(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> Any:
+    """``model.generate(**generate_kwargs)``. ``PreTrainedModel``, the type callers hold, no longer inherits
+    ``GenerationMixin`` (transformers 5), so a type checker sees no ``generate`` on it; every causal LM has one."""
+    generate: Any = model.generate
+    return generate(**generate_kwargs)
+
+
 def eos_token_ids(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> list[int]:
     """EOS ids generate will stop on: from the call's kwargs, else the model's generation config."""
     eos = generate_kwargs.get("eos_token_id")
@@ -183,7 +190,7 @@ def generate_with_activations(
         raise ValueError("prompt_mean is read from the prompt alone: use prompt_features (or screen)")
     input_ids = check_generate_kwargs(model, generate_kwargs)
     with generation_recorder(model, layer, generate_kwargs) as recorder:
-        output = model.generate(**generate_kwargs)
+        output = call_generate(model, generate_kwargs)
     sequences = output if isinstance(output, Tensor) else output.sequences
     new_tokens = sequences[:, input_ids.shape[1] :]
     if len(recorder.records) != new_tokens.shape[1] or new_tokens.shape[1] == 0:

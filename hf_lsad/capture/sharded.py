@@ -41,9 +41,9 @@ PARTS = ".parts"
 class Shard(NamedTuple):
     """The prompts one process collects."""
 
-    index: int
-    """The process's rank."""
-    count: int
+    rank: int
+    """The process's index, from 0."""
+    n_processes: int
     """Number of processes."""
     rows: list[int]
     """Positions, in the full prompt list, of the prompts this process collects (contiguous, ascending)."""
@@ -74,10 +74,10 @@ def write_part(
 ) -> None:
     """Write this process's rows (and how its prompts were given): the store itself for one process, else its part
     under ``<out>/.parts``."""
-    if shard.count == 1:
+    if shard.n_processes == 1:
         save_activations(out, activations, records, hook, inputs=inputs)
     elif shard.rows:  # a process left without prompts (fewer prompts than processes) writes nothing
-        save_activations(_part(out, shard.index), activations, records, hook, inputs=inputs)
+        save_activations(_part(out, shard.rank), activations, records, hook, inputs=inputs)
 
 
 def merge_parts(out: str | os.PathLike, count: int, n_prompts: int) -> None:
@@ -103,22 +103,23 @@ def merge_parts(out: str | os.PathLike, count: int, n_prompts: int) -> None:
 
 def finish(state: PartialState, out: str | os.PathLike, shard: Shard, n_prompts: int) -> None:
     """Wait for every process, merge on process 0 (:func:`merge_parts`), and wait for the merge."""
-    if shard.count == 1:
+    if shard.n_processes == 1:
         return
     state.wait_for_everyone()
     if state.is_main_process:
-        merge_parts(out, shard.count, n_prompts)
+        merge_parts(out, shard.n_processes, n_prompts)
     state.wait_for_everyone()
 
 
 def _merged_inputs(profiles: list[InputProfile | None]) -> InputProfile | None:
     """The input profile of the whole store: the parts' format (they must agree) and their longest prompt."""
-    if any(profile is None for profile in profiles):
+    known = [profile for profile in profiles if profile is not None]
+    if len(known) < len(profiles):
         return None
-    formats = {profile.prompt_format for profile in profiles}
+    formats = {profile.prompt_format for profile in known}
     if len(formats) != 1:
         raise RuntimeError(f"the processes formatted their prompts differently: {sorted(formats)}")
-    return InputProfile(formats.pop(), max(profile.max_prompt_tokens for profile in profiles))
+    return InputProfile(formats.pop(), max(profile.max_prompt_tokens for profile in known))
 
 
 def _part(out: str | os.PathLike, rank: int) -> Path:

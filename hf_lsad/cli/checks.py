@@ -201,7 +201,7 @@ def _check_layer(parser: argparse.ArgumentParser, model: str, layer: int) -> Non
     from ..capture.pretrained import DEFAULT_MODEL_ALIASES
 
     if model in DEFAULT_MODEL_ALIASES:
-        n_layers: int | None = 30  # SmolLM2-135M-Instruct
+        n_layers: int = 30  # SmolLM2-135M-Instruct
     elif (Path(model) / "config.json").is_file():
         from transformers import AutoConfig
 

@@ -32,7 +32,7 @@ def run_collect(args: argparse.Namespace) -> None:
         raise SystemExit(f"--pool {args.pool} holds no non-empty prompt")
     state = process_state(runtime.device)  # one process, or one of N under accelerate launch / torchrun
     shard = shard_of(state, len(prompts))
-    where = placement(runtime.device, state.device if shard.count > 1 else None)
+    where = placement(runtime.device, state.device if shard.n_processes > 1 else None)
     model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **where)
     mine = select(prompts, shard)
     depth = model.config.get_text_config().num_hidden_layers
@@ -74,7 +74,7 @@ def run_collect(args: argparse.Namespace) -> None:
             write_part(out, shard, features[read], records, HookPoint.from_model(model, *read), inputs=inputs)
         finish(state, out, shard, len(prompts))
     if state.is_main_process:
-        processes = f" by {shard.count} processes" if shard.count > 1 else ""
+        processes = f" by {shard.n_processes} processes" if shard.n_processes > 1 else ""
         stores = ", ".join(arguments.store_folder(args.out, read, len(reads)) for read in reads)
         print(f"wrote {len(prompts)} activations{processes} to {stores}")
 
@@ -309,7 +309,7 @@ def run_generate(args: argparse.Namespace) -> None:
 
     guarded = _guarded_model(args)
     tokenizer = guarded.tokenizer
-    inputs = {name: value.to(guarded.device) for name, value in encode_prompts(tokenizer, args.prompts).items()}
+    inputs = encode_prompts(tokenizer, args.prompts, device=guarded.device)
     print(f"generating up to {args.max_new_tokens} tokens for {len(args.prompts)} prompt(s) (greedy) ...\n", flush=True)
     with torch.no_grad():
         output = guarded.generate(
@@ -364,7 +364,7 @@ def read_prompt_file(path: str) -> list[str]:
     bad = next((row for row in rows if row.error is not None), None)
     if bad is not None:
         raise ValueError(f"{path}: row {bad.id}: {bad.error}")
-    return [row.text for row in rows]
+    return [row.text for row in rows if row.text is not None]  # every row has its text: none has an error
 
 
 def run_add_head(args: argparse.Namespace) -> None:

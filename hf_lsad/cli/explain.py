@@ -44,9 +44,7 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
     else:
         from ..capture.collect import encode_prompts
 
-        inputs = {
-            name: value.to(guarded.device) for name, value in encode_prompts(tokenizer, list(args.prompts)).items()
-        }
+        inputs = encode_prompts(tokenizer, list(args.prompts), device=guarded.device)
         reports = guarded.generate(
             **inputs,
             max_new_tokens=getattr(args, "max_new_tokens", None) or 64,
@@ -56,7 +54,8 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
             explain_top_k=top_k,
         ).safety
     store = ActivationStore(args.activations)
-    features = sorted({f.feature for report in reports for f in report.features})
+    # a row that could not be scored (NaN activations, fail closed) has no features to explain
+    features = sorted({f.feature for report in reports for f in report.features or ()})
     examples = top_activating(guard.sae, store, features, n=getattr(args, "examples", None) or 3)
     texts = store_texts([store.records[r] for values in examples.values() for _, r in values])
     text_of: dict[int, str] = {}
@@ -68,6 +67,8 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
     for prompt, report in zip(args.prompts, reports):
         print(f"prompt: {prompt!r}", file=out)
         print(f"  {report.describe()}", file=out)
+        if report.features is None:  # not scored (fail closed): describe() said why
+            continue
         print(
             f"  {'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}  top prompts in the store",
             file=out,

@@ -82,10 +82,10 @@ class HookPoint:
     layer: int = ranged(NON_NEGATIVE)
     """0-based index of the decoder block whose output is read."""
 
-    layer_module: str
+    layer_module: str  # type: ignore[misc]  # mypy reads ranged(...) above as a default; it has none
     """Dotted module name of that block, e.g. ``model.layers.20``."""
 
-    position: str
+    position: str  # type: ignore[misc]  # as layer_module
     """``response_last``, ``prompt_last`` or ``prompt_mean`` (the mean over the prompt's tokens; module docstring)."""
 
     def __post_init__(self) -> None:
@@ -101,7 +101,7 @@ class HookPoint:
         name, _ = decoder_layer(model, layer)
         text_config = model.config.get_text_config()
         return cls(
-            base_model=base_model or model.config.name_or_path,
+            base_model=base_model or model.config.name_or_path or "",
             model_type=model.config.model_type,
             hidden_size=text_config.hidden_size,
             num_hidden_layers=text_config.num_hidden_layers,

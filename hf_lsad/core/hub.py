@@ -148,6 +148,7 @@ def resolve_pretrained_dir(
         raise FileNotFoundError(f"Guard directory '{name}' does not exist (or is not a directory)")
 
     repo_id, where = name, f"'{name}'" + (f", subfolder '{sub}'" if sub else "")
+    cache = None if cache_dir is None else Path(cache_dir)
     allow_patterns = _allow_patterns(sub, extra_allow_patterns)
     if local_files_only or hf_constants.is_offline_mode():
         try:
@@ -155,7 +156,7 @@ def resolve_pretrained_dir(
                 snapshot_download(
                     repo_id,
                     revision=revision,
-                    cache_dir=cache_dir,
+                    cache_dir=cache,
                     token=token,
                     allow_patterns=allow_patterns,
                     local_files_only=True,
@@ -175,7 +176,7 @@ def resolve_pretrained_dir(
     api = HfApi(token=token)
     try:
         # Pin the revision once, so the listing checked here and the files downloaded are one commit.
-        resolved = api.resolve_revision(repo_id, revision=revision, cache_dir=cache_dir)
+        resolved = api.resolve_revision(repo_id, revision=revision, cache_dir=cache)
         repo_files = api.list_repo_files(repo_id, revision=resolved.resolved)
     except HfHubHTTPError as err:
         err.append_to_message(f"\nCould not load hf-lsad guard {where} at revision '{revision or 'main'}'.")
@@ -194,7 +195,7 @@ def resolve_pretrained_dir(
         snapshot_download(
             repo_id,
             revision=resolved,
-            cache_dir=cache_dir,
+            cache_dir=cache,
             token=token,
             allow_patterns=allow_patterns,
             force_download=force_download,

@@ -76,10 +76,10 @@ def flag_rate(scores: np.ndarray, threshold: float) -> float:
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (``ddof=1``) of per-seed values; the std of one value is 0."""
-    values = np.asarray(values, float).ravel()
-    if len(values) == 0:
+    array = np.asarray(values, float).ravel()
+    if len(array) == 0:
         raise ValueError("need at least one value")
-    return float(values.mean()), (float(values.std(ddof=1)) if len(values) > 1 else 0.0)
+    return float(array.mean()), (float(array.std(ddof=1)) if len(array) > 1 else 0.0)
 
 
 METRICS = {

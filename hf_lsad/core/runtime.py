@@ -70,8 +70,7 @@ def check_device(device: str) -> None:
 
     kind, _, index = device.partition(":")
     backend = getattr(torch.backends, kind) if kind == "mps" else getattr(torch, kind, None)  # mps: torch.backends
-    available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
-    if not available:
+    if backend is None or not (hasattr(backend, "is_available") and backend.is_available()):
         raise ValueError(f"{device!r}: torch {torch.__version__} sees no {kind} device on this machine")
     count = backend.device_count() if hasattr(backend, "device_count") else 1
     if index and int(index) >= count:

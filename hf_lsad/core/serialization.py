@@ -52,6 +52,8 @@ def config_from_dict(cls: type[C], data: dict[str, Any], *, source: str) -> C:
     against its annotated type and range (:mod:`hf_lsad.core.validation`).
     ``source`` names the file in error messages.
     """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"config_from_dict builds dataclasses, not {cls!r}")
     if not isinstance(data, dict):
         raise GuardFormatError(f"{source}: expected a JSON object for {cls.__name__}, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -74,7 +76,7 @@ def config_from_dict(cls: type[C], data: dict[str, Any], *, source: str) -> C:
 
 def _dataclass_type(cls: type, name: str) -> type | None:
     hint = typing.get_type_hints(cls).get(name)
-    return hint if dataclasses.is_dataclass(hint) else None
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

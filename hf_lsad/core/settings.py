@@ -73,7 +73,9 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        definition = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
+        assert isinstance(definition, ast.ClassDef)  # getsource of a class starts at its class statement
+        body = definition.body
         for node, after in pairwise(body):
             if (
                 isinstance(node, ast.AnnAssign)
@@ -93,7 +95,7 @@ def config_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, Any, Any, 
         if not field.init:
             continue
         hint = hints[field.name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             nested_default = getattr(cls(), field.name)
             for name, kind, _default, doc in config_fields(hint, f"{prefix}{field.name}."):
                 yield (

@@ -286,7 +286,7 @@ def _check_pool(name: str) -> None:
 
 @cache
 def _read_pool(name: str) -> tuple[Prompt, ...]:
-    ref = resources.files(_POOL_PACKAGE).joinpath(_POOL_DIR, f"{name}.jsonl.gz")
+    ref = resources.files(_POOL_PACKAGE) / _POOL_DIR / f"{name}.jsonl.gz"  # one name per step: Python 3.10
     data = ref.read_bytes()
     rows = []
     with gzip.open(io.BytesIO(data), "rt", encoding="utf-8") as f:
@@ -331,7 +331,7 @@ def load_pool(name: str, *, limit: int | None = None, seed: int = 0) -> list[Pro
 
 def load_manifest() -> dict[str, Any]:
     """Return the provenance manifest of the bundled pools (``MANIFEST.json``)."""
-    ref = resources.files(_POOL_PACKAGE).joinpath(_POOL_DIR, "MANIFEST.json")
+    ref = resources.files(_POOL_PACKAGE) / _POOL_DIR / "MANIFEST.json"
     return json.loads(ref.read_text(encoding="utf-8"))
 
 

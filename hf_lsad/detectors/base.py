@@ -75,7 +75,7 @@ class Detector(nn.Module, ABC):
     supervised: ClassVar[bool] = False
     """True only for reference methods that need unsafe labels to fit (:meth:`fit_supervised`)."""
 
-    state_class: ClassVar[type | None] = None
+    state_class: ClassVar[type[Any] | None] = None
     """Dataclass of the non-tensor values fitting learns (sizes of buffers, per-cluster choices), or ``None``."""
 
     def __init__(self, config: DetectorConfig, d_in: int, d_sae: int | None, state: Any = None) -> None:

@@ -111,7 +111,7 @@ def fit_kmeans(vectors: Tensor, config: KMeansConfig) -> Tensor:
     params.min_points_per_centroid = config.min_points_per_centroid
     params.verbose = False
     clustering = faiss.Clustering(d, config.n_clusters, params)
-    index = faiss.IndexFlat(d, faiss.METRIC_L1) if config.metric == "l1" else faiss.IndexFlatL2(d)
+    index: faiss.Index = faiss.IndexFlat(d, faiss.METRIC_L1) if config.metric == "l1" else faiss.IndexFlatL2(d)
     if kmeans_device(_KMEANS_DEVICE.get()) == "gpu":
         # the assignment step (the cost of k-means) on GPU 0; faiss's GPU flat index has L2 and L1
         resources = faiss.StandardGpuResources()

@@ -81,6 +81,7 @@ class CVDD(StandardizedEncoder, Detector):
     method = "cvdd"
     config_class = CVDDConfig
     uses_sae = False
+    config: CVDDConfig
 
     @property
     def n_clusters(self) -> int:

@@ -237,6 +237,10 @@ class DeepSVDD(StandardizedEncoder, Detector):
     method = "deep-svdd"
     config_class = DeepSVDDConfig
     uses_sae = False
+    config: DeepSVDDConfig
+
+    center: Tensor  # [rep_dim]
+    radius: Tensor  # [1] (soft-boundary objective; 0 for one-class)
 
     def __init__(self, config: DeepSVDDConfig, d_in: int, d_sae: int | None = None) -> None:
         super().__init__(config, d_in, d_sae)

@@ -82,6 +82,14 @@ class FreqMaskKM(Detector):
 
     method = "freqmask-km"
     config_class = FreqMaskConfig
+    config: FreqMaskConfig
+    d_sae: int  # the base class refuses None for a method that reads SAE codes
+
+    centroids: Tensor  # [n_clusters, d_sae] member means of the safe codes
+    cluster_frequency: Tensor  # [n_clusters, d_sae] share of members on which each feature is active
+    cluster_sizes: Tensor  # [n_clusters] long
+    mask_indices: Tensor  # [n_clusters, mask_size] long (use_mask only)
+    precision: Tensor  # [n_clusters, width, width] (mahalanobis only)
 
     @property
     def n_clusters(self) -> int:
@@ -89,6 +97,7 @@ class FreqMaskKM(Detector):
 
     def __init__(self, config: FreqMaskConfig, d_in: int, d_sae: int | None) -> None:
         super().__init__(config, d_in, d_sae)
+        d_sae = self.d_sae
         n_clusters = config.kmeans.n_clusters
         width = config.mask_size if config.use_mask else d_sae
         if config.use_mask and config.mask_size > d_sae:

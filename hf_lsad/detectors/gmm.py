@@ -91,6 +91,13 @@ class GaussianMixtureDetector(Detector):
     method = "gmm"
     config_class = GMMConfig
     uses_sae = False
+    config: GMMConfig
+
+    input_mean: Tensor  # [d_in] float64
+    input_scale: Tensor  # [d_in] float64
+    weights: Tensor  # [k] float64 mixture weights
+    means: Tensor  # [k, d_in] float64, standardized space
+    variances: Tensor  # [k, d_in] float64, diagonal
 
     @property
     def n_clusters(self) -> int:

@@ -65,6 +65,11 @@ class KNNDistance(Detector):
     config_class = KNNConfig
     state_class = KNNState
     uses_sae = False
+    config: KNNConfig
+    state: KNNState
+
+    mean: Tensor  # [d_in], the fit split's mean, subtracted before the cosine
+    bank: Tensor  # [n_bank, d_in] centred, unit-norm safe rows
 
     def __init__(self, config: KNNConfig, d_in: int, d_sae: int | None = None, state: KNNState | None = None) -> None:
         super().__init__(config, d_in, d_sae, state)

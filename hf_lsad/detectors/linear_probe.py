@@ -64,10 +64,12 @@ class LinearProbe(Detector):
     config_class = LinearProbeConfig
     uses_sae = True
     supervised = True
+    config: LinearProbeConfig
+    d_sae: int  # the base class refuses None for a method that reads SAE codes
 
     def __init__(self, config: LinearProbeConfig, d_in: int, d_sae: int | None) -> None:
         super().__init__(config, d_in, d_sae)
-        self.weight = nn.Parameter(torch.zeros(d_sae))
+        self.weight = nn.Parameter(torch.zeros(self.d_sae))
         self.bias = nn.Parameter(torch.zeros(1))
 
     def fit(self, activations: Tensor, sae: SparseAutoencoder | None, *, progress: bool = True) -> None:

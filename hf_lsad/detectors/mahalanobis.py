@@ -53,6 +53,10 @@ class Mahalanobis(Detector):
     method = "mahalanobis"
     config_class = MahalanobisConfig
     uses_sae = False
+    config: MahalanobisConfig
+
+    mean: Tensor  # [d_in] float64
+    whitening: Tensor  # [d_in, d_in] float64
 
     def __init__(self, config: MahalanobisConfig, d_in: int, d_sae: int | None = None) -> None:
         super().__init__(config, d_in, d_sae)

@@ -105,6 +105,14 @@ class OneClassSVMDetector(Detector):
     config_class = OCSVMConfig
     uses_sae = False
     state_class = OCSVMState
+    config: OCSVMConfig
+    state: OCSVMState
+
+    input_mean: Tensor  # [d_in] float64, the fit split's mean
+    input_scale: Tensor  # [d_in] float64, its standard deviation
+    intercept: Tensor  # [1] float64
+    support_vectors: Tensor  # [n_support, d_in] float64, standardized
+    dual_coef: Tensor  # [n_support] float64
 
     def __init__(
         self, config: OCSVMConfig, d_in: int, d_sae: int | None = None, state: OCSVMState | None = None

@@ -256,7 +256,7 @@ def run_grid(
             raise ValueError(f"{spec.name} ({spec.method}) reads SAE codes: give an SAE")
         if progress:
             print(f"{spec.name}: {len(grid_points(spec))} grid point(s) x {len(config.seeds)} seed(s)", flush=True)
-        points = []
+        points: list[dict[str, Any]] = []
         for settings in grid_points(spec):
             runs = runner.run_seeds(spec.method, settings, config.seeds)
             points.append(
@@ -314,6 +314,7 @@ def run_grid(
     if config.diagnostics:
         for spec in config.methods:
             if spec.method == FreqMaskKM.method:
+                assert sae is not None  # refused above: FreqMask-KM reads SAE codes
                 diagnostics[spec.name] = _diagnose(spec, methods[spec.name], data, splits, sae, config)
     return {"methods": methods, "ablations": ablations, "diagnostics": diagnostics}
 
@@ -330,6 +331,7 @@ def _diagnose(
     run = result["runs"][0]
     detector_config, _ = build_config(spec.method, result["selected"], run["seed"])
     detector = fit_detector(spec.method, detector_config, data, splits, sae)
+    assert isinstance(detector, FreqMaskKM)  # the caller diagnoses FreqMask-KM only
     sets = {"safe_test": data.safe[splits.safe_test]}
     sets.update({c: x[splits.unsafe_test[c]] for c, x in data.unsafe.items()})
     if data.benign_ood is not None:

@@ -249,11 +249,9 @@ def write_report(
     plot_lines = []
     for name, diag in results["diagnostics"].items():
         written, reason = save_plots(diag, path / "plots" / name.lower().replace(" ", "-"))
-        plot_lines.append(
-            f"- {name}: "
-            + (", ".join(f"`plots/{name.lower().replace(' ', '-')}/{w}`" for w in written) if written else reason)
-        )
-    rows = {
+        files = ", ".join(f"`plots/{name.lower().replace(' ', '-')}/{w}`" for w in written)
+        plot_lines.append(f"- {name}: {files or reason}")
+    rows: dict[str, int | str] = {
         "safe fit": len(splits.safe_fit),
         "safe validation": len(splits.safe_validation),
         "safe test": len(splits.safe_test),

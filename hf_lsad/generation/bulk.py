@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from tqdm.auto import tqdm
@@ -178,7 +178,8 @@ def plan_batches(
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
     errors = [(row.id, row.error) for row in rows if row.error is not None]
     readable = [row for row in rows if row.error is None]
-    texts, add_special_tokens = prompt_texts(tokenizer, [row.text for row in readable], chat_template=chat_template)
+    prompts = [cast(str, row.text) for row in readable]  # a row without an error has its prompt (PromptRow)
+    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)
     token_ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
     context = getattr(guarded.model.config.get_text_config(), "max_position_embeddings", None)
     fits = [not context or len(ids) <= context for ids in token_ids]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -244,7 +244,7 @@ class GuardLogitsProcessor(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self.state.update(input_ids)
-        return self.state.force(scores)
+        return cast(torch.FloatTensor, self.state.force(scores))  # transformers' annotation; a plain Tensor
 
 
 class GuardStoppingCriteria(StoppingCriteria):
@@ -256,4 +256,4 @@ class GuardStoppingCriteria(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         state = self.state
         done = state.stopped & (state.forced_done >= len(state.forced_tokens))
-        return done.to(input_ids.device)
+        return cast(torch.BoolTensor, done.to(input_ids.device))  # as transformers annotates it

@@ -19,6 +19,7 @@ from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaL
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from ..capture.recorder import (
+    call_generate,
     check_generate_kwargs,
     eos_token_ids,
     generate_with_activations,
@@ -42,7 +43,9 @@ from .control import (
 class GuardedGenerateDecoderOnlyOutput(GenerateDecoderOnlyOutput):
     """transformers' decoder-only generate output with one :class:`SafetyReport` per sequence."""
 
-    safety: list[SafetyReport] | None = None
+    # Always set: GuardedModelForCausalLM.generate builds it with the reports. The None default is what ModelOutput
+    # demands of every field after the first; typing it Optional would make every reader check a None that never is.
+    safety: list[SafetyReport] = None  # type: ignore[assignment]
 
 
 def check_generate_options(position: str, on_flag: str, on_step: Callable[[StepVerdict], None] | None) -> None:
@@ -80,9 +83,9 @@ def generate_guarded(
     if on_flag == "report" and hook.position not in RUNNING_POSITIONS and on_step is None:
         if guard.heads:  # every head reads the prompt: all reads come from the prefill call
             check_generate_kwargs(model, kwargs)
-            with generation_prompt_reader(model, guard.reads, kwargs) as reader:
-                output = model.generate(**kwargs)
-            return output, guard.reports(reader.features(guard.reads), explain=explain, top_k=top_k)
+            with generation_prompt_reader(model, guard.reads, kwargs) as prompt_reader:
+                output = call_generate(model, kwargs)
+            return output, guard.reports(prompt_reader.features(guard.reads), explain=explain, top_k=top_k)
         output, activations = generate_with_activations(model, hook.layer, hook.position, **kwargs)
         return output, guard.reports(activations, explain=explain, top_k=top_k)  # fails closed per row
     # The verdict is needed while generating: the guard's logits processor and stopping criteria go after the
@@ -110,7 +113,7 @@ def generate_guarded(
         [*(kwargs.get("stopping_criteria") or []), GuardStoppingCriteria(state)]
     )
     with recorder, reader if reader is not None else contextlib.nullcontext():
-        output = model.generate(**kwargs)
+        output = call_generate(model, kwargs)
     return output, state.reports(explain=explain, top_k=top_k)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor, nn
@@ -195,10 +195,41 @@ class GuardedModelForCausalLM(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
 
+    @overload
     def generate(
         self,
         input_ids: Tensor | None = None,
         *,
+        return_dict_in_generate: Literal[True],
+        on_flag: str = ...,
+        refusal: str | list[int] | Tensor | None = ...,
+        explain: bool = ...,
+        explain_top_k: int = ...,
+        safety_out: list[SafetyReport] | None = ...,
+        on_step: Any = ...,
+        **kwargs: Any,
+    ) -> GuardedGenerateDecoderOnlyOutput: ...
+
+    @overload
+    def generate(
+        self,
+        input_ids: Tensor | None = None,
+        *,
+        return_dict_in_generate: bool | None = ...,
+        on_flag: str = ...,
+        refusal: str | list[int] | Tensor | None = ...,
+        explain: bool = ...,
+        explain_top_k: int = ...,
+        safety_out: list[SafetyReport] | None = ...,
+        on_step: Any = ...,
+        **kwargs: Any,
+    ) -> Tensor | GuardedGenerateDecoderOnlyOutput: ...
+
+    def generate(
+        self,
+        input_ids: Tensor | None = None,
+        *,
+        return_dict_in_generate: bool | None = None,
         on_flag: str = "report",
         refusal: str | list[int] | Tensor | None = None,
         explain: bool = False,
@@ -210,6 +241,9 @@ class GuardedModelForCausalLM(nn.Module):
         """``model.generate(input_ids, **kwargs)``, scoring each sequence at the guard's position.
 
         Args:
+            return_dict_in_generate: As ``model.generate`` (``None``: the generation config's). With ``True`` the
+                output is a :class:`GuardedGenerateDecoderOnlyOutput` whose ``safety`` holds the reports; otherwise
+                the sequences tensor plain ``generate`` returns.
             on_flag: ``"report"`` (default): generate as the plain model does and report.
                 ``"stop"``: end a flagged row as soon as the verdict exists, while the other rows
                 of the batch go on: right after the prefill for a ``prompt_last`` guard (the row
@@ -231,6 +265,8 @@ class GuardedModelForCausalLM(nn.Module):
         """
         if input_ids is not None:
             kwargs["input_ids"] = input_ids
+        if return_dict_in_generate is not None:
+            kwargs["return_dict_in_generate"] = return_dict_in_generate
         check_generate_options(self.guard.config.hook.position, on_flag, on_step)
         check_generate_inputs(self.model, self.guard, kwargs)
         self._input_warner.warn(

@@ -65,7 +65,7 @@ def store_texts(records: list[dict[str, Any]]) -> list[str]:
     if wanted:
         for pool in POOLS:
             texts.update((p.id, p.text) for p in load_pool(pool) if p.id in wanted)
-    return [r.get("text") or r.get("prompt") or texts.get(r.get("id"), f"<{r.get('id')}>") for r in records]
+    return [r.get("text") or r.get("prompt") or texts.get(r.get("id") or "", f"<{r.get('id')}>") for r in records]
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from huggingface_hub import CommitInfo, ModelCard
@@ -95,9 +95,13 @@ class SafetyGuard(nn.Module):
     def reads(self) -> list[Read]:
         """Every ``(layer, position)`` the guard scores, the anomaly head's first: one forward pass records them all."""
         reads = [(self.config.hook.layer, self.config.hook.position)]
-        for head in self.heads.values():
+        for head in self._supervised_heads():
             reads += [read for read in head.reads if read not in reads]
         return reads
+
+    def _supervised_heads(self) -> list[SupervisedHead]:
+        """:attr:`heads` in order, typed (an ``nn.ModuleDict`` yields plain modules)."""
+        return [cast(SupervisedHead, head) for head in self.heads.values()]
 
     def add_head(self, head: SupervisedHead) -> None:
         """Add a supervised head after the others. Its threshold is set with the others' by :meth:`fit_budget`
@@ -245,10 +249,10 @@ class SafetyGuard(nn.Module):
     def _score(self, reads: dict[Read, Tensor]) -> tuple[GuardOutput, Tensor | None]:
         """The output and, for a calibrated guard, the probabilities it flagged by (computed once)."""
         (scores, clusters, probabilities), deciding = self._head_scores(reads)
-        if self.heads and self.budget is None:
-            raise RuntimeError("this guard's supervised heads have no thresholds yet: call fit_budget(...) first")
         if not self.heads:
             return GuardOutput(scores, clusters, deciding[ANOMALY_HEAD] > self.threshold), probabilities
+        if self.budget is None:
+            raise RuntimeError("this guard's supervised heads have no thresholds yet: call fit_budget(...) first")
         thresholds = self.budget.thresholds
         flagged = torch.stack([deciding[name] > t for name, t in zip(self.head_names, thresholds)]).any(0)
         return GuardOutput(scores, clusters, flagged, deciding), probabilities
@@ -288,13 +292,14 @@ class SafetyGuard(nn.Module):
     def _reports(self, reads: dict[Read, Tensor], *, explain: bool, top_k: int) -> list[SafetyReport]:
         output, probabilities = self._score(reads)
         n = len(output.scores)
-        probabilities = [None] * n if probabilities is None else probabilities.tolist()
+        row_probabilities = [None] * n if probabilities is None else probabilities.tolist()
         if self.holdout_scores is None:
             p_values = [None] * n
         else:
             p_values = conformal_p_values(output.scores, self.holdout_scores).tolist()
         heads: list[tuple[HeadVerdict, ...]] = [()] * n
         if output.head_scores is not None:
+            assert self.budget is not None  # _score refuses a guard with heads and no budget
             table = {name: output.head_scores[name].tolist() for name in self.head_names}
             heads = [
                 tuple(
@@ -316,7 +321,7 @@ class SafetyGuard(nn.Module):
                     threshold=self.threshold,
                     flagged=f,
                     cluster=c,
-                    probability=probabilities[r],
+                    probability=row_probabilities[r],
                     p_value=p_values[r],
                     features=features[r],
                     heads=heads[r],
@@ -340,7 +345,7 @@ class SafetyGuard(nn.Module):
             if name == ANOMALY_HEAD:
                 found = explain_scores(self.detector, self.sae, subset[self.reads[0]], top_k=top_k)
             else:
-                found = self.heads[name].explain(subset, top_k=top_k)
+                found = cast(SupervisedHead, self.heads[name]).explain(subset, top_k=top_k)
             for r, features in zip(rows.tolist(), found):
                 explained[r] = features
         return explained
@@ -512,7 +517,7 @@ class SafetyGuard(nn.Module):
             self.calibration,
             self.running,
             self.inputs,
-            tuple(self.heads.values()),
+            tuple(self._supervised_heads()),
             self.budget,
         )
 

@@ -58,10 +58,11 @@ def collect_response_activations(
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     for start in tqdm(range(0, len(order), batch_size), desc="collect response tokens", disable=not progress):
         batch = order[start : start + batch_size]
-        inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
+        prompts_batch = [prompts[i] for i in batch]
+        inputs = encode_prompts(tokenizer, prompts_batch, chat_template=chat_template, device=model.device)
         with LastPositionRecorder(module) as recorder:
             sequences = model.generate(
-                **{k: v.to(model.device) for k, v in inputs.items()},
+                **inputs,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 pad_token_id=tokenizer.pad_token_id,

@@ -99,6 +99,8 @@ def apply_activation(pre: Tensor, config: SAEConfig, threshold: Tensor | None = 
         if threshold is None:
             raise ValueError("a jumprelu SAE needs its per-feature threshold")
         return torch.relu(pre) * (pre > threshold).to(pre.dtype)
+    if config.k is None:
+        raise ValueError("a topk SAE needs its k")
     values, indices = pre.topk(config.k, dim=-1, sorted=False)
     return torch.zeros_like(pre).scatter(-1, indices, torch.relu(values))
 

@@ -174,9 +174,9 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         max_new = config.default_max_tokens if max_tokens is None else max_tokens
         if max_new > config.max_tokens_limit:
             raise ServeError(400, f"max_tokens: at most {config.max_tokens_limit}, got {max_new}", param="max_tokens")
-        inputs = {name: inputs[name].to(guarded.device) for name in ("input_ids", "attention_mask")}
+        tensors: dict[str, Any] = {name: inputs[name].to(guarded.device) for name in ("input_ids", "attention_mask")}
         try:
-            check_context(guarded.model, inputs["input_ids"], inputs["attention_mask"])
+            check_context(guarded.model, tensors["input_ids"], tensors["attention_mask"])
         except InputError as err:
             raise ServeError(400, str(err), param="messages" if chat else "prompt") from err
         temperature = 1.0 if body.temperature is None else body.temperature
@@ -185,10 +185,10 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
             settings.update(do_sample=True, temperature=temperature, top_p=body.top_p or 1.0)
         else:
             settings.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        answer = Answer(config.model_name, chat, reads_prompt, int(inputs["input_ids"].shape[1]), tokenizer)
+        answer = Answer(config.model_name, chat, reads_prompt, int(tensors["input_ids"].shape[1]), tokenizer)
 
         def generate(**extra: Any) -> Any:
-            return guarded.generate(**inputs, **settings, **extra, on_flag="stop", return_dict_in_generate=True)
+            return guarded.generate(**tensors, **settings, **extra, on_flag="stop", return_dict_in_generate=True)
 
         if not body.stream:
             output = await run_in_threadpool(gated, gate, generate)
@@ -270,6 +270,7 @@ class Answer:
         }
 
     def chunk(self, *, role: str | None = None, content: str | None = None) -> dict[str, Any]:
+        choice: dict[str, Any]
         if self.chat:
             delta = {"role": role} if role else {"content": content}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
@@ -341,7 +342,7 @@ class BodyLimit:
             return
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
         if length.isdigit() and int(length) > self.limit:
-            await self._too_large(send)
+            await self._too_large(receive, send)
             return
         # Read the body here, up to the limit, and hand it on: a route's parser would turn an error raised from
         # inside receive() into "error parsing the body".
@@ -353,7 +354,7 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.limit:
-                await self._too_large(send)
+                await self._too_large(receive, send)
                 return
             more = message.get("more_body", False)
         body, replayed = b"".join(chunks), False
@@ -367,8 +368,8 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send: Callable[[Any], Any]) -> None:
+    async def _too_large(self, receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
         response = JSONResponse(
             error_body(f"request body above {self.limit} bytes", "invalid_request_error"), status_code=413
         )
-        await response({"type": "http"}, None, send)
+        await response({"type": "http"}, receive, send)

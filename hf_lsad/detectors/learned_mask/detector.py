@@ -78,11 +78,26 @@ class LearnedMaskLoRA(Detector):
     method = "learned-mask-lora"
     config_class = LearnedMaskConfig
     state_class = LearnedMaskState
+    config: LearnedMaskConfig
+    state: LearnedMaskState
+    d_sae: int  # the base class refuses None for a method that reads SAE codes
+
+    centroids: Tensor  # [k, d_sae] member means in the clustering space
+    cluster_sizes: Tensor  # [k] long
+    masks: Tensor  # [k, d_sae] learned masks (ones for a cluster on the base SAE)
+    encoder_lora_A: Tensor  # [k, rank, d_in]
+    encoder_lora_B: Tensor  # [k, rank, d_sae]
+    decoder_lora_A: Tensor  # [k, rank, d_sae]
+    decoder_lora_B: Tensor  # [k, rank, d_in]
+    residual_mean: Tensor  # [k, d_in]
+    residual_scale: Tensor  # [k, d_in] (whitened_l2 only)
+    precision: Tensor  # [k, d_in, d_in] (mahalanobis only)
 
     def __init__(
         self, config: LearnedMaskConfig, d_in: int, d_sae: int | None, state: LearnedMaskState | None = None
     ) -> None:
         super().__init__(config, d_in, d_sae, state)
+        d_sae = self.d_sae
         self.state.check(config)
         k, rank = config.kmeans.n_clusters, max(config.lora_ranks)
         if config.score_metric == "mahalanobis":

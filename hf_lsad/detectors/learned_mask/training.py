@@ -33,7 +33,7 @@ The peft side (:func:`peft_sae`, :func:`add_adapter`) also builds the detector's
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -205,6 +205,7 @@ class _MaskedSAE(nn.Module):
         self.encoder = copy.deepcopy(sae.encoder)
         self.decoder = copy.deepcopy(sae.decoder)
         self.sae_config = sae.config
+        self.threshold: Tensor | None  # the SAE's JumpReLU thresholds, None for other activations
         self.register_buffer("threshold", None if sae.threshold is None else sae.threshold.detach().clone())
 
     def forward(self, activations: Tensor, masks: Tensor) -> Tensor:
@@ -220,8 +221,9 @@ def peft_sae(sae: SparseAutoencoder) -> PeftModel:
         parameter.requires_grad_(False)
     # get_peft_model needs a first adapter; a rank-1 placeholder is deleted right away.
     model = get_peft_model(base, LoraConfig(r=1, target_modules=["encoder", "decoder"]), adapter_name="placeholder")
-    model.base_model.delete_adapter("placeholder")
-    return model
+    tuner: Any = model.base_model  # peft's LoraModel; PeftModel annotates it as a plain nn.Module
+    tuner.delete_adapter("placeholder")
+    return cast("PeftModel", model)  # not a PeftMixedModel: get_peft_model was not asked for mixed=True
 
 
 def add_adapter(model: PeftModel, cluster: int, rank: int, seed: int) -> None:
@@ -234,8 +236,9 @@ def add_adapter(model: PeftModel, cluster: int, rank: int, seed: int) -> None:
         model.add_adapter(adapter_name(cluster), lora)
 
 
-def lora_layers(model: PeftModel) -> dict[str, nn.Module]:
-    inner = model.base_model.model
+def lora_layers(model: PeftModel) -> dict[str, Any]:
+    """The encoder's and decoder's peft LoRA layers (``Any``: peft builds their ``lora_A``/``lora_B`` at run time)."""
+    inner: Any = model.base_model.model  # the _MaskedSAE, its linears replaced by peft's LoRA layers
     return {"encoder": inner.encoder, "decoder": inner.decoder}
 
 

@@ -99,6 +99,9 @@ class Probe(nn.Module):
     respect to them, for explanations) and :meth:`fit_standard` (scikit-learn's fit, copied into buffers).
     """
 
+    mean: Tensor  # [width], the fit rows' mean of each concatenated read
+    scale: Tensor  # [width], their standard deviation
+
     def __init__(self, config: ProbeConfig, hidden_size: int) -> None:
         super().__init__()
         self.config = config
@@ -161,6 +164,9 @@ class Probe(nn.Module):
 class LogisticProbe(Probe):
     """``sigmoid(w . z + b)`` over the standardised reads (module docstring)."""
 
+    weight: Tensor  # [width] w
+    bias: Tensor  # [1] b
+
     def __init__(self, config: ProbeConfig, hidden_size: int) -> None:
         super().__init__(config, hidden_size)
         self.register_buffer("weight", torch.zeros(self.width))
@@ -184,6 +190,11 @@ class LogisticProbe(Probe):
 class MLPProbe(Probe):
     """``sigmoid(v . relu(W z + c) + b)`` over the standardised reads: one ReLU layer, of ``mlp_members`` fits side by
     side (module docstring)."""
+
+    hidden_weight: Tensor  # [units, width] W
+    hidden_bias: Tensor  # [units] c
+    weight: Tensor  # [units] v
+    bias: Tensor  # [1] b
 
     def __init__(self, config: ProbeConfig, hidden_size: int) -> None:
         super().__init__(config, hidden_size)

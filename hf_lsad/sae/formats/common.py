@@ -163,5 +163,7 @@ def build_sae(
     sae.decoder.weight.copy_(w_dec.T)
     sae.decoder.bias.copy_(b_dec)
     if threshold is not None:
+        if sae.threshold is None:
+            raise ValueError(f"a threshold was given for a {config.activation} SAE; only jumprelu has one")
         sae.threshold.copy_(threshold)
     return sae.eval()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..model import SAEConfig
+from ..model import Activation, SAEConfig
 from .common import (
     LoadedSAE,
     SAEFormatError,
@@ -35,7 +35,7 @@ SAELENS_CONFIG = "cfg.json"
 SAELENS_WEIGHTS = "sae_weights.safetensors"
 
 #: SAELens architectures hf-lsad reads, and the activation each maps to.
-SAELENS_ARCHITECTURES: dict[str, str] = {"standard": "relu", "jumprelu": "jumprelu", "topk": "topk"}
+SAELENS_ARCHITECTURES: dict[str, Activation] = {"standard": "relu", "jumprelu": "jumprelu", "topk": "topk"}
 
 
 def read_saelens(folder: Path) -> LoadedSAE:
