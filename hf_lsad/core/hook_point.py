@@ -98,6 +98,8 @@ class HookPoint:
 
     @classmethod
     def from_model(cls, model: PreTrainedModel, layer: int, position: str, base_model: str | None = None) -> HookPoint:
+        """The hook point of block ``layer`` of ``model`` at ``position``; ``base_model`` defaults to the model's
+        ``name_or_path``."""
         name, _ = decoder_layer(model, layer)
         text_config = model.config.get_text_config()
         return cls(

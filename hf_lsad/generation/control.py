@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast, get_args
 
 import torch
 from torch import Tensor
@@ -37,8 +37,9 @@ from ..capture.recorder import LastPositionRecorder, PromptReader
 from ..errors import InputError
 from ..guard.guard import SafetyGuard, SafetyReport
 
-ON_FLAG = ("report", "stop")
+OnFlag = Literal["report", "stop"]
 """``report``: score only (the sequences are those of plain ``generate``); ``stop``: end flagged rows."""
+ON_FLAG = get_args(OnFlag)
 
 SCREEN_POSITIONS = ("prompt_last",)
 RUNNING_POSITIONS = ("response_running",)

@@ -34,6 +34,7 @@ from .control import (
     GuardedGenerationState,
     GuardLogitsProcessor,
     GuardStoppingCriteria,
+    OnFlag,
     StepVerdict,
     refusal_token_ids,
 )
@@ -71,7 +72,7 @@ def generate_guarded(
     guard: SafetyGuard,
     tokenizer: Any,
     kwargs: dict[str, Any],
-    on_flag: str,
+    on_flag: OnFlag,
     refusal: str | Sequence[int] | Tensor | None,
     explain: bool,
     top_k: int,

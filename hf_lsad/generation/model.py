@@ -19,13 +19,14 @@ from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from ..capture.collect import encode_prompts
 from ..capture.inputs import check_context, check_generate_inputs
 from ..capture.recorder import PROMPT_POSITIONS, prompt_features
 from ..core.prompt_inputs import InputWarner
 from ..guard.guard import SafetyGuard, SafetyReport
+from .control import OnFlag
 from .files import GUARD_SUBFOLDER, GUARDED_CONFIG, load_guarded_model, upload_guarded_folder, write_guarded_folder
 from .generate import GuardedGenerateDecoderOnlyOutput, check_generate_options, generate_guarded
 
@@ -181,18 +182,23 @@ class GuardedModelForCausalLM(nn.Module):
         )
 
     @property
-    def config(self) -> Any:
+    def config(self) -> PretrainedConfig:
+        """The wrapped model's config (what ``pipeline`` and generation utilities read)."""
         return self.model.config
 
     @property
-    def generation_config(self) -> Any:
+    def generation_config(self) -> GenerationConfig:
+        """The wrapped model's generation config."""
         return self.model.generation_config
 
     @property
-    def device(self) -> Any:
+    def device(self) -> torch.device:
+        """The wrapped model's device, where inputs go."""
         return self.model.device
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped model's forward, unguarded: the guard reads the residual stream in :meth:`generate` and
+        :meth:`screen`."""
         return self.model(*args, **kwargs)
 
     @overload
@@ -201,7 +207,7 @@ class GuardedModelForCausalLM(nn.Module):
         input_ids: Tensor | None = None,
         *,
         return_dict_in_generate: Literal[True],
-        on_flag: str = ...,
+        on_flag: OnFlag = ...,
         refusal: str | list[int] | Tensor | None = ...,
         explain: bool = ...,
         explain_top_k: int = ...,
@@ -216,7 +222,7 @@ class GuardedModelForCausalLM(nn.Module):
         input_ids: Tensor | None = None,
         *,
         return_dict_in_generate: bool | None = ...,
-        on_flag: str = ...,
+        on_flag: OnFlag = ...,
         refusal: str | list[int] | Tensor | None = ...,
         explain: bool = ...,
         explain_top_k: int = ...,
@@ -230,7 +236,7 @@ class GuardedModelForCausalLM(nn.Module):
         input_ids: Tensor | None = None,
         *,
         return_dict_in_generate: bool | None = None,
-        on_flag: str = "report",
+        on_flag: OnFlag = "report",
         refusal: str | list[int] | Tensor | None = None,
         explain: bool = False,
         explain_top_k: int = 10,

@@ -100,6 +100,7 @@ class AffineCalibration:
 
     @property
     def n_clusters(self) -> int:
+        """Clusters calibrated: one slope and intercept each."""
         return len(self.slopes)
 
     def coverage(self) -> str:

@@ -129,17 +129,21 @@ class SparseAutoencoder(nn.Module):
         return apply_activation(pre, self.config, self.threshold)
 
     def encode(self, activations: Tensor) -> Tensor:
+        """Codes ``[batch, d_sae]`` of activations ``[batch, d_in]``."""
         return self.activate(self.encoder(activations))
 
     def decode(self, codes: Tensor) -> Tensor:
+        """Reconstructions ``[batch, d_in]`` of codes ``[batch, d_sae]``."""
         return self.decoder(codes)
 
     def forward(self, activations: Tensor) -> SAEOutput:
+        """Codes and reconstructions of activations ``[batch, d_in]``."""
         codes = self.encode(activations)
         return SAEOutput(codes, self.decode(codes))
 
     @torch.no_grad()
     def normalize_decoder(self) -> None:
+        """Scale each feature's decoder column to unit norm, in place (training keeps them there)."""
         self.decoder.weight /= self.decoder.weight.norm(dim=0, keepdim=True).clamp_min(1e-8)
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:

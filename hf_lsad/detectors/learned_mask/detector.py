@@ -118,6 +118,7 @@ class LearnedMaskLoRA(Detector):
 
     @property
     def fitted(self) -> bool:
+        """Whether :meth:`fit` ran (or a fitted detector was loaded): the clusters have their stages."""
         return bool(self.state.cluster_stages)
 
     @property

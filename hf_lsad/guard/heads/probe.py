@@ -111,6 +111,7 @@ class Probe(nn.Module):
 
     @property
     def width(self) -> int:
+        """Features per row: the hidden size times the number of reads."""
         return int(self.mean.shape[0])
 
     def features(self, reads: dict[Read, Tensor]) -> Tensor:
@@ -310,10 +311,12 @@ class SupervisedHead(nn.Module):
 
     @property
     def name(self) -> str:
+        """The head's name in its guard (reports' ``decided_by``, the budget's ``heads``)."""
         return self.config.name
 
     @property
     def reads(self) -> list[Read]:
+        """The ``(layer, position)`` reads the head scores, in the order its features concatenate them."""
         return list(self.config.probe.reads)
 
     @torch.no_grad()
