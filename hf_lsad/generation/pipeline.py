@@ -37,8 +37,16 @@ class GuardedTextGenerationPipeline(TextGenerationPipeline):
             super().check_model_type(supported_models)
         # a guarded model wraps a causal LM whose decoder blocks it found: nothing to warn about
 
-    def _sanitize_parameters(self, on_flag=None, refusal=None, explain=None, explain_top_k=None, **kwargs):
-        preprocess, forward, postprocess = super()._sanitize_parameters(**kwargs)
+    def _sanitize_parameters(
+        self,
+        *args: Any,
+        on_flag: str | None = None,
+        refusal: str | list[int] | None = None,
+        explain: bool | None = None,
+        explain_top_k: int | None = None,
+        **kwargs: Any,
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        preprocess, forward, postprocess = super()._sanitize_parameters(*args, **kwargs)
         extra = {"on_flag": on_flag, "refusal": refusal, "explain": explain, "explain_top_k": explain_top_k}
         forward = {**forward, **{k: v for k, v in extra.items() if v is not None}}
         return preprocess, forward, postprocess
