@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -26,7 +27,7 @@ from ..capture.inputs import check_context, check_generate_inputs
 from ..capture.recorder import PROMPT_POSITIONS, prompt_features
 from ..core.prompt_inputs import InputWarner
 from ..guard.guard import SafetyGuard, SafetyReport
-from .control import OnFlag
+from .control import OnFlag, StepVerdict
 from .files import GUARD_SUBFOLDER, GUARDED_CONFIG, load_guarded_model, upload_guarded_folder, write_guarded_folder
 from .generate import GuardedGenerateDecoderOnlyOutput, check_generate_options, generate_guarded
 
@@ -212,7 +213,7 @@ class GuardedModelForCausalLM(nn.Module):
         explain: bool = ...,
         explain_top_k: int = ...,
         safety_out: list[SafetyReport] | None = ...,
-        on_step: Any = ...,
+        on_step: Callable[[StepVerdict], None] | None = ...,
         **kwargs: Any,
     ) -> GuardedGenerateDecoderOnlyOutput: ...
 
@@ -227,7 +228,7 @@ class GuardedModelForCausalLM(nn.Module):
         explain: bool = ...,
         explain_top_k: int = ...,
         safety_out: list[SafetyReport] | None = ...,
-        on_step: Any = ...,
+        on_step: Callable[[StepVerdict], None] | None = ...,
         **kwargs: Any,
     ) -> Tensor | GuardedGenerateDecoderOnlyOutput: ...
 
@@ -241,15 +242,15 @@ class GuardedModelForCausalLM(nn.Module):
         explain: bool = False,
         explain_top_k: int = 10,
         safety_out: list[SafetyReport] | None = None,
-        on_step: Any = None,
+        on_step: Callable[[StepVerdict], None] | None = None,
         **kwargs: Any,
     ) -> Tensor | GuardedGenerateDecoderOnlyOutput:
         """``model.generate(input_ids, **kwargs)``, scoring each sequence at the guard's position.
 
         Args:
-            return_dict_in_generate: As ``model.generate`` (``None``: the generation config's). With ``True`` the
-                output is a :class:`GuardedGenerateDecoderOnlyOutput` whose ``safety`` holds the reports; otherwise
-                the sequences tensor plain ``generate`` returns.
+            return_dict_in_generate: As ``model.generate`` (``None``: the generation config's). When true the
+                output is a :class:`GuardedGenerateDecoderOnlyOutput` whose ``safety`` holds the reports, else the
+                sequences tensor plain ``generate`` returns (type checkers know the first for a literal ``True``).
             on_flag: ``"report"`` (default): generate as the plain model does and report.
                 ``"stop"``: end a flagged row as soon as the verdict exists, while the other rows
                 of the batch go on: right after the prefill for a ``prompt_last`` guard (the row
