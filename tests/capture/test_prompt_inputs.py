@@ -133,6 +133,22 @@ def test_right_padding_is_read_between_the_real_tokens():
     assert input_warnings(profile, markers, right["input_ids"], right["attention_mask"]) == []
 
 
+def test_encode_prompts_gives_the_two_generation_inputs_padded_and_placed():
+    _, tokenizer, _ = tiny_guard("prompt_last")
+    for side in ("left", "right"):
+        inputs = encode_prompts(tokenizer, MIXED_BATCH, padding_side=side, device="meta")
+        assert set(inputs) == {"input_ids", "attention_mask"}  # nothing else goes to generate(**inputs)
+        assert inputs["input_ids"].device.type == inputs["attention_mask"].device.type == "meta"
+        on_cpu = encode_prompts(tokenizer, MIXED_BATCH, padding_side=side)
+        assert on_cpu["input_ids"].device.type == "cpu" and on_cpu["input_ids"].shape == inputs["input_ids"].shape
+        lengths = on_cpu["attention_mask"].sum(1)
+        assert len(set(lengths.tolist())) > 1  # a batch of several lengths, so padding shows
+        pads = on_cpu["attention_mask"][:, 0 if side == "left" else -1] == 0
+        assert bool(pads[lengths < lengths.max()].all())  # the shorter rows are padded on that side
+    with pytest.raises(ValueError, match="padding_side"):
+        encode_prompts(tokenizer, MIXED_BATCH, padding_side="middle")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "inputs, key",
     [
