@@ -1,4 +1,7 @@
-"""hf-lsad: unsafe-data-free safety detectors on the residual stream of Hugging Face causal LMs.
+"""hf-lsad: safety guards that read the residual stream of Hugging Face causal LMs.
+
+A guard has named heads on one forward pass: the paper's anomaly head, fitted on safe prompts only (SAE codes,
+k-means, sparse masks), and supervised heads fitted on unsafe and benign prompts.
 
 The names below are imported on first use (PEP 562), so ``import hf_lsad`` and the
 ``hf-lsad`` command stay fast and the detector layer never pulls in transformers.

@@ -1,33 +1,8 @@
-"""The ``hf-lsad`` command: collect, train-sae, fit, calibrate, evaluate, explain, generate, add-head, set-budget,
-teach, screen, serve, push, pull.
+"""The ``hf-lsad`` command's parser: :data:`DESCRIPTION` is its top-level help, :data:`COMMANDS` its commands.
 
-    hf-lsad collect   --model default --pool safe --layer 20 --position prompt_last --out acts/safe
-    hf-lsad train-sae --activations acts/safe --d-sae 2304 --out sae
-    hf-lsad fit       --activations acts/safe --sae sae --out guard [--method NAME] [--mask-size 50] [--set key=value]
-    hf-lsad calibrate --guard guard --safe acts/safe --unsafe acts/harmful --benign-ood acts/ood --budget 0.01 --out g2
-    hf-lsad evaluate  --guard guard --safe acts/safe --unsafe acts/harmful acts/toxic
-    hf-lsad evaluate  --safe acts/safe --unsafe acts/harmful acts/toxic --sae sae --grid grid.json --out report
-    hf-lsad evaluate  --guard default --benign-prompts chat=chat.jsonl --unsafe-prompts harm=harm.jsonl --out report
-    hf-lsad explain   --guard default --activations acts/harmful "Write a tutorial on how to make a bomb"
-    hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
-    hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
-    hf-lsad set-budget --guard default --benign my-traffic.txt --out my-guard
-    hf-lsad teach     --guard default --benign my-traffic.txt --out my-guard [--head harm] [--cache teach-cache]
-    hf-lsad screen    prompts.jsonl --out verdicts.jsonl [--column prompt] [--id-column id]
-    hf-lsad serve     --port 8000 [--api-key KEY]
-    hf-lsad push      my-guard org/my-guard [--private] [--revision BRANCH]
-    hf-lsad pull      org/my-guard my-guard-copy [--revision SHA]
-
-``hf-lsad fit --method NAME --help`` lists the settings of any registered method: one flag per
-config field, generated from the config (defaults are the API's), and ``--set key=value`` for any.
-``--device`` / ``--dtype`` (collect, generate, explain) and ``--device`` / ``--kmeans-device`` (fit,
-train-sae) come from :mod:`hf_lsad.core.runtime`; ``--guard`` takes ``--revision`` / ``--subfolder``.
-
-    hf-lsad collect   --pool tatsu-lab/alpaca --category safe --text-field instruction --layer 20 --out acts/alpaca
-    accelerate launch --num_processes 4 -m hf_lsad.cli collect --pool safe --layer 20 --out acts/safe
-
-This module only parses and calls: each command imports what it needs when it runs, so
-``hf-lsad --help`` imports neither torch nor transformers.
+This module only parses and calls: each command imports what it needs when it runs, so ``hf-lsad --help``
+imports neither torch nor transformers. ``--device`` / ``--dtype`` (collect, generate, explain) and ``--device`` /
+``--kmeans-device`` (fit, train-sae) come from :mod:`hf_lsad.core.runtime`.
 """
 
 from __future__ import annotations
@@ -38,6 +13,40 @@ from collections.abc import Callable, Sequence
 
 from ..version import __version__
 from . import arguments, commands
+
+DESCRIPTION = """\
+Guard a Hugging Face causal LM by reading its own residual stream: generate with a safety report per prompt
+(flagged prompts are stopped before their first token), screen tables of prompts, serve an OpenAI-compatible API,
+fit guards and heads of your own, and share them on the Hub.
+
+Use a guard:
+    hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
+    hf-lsad screen    prompts.jsonl --out verdicts.jsonl [--column prompt] [--id-column id]
+    hf-lsad serve     --port 8000 [--api-key KEY]
+    hf-lsad explain   --guard default --activations acts/harmful "Write a tutorial on how to make a bomb"
+
+Fit it to your traffic and share it:
+    hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
+    hf-lsad set-budget --guard default --benign my-traffic.txt --out my-guard
+    hf-lsad teach     --guard default --benign my-traffic.txt --out my-guard [--head harm] [--cache teach-cache]
+    hf-lsad push      my-guard org/my-guard [--private] [--revision BRANCH]
+    hf-lsad pull      org/my-guard my-guard-copy [--revision SHA]
+
+Build one from activations (the paper's pipeline):
+    hf-lsad collect   --model default --pool safe --layer 20 --position prompt_last --out acts/safe
+    hf-lsad train-sae --activations acts/safe --d-sae 2304 --out sae
+    hf-lsad fit       --activations acts/safe --sae sae --out guard [--method NAME] [--mask-size 50] [--set key=value]
+    hf-lsad calibrate --guard guard --safe acts/safe --unsafe acts/harmful --benign-ood acts/ood --budget 0.01 --out g2
+    hf-lsad evaluate  --guard guard --safe acts/safe --unsafe acts/harmful acts/toxic
+    hf-lsad evaluate  --safe acts/safe --unsafe acts/harmful acts/toxic --sae sae --grid grid.json --out report
+    hf-lsad evaluate  --guard default --benign-prompts chat=chat.jsonl --unsafe-prompts harm=harm.jsonl --out report
+    hf-lsad collect   --pool tatsu-lab/alpaca --category safe --text-field instruction --layer 20 --out acts/alpaca
+    accelerate launch --num_processes 4 -m hf_lsad.cli collect --pool safe --layer 20 --out acts/safe
+
+"hf-lsad COMMAND --help" lists a command's options with their defaults. "hf-lsad fit --method NAME --help" lists
+the settings of any registered method, one flag per config field (the API's defaults), and --set key=value sets any.
+Every --guard also takes --revision and --subfolder.
+"""
 
 DEFAULT_METHOD = "freqmask-km"
 
@@ -192,7 +201,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def build_parser(command: str | None = None, method: str = DEFAULT_METHOD) -> argparse.ArgumentParser:
     """The parser; only ``command``'s arguments are built (they may import the library), the others list their help."""
     parser = argparse.ArgumentParser(
-        prog="hf-lsad", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="hf-lsad", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (hf-lsad command only)")
     parser.add_argument("--version", action="version", version=f"hf-lsad {__version__}")

@@ -724,3 +724,14 @@ def test_cli_every_option_has_help_text_and_its_default():
             shown = formatter._expand_help(action)
             if action.option_strings and action.default not in (None, False, []):
                 assert "default" in shown, f"hf-lsad {name} {action.option_strings} does not show its default"
+
+
+def test_cli_top_level_help_shows_every_command_in_plain_text():
+    from hf_lsad.cli.main import COMMANDS, build_parser
+
+    text = build_parser().format_help()
+    for name in COMMANDS:
+        assert f"hf-lsad {name} " in text, f"the top-level help shows no example of hf-lsad {name}"
+    # it is read in a terminal: no reStructuredText markup, no notes about the module's imports
+    assert "``" not in text and ":mod:" not in text and "imports" not in text
+
