@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import re
 import textwrap
 import types
 import typing
@@ -133,6 +134,11 @@ def _scalar(kind: Any, optional: bool) -> Any:
     return parse
 
 
+def plain_text(doc: str) -> str:
+    """A docstring's text as a terminal shows it: ``literal`` and :role:`name` markup reduced to the name."""
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("``", "")
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, title: str, group: str = "setting") -> None:
     """Add one ``--dotted.name`` flag (underscores as dashes) per leaf field of ``cls``
     (destination ``<group>:<name>``).
@@ -156,7 +162,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, title: s
             kwargs["type"] = _scalar(kind if kind in (int, float, str) else str, optional)
         if "choices" not in kwargs and kind is not bool:
             kwargs["metavar"] = name.rsplit(".", 1)[-1].upper()
-        first_sentence = doc.split(". ")[0].rstrip(".")
+        first_sentence = plain_text(doc.split(". ")[0].rstrip("."))
         kwargs["help"] = f"{first_sentence} (default: {default})".replace("%", "%%")
         arguments.add_argument(f"--{name.replace('_', '-')}", **kwargs)
 

@@ -735,3 +735,17 @@ def test_cli_top_level_help_shows_every_command_in_plain_text():
     # it is read in a terminal: no reStructuredText markup, no notes about the module's imports
     assert "``" not in text and ":mod:" not in text and "imports" not in text
 
+
+def test_cli_flags_generated_from_configs_read_as_plain_text():
+    import argparse
+    import re
+
+    from hf_lsad.cli.main import build_parser
+    from hf_lsad.detectors import DETECTORS
+
+    for method in DETECTORS:
+        subparsers = next(a for a in build_parser("fit", method)._actions if isinstance(a, argparse._SubParsersAction))
+        text = subparsers.choices["fit"].format_help()
+        assert f"{method} settings (" in text, f"{method}: its settings were not generated"
+        markup = re.findall(r"``|:[a-z]+:`", text)
+        assert not markup, f"hf-lsad fit --method {method} --help shows docstring markup {markup}"
