@@ -150,3 +150,27 @@ def test_explain_subcommand(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "prompt: 'hello there'" in out and out.count("\n  ") >= 3
+
+
+def test_explain_command_reports_a_row_it_could_not_score(tmp_path):
+    """A NaN activation fails closed (flagged, not scored); explain says so instead of listing features."""
+    model_dir = saved_model_guard_and_store(tmp_path)
+    from transformers import AutoModelForCausalLM
+
+    broken = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        broken.model.layers[0].mlp.down_proj.weight.fill_(float("nan"))  # every later residual is NaN
+    broken.save_pretrained(model_dir)
+    out = io.StringIO()
+    args = argparse.Namespace(
+        guard=str(tmp_path / "guard"),
+        activations=str(tmp_path / "store"),
+        model=str(model_dir),
+        top_k=3,
+        examples=2,
+        prompts=["hello there"],
+    )
+    with pytest.warns(RuntimeWarning, match="NaN or inf"):
+        explain_command(args, out=out)
+    text = out.getvalue()
+    assert "prompt: 'hello there'" in text and "not scored" in text and "contribution" not in text
