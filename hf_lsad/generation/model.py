@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -292,7 +292,7 @@ class GuardedModelForCausalLM(nn.Module):
     @torch.no_grad()
     def screen(
         self,
-        prompts: list[str] | Tensor,
+        prompts: Sequence[str] | Tensor,
         attention_mask: Tensor | None = None,
         *,
         chat_template: bool = True,
