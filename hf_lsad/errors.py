@@ -25,6 +25,9 @@ the guard to be steady (``teach``: fewer than a thousand prompts).
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 
 class GuardFormatError(ValueError):
     """A saved SAE, detector or guard is missing, corrupt or does not fit."""
@@ -53,6 +56,21 @@ class DegenerateFitWarning(UserWarning):
 class SmallSampleWarning(UserWarning):
     """A guard was taught a sample of the user's traffic so small that another sample of the same traffic would
     give another guard (the message gives the count and what to bring)."""
+
+
+_PASSED_THROUGH = ("hf_lsad", "torch", "transformers")
+"""Packages whose frames lie between a user's call and a warning raised for it (``no_grad`` wrappers, ``generate``
+calling a logits processor, ``nn.Module.__call__``)."""
+
+
+def warn(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` attributed to the user's own line: the first frame outside hf-lsad, torch and transformers,
+    whatever path led here (as pandas' ``find_stack_level``). A fixed ``stacklevel`` is right for one path only; on
+    the others it pointed into the package or into torch's ``no_grad`` wrapper."""
+    frame, level = sys._getframe(1), 2  # the caller of warn is warnings.warn's stacklevel 2
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _PASSED_THROUGH:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 __all__ = [

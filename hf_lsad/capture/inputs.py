@@ -18,14 +18,13 @@ Decisions (docs/usage.md, "Thread safety and inputs"):
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from ..errors import InputError
+from ..errors import InputError, warn
 
 
 def _max_new_tokens(model: PreTrainedModel, kwargs: dict[str, Any]) -> int | None:
@@ -109,9 +108,8 @@ def check_generate_inputs(model: PreTrainedModel, guard: Any, kwargs: dict[str, 
     new = _max_new_tokens(model, kwargs)
     if context and guard.config.hook.position == "response_last" and new is not None and longest + new > context:
         name = model.config.name_or_path or type(model).__name__
-        warnings.warn(
+        warn(
             f"row {row}: a prompt of {longest} tokens plus max_new_tokens={new} exceeds the context of {name} "
             f"({context}); the response, and the token the guard scores, may run past it",
             UserWarning,
-            stacklevel=3,
         )

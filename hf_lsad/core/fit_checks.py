@@ -7,10 +7,9 @@ error with ``warnings.simplefilter("error", DegenerateFitWarning)``.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
-from ..errors import DegenerateFitWarning
+from ..errors import DegenerateFitWarning, warn
 
 MIN_FRACTION_VARIANCE_EXPLAINED = 0.5
 """An SAE whose reconstructions explain less of the training variance than this is not a usable dictionary
@@ -23,12 +22,11 @@ MIN_CLUSTER_ROWS = 10
 def check_sae_fit(fraction_variance_explained: float, *, n_rows: int) -> None:
     """Warn when an SAE explains less than :data:`MIN_FRACTION_VARIANCE_EXPLAINED` of its training data's variance."""
     if not fraction_variance_explained >= MIN_FRACTION_VARIANCE_EXPLAINED:  # also catches NaN
-        warnings.warn(
+        warn(
             f"the trained SAE explains {fraction_variance_explained:.3f} of the variance of its {n_rows} training "
             f"activations, below {MIN_FRACTION_VARIANCE_EXPLAINED}: its codes are a poor basis for a detector "
             "(lower the L1 coefficient, train longer, or widen it)",
             DegenerateFitWarning,
-            stacklevel=3,
         )
 
 
@@ -38,10 +36,9 @@ def check_cluster_sizes(sizes: Sequence[int], *, min_rows: int, why: str) -> Non
     if not small:
         return
     empty = sum(n == 0 for _, n in small)
-    warnings.warn(
+    warn(
         f"{len(small)} of {len(sizes)} cluster(s) with fewer than {min_rows} rows ({why}); smallest: "
         f"{min(n for _, n in small)} rows{f', {empty} empty' if empty else ''}; clusters {[c for c, _ in small][:10]}"
         f"{'...' if len(small) > 10 else ''}. Fit on more rows or use fewer clusters",
         DegenerateFitWarning,
-        stacklevel=3,
     )

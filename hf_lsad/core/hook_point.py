@@ -9,11 +9,10 @@ stack (nor torch, until a model is inspected). Models are only touched through
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ModelMismatchError
+from ..errors import ModelMismatchError, warn
 from .validation import NON_NEGATIVE, POSITIVE, check_ranges, ranged
 
 if TYPE_CHECKING:
@@ -155,7 +154,7 @@ class HookPoint:
                     f"{message}. If this is the same model under another name (e.g. a local copy), "
                     "pass allow_base_model_mismatch=True."
                 )
-            warnings.warn(f"{message}; using it anyway (allow_base_model_mismatch=True).", UserWarning, stacklevel=3)
+            warn(f"{message}; using it anyway (allow_base_model_mismatch=True).", UserWarning)
 
 
 def base_model_key(name_or_path: str) -> str:

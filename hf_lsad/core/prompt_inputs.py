@@ -22,12 +22,13 @@ with that token (``raw`` guards); for the length when it is more than
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+
+from ..errors import warn
 
 PROMPT_FORMATS = ("chat_template", "raw")
 LONG_PROMPT_FACTOR = 2.0
@@ -140,4 +141,4 @@ class InputWarner:
         if self._markers_of[0] is not tokenizer:
             self._markers_of = (tokenizer, template_markers(tokenizer) if tokenizer is not None else None)
         for message in input_warnings(profile, self._markers_of[1], input_ids, attention_mask):
-            warnings.warn(message, UserWarning, stacklevel=3)
+            warn(message, UserWarning)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -29,7 +28,7 @@ from ..core.checks import check_activations
 from ..core.hub import resolve_pretrained_dir
 from ..core.prompt_inputs import InputProfile
 from ..detectors import Detector
-from ..errors import GuardFormatError
+from ..errors import GuardFormatError, warn
 from ..sae.model import SparseAutoencoder
 from .calibration import AffineCalibration
 from .card import DEFAULT_LICENSE, guard_model_card
@@ -272,10 +271,9 @@ class SafetyGuard(nn.Module):
         if bool(finite.all()):
             return self._reports(reads, explain=explain, top_k=top_k)
         bad = (~finite).nonzero().flatten().tolist()
-        warnings.warn(
+        warn(
             f"guard activations of rows {bad} hold NaN or inf: those rows are reported as flagged (fail closed)",
             RuntimeWarning,
-            stacklevel=2,
         )
         kept = {read: tensor[finite.to(tensor.device)] for read, tensor in reads.items()}
         scored = iter(self._reports(kept, explain=explain, top_k=top_k) if finite.any() else [])

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -35,7 +34,7 @@ from ...core.hook_point import HookPoint
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, is_reserved, is_unsafe_pool, load_pool
 from ...data.store import INDEX, load_activations, save_activations
-from ...errors import SmallSampleWarning
+from ...errors import SmallSampleWarning, warn
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
 from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
@@ -340,7 +339,7 @@ def teach_traffic(
     allowed = allowed_flags(len(held_back), target, rule)  # too few for the confidence: refused before any pass
     warning = small_sample_warning(len(prompts), len(held_back), allowed)
     if warning:
-        warnings.warn(warning, SmallSampleWarning, stacklevel=2)
+        warn(warning, SmallSampleWarning)
 
     bundled = []
     for pool in pools:

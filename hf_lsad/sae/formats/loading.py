@@ -10,10 +10,10 @@ that layout's reader (:mod:`~hf_lsad.sae.formats.saelens`, :mod:`~hf_lsad.sae.fo
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 from ...core.hub import resolve_pretrained_dir
+from ...errors import warn
 from ..model import SAE_CONFIG, SAE_WEIGHTS, SparseAutoencoder
 from .common import LoadedSAE, SAEFormatError, SAELayerMismatchError
 from .gemma_scope import GEMMA_SCOPE_PARAMS, read_gemma_scope
@@ -120,10 +120,10 @@ def check_sae_layer(loaded: LoadedSAE, layer: int) -> None:
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
         raise ValueError(f"layer must be a non-negative decoder block index (HookPoint.layer), got {layer!r}")
     if loaded.layer is None:
-        warnings.warn(
+        warn(
             f"{loaded.layout} SAE '{loaded.folder}' does not record the layer it was trained on; "
             f"assuming it reads the output of decoder block {layer}",
-            stacklevel=3,
+            UserWarning,
         )
         return
     if loaded.layer != layer:
