@@ -215,9 +215,9 @@ def collect_prompt_features(
     out = {read: torch.empty(len(prompts), model.config.get_text_config().hidden_size) for read in reads}
     device, longest = model.device, 0
     for batch in tqdm(batches, desc=f"collect {len(reads)} reads", disable=not progress):
-        inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template)
+        inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template, device=device)
         longest = max(longest, int(inputs["attention_mask"].sum(1).max()))
-        features = prompt_features(model, reads, inputs["input_ids"].to(device), inputs["attention_mask"].to(device))
+        features = prompt_features(model, reads, inputs["input_ids"], inputs["attention_mask"])
         index = torch.tensor(batch)
         for read, values in features.items():
             out[read][index] = values.float().cpu()
