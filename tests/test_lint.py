@@ -47,37 +47,86 @@ def test_ruff_format_is_clean():
     assert not skips, f"{marker!r} in {skips}"
 
 
-# Names the README's snippets leave to the reader (their data), declared so the snippets type-check as written.
-README_PLACEHOLDERS = "dosage_prompts: list[str]\nmy_ok_prompts: list[str]\n"
+# The pages whose Python blocks are type-checked, and the names each page's blocks leave to the reader (its data,
+# or what the page's prose says was made before), declared so that the blocks type-check as written.
+SNIPPET_PLACEHOLDERS = {
+    "README.md": """
+dosage_prompts: list[str]
+my_ok_prompts: list[str]
+""",
+    "docs/usage.md": "",
+    "docs/generation.md": """
+from hf_lsad.capture import EncodedPrompts
+from hf_lsad.detectors.freqmask import FreqMaskConfig
+from hf_lsad.sae import SparseAutoencoder
+safe_prompts: list[str]
+config: FreqMaskConfig
+sae: SparseAutoencoder
+inputs: EncodedPrompts
+""",
+    "docs/heads.md": """
+from torch import Tensor
+from hf_lsad import GuardedModelForCausalLM, SafetyGuard
+from hf_lsad.capture import EncodedPrompts
+guarded: GuardedModelForCausalLM
+inputs: EncodedPrompts
+guard: SafetyGuard
+reads: dict[tuple[int, str], Tensor]
+labels: Tensor
+sources: list[str]
+validation_chat_reads: dict[tuple[int, str], Tensor]
+dosage_prompts: list[str]
+my_ok_prompts: list[str]
+my_benign_prompts: list[str]
+""",
+    "docs/saes-and-scale.md": "",
+}
 
 
-def readme_snippets() -> str:
-    """The README's Python blocks, in order, as one module: each block uses the names the ones before it made.
-    The OpenAI client's block is left out: its types are openai's, not ours."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    return README_PLACEHOLDERS + "\n".join(block for block in blocks if "from openai import" not in block)
+def python_blocks(page: str) -> list[tuple[int, str]]:
+    """``(line, code)`` of each Python block of ``page``: the line of the block's first code line."""
+    text = (ROOT / page).read_text()
+    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
 
 
-def test_readme_snippets_are_found():
-    snippets = readme_snippets()
-    assert "GuardedModelForCausalLM(" in snippets and "add_head(" in snippets and "push_to_hub(" in snippets
+def page_snippets(page: str) -> str:
+    """A page's Python blocks, in order, as one module: each block uses the names the ones before it made, and a
+    comment before it names the page and line a finding is on. The OpenAI client's blocks are left out: their types
+    are openai's, not ours."""
+    blocks = [
+        f"# {page}, line {line}\n{code}" for line, code in python_blocks(page) if "from openai import" not in code
+    ]
+    return SNIPPET_PLACEHOLDERS[page] + "\n".join(blocks)
+
+
+def test_every_page_with_snippets_is_checked():
+    """A new page of Python examples, or a new block on a page, is type-checked like the rest."""
+    pages = [p.relative_to(ROOT).as_posix() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+    with_code = {page for page in pages if any("from openai import" not in b for _, b in python_blocks(page))}
+    assert with_code == set(SNIPPET_PLACEHOLDERS)
+    readme = page_snippets("README.md")
+    assert "GuardedModelForCausalLM(" in readme and "add_head(" in readme and "push_to_hub(" in readme
 
 
 def test_mypy_is_clean(tmp_path):
-    """The package, the examples and the README's snippets type-check (``[tool.mypy]`` in pyproject.toml): hf_lsad
-    ships ``py.typed``, so a user's type checker takes its annotations at their word, and the examples and the README
-    call the public API as users do."""
+    """The package, the examples and the snippets of the README and docs type-check (``[tool.mypy]`` in
+    pyproject.toml): hf_lsad ships ``py.typed``, so a user's type checker takes its annotations at their word, and the
+    examples and the pages call the public API as users do."""
     if importlib.util.find_spec("mypy") is None:
         pytest.fail("mypy is not installed: it is a test dependency (pip install -e '.[test]')", pytrace=False)
-    readme = tmp_path / "readme_snippets.py"
-    readme.write_text(readme_snippets())
+    snippets = []
+    for page in SNIPPET_PLACEHOLDERS:
+        snippets.append(tmp_path / f"snippets_{Path(page).stem.replace('-', '_')}.py")
+        snippets[-1].write_text(page_snippets(page))
     files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
     # the cache goes to tmp_path: nothing is written into the checkout
     command = [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy"), "--no-color-output"]
-    result = subprocess.run([*command, *files, str(readme)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    paths = [*files, *map(str, snippets)]
+    result = subprocess.run([*command, *paths], cwd=ROOT, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         pytest.fail(
-            f"`python -m mypy {' '.join(files)} <README snippets>` in {ROOT} exited {result.returncode} "
-            f"(the README's snippets: {readme}):\n{result.stdout}{result.stderr}",
+            f"`python -m mypy {' '.join(files)} <the pages' snippets>` in {ROOT} exited {result.returncode} "
+            f"(the snippets, page by page, in {tmp_path}; a comment before each block names its page and line):\n"
+            f"{result.stdout}{result.stderr}",
             pytrace=False,
         )
