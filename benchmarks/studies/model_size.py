@@ -67,14 +67,9 @@ def run(settings: Settings) -> dict[str, Any]:
         for model, folder in settings.folders.items()
     }
     common = set.intersection(*(set(r.ids) for r in rows.values()))
-    order = sorted(common)
-    results: dict[str, Any] = {"rows": len(order), "models": {}}
+    results: dict[str, Any] = {"rows": len(common), "models": {}}
     for model, model_rows in rows.items():
-        position = {row_id: i for i, row_id in enumerate(model_rows.ids)}
-        keep = [False] * len(model_rows)
-        for row_id in order:
-            keep[position[row_id]] = True
-        chosen = model_rows.select(keep)
+        chosen = model_rows.select([row_id in common for row_id in model_rows.ids])
         config = ProbeConfig(
             reads=[tuple(r) for r in settings.reads[model]],
             kind=settings.kind,

@@ -42,13 +42,18 @@ TOKENIZER_LOCATION_KWARGS = ("revision", "gguf_file", "token", "cache_dir", "loc
 """``from_pretrained`` arguments that say where a model is; the tokenizer is read from the same place."""
 
 
+def is_gguf_path(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` names a GGUF file (by its suffix; :func:`model_location` checks that it exists)."""
+    return Path(name_or_path).suffix.lower() == ".gguf"
+
+
 def model_location(name_or_path: str, **kwargs: Any) -> tuple[str, dict[str, Any]]:
     """``(name_or_path, kwargs)`` for ``from_pretrained``: the bundled model's folder and GGUF file for its aliases, a
     ``.gguf`` file's folder and name for a path to one (as ``gguf_file=`` reads it), else both unchanged."""
     if name_or_path in DEFAULT_MODEL_ALIASES:
         return str(bundled_model_dir()), {**kwargs, "gguf_file": GGUF_FILE}
-    path = Path(name_or_path).expanduser()
-    if path.suffix.lower() == ".gguf":
+    if is_gguf_path(name_or_path):
+        path = Path(name_or_path).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"{name_or_path}: no such GGUF file")
         if "gguf_file" in kwargs:
@@ -80,15 +85,16 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     dtype = dtype or torch.float32
+    tokenizer = load_tokenizer(
+        name_or_path, **{k: v for k, v in model_kwargs.items() if k in TOKENIZER_LOCATION_KWARGS}
+    )
     folder, kwargs = model_location(name_or_path, **model_kwargs)
-    location = {key: kwargs[key] for key in TOKENIZER_LOCATION_KWARGS if key in kwargs}
-    tokenizer = load_tokenizer(folder, **location)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
     # name the model by what loads it again (the bundled one by its Hub id, a GGUF model by its file), not by the
     # folder transformers read, so that guards record it and match it
     if name_or_path in DEFAULT_MODEL_ALIASES:
         model.config.name_or_path = DEFAULT_MODEL
-    elif "gguf_file" in kwargs and "gguf_file" not in model_kwargs:
+    elif is_gguf_path(name_or_path):
         model.config.name_or_path = str(Path(name_or_path).expanduser())
     return model, tokenizer
 

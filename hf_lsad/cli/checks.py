@@ -199,12 +199,12 @@ def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> 
 def _check_layer(parser: argparse.ArgumentParser, model: str, layer: int) -> None:
     """The layer against the model's config, for a local model folder or GGUF file (the bundled model has 30
     layers)."""
-    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, model_location
+    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, is_gguf_path, model_location
 
     path = Path(model).expanduser()
     if model in DEFAULT_MODEL_ALIASES:
         n_layers: int = 30  # SmolLM2-135M-Instruct
-    elif (path / "config.json").is_file() or (path.suffix.lower() == ".gguf" and path.is_file()):
+    elif (path / "config.json").is_file() or (is_gguf_path(model) and path.is_file()):
         from transformers import AutoConfig
 
         folder, location = model_location(model)

@@ -57,7 +57,7 @@ def load_guarded_folder(
     the base model is loaded with ``model_kwargs``. The tokenizer is ``None`` unless the base
     model is the bundled one (:func:`hf_lsad.capture.pretrained.load_model`).
     """
-    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, load_model
+    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, is_gguf_path, load_model
 
     local = Path(name_or_path).expanduser() / hub_kwargs.get("subfolder", "")
     path = local if local.is_dir() and not (local / GUARDED_CONFIG).is_file() else None
@@ -77,7 +77,7 @@ def load_guarded_folder(
     guard = SafetyGuard.from_pretrained(path / raw.get("guard", GUARD_SUBFOLDER))
     base_model = raw["base_model"]
     tokenizer = None
-    if base_model in DEFAULT_MODEL_ALIASES or Path(base_model).suffix.lower() == ".gguf":
+    if base_model in DEFAULT_MODEL_ALIASES or is_gguf_path(base_model):
         model, tokenizer = load_model(base_model, **model_kwargs)
     else:
         if raw.get("base_model_revision") and "revision" not in model_kwargs:
