@@ -1,4 +1,4 @@
-"""Is the unseen benign domain a matter of model size? The shipped supervised head on two models' residual streams.
+"""Is the unseen benign domain a matter of model size? The shipped supervised head on several models' residual streams.
 
 Held out of the fit, a benign domain is flagged far above the budget by the supervised head on SmolLM2-135M
 (``heads/report``: 33% in the median against the target of 8%), and fitting on more benign domains barely lowers it
@@ -6,8 +6,9 @@ Held out of the fit, a benign domain is flagged far above the budget by the supe
 benign domain better: the same head (kind, width, penalty, fits) is put through the same protocol
 (:func:`hf_lsad.evaluation.sources.leave_one_source_out`: each unsafe source and each benign domain held out of the
 fit, thresholds on validation chat) on each model's activations of **the same rows**, the rows collected for every
-model in ``folders`` (a seeded subset of the large pools for the larger model, whose forward pass costs about three
-times SmolLM2's here). Each model is read at the same relative depths (``reads``). The study chooses nothing.
+model in ``folders`` (a seeded subset of the large pools for the larger models, whose forward passes cost about three
+and nine times SmolLM2's here). Each model is read at the same relative depths (``reads``). The study chooses nothing.
+``heads/model_size`` compares SmolLM2-135M with Qwen2.5-Coder-0.5B; ``heads/model_size_1_5b`` adds Qwen2.5-Coder-1.5B.
 """
 
 from __future__ import annotations
