@@ -17,7 +17,7 @@ order into one ``.gguf``; :func:`gguf_header` reads its metadata and
 the variant's / qwen2. :func:`load_qwen05` loads it with transformers
 (de-quantised to float32; for 0.5B about 100 s and 2.5 GB RAM on 2 cores).
 :func:`save_transformers_folder` writes it once as a plain float32 transformers
-folder (0.5B: 2.5 GB; 1.5B: 6.2 GB), which ``hf-lsad collect --model FOLDER`` loads
+folder (0.5B: 2.5 GB; 1.5B: 7.1 GB), which ``hf-lsad collect --model FOLDER`` loads
 like any model (``heads/model_size`` reads it so). This is a benchmark helper, not a
 dependency of hf_lsad.
 
