@@ -139,8 +139,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         _check_guard(parser, args.guard, getattr(args, "subfolder", "") if args.command != "fit" else "")
     if args.command == "collect":
         _check_pool(parser, args)
-        for layer in args.layer:
-            _check_layer(parser, args.model, layer)
+        _check_layers(parser, args.model, args.layer)
         prompt_only = {"prompt_last", "prompt_mean"}
         if len(args.layer) * len(args.position) > 1 and not set(args.position) <= prompt_only:
             parser.error(
@@ -196,9 +195,9 @@ def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> 
         parser.error(f"argument --guard: {_one_line(err)}")
 
 
-def _check_layer(parser: argparse.ArgumentParser, model: str, layer: int) -> None:
-    """The layer against the model's config, for a local model folder or GGUF file (the bundled model has 30
-    layers)."""
+def _check_layers(parser: argparse.ArgumentParser, model: str, layers: Sequence[int]) -> None:
+    """The layers against the model's config, for a local model folder or GGUF file (the bundled model has 30
+    layers). The depth is read once: for a GGUF file that parses the whole header."""
     from ..capture.pretrained import DEFAULT_MODEL_ALIASES, is_gguf_path, model_location
 
     path = Path(model).expanduser()
@@ -213,8 +212,9 @@ def _check_layer(parser: argparse.ArgumentParser, model: str, layer: int) -> Non
         parser.error(f"argument --model: {model!r} is not a model folder (no config.json in it) or a .gguf file")
     else:
         return  # a Hub id: checked when it is downloaded
-    if not -n_layers <= layer < n_layers:
-        parser.error(f"argument --layer: layer {layer} is out of range: {model} has {n_layers} decoder layers")
+    for layer in layers:
+        if not -n_layers <= layer < n_layers:
+            parser.error(f"argument --layer: layer {layer} is out of range: {model} has {n_layers} decoder layers")
 
 
 def _one_line(err: BaseException) -> str:

@@ -653,6 +653,40 @@ def test_cli_layer_out_of_range_is_a_usage_error_before_loading(capsys, weightle
     )
 
 
+def test_cli_reads_the_models_depth_once_for_all_its_layers(capsys, weightless_model, tmp_path, monkeypatch):
+    """Each read of a GGUF file's config parses its whole header (seconds), so several ``--layer`` values share one."""
+    import transformers
+
+    reads = []
+    from_pretrained = transformers.AutoConfig.from_pretrained.__func__
+
+    def counted(cls, *args, **kwargs):
+        reads.append(args[0])
+        return from_pretrained(cls, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", classmethod(counted))
+    code, err = cli(
+        capsys,
+        "collect",
+        "--model",
+        str(weightless_model),
+        "--pool",
+        "harmful",
+        "--layer",
+        "0",
+        "3",
+        "9",
+        "--position",
+        "prompt_mean",
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"hf-lsad: error: argument --layer: layer 9 is out of range: {weightless_model} has 4 decoder layers"
+    )
+    assert len(reads) == 1, reads
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
