@@ -83,6 +83,14 @@ def _runtime(args: argparse.Namespace, cls: type) -> Any:
     return arguments.runtime_config(args, cls)
 
 
+def _load_model(args: argparse.Namespace, runtime: Any) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of ``--model`` in the runtime's dtype, on its device (one process)."""
+    from ..capture.pretrained import load_model, placement
+    from ..core.runtime import torch_dtype
+
+    return load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
+
+
 def _guard(args: argparse.Namespace) -> Any:
     """The ``--guard`` at ``--revision`` / ``--subfolder``, through the strict Hub path."""
     from ..guard.guard import SafetyGuard
@@ -287,8 +295,7 @@ def _evaluate_grid(args: argparse.Namespace) -> None:
 
 def _guarded_model(args: argparse.Namespace) -> Any:
     """``--model`` wrapped with ``--guard``, its tokenizer attached, saying what it loads."""
-    from ..capture.pretrained import load_model, placement
-    from ..core.runtime import ModelRuntime, torch_dtype
+    from ..core.runtime import ModelRuntime
     from ..generation.model import GuardedModelForCausalLM
 
     runtime = _runtime(args, ModelRuntime)
@@ -298,7 +305,7 @@ def _guarded_model(args: argparse.Namespace) -> Any:
     )
     print(f"loading {model_name} ({runtime.dtype}) and {guard_name} ...", file=sys.stderr, flush=True)
     guard = _guard(args)  # a guard that is missing or corrupt fails before the model is loaded
-    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
+    model, tokenizer = _load_model(args, runtime)
     return GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
 
 
@@ -368,14 +375,13 @@ def read_prompt_file(path: str) -> list[str]:
 
 
 def run_add_head(args: argparse.Namespace) -> None:
-    from ..capture.pretrained import load_model, placement
-    from ..core.runtime import ModelRuntime, torch_dtype
+    from ..core.runtime import ModelRuntime
     from ..guard.heads.training import add_head
 
     runtime = _runtime(args, ModelRuntime)
     guard = _guard(args)
     unsafe, safe = read_prompt_file(args.unsafe), read_prompt_file(args.safe) if args.safe else []
-    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
+    model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
     budget = add_head(
         model,
@@ -408,14 +414,13 @@ def run_add_head(args: argparse.Namespace) -> None:
 
 
 def run_set_budget(args: argparse.Namespace) -> None:
-    from ..capture.pretrained import load_model, placement
-    from ..core.runtime import ModelRuntime, torch_dtype
+    from ..core.runtime import ModelRuntime
     from ..guard.heads.training import fit_budget_on_prompts
 
     runtime = _runtime(args, ModelRuntime)
     guard = _guard(args)
     prompts = read_prompt_file(args.benign)
-    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
+    model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
     before = guard.budget
     budget = fit_budget_on_prompts(
@@ -446,15 +451,14 @@ def run_set_budget(args: argparse.Namespace) -> None:
 
 
 def run_teach(args: argparse.Namespace) -> None:
-    from ..capture.pretrained import load_model, placement
-    from ..core.runtime import ModelRuntime, torch_dtype
+    from ..core.runtime import ModelRuntime
     from ..errors import SmallSampleWarning
     from ..guard.heads.training import teach_traffic
 
     runtime = _runtime(args, ModelRuntime)
     guard = _guard(args)
     prompts = read_prompt_file(args.benign)
-    model, tokenizer = load_model(args.model, dtype=torch_dtype(runtime.dtype), **placement(runtime.device))
+    model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallSampleWarning)  # said before the model loaded (cli.checks)
