@@ -23,7 +23,8 @@ class PromptRow:
     """One input row: its id and its prompt, or why it has none."""
 
     id: str
-    """The row's ``--id-column`` value as a string, or its 0-based position in the input."""
+    """The row's ``--id-column`` value as a string, or its 0-based position in the input (``#<position>`` for a row
+    whose id cannot be read, which then has an ``error``)."""
     text: str | None
     """The prompt (``None`` when ``error`` is set)."""
     error: str | None = None
@@ -47,7 +48,8 @@ def read_prompt_table(
         column: The column holding the prompt. When it is the default and absent, a ``messages`` column (a list of
             ``{"role", "content"}`` turns) gives its last user turn.
         id_column: The column holding each row's id (default: the row's 0-based position). Ids must be unique:
-            they are what a resumed run skips.
+            they are what a resumed run skips. A row without one (absent, null or empty), like a line that is not a
+            JSON object, is ``#<position>`` with an error.
         limit: Read only the first ``limit`` rows.
         split: The split of a ``datasets`` dataset.
 
@@ -65,6 +67,8 @@ def read_prompt_table(
     for index, record in enumerate(records):
         if isinstance(record, _Unreadable):
             row = PromptRow(str(index) if id_column is None else f"#{index}", None, record.reason)  # no id to read
+        elif id_column is not None and _missing(record.get(id_column)):
+            row = PromptRow(f"#{index}", None, f"no id in column {id_column!r}")
         else:
             row_id = str(record[id_column]) if id_column is not None else str(index)
             text, error = _prompt_of(record, column)
@@ -141,10 +145,17 @@ def _check_columns(record: dict[str, Any], column: str, id_column: str | None, s
         raise ValueError(f"{source}: no id column {id_column!r} (columns: {keys})")
 
 
+def _missing(value: Any) -> bool:
+    """An id cell with nothing in it: absent, null, or blank text (a short CSV line, an empty cell)."""
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
 def _prompt_of(record: dict[str, Any], column: str) -> tuple[str | None, str | None]:
     """The row's prompt, or why it has none."""
     if column in record:
         value = record[column]
+    elif column != DEFAULT_COLUMN or MESSAGES_COLUMN not in record:
+        return None, f"no column {column!r}" + (f" or {MESSAGES_COLUMN!r}" if column == DEFAULT_COLUMN else "")
     else:  # the default column is absent: the last user turn of the messages
         turns = record.get(MESSAGES_COLUMN)
         if not isinstance(turns, list):

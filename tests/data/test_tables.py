@@ -40,6 +40,26 @@ def test_jsonl_rows_with_their_ids_and_errors(tmp_path):
     assert [r.id for r in read_prompt_table(path, limit=2)] == ["0", "1"]  # positions, first rows only
 
 
+def test_a_row_without_its_id_or_its_column_is_that_rows_error(tmp_path):
+    """Only the first row's columns are checked up front; a later row that lacks one fails alone, saying which."""
+    rows = [{"id": 0, "text": "hi"}, {"text": "no id"}, {"id": None, "text": "null id"}, {"id": "d", "body": "x"}]
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
+    assert read_prompt_table(path, column="text", id_column="id") == [
+        PromptRow("0", "hi"),
+        PromptRow("#1", None, "no id in column 'id'"),
+        PromptRow("#2", None, "no id in column 'id'"),
+        PromptRow("d", None, "no column 'text'"),
+    ]
+    plain = write_jsonl(tmp_path / "q.jsonl", [{"prompt": "hi"}, {"body": "x"}])
+    assert read_prompt_table(plain)[1] == PromptRow("1", None, "no column 'prompt' or 'messages'")
+    (tmp_path / "short.csv").write_text("id,prompt\na,hi\n\nb\n,empty id\n")
+    assert read_prompt_table(tmp_path / "short.csv", id_column="id") == [
+        PromptRow("a", "hi"),
+        PromptRow("b", None, "the prompt is not text (NoneType)"),
+        PromptRow("#2", None, "no id in column 'id'"),
+    ]
+
+
 def test_csv_parquet_and_a_saved_dataset_read_alike(tmp_path):
     from datasets import Dataset
 
