@@ -33,7 +33,7 @@ def check_prompts(prompts: Sequence[str]) -> None:
         raise ValueError("the prompt list is empty")
     for i, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
-            raise TypeError(f"prompt {i} is a {type(prompt).__name__}, not a string: {prompt!r}")
+            raise TypeError(f"prompt {i} is not a string but {type(prompt).__name__}: {prompt!r}")
         if not prompt.strip():
             raise ValueError(f"prompt {i} is empty: {prompt!r}")
 

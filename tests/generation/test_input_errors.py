@@ -62,7 +62,7 @@ def test_bad_generate_inputs_are_typed_errors_before_a_forward_pass(case, inputs
 )
 def test_screen_refuses_what_generate_refuses(case, inputs, error, message):
     if case == "a list":  # screen reads a list as prompt strings
-        message = "prompt 0 is a list, not a string"
+        message = "prompt 0 is not a string but list"
     guarded = screening_model()
     handle = no_forward(guarded)
     try:
@@ -75,8 +75,8 @@ def test_screen_refuses_what_generate_refuses(case, inputs, error, message):
 @pytest.mark.parametrize(
     ("prompts", "error", "message"),
     [
-        ([123], TypeError, "prompt 0 is a int, not a string"),
-        (["ok", None], TypeError, "prompt 1 is a NoneType"),
+        ([123], TypeError, "prompt 0 is not a string but int: 123"),
+        (["ok", None], TypeError, "prompt 1 is not a string but NoneType: None"),
         (["ok", "  "], ValueError, "prompt 1 is empty"),
         ([], ValueError, "the prompt list is empty"),
         ("one string", TypeError, "not a single string"),
