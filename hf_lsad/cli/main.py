@@ -143,7 +143,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "One verdict per row (id, flagged, the heads that decided, each head's score, probability, p-value, error), "
         "written as it goes, batched by length, no decoding: a forward pass cut after the deepest block the guard "
         "reads. Run it again on the same --out to finish an interrupted run: rows already there are skipped. Bad "
-        "rows (empty, not text, longer than the context) become per-row errors (hf_lsad.generation.bulk).",
+        "rows (empty, not text, without the prompt column or an id, longer than the context) become per-row errors "
+        "(hf_lsad.generation.bulk).",
     ),
     "serve": (
         "serve the guarded model over an OpenAI-compatible HTTP API (needs: pip install 'hf-lsad[serve]')",

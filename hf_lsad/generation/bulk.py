@@ -5,8 +5,9 @@ started again on the same output, it reads the ids already there (cutting off a 
 and screens only the rest. Rows are batched in order of token length (little padding, so the forward pass costs
 what the prompts cost) and written in that order; each line carries its row's id.
 
-Bad rows become per-row errors, never a crash: an empty or non-text prompt (found when the table is read), a
-prompt longer than the model's context, a batch that raises (its rows are retried one by one).
+Bad rows become per-row errors, never a crash: an empty or non-text prompt, a row without the prompt column or an
+id (found when the table is read), a prompt longer than the model's context, a batch that raises (its rows are
+retried one by one).
 """
 
 from __future__ import annotations
