@@ -31,6 +31,10 @@ UNSUPPORTED = (
 )
 """Request fields that would change the answer and that the server does not implement: refused when set."""
 
+NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, [], {})
+"""Values of an :data:`UNSUPPORTED` field that leave the answer as it is (a penalty of 0, ``logprobs: false``), so
+they are accepted. A seed changes a sampled answer whatever its value, so only its absence is neutral."""
+
 
 class ContentPart(BaseModel):
     """One part of a message's content; only text parts can be read by a language model."""
@@ -69,7 +73,9 @@ class _Sampling(BaseModel):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            given = [name for name in UNSUPPORTED if data.get(name) not in (None, False, 0, [], {})]
+            given = [
+                name for name in UNSUPPORTED if data.get(name) not in ((None,) if name == "seed" else NEUTRAL_VALUES)
+            ]
             if given:
                 raise ValueError(f"not supported by hf-lsad serve: {', '.join(given)}")
         return data

@@ -153,6 +153,7 @@ BAD_REQUESTS = [
     ("max_tokens above the limit", {"body": chat_body(BENIGN, max_tokens=17)}, 400, "at most 16"),
     ("several choices", {"body": chat_body(BENIGN, n=2)}, 400, "n"),
     ("stop sequences", {"body": chat_body(BENIGN, stop=["\n"])}, 400, "not supported by hf-lsad serve: stop"),
+    ("a seed of 0", {"body": chat_body(BENIGN, seed=0)}, 400, "not supported by hf-lsad serve: seed"),
     ("prompt beyond the context", {"body": chat_body("word " * 600)}, 400, "context"),
     ("wrong key", {"body": chat_body(BENIGN), "key": "guess"}, 401, "API key"),
     ("no key", {"body": chat_body(BENIGN), "key": None}, 401, "API key"),
