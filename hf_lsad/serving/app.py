@@ -163,7 +163,10 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
             check_prompts(texts)
         except (TypeError, ValueError) as err:
             raise ServeError(400, f"input: {err}", param="input") from err
-        reports = await run_in_threadpool(gated, gate, lambda: guarded.screen(texts))
+        try:
+            reports = await run_in_threadpool(gated, gate, lambda: guarded.screen(texts))
+        except InputError as err:  # a text longer than the model's context
+            raise ServeError(400, f"input: {err}", param="input") from err
         return {
             "id": f"modr-{uuid.uuid4().hex}",
             "model": config.model_name,

@@ -155,6 +155,12 @@ BAD_REQUESTS = [
     ("stop sequences", {"body": chat_body(BENIGN, stop=["\n"])}, 400, "not supported by hf-lsad serve: stop"),
     ("a seed of 0", {"body": chat_body(BENIGN, seed=0)}, 400, "not supported by hf-lsad serve: seed"),
     ("prompt beyond the context", {"body": chat_body("word " * 600)}, 400, "context"),
+    (
+        "moderation beyond the context",
+        {"path": "/v1/moderations", "body": {"input": [BENIGN, "word " * 600]}},
+        400,
+        "context",
+    ),
     ("wrong key", {"body": chat_body(BENIGN), "key": "guess"}, 401, "API key"),
     ("no key", {"body": chat_body(BENIGN), "key": None}, 401, "API key"),
     ("oversize body", {"body": chat_body("x" * (LIMIT + 1))}, 413, "above"),
@@ -168,9 +174,8 @@ def test_bad_requests_are_clear_errors_and_the_server_keeps_serving(server, case
     if spec.get("chunked"):
         got, body = chunked_post(port, json.dumps(spec["body"]).encode())
     else:
-        got, body = request(
-            port, "POST", "/v1/chat/completions", spec.get("body"), raw=spec.get("raw"), key=spec.get("key", KEY)
-        )
+        path = spec.get("path", "/v1/chat/completions")
+        got, body = request(port, "POST", path, spec.get("body"), raw=spec.get("raw"), key=spec.get("key", KEY))
     assert got == status and says in body["error"]["message"], body
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert request(port, "POST", "/v1/chat/completions", chat_body(BENIGN, max_tokens=2))[0] == 200
