@@ -67,7 +67,13 @@ class ServeConfig:
     """Inputs per ``/v1/moderations`` request."""
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens_limit", "default_max_tokens", "max_body_bytes", "max_concurrency"):
+        for name in (
+            "max_tokens_limit",
+            "default_max_tokens",
+            "max_body_bytes",
+            "max_concurrency",
+            "max_moderation_inputs",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.default_max_tokens > self.max_tokens_limit:

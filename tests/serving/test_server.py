@@ -181,6 +181,22 @@ def test_bad_requests_are_clear_errors_and_the_server_keeps_serving(server, case
     assert request(port, "POST", "/v1/chat/completions", chat_body(BENIGN, max_tokens=2))[0] == 200
 
 
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"max_tokens_limit": 0}, "max_tokens_limit must be a positive integer, got 0"),
+        ({"default_max_tokens": 0}, "default_max_tokens must be a positive integer, got 0"),
+        ({"max_body_bytes": -1}, "max_body_bytes must be a positive integer, got -1"),
+        ({"max_concurrency": 0}, "max_concurrency must be a positive integer, got 0"),
+        ({"max_moderation_inputs": 0}, "max_moderation_inputs must be a positive integer, got 0"),
+        ({"default_max_tokens": 65, "max_tokens_limit": 64}, "default_max_tokens must not exceed max_tokens_limit"),
+    ],
+)
+def test_limits_that_would_refuse_every_request_are_refused_up_front(limits, message):
+    with pytest.raises(ValueError, match=message):
+        ServeConfig(model_name="tiny-llama", **limits)
+
+
 def chunked_post(port, payload):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     connection.putrequest("POST", "/v1/chat/completions")
