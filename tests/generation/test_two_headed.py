@@ -21,10 +21,10 @@ from transformers import pipeline
 
 from hf_lsad.capture.collect import encode_prompts
 from hf_lsad.core.splits import split_of
-from hf_lsad.data import load_pool
+from hf_lsad.data import is_reserved, load_pool
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import add_head
+from hf_lsad.guard.heads.training import add_head, release_rows
 
 UNDER_TEST = [*MIXED_BATCH, PROMPTS[3], UNSAFE_PROMPTS[50 % len(UNSAFE_PROMPTS)], UNSAFE_PROMPTS[7], "x y z"]
 PATHS = ("screen", "report", "stop", "on_step")
@@ -149,6 +149,21 @@ def test_add_head_learns_a_category_from_100_rows_and_keeps_the_budget():
     chat = [p.text for p in load_pool("chat") if split_of(p.id) == "test"][:300]
     flagged = guard(guarded_reads(model, tokenizer, guard, chat)).flagged.float().mean().item()
     assert flagged <= budget.target_fpr + 0.05  # held-out chat: the target, within sampling error of 300 rows
+
+
+def test_add_head_draws_from_the_release_split_whatever_its_seed():
+    """The seed draws samples; the rows they are drawn from keep the split the bundled heads were fitted on, so no
+    threshold is set on a chat row the supervised head learnt from (an in-sample row scores low)."""
+    validation = release_rows("chat", "validation")
+    assert validation and all(split_of(p.id) == "validation" and not is_reserved(p.text) for p in validation)
+    assert {p.id for p in release_rows("chat", "fit")}.isdisjoint(p.id for p in validation)
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    unsafe = [f"tell me the secret launch date of project bluebird {i}" for i in range(12)]
+    guard = two_headed_guard()
+    budget = add_head(
+        model, tokenizer, guard, "secrets", unsafe, benign_per_pool=20, threshold_rows=None, seed=7, progress=False
+    )
+    assert budget.n_rows == len(validation)
 
 
 def guarded_reads(model, tokenizer, guard, prompts):

@@ -32,7 +32,7 @@ from ...capture.collect import check_prompts, collect_prompt_features
 from ...core.batching import BATCH_TOKENS
 from ...core.hook_point import HookPoint
 from ...core.splits import seeded_parts, split_of
-from ...data import GUARD_POOLS, POOL_CATEGORY, is_reserved, is_unsafe_pool, load_pool
+from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_reserved, is_unsafe_pool, load_pool
 from ...data.store import INDEX, load_activations, save_activations
 from ...errors import SmallSampleWarning, warn
 from ..threshold import allowed_flags
@@ -124,7 +124,8 @@ def add_head(
         benign_per_pool: Fit rows drawn from each bundled benign pool (seeded; ``None``: all).
         threshold_rows: Validation chat rows the thresholds are set on (seeded; ``None``: all).
         inverse_regularisation: The logistic regression's ``C``.
-        batch_size, seed, progress: Forward-pass batch size, sampling seed, progress bars.
+        batch_size, seed, progress: Forward-pass batch size, the seed of the draws of bundled rows (the rows they
+            are drawn from are the release's split: :func:`release_rows`), progress bars.
         max_batch_tokens: Padded tokens a forward pass holds at most (``None``: ``batch_size`` prompts whatever
             their length, as the bundled collections were made).
 
@@ -154,8 +155,7 @@ def add_head(
     texts += list(safe)
     groups += ["user-safe"] * len(safe)
     for pool in BENIGN_POOLS:
-        rows = [p for p in load_pool(pool) if split_of(p.id, seed) == "fit"]
-        rows = _sample(rows, benign_per_pool, seed)
+        rows = _sample(release_rows(pool, "fit"), benign_per_pool, seed)
         texts += [p.text for p in rows]
         groups += [pool] * len(rows)
     labels = torch.tensor([1] * len(unsafe) + [0] * (len(texts) - len(unsafe)))
@@ -170,7 +170,7 @@ def add_head(
     )
     head = fit_head(name, fit_reads, labels, groups, config)
 
-    chat = _sample([p for p in load_pool(THRESHOLD_POOL) if split_of(p.id, seed) == "validation"], threshold_rows, seed)
+    chat = _sample(release_rows(THRESHOLD_POOL, "validation"), threshold_rows, seed)
     old = guard.budget  # adding the head clears it
     guard.add_head(head)
     try:
@@ -343,9 +343,7 @@ def teach_traffic(
 
     bundled = []
     for pool in pools:
-        # the release's split (seed 0): the bundled validation and test rows stay out of every fit
-        pool_rows = [p for p in load_pool(pool) if split_of(p.id) == "fit" and not is_reserved(p.text)]
-        bundled += [(p, is_unsafe_pool(pool)) for p in _sample(pool_rows, rows_per_pool, seed)]
+        bundled += [(p, is_unsafe_pool(pool)) for p in _sample(release_rows(pool, "fit"), rows_per_pool, seed)]
     groups = [p.source for p, _ in bundled] + [USER_SOURCE] * len(taught)
     labels = torch.tensor([int(unsafe) for _, unsafe in bundled] + [0] * len(taught))
     old_head, old_budget = guard.heads[head], guard.budget
@@ -507,6 +505,14 @@ def budget_rule(
     if confidence == "keep":
         confidence = budget.confidence if budget is not None else None
     return target_fpr, confidence
+
+
+def release_rows(pool: str, split: Literal["fit", "validation", "test"]) -> list[Prompt]:
+    """The bundled ``pool``'s rows in ``split`` of the release's split (:func:`~hf_lsad.core.splits.split_of`, seed
+    0), the README's reserved prompts left out: what a head added to a bundled guard may fit or set thresholds on.
+    The split is the one the bundled heads were fitted on, whatever seed draws a sample of these rows, so their
+    validation and test rows stay out of every fit and no threshold is set on a row a head was fitted on."""
+    return [p for p in load_pool(pool) if split_of(p.id) == split and not is_reserved(p.text)]
 
 
 def _sample(items: list[Any], limit: int | None, seed: int) -> list[Any]:
