@@ -71,7 +71,7 @@ def audit_rows(settings: Settings) -> tuple[list[dict[str, Any]], int, int]:
     chosen += rng.sample(unflagged, len(chosen))
     rng.shuffle(chosen)
     sheet = [{"id": rows.ids[i], "text": rows.texts[i], "flagged": bool(flagged[i])} for i in chosen]
-    return sheet, len(chosen) // 2, len(rows)
+    return sheet, sum(flagged), len(rows)
 
 
 def run(settings: Settings) -> dict[str, Any]:
@@ -90,22 +90,22 @@ def run(settings: Settings) -> dict[str, Any]:
         group: {label: sum(labels[r["id"]] == label for r in sheet if r["flagged"] == flag) for label in LABELS}
         for group, flag in (("flagged", True), ("unflagged_sample", False))
     }
-    n_unflagged = n_rows - n_flagged
     sampled = sum(counts["unflagged_sample"].values())
-    benign_unflagged = counts["unflagged_sample"]["benign"] / sampled * n_unflagged  # scaled to every unflagged row
+
+    def estimated_flag_rate(kept: tuple[str, ...]) -> float:
+        """The flag rate on the test rows whose label is in ``kept``, the unflagged ones scaled from the sample."""
+        flagged = sum(counts["flagged"][label] for label in kept)
+        unflagged = sum(counts["unflagged_sample"][label] for label in kept) / sampled * (n_rows - n_flagged)
+        return flagged / (flagged + unflagged)
+
     result = {
         "test_rows": n_rows,
         "flagged": n_flagged,
         "flag_rate": n_flagged / n_rows,
         "unflagged_sampled": sampled,
         "counts": counts,
-        "estimated_flag_rate_on_benign": counts["flagged"]["benign"] / (counts["flagged"]["benign"] + benign_unflagged),
-        "estimated_flag_rate_on_benign_and_risky": (counts["flagged"]["benign"] + counts["flagged"]["risky"])
-        / (
-            counts["flagged"]["benign"]
-            + counts["flagged"]["risky"]
-            + (counts["unflagged_sample"]["benign"] + counts["unflagged_sample"]["risky"]) / sampled * n_unflagged
-        ),
+        "estimated_flag_rate_on_benign": estimated_flag_rate(("benign",)),
+        "estimated_flag_rate_on_benign_and_risky": estimated_flag_rate(("benign", "risky")),
     }
     print(json.dumps(result, indent=1))
     return result
