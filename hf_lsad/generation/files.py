@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,13 @@ from huggingface_hub import CommitInfo
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..core.hub import resolve_pretrained_dir, upload_pretrained_dir
-from ..core.serialization import FORMAT_VERSION, GuardFormatError, read_json, write_json
+from ..core.serialization import (
+    FORMAT_VERSION,
+    config_from_dict,
+    config_to_dict,
+    read_json,
+    write_json,
+)
 from ..guard.files import MODEL_CARD
 from ..guard.guard import SafetyGuard
 
@@ -28,6 +35,32 @@ GUARDED_CONFIG = "guarded_model.json"
 """File of a saved guarded model: format version and the reference to the base model."""
 GUARD_SUBFOLDER = "guard"
 """Folder of a saved guarded model that holds the guard."""
+
+
+@dataclass(frozen=True)
+class GuardedModelConfig:
+    """``guarded_model.json``: what a saved guarded model refers to. Read as strictly as a guard's ``config.json``:
+    exactly these keys, each of its type."""
+
+    format_version: int
+    """The folder format's version (:data:`hf_lsad.core.serialization.FORMAT_VERSION`)."""
+    base_model: str
+    """The base model: a Hub id, a local path, ``"default"`` or a GGUF file."""
+    base_model_revision: str | None
+    """The base model's Hub revision, or ``None`` for its default branch."""
+    guard: str
+    """The subfolder that holds the guard; always :data:`GUARD_SUBFOLDER`, so the guard is read from inside the
+    saved folder and nowhere else."""
+
+    def __post_init__(self) -> None:
+        if self.format_version != FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version!r}, expected {FORMAT_VERSION}")
+        if not self.base_model:
+            raise ValueError("base_model is empty")
+        if self.base_model_revision == "":
+            raise ValueError("base_model_revision is empty (null means the default branch)")
+        if self.guard != GUARD_SUBFOLDER:
+            raise ValueError(f"guard is {self.guard!r}, expected {GUARD_SUBFOLDER!r}")
 
 
 def load_guarded_model(
@@ -68,21 +101,15 @@ def load_guarded_folder(
             f"{name_or_path} holds no {GUARDED_CONFIG} (not saved by GuardedModelForCausalLM.save_pretrained); "
             "to load a model and a guard separately pass guard=..."
         )
-    raw = read_json(path / GUARDED_CONFIG)
-    source = str(path / GUARDED_CONFIG)
-    if raw.get("format_version") != FORMAT_VERSION:
-        raise GuardFormatError(f"{source}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}")
-    if not isinstance(raw.get("base_model"), str) or not raw["base_model"]:
-        raise GuardFormatError(f"{source}: missing base_model")
-    guard = SafetyGuard.from_pretrained(path / raw.get("guard", GUARD_SUBFOLDER))
-    base_model = raw["base_model"]
+    saved = config_from_dict(GuardedModelConfig, read_json(path / GUARDED_CONFIG), source=str(path / GUARDED_CONFIG))
+    guard = SafetyGuard.from_pretrained(path / saved.guard)
     tokenizer = None
-    if base_model in DEFAULT_MODEL_ALIASES or is_gguf_path(base_model):
-        model, tokenizer = load_model(base_model, **model_kwargs)
+    if saved.base_model in DEFAULT_MODEL_ALIASES or is_gguf_path(saved.base_model):
+        model, tokenizer = load_model(saved.base_model, **model_kwargs)
     else:
-        if raw.get("base_model_revision") and "revision" not in model_kwargs:
-            model_kwargs = {**model_kwargs, "revision": raw["base_model_revision"]}
-        model = AutoModelForCausalLM.from_pretrained(base_model, **model_kwargs)
+        if saved.base_model_revision is not None and "revision" not in model_kwargs:
+            model_kwargs = {**model_kwargs, "revision": saved.base_model_revision}
+        model = AutoModelForCausalLM.from_pretrained(saved.base_model, **model_kwargs)
     return model, guard, tokenizer
 
 
@@ -93,16 +120,9 @@ def write_guarded_folder(
     base_model = base_model or str(model.config.name_or_path or "")
     if not base_model:
         raise ValueError("the model has no config.name_or_path to refer to; pass base_model='org/name'")
+    saved = GuardedModelConfig(FORMAT_VERSION, base_model, base_model_revision, GUARD_SUBFOLDER)
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(
-        folder / GUARDED_CONFIG,
-        {
-            "format_version": FORMAT_VERSION,
-            "base_model": base_model,
-            "base_model_revision": base_model_revision,
-            "guard": GUARD_SUBFOLDER,
-        },
-    )
+    write_json(folder / GUARDED_CONFIG, config_to_dict(saved))
     guard.save_pretrained(folder / GUARD_SUBFOLDER)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy  # pipeline() changes its tokenizer's padding side: it gets a copy of the shared one
+import json
 import uuid
 
 import pytest
@@ -11,6 +12,7 @@ from tiny import MIXED_BATCH, fresh_guard, tiny_guard
 from transformers import TextGenerationPipeline, pipeline
 
 from hf_lsad.capture.collect import encode_prompts
+from hf_lsad.errors import GuardFormatError
 from hf_lsad.generation.model import GUARDED_CONFIG, GuardedModelForCausalLM
 from hf_lsad.generation.pipeline import GuardedTextGenerationPipeline
 from hf_lsad.guard import SafetyReport
@@ -102,6 +104,41 @@ def test_save_pretrained_round_trip(tmp_path):
     loaded = GuardedModelForCausalLM.from_pretrained(tmp_path / "guarded", allow_base_model_mismatch=True)
     assert loaded.model.config.name_or_path == str(folder)
     assert_same_generation(guarded, loaded, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"guard": "../elsewhere"}, "guard is '../elsewhere', expected 'guard'"),
+        ({"weights": "model.safetensors"}, "unknown config key(s) ['weights']"),
+        ({"base_model_revision": 3}, "key 'base_model_revision' is 3 (int)"),
+        ({"base_model": ""}, "base_model is empty"),
+        ({"base_model_revision": ""}, "base_model_revision is empty"),
+        ({"format_version": 99}, "format_version 99"),
+    ],
+)
+def test_a_saved_guarded_model_is_read_strictly(tmp_path, change, message):
+    """``guarded_model.json`` is checked like a guard's ``config.json``: a guard outside the folder, an unknown key
+    or a value of the wrong type fails on load, naming the file, before any model is loaded."""
+    model, _, guard = tiny_guard()
+    GuardedModelForCausalLM(model, guard).save_pretrained(tmp_path / "guarded", base_model="unused/base")
+    file = tmp_path / "guarded" / GUARDED_CONFIG
+    file.write_text(json.dumps({**json.loads(file.read_text()), **change}))
+    with pytest.raises(GuardFormatError, match=GUARDED_CONFIG) as caught:
+        GuardedModelForCausalLM.from_pretrained(tmp_path / "guarded")
+    assert message in str(caught.value)
+
+
+def test_a_saved_guarded_model_without_a_revision_key_is_refused(tmp_path):
+    model, _, guard = tiny_guard()
+    GuardedModelForCausalLM(model, guard).save_pretrained(tmp_path / "guarded", base_model="unused/base")
+    file = tmp_path / "guarded" / GUARDED_CONFIG
+    written = json.loads(file.read_text())
+    assert written == {"format_version": 1, "base_model": "unused/base", "base_model_revision": None, "guard": "guard"}
+    del written["base_model_revision"]
+    file.write_text(json.dumps(written))
+    with pytest.raises(GuardFormatError, match=r"missing config key\(s\) \['base_model_revision'\]"):
+        GuardedModelForCausalLM.from_pretrained(tmp_path / "guarded")
 
 
 def test_push_to_hub_round_trip(hub_server, hub_cache, tmp_path):
