@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from ..core.metrics import auroc
 from ..data.tables import PromptRow
@@ -67,15 +68,17 @@ def evaluate_prompt_sources(
     sources: dict[str, tuple[list[PromptRow], bool]],
     *,
     batch_size: int = 16,
+    progress: bool = True,
 ) -> PromptEvaluation:
-    """Screen each source's rows (``name -> (rows, unsafe)``) with ``guarded`` and collect the verdicts."""
+    """Screen each source's rows (``name -> (rows, unsafe)``) with ``guarded`` and collect the verdicts, with a
+    progress bar per source unless ``progress`` is false."""
     if not sources:
         raise ValueError("no prompt sources to evaluate")
     if not any(unsafe for _, unsafe in sources.values()) or all(unsafe for _, unsafe in sources.values()):
         raise ValueError("evaluation needs at least one benign and one unsafe source")
     results, thresholds = [], {}
     for name, (rows, unsafe) in sources.items():
-        reports, errors = _screen(guarded, rows, batch_size)
+        reports, errors = _screen(guarded, rows, batch_size, name if progress else None)
         if not reports:
             raise ValueError(f"source {name!r}: no row could be screened ({len(errors)} errors)")
         verdicts = [r.head_verdicts() for r in reports]
@@ -89,12 +92,16 @@ def evaluate_prompt_sources(
     return PromptEvaluation(results, thresholds)
 
 
-def _screen(guarded: GuardedModelForCausalLM, rows: list[PromptRow], batch_size: int) -> tuple[list, list[str]]:
-    """Reports of the rows that can be screened, and why the others cannot."""
+def _screen(
+    guarded: GuardedModelForCausalLM, rows: list[PromptRow], batch_size: int, progress: str | None
+) -> tuple[list, list[str]]:
+    """Reports of the rows that can be screened, and why the others cannot; a bar named ``progress`` if given."""
     batches, errors = plan_batches(guarded, rows, batch_size=batch_size)
     reports: list[SafetyReport] = []
-    for batch in batches:
-        reports += guarded.screen(*batch.tensors(guarded.tokenizer))
+    with tqdm(total=sum(len(b.ids) for b in batches), unit="row", desc=progress, disable=progress is None) as bar:
+        for batch in batches:
+            reports += guarded.screen(*batch.tensors(guarded.tokenizer))
+            bar.update(len(batch.ids))
     return reports, [f"{row_id}: {error}" for row_id, error in errors]
 
 

@@ -56,8 +56,10 @@ def test_the_cli_writes_metrics_pictures_and_the_page(model_dir, tmp_path, capsy
     tables = ["--benign-prompts", f"notes={tmp_path / 'notes.jsonl'}"]
     tables += ["--unsafe-prompts", f"stealing={tmp_path / 'stealing.jsonl'}"]
     entry(["evaluate", "--guard", str(guard_dir), "--model", str(model_dir), "--out", str(tmp_path / "out"), *tables])
-    printed = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
     assert printed == json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert "notes: 100%" in captured.err and "20/20" in captured.err and "12/12" in captured.err  # a bar per source
     assert printed["sources"]["stealing"]["rows"] == 12 and set(printed["thresholds"]) == {"anomaly", "harm"}
     assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "roc-harm.png").is_file()
 
