@@ -26,8 +26,9 @@ from hf_lsad.guard import SafetyGuard
 UNDER_TEST = [*MIXED_BATCH, PROMPTS[3], PROMPTS[60], "x y z", "tell me a story about a dragon, please"]
 PATHS = ("report", "stop", "on_step", "running_report", "running_stop")
 PADDING = ("left", "right")
-CALLS_PER_THREAD = {(1, "left"): 4, (1, "right"): 4, (4, "left"): 10, (4, "right"): 100}
-"""Calls each thread makes: 4 threads x 100 calls is the load that raised in 395 of 400 calls before."""
+CALLS_PER_THREAD = {(1, "left"): 4, (1, "right"): 4, (4, "left"): 10, (4, "right"): 25}
+"""Calls each thread makes. Before the stop path shared the recorder, 4 threads x 100 right-padded calls raised in 395
+of 400 calls; 4 x 25 cannot all pass by chance under that bug, at a quarter of the suite's time."""
 NEW_TOKENS = {"report": 3, "stop": 3, "on_step": 3, "running_report": RUNNING_MAX_NEW, "running_stop": RUNNING_MAX_NEW}
 """A prompt_last verdict exists after the prefill, so those paths need few tokens; running guards score each one."""
 
