@@ -135,13 +135,15 @@ def test_help_imports_neither_torch_nor_transformers():
     )
 
 
-def test_loading_and_scoring_a_guard_imports_no_sklearn():
-    # scikit-learn takes seconds to import: only fits (GMM, One-Class SVM, calibration) and metrics pay for it.
+def test_loading_and_scoring_a_guard_imports_no_sklearn_and_no_scipy_stats():
+    # scikit-learn takes seconds to import: only fits (GMM, One-Class SVM, calibration) and metrics pay for it;
+    # scipy.stats over a second: only setting thresholds with a confidence does.
     code = (
         "import sys, torch; from hf_lsad.guard import SafetyGuard; g = SafetyGuard.from_pretrained('default'); "
-        "g({read: torch.zeros(2, g.config.hook.hidden_size) for read in g.reads}); print('sklearn' in sys.modules)"
+        "g({read: torch.zeros(2, g.config.hook.hidden_size) for read in g.reads}); "
+        "print('sklearn' in sys.modules, 'scipy.stats' in sys.modules)"
     )
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-        == "False"
+        == "False False"
     )

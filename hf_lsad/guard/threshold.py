@@ -30,7 +30,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from scipy.stats import binom
 from torch import Tensor
 
 
@@ -49,6 +48,8 @@ def allowed_flags(rows: int, target_fpr: float, confidence: float | None = None)
         return math.floor(rows * target_fpr + 1e-9)
     if not 0.5 <= confidence < 1.0:
         raise ValueError(f"confidence must be in [0.5, 1), got {confidence}")
+    from scipy.stats import binom  # over a second to import: only setting thresholds with a confidence needs it
+
     cdf = binom.cdf(np.arange(rows + 1), rows, target_fpr)  # P(Binomial(rows, q) <= k), ascending in k
     allowed = int(np.searchsorted(cdf, 1.0 - confidence, side="right")) - 1
     if allowed < 0:
