@@ -51,7 +51,7 @@ from ..core.serialization import (
 )
 from ..core.validation import check_guard_header
 from ..detectors.base import Detector, detector_class
-from ..sae.model import SAE_WEIGHTS, SparseAutoencoder
+from ..sae.model import SAE_CONFIG, SAE_WEIGHTS, SparseAutoencoder
 from ..version import library_versions
 from .calibration import AffineCalibration
 from .heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig
@@ -96,7 +96,14 @@ class GuardParts(NamedTuple):
 
 
 def save_guard_files(guard: GuardParts, path: Path) -> None:
-    """Write a guard's tensor files and ``config.json`` (with its integrity record) to ``path``."""
+    """Write a guard's tensor files and ``config.json`` (with its integrity record) to ``path``.
+
+    Saved over another guard, the files of that guard this one does not have are removed (as transformers removes
+    stale weight shards): a head it lacks, held-out scores, an SAE, and the model card, which described the other
+    guard. A card stays when the guard saved is the one it describes (the same ``config.json``, whose integrity
+    record holds every tensor file's SHA-256), and files hf-lsad does not write are never touched.
+    """
+    previous = _saved_config(path)
     path.mkdir(parents=True, exist_ok=True)
     save_module(guard.detector, path / DETECTOR_WEIGHTS)
     if guard.holdout_scores is not None:
@@ -127,6 +134,55 @@ def save_guard_files(guard: GuardParts, path: Path) -> None:
     settings = settings_record(config, config_to_dict(guard.sae.config) if guard.sae is not None else None)
     config[INTEGRITY_KEY] = integrity_record(path, guard_tensor_files(guard), settings)
     write_json(path / GUARD_CONFIG, config)
+    _remove_stale_files(path, guard, same_guard=previous == _without_versions(config))
+
+
+def _saved_config(path: Path) -> dict[str, Any] | None:
+    """The ``config.json`` already in ``path``, without its ``versions`` (a guard re-saved by a newer library is
+    the same guard), or ``None`` if there is none or it is unreadable (it is about to be replaced)."""
+    try:
+        raw = json.loads((path / GUARD_CONFIG).read_text())
+    except (OSError, ValueError):
+        return None
+    return _without_versions(raw) if isinstance(raw, dict) else None
+
+
+def _without_versions(config: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in config.items() if key != "versions"}
+
+
+def _remove_stale_files(path: Path, guard: GuardParts, *, same_guard: bool) -> None:
+    """Remove what an earlier guard saved in ``path`` that ``guard`` does not have (see :func:`save_guard_files`)."""
+    kept = set(guard_tensor_files(guard))
+    written = [
+        path / THRESHOLD_SCORES,
+        path / SAE_SUBFOLDER / SAE_WEIGHTS,
+        *(path / HEADS_SUBFOLDER).glob("*.safetensors"),
+    ]
+    for file in written:
+        if file.is_file() and file.relative_to(path).as_posix() not in kept:
+            file.unlink()
+    if guard.sae is None and (path / SAE_SUBFOLDER / SAE_CONFIG).is_file():
+        (path / SAE_SUBFOLDER / SAE_CONFIG).unlink()
+    for folder in (path / SAE_SUBFOLDER, path / HEADS_SUBFOLDER):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    if not same_guard and _is_guard_card(path / MODEL_CARD):
+        (path / MODEL_CARD).unlink()
+
+
+def _is_guard_card(file: Path) -> bool:
+    """Whether ``file`` is a model card hf-lsad wrote (its metadata names the library); a README of the user's own
+    is left alone."""
+    import yaml
+    from huggingface_hub import ModelCard
+
+    if not file.is_file():
+        return False
+    try:
+        return ModelCard.load(file).data.library_name == "hf-lsad"
+    except (ValueError, yaml.YAMLError):  # not a card huggingface_hub can read: not one hf-lsad wrote
+        return False
 
 
 def load_guard_folder(path: Path) -> tuple[GuardParts, dict[str, Any]]:

@@ -14,16 +14,18 @@ import torch
 import yaml
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, ModelCard, hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
-from tiny import LAYER, MIXED_BATCH, fresh_guard, tiny_guard
+from tiny import LAYER, MIXED_BATCH, fresh_guard, tiny_guard, two_headed_guard
 
 from hf_lsad.capture.collect import encode_prompts
 from hf_lsad.cli.main import main as cli_main
 from hf_lsad.core.hook_point import HookPoint, base_model_key, same_base_model
 from hf_lsad.core.serialization import GuardFormatError
 from hf_lsad.data.store import save_activations
+from hf_lsad.detectors.mahalanobis import MahalanobisConfig
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.card import GUARD_TAGS, guard_model_card
+from hf_lsad.guard.fitting import fit_guard
 from hf_lsad.testing import tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>' to upload raw bytes:DeprecationWarning")
@@ -381,6 +383,57 @@ def test_model_card_without_metrics_says_so(tmp_path):
     assert (
         SafetyGuard.from_pretrained(tmp_path / "described").config == guard.config
     )  # the card does not get in the way
+
+
+def raw_activation_guard() -> SafetyGuard:
+    """A guard without an SAE (Mahalanobis on the raw residual)."""
+    hook = fresh_guard("prompt_last").config.hook
+    safe = torch.randn(200, hook.hidden_size, generator=torch.Generator().manual_seed(0))
+    return fit_guard(safe, hook, "mahalanobis", MahalanobisConfig(), None, progress=False).guard
+
+
+def without_holdout_scores(guard: SafetyGuard) -> SafetyGuard:
+    """``guard`` as saved before guards kept their held-out scores (no ``threshold.safetensors``)."""
+    return SafetyGuard.from_parts(guard.parts()._replace(holdout_scores=None))
+
+
+def folder_files(path: Path) -> dict[str, bytes]:
+    return {f.relative_to(path).as_posix(): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (two_headed_guard, lambda: fresh_guard("prompt_last")),  # a head it lacks
+        (lambda: fresh_guard("prompt_last"), raw_activation_guard),  # an SAE it lacks
+        (lambda: fresh_guard("prompt_last"), lambda: without_holdout_scores(fresh_guard("prompt_last"))),
+        (two_headed_guard, raw_activation_guard),
+    ],
+    ids=["head", "sae", "holdout-scores", "all"],
+)
+def test_a_guard_saved_over_another_leaves_none_of_its_files(tmp_path, first, second):
+    """Saved over another guard's folder, a guard's folder holds exactly what it holds saved alone: no tensor file
+    and no model card of the guard it replaced (a card would describe heads and thresholds the folder lacks, and
+    ``hf-lsad push`` uploads the folder's card). A README the user wrote stays."""
+    replaced, guard = first(), second()
+    replaced.save_pretrained(tmp_path / "folder", data="the guard that is replaced")
+    (tmp_path / "folder" / "NOTES.txt").write_text("mine")
+    guard.save_pretrained(tmp_path / "folder")
+    guard.save_pretrained(tmp_path / "alone")
+    assert folder_files(tmp_path / "folder") == {**folder_files(tmp_path / "alone"), "NOTES.txt": b"mine"}
+    assert SafetyGuard.from_pretrained(tmp_path / "folder").config == guard.config
+
+    (tmp_path / "folder" / "README.md").write_text("# My notes on this guard\n")  # not a card hf-lsad wrote
+    replaced.save_pretrained(tmp_path / "folder")
+    assert (tmp_path / "folder" / "README.md").read_text() == "# My notes on this guard\n"
+
+
+def test_a_guard_saved_again_keeps_its_card(tmp_path):
+    guard = two_headed_guard()
+    guard.save_pretrained(tmp_path / "folder", data="96 prompts about arithmetic and the weather.")
+    card = (tmp_path / "folder" / "README.md").read_bytes()
+    SafetyGuard.from_pretrained(tmp_path / "folder").save_pretrained(tmp_path / "folder")  # the guard it describes
+    assert (tmp_path / "folder" / "README.md").read_bytes() == card
 
 
 @pytest.mark.parametrize("flag_rate, warns", [(0.97, True), (0.11, True), (0.10, False), (0.02, False)])
