@@ -13,7 +13,9 @@ of it in batches (for fits that stream, see :func:`hf_lsad.guard.fitting.fit_gua
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -33,8 +35,27 @@ from ..core.serialization import (
     read_json,
     write_json,
 )
+from ..core.validation import require_keys
 
 INDEX = "index.json"
+SHARD_NAME = re.compile(r"shard-\d{5,}\.safetensors")
+"""The file name of a shard: in the store folder itself, numbered from 0."""
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard of a store, as ``index.json`` lists it."""
+
+    file: str
+    """Its file name in the store folder (``shard-00000.safetensors``, ...); never a path elsewhere."""
+    rows: int
+    """Its row count."""
+
+    def __post_init__(self) -> None:
+        if not SHARD_NAME.fullmatch(self.file):
+            raise ValueError(f"shard file {self.file!r} is not a shard-NNNNN.safetensors name in the store folder")
+        if self.rows < 1:
+            raise ValueError(f"shard rows {self.rows}, expected at least 1")
 
 
 class ActivationSet(NamedTuple):
@@ -63,11 +84,14 @@ def save_activations(
     """Write ``activations`` (stored as ``dtype``) and their ``records`` as a store folder.
 
     ``inputs`` records how the prompts were given to the model; a guard fitted on the store
-    keeps it, to warn about inputs unlike them (:mod:`hf_lsad.core.prompt_inputs`).
+    keeps it, to warn about inputs unlike them (:mod:`hf_lsad.core.prompt_inputs`). Written over
+    another store, the shards of it that this one does not have are removed once the index is written.
     """
     check_activations(activations, hook.hidden_size)
     if len(records) != len(activations):
         raise ValueError(f"{len(records)} records for {len(activations)} activation rows")
+    if not all(isinstance(record, dict) for record in records):
+        raise TypeError("each record must be a dict (a JSON object)")
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     shards = []
@@ -76,51 +100,73 @@ def save_activations(
         save_file(
             {"activations": activations[start : start + shard_size].to(dtype).contiguous().cpu()}, str(path / name)
         )
-        shards.append({"file": name, "rows": min(shard_size, len(activations) - start)})
-    index = {"format_version": FORMAT_VERSION, "hook": config_to_dict(hook), "shards": shards, "records": records}
+        shards.append(ShardEntry(name, min(shard_size, len(activations) - start)))
+    index = {
+        "format_version": FORMAT_VERSION,
+        "hook": config_to_dict(hook),
+        "shards": [config_to_dict(shard) for shard in shards],
+        "records": records,
+    }
     if inputs is not None:
         index["inputs"] = config_to_dict(inputs)
     write_json(path / INDEX, index)
+    written = {shard.file for shard in shards}
+    for file in path.iterdir():  # an earlier store's shards beyond this one's (never a file of another name)
+        if SHARD_NAME.fullmatch(file.name) and file.name not in written:
+            file.unlink()
 
 
 def load_activations(directory: str | os.PathLike) -> ActivationSet:
     """Read a store folder written by :func:`save_activations` (activations as float32)."""
     path = Path(directory)
-    index, hook, inputs = _read_index(path)
+    index = _read_index(path)
+    hook = index.hook
     parts = []
-    for shard in index["shards"]:
+    for shard in index.shards:
         try:
-            tensor = load_file(str(path / shard["file"]))["activations"]
+            tensor = load_file(str(path / shard.file))["activations"]
         except (SafetensorError, OSError, KeyError) as err:
-            raise GuardFormatError(f"{path / shard['file']}: unreadable activation shard ({err})") from err
-        if tensor.shape != (shard["rows"], hook.hidden_size):
+            raise GuardFormatError(f"{path / shard.file}: unreadable activation shard ({err})") from err
+        if tensor.shape != (shard.rows, hook.hidden_size):
             raise GuardFormatError(
-                f"{path / shard['file']}: shape {tuple(tensor.shape)}, index expects "
-                f"{(shard['rows'], hook.hidden_size)}"
+                f"{path / shard.file}: shape {tuple(tensor.shape)}, index expects {(shard.rows, hook.hidden_size)}"
             )
         parts.append(tensor.float())
     activations = torch.cat(parts)
-    if len(activations) != len(index["records"]):
-        raise GuardFormatError(f"{path}: {len(activations)} rows but {len(index['records'])} records")
+    if len(activations) != len(index.records):
+        raise GuardFormatError(f"{path}: {len(activations)} rows but {len(index.records)} records")
     check_activations(activations, hook.hidden_size)
-    return ActivationSet(activations, index["records"], hook, inputs)
+    return ActivationSet(activations, index.records, hook, index.inputs)
 
 
-def _read_index(path: Path) -> tuple[dict[str, Any], HookPoint, InputProfile | None]:
-    """The checked ``index.json`` of a store folder, its hook point and (if recorded) its input profile."""
+class StoreIndex(NamedTuple):
+    """A store's ``index.json``, checked."""
+
+    hook: HookPoint
+    shards: list[ShardEntry]
+    records: list[dict[str, Any]]
+    inputs: InputProfile | None
+
+
+def _read_index(path: Path) -> StoreIndex:
+    """The ``index.json`` of a store folder, read as strictly as a guard's ``config.json``: exactly its keys, each
+    of its type, shards named as :func:`save_activations` names them."""
     index = read_json(path / INDEX)
-    for key in ("format_version", "hook", "shards", "records"):
-        if key not in index:
-            raise GuardFormatError(f"{path / INDEX}: missing key {key!r}")
-    if index["format_version"] != FORMAT_VERSION:
-        raise GuardFormatError(f"{path / INDEX}: format_version {index['format_version']!r}, expected {FORMAT_VERSION}")
-    hook = config_from_dict(HookPoint, index["hook"], source=str(path / INDEX))
+    source = str(path / INDEX)
+    require_keys(index, {"format_version", "hook", "shards", "records"}, {"inputs"}, source=source)
+    version = index["format_version"]
+    if isinstance(version, bool) or version != FORMAT_VERSION:
+        raise GuardFormatError(f"{source}: format_version {version!r}, expected {FORMAT_VERSION}")
+    hook = config_from_dict(HookPoint, index["hook"], source=source)
+    if not isinstance(index["shards"], list) or not index["shards"]:
+        raise GuardFormatError(f"{source}: key 'shards' must be a non-empty list of shards")
+    shards = [config_from_dict(ShardEntry, s, source=f"{source}:shards[{i}]") for i, s in enumerate(index["shards"])]
+    records = index["records"]
+    if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+        raise GuardFormatError(f"{source}: key 'records' must be a list of JSON objects, one per row")
     inputs = index.get("inputs")
-    return (
-        index,
-        hook,
-        None if inputs is None else config_from_dict(InputProfile, inputs, source=f"{path / INDEX}:inputs"),
-    )
+    inputs = None if inputs is None else config_from_dict(InputProfile, inputs, source=f"{source}:inputs")
+    return StoreIndex(hook, shards, records, inputs)
 
 
 DEFAULT_BATCH_SIZE = 4096
@@ -173,20 +219,20 @@ class ActivationStore:
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.path = Path(directory)
-        index, self.hook, self.inputs = _read_index(self.path)
-        self.records: list[dict[str, Any]] = index["records"]
+        index = _read_index(self.path)
+        self.hook, self.inputs = index.hook, index.inputs
+        self.records: list[dict[str, Any]] = index.records
         """One JSON record per row."""
-        self.shards: list[str] = [shard["file"] for shard in index["shards"]]
+        self.shards: list[str] = [shard.file for shard in index.shards]
         starts = [0]
-        for shard in index["shards"]:
-            with _open_shard(self.path / shard["file"]) as handle:
+        for shard in index.shards:
+            with _open_shard(self.path / shard.file) as handle:
                 shape = tuple(handle.get_slice("activations").get_shape())
-            if shape != (shard["rows"], self.hook.hidden_size):
+            if shape != (shard.rows, self.hook.hidden_size):
                 raise GuardFormatError(
-                    f"{self.path / shard['file']}: shape {shape}, "
-                    f"index expects {(shard['rows'], self.hook.hidden_size)}"
+                    f"{self.path / shard.file}: shape {shape}, index expects {(shard.rows, self.hook.hidden_size)}"
                 )
-            starts.append(starts[-1] + shard["rows"])
+            starts.append(starts[-1] + shard.rows)
         self.shard_starts = torch.tensor(starts)
         """Row offset of each shard, and the total row count last."""
         if starts[-1] != len(self.records):
