@@ -42,7 +42,8 @@ def read_prompt_table(
     """The prompts of a table, one :class:`PromptRow` per row, in input order.
 
     Args:
-        source: A ``.jsonl`` / ``.json`` (one object per line), ``.csv`` or ``.parquet`` file; a folder written by
+        source: A ``.jsonl`` / ``.json`` (one object per line) or ``.csv`` file in UTF-8 (with or without the byte
+            order mark Excel and Notepad write), or a ``.parquet`` file; a folder written by
             ``Dataset.save_to_disk``; or anything else ``datasets.load_dataset`` accepts (a local dataset folder, a
             Hub name when online).
         column: The column holding the prompt. When it is the default and absent, a ``messages`` column (a list of
@@ -94,7 +95,7 @@ def _records(source: str | Path, split: str, limit: int | None) -> list[Any]:
         if suffix in (".jsonl", ".json"):
             return _json_lines(source, limit)
         if suffix == ".csv":
-            with source.open(newline="", encoding="utf-8") as handle:
+            with source.open(newline="", encoding="utf-8-sig") as handle:
                 return list(itertools.islice(csv.DictReader(handle), limit))
         if suffix == ".parquet":
             return _dataset_rows(_load_dataset("parquet", data_files=str(source), split="train"), limit)
@@ -108,7 +109,7 @@ def _records(source: str | Path, split: str, limit: int | None) -> list[Any]:
 
 def _json_lines(path: Path, limit: int | None) -> list[Any]:
     records: list[Any] = []
-    with path.open(encoding="utf-8") as handle:
+    with path.open(encoding="utf-8-sig") as handle:
         for number, line in enumerate(handle, 1):
             if limit is not None and len(records) >= limit:
                 break

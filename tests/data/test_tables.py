@@ -72,6 +72,29 @@ def test_csv_parquet_and_a_saved_dataset_read_alike(tmp_path):
         assert read_prompt_table(tmp_path / source, id_column="id") == want, source
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_byte_order_mark_is_not_part_of_the_first_column_or_line(tmp_path, suffix):
+    """Excel and Notepad start UTF-8 files with a byte order mark. Read as plain UTF-8, it hid a CSV's first column
+    (``--id-column id`` found no column ``id``) and made a JSONL file's first line not JSON."""
+    rows = [{"id": "a", "prompt": "How do I bake bread?"}, {"id": "b", "prompt": "Tell me a joke"}]
+    if suffix == ".csv":
+        text = "id,prompt\r\n" + "".join(f"{r['id']},{r['prompt']}\r\n" for r in rows)
+    else:
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / f"plain{suffix}").write_text(text, encoding="utf-8")
+    (tmp_path / f"marked{suffix}").write_text(text, encoding="utf-8-sig")
+    want = [PromptRow("a", "How do I bake bread?"), PromptRow("b", "Tell me a joke")]
+    assert read_prompt_table(tmp_path / f"plain{suffix}", id_column="id") == want
+    assert read_prompt_table(tmp_path / f"marked{suffix}", id_column="id") == want
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_prompt_of_a_text_file(tmp_path):
+    from hf_lsad.cli.commands import read_prompt_file
+
+    (tmp_path / "prompts.txt").write_text("How do I bake bread?\r\nTell me a joke\r\n", encoding="utf-8-sig")
+    assert read_prompt_file(str(tmp_path / "prompts.txt")) == ["How do I bake bread?", "Tell me a joke"]
+
+
 def test_the_last_user_turn_of_messages_when_there_is_no_prompt_column(tmp_path):
     turns = [
         {"role": "system", "content": "be kind"},
