@@ -362,8 +362,8 @@ def run_explain(args: argparse.Namespace) -> None:
 
 def read_prompt_file(path: str) -> list[str]:
     """Prompts of a UTF-8 text file (one per non-empty line; a byte order mark is not part of the first) or a
-    JSON-lines file (``.jsonl``: a ``text`` field each,
-    read by :func:`hf_lsad.data.tables.read_prompt_table`; a row without a prompt is an error)."""
+    JSON-lines file (``.jsonl``: a ``text`` field each, read by :func:`hf_lsad.data.tables.read_prompt_table`; a row
+    without a prompt is an error)."""
     from ..data.tables import read_prompt_table
 
     if not path.endswith(".jsonl"):
