@@ -364,10 +364,14 @@ def read_prompt_file(path: str) -> list[str]:
     """Prompts of a UTF-8 text file (one per non-empty line; a byte order mark is not part of the first) or a
     JSON-lines file (``.jsonl``: a ``text`` field each, read by :func:`hf_lsad.data.tables.read_prompt_table`; a row
     without a prompt is an error)."""
-    from ..data.tables import read_prompt_table
+    from ..data.tables import not_utf8, read_prompt_table
 
     if not path.endswith(".jsonl"):
-        return [line for line in Path(path).read_text(encoding="utf-8-sig").splitlines() if line.strip()]
+        try:
+            text = Path(path).read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: {not_utf8(err)}; save it as UTF-8") from None
+        return [line for line in text.splitlines() if line.strip()]
     rows = read_prompt_table(path, column="text")
     bad = next((row for row in rows if row.error is not None), None)
     if bad is not None:

@@ -95,8 +95,11 @@ def _records(source: str | Path, split: str, limit: int | None) -> list[Any]:
         if suffix in (".jsonl", ".json"):
             return _json_lines(source, limit)
         if suffix == ".csv":
-            with source.open(newline="", encoding="utf-8-sig") as handle:
-                return list(itertools.islice(csv.DictReader(handle), limit))
+            try:
+                with source.open(newline="", encoding="utf-8-sig") as handle:
+                    return list(itertools.islice(csv.DictReader(handle), limit))
+            except UnicodeDecodeError as err:  # a CSV cannot be read past a bad byte: the whole table's error
+                raise ValueError(f"{source}: {not_utf8(err)}; save it as UTF-8 (Excel: CSV UTF-8)") from None
         if suffix == ".parquet":
             return _dataset_rows(_load_dataset("parquet", data_files=str(source), split="train"), limit)
         raise ValueError(f"{source}: not a .jsonl, .json, .csv or .parquet file")
@@ -108,11 +111,17 @@ def _records(source: str | Path, split: str, limit: int | None) -> list[Any]:
 
 
 def _json_lines(path: Path, limit: int | None) -> list[Any]:
+    """The rows of a JSON-lines file; a line that is not UTF-8, not JSON or not an object is that row's error."""
     records: list[Any] = []
-    with path.open(encoding="utf-8-sig") as handle:
-        for number, line in enumerate(handle, 1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, 1):
             if limit is not None and len(records) >= limit:
                 break
+            try:  # the byte order mark Excel and Notepad write is not part of the first line
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                records.append(_Unreadable(f"line {number} is {not_utf8(err)}"))
+                continue
             if not line.strip():
                 continue
             try:
@@ -122,6 +131,11 @@ def _json_lines(path: Path, limit: int | None) -> list[Any]:
                 continue
             records.append(record if isinstance(record, dict) else _Unreadable(f"line {number} is not an object"))
     return records
+
+
+def not_utf8(err: UnicodeDecodeError) -> str:
+    """What a :class:`UnicodeDecodeError` of a user's file says, in words: which byte is not UTF-8."""
+    return f"not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start})"
 
 
 def _load_dataset(path: str, **kwargs: Any) -> Any:
