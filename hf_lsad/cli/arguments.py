@@ -375,7 +375,9 @@ def pull_arguments(parser: argparse.ArgumentParser) -> None:
 
 def screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "input", help="a .jsonl, .csv or .parquet file, a saved dataset folder, or a dataset name datasets can load"
+        "input",
+        help="a .jsonl, .json (an array or lines), .csv or .parquet file, a saved dataset folder, or a dataset name "
+        "datasets can load",
     )
     parser.add_argument("--out", required=True, help="JSON-lines file of verdicts; an existing one is resumed")
     parser.add_argument(

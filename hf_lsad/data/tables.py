@@ -42,8 +42,9 @@ def read_prompt_table(
     """The prompts of a table, one :class:`PromptRow` per row, in input order.
 
     Args:
-        source: A ``.jsonl`` / ``.json`` (one object per line) or ``.csv`` file in UTF-8 (with or without the byte
-            order mark Excel and Notepad write), or a ``.parquet`` file; a folder written by
+        source: A ``.jsonl`` (one object per line), ``.json`` (an array of objects, or one object per line) or
+            ``.csv`` file in UTF-8 (with or without the byte order mark Excel and Notepad write), or a ``.parquet``
+            file; a folder written by
             ``Dataset.save_to_disk``; or anything else ``datasets.load_dataset`` accepts (a local dataset folder, a
             Hub name when online).
         column: The column holding the prompt. When it is the default and absent, a ``messages`` column (a list of
@@ -92,6 +93,8 @@ def _records(source: str | Path, split: str, limit: int | None) -> list[Any]:
     """The rows as dicts (or :class:`_Unreadable` for a JSON line that is not an object)."""
     if isinstance(source, Path) and source.is_file():
         suffix = source.suffix.lower()
+        if suffix == ".json" and _starts_with(source, b"["):
+            return _json_array(source, limit)
         if suffix in (".jsonl", ".json"):
             return _json_lines(source, limit)
         if suffix == ".csv":
@@ -131,6 +134,27 @@ def _json_lines(path: Path, limit: int | None) -> list[Any]:
                 continue
             records.append(record if isinstance(record, dict) else _Unreadable(f"line {number} is not an object"))
     return records
+
+
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    """Whether the file's first bytes after a byte order mark and whitespace are ``prefix``."""
+    with path.open("rb") as handle:
+        head = handle.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()
+    return head.startswith(prefix)
+
+
+def _json_array(path: Path, limit: int | None) -> list[Any]:
+    """The rows of a ``.json`` file holding one array of objects; an item that is not an object is that row's error."""
+    try:
+        items = json.loads(path.read_text(encoding="utf-8-sig"))  # a list: the text starts with "["
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: {not_utf8(err)}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not a JSON array ({err.msg} at line {err.lineno} column {err.colno})") from None
+    return [
+        item if isinstance(item, dict) else _Unreadable(f"item {number} is not an object")
+        for number, item in enumerate(items[:limit])
+    ]
 
 
 def not_utf8(err: UnicodeDecodeError) -> str:

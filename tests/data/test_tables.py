@@ -113,6 +113,21 @@ def test_text_that_is_not_utf8_is_named_with_its_file_or_line(tmp_path):
         read_prompt_file(str(tmp_path / "p.txt"))
 
 
+@pytest.mark.parametrize("indent", [None, 2], ids=["one-line", "indented"])
+def test_a_json_file_holding_an_array_of_objects_reads_as_its_rows(tmp_path, indent):
+    """The most common shape of a ``.json`` file; read as JSON lines, every line of it was an error."""
+    (tmp_path / "p.json").write_text(json.dumps([*ROWS, "not an object"], indent=indent))
+    assert read_prompt_table(tmp_path / "p.json", id_column=None) == [
+        PromptRow(str(i), row.text, row.error) for i, row in enumerate(EXPECTED)
+    ] + [PromptRow("5", None, "item 5 is not an object")]
+    assert read_prompt_table(tmp_path / "p.json", id_column="id", limit=2) == EXPECTED[:2]
+    write_jsonl(tmp_path / "lines.json", ROWS)  # a .json file of JSON lines reads as before
+    assert read_prompt_table(tmp_path / "lines.json", id_column="id") == EXPECTED
+    (tmp_path / "broken.json").write_text('[{"prompt": "a"},')
+    with pytest.raises(ValueError, match=r"broken\.json: not a JSON array \(Expecting value at line 1 column 18\)"):
+        read_prompt_table(tmp_path / "broken.json")
+
+
 def test_the_last_user_turn_of_messages_when_there_is_no_prompt_column(tmp_path):
     turns = [
         {"role": "system", "content": "be kind"},
