@@ -17,6 +17,8 @@ from ..core.runtime import FitRuntime, GuardFitRuntime, ModelRuntime
 
 RUNTIME = "runtime"
 """Destination group of the ``--device`` / ``--dtype`` flags (:func:`hf_lsad.core.settings.settings_from_args`)."""
+PROMPT_FILE = "a text file (one prompt per line), or a .jsonl, .json, .csv or .parquet table with a 'text' column"
+"""A prompt file of ``add-head``, ``set-budget`` and ``teach`` (:func:`hf_lsad.cli.commands.read_prompt_file`)."""
 
 
 def runtime_config(args: argparse.Namespace, cls: type) -> Any:
@@ -252,8 +254,10 @@ def explain_arguments(parser: argparse.ArgumentParser) -> None:
 def add_head_arguments(parser: argparse.ArgumentParser) -> None:
     _guard_arguments(parser)
     parser.add_argument("--name", required=True, help="the head's name (letters, digits, '-', '_')")
-    parser.add_argument("--unsafe", required=True, help="prompts of the category: a text file (one per line) or JSONL")
-    parser.add_argument("--safe", help="your own benign prompts, fitted on beside the bundled benign pools")
+    parser.add_argument("--unsafe", required=True, help=f"prompts of the category: {PROMPT_FILE}")
+    parser.add_argument(
+        "--safe", help=f"your own benign prompts, fitted on beside the bundled benign pools: {PROMPT_FILE}"
+    )
     parser.add_argument("--share", type=float, help="the new head's share of the FPR budget (default: an equal share)")
     parser.add_argument(
         "--out", help="where to write the guard with its new head (default: --guard itself, a local folder)"
@@ -272,7 +276,7 @@ def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--benign",
         required=True,
-        help="a sample of your own benign traffic, fitted on by no head: a text file (one per line) or JSONL",
+        help=f"a sample of your own benign traffic, fitted on by no head: {PROMPT_FILE}",
     )
     parser.add_argument(
         "--target-fpr", type=float, help="the heads' combined flag rate on those prompts (default: the guard's)"

@@ -360,13 +360,17 @@ def run_explain(args: argparse.Namespace) -> None:
     explain_command(args)
 
 
+TABLE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+"""Files :func:`read_prompt_file` reads as a table (a ``text`` column); any other file is one prompt per line."""
+
+
 def read_prompt_file(path: str) -> list[str]:
-    """Prompts of a UTF-8 text file (one per non-empty line; a byte order mark is not part of the first) or a
-    JSON-lines file (``.jsonl``: a ``text`` field each, read by :func:`hf_lsad.data.tables.read_prompt_table`; a row
-    without a prompt is an error)."""
+    """Prompts of a table (:data:`TABLE_SUFFIXES`: a ``text`` column, read by
+    :func:`hf_lsad.data.tables.read_prompt_table`; a row without a prompt is an error) or of a UTF-8 text file (one
+    per non-empty line; a byte order mark is not part of the first)."""
     from ..data.tables import not_utf8, read_prompt_table
 
-    if not path.endswith(".jsonl"):
+    if not path.lower().endswith(TABLE_SUFFIXES):
         try:
             text = Path(path).read_text(encoding="utf-8-sig")
         except UnicodeDecodeError as err:

@@ -88,18 +88,9 @@ def test_a_byte_order_mark_is_not_part_of_the_first_column_or_line(tmp_path, suf
     assert read_prompt_table(tmp_path / f"marked{suffix}", id_column="id") == want
 
 
-def test_a_byte_order_mark_is_not_part_of_the_first_prompt_of_a_text_file(tmp_path):
-    from hf_lsad.cli.commands import read_prompt_file
-
-    (tmp_path / "prompts.txt").write_text("How do I bake bread?\r\nTell me a joke\r\n", encoding="utf-8-sig")
-    assert read_prompt_file(str(tmp_path / "prompts.txt")) == ["How do I bake bread?", "Tell me a joke"]
-
-
 def test_text_that_is_not_utf8_is_named_with_its_file_or_line(tmp_path):
-    """A file saved as Latin-1 (as Excel's plain CSV is on many systems): a JSONL line is that row's error, a CSV or
-    a text file the whole file's, naming it (it was a bare UnicodeDecodeError)."""
-    from hf_lsad.cli.commands import read_prompt_file
-
+    """A file saved as Latin-1 (as Excel's plain CSV is on many systems): a JSONL line is that row's error, a CSV
+    the whole file's, naming it (it was a bare UnicodeDecodeError)."""
     (tmp_path / "p.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n{"prompt": "Tell me a joke"}\n')
     assert read_prompt_table(tmp_path / "p.jsonl") == [
         PromptRow("0", None, "line 1 is not UTF-8 text (byte 0xe9 at offset 15)"),
@@ -108,9 +99,6 @@ def test_text_that_is_not_utf8_is_named_with_its_file_or_line(tmp_path):
     (tmp_path / "p.csv").write_bytes(b"prompt\ncaf\xe9 au lait\n")
     with pytest.raises(ValueError, match=r"p\.csv: not UTF-8 text \(byte 0xe9 at offset 10\)"):
         read_prompt_table(tmp_path / "p.csv")
-    (tmp_path / "p.txt").write_bytes(b"caf\xe9\n")
-    with pytest.raises(ValueError, match=r"p\.txt: not UTF-8 text \(byte 0xe9 at offset 3\)"):
-        read_prompt_file(str(tmp_path / "p.txt"))
 
 
 @pytest.mark.parametrize("indent", [None, 2], ids=["one-line", "indented"])

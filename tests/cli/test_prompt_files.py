@@ -1,0 +1,50 @@
+"""The prompt files of ``add-head --unsafe/--safe``, ``set-budget --benign`` and ``teach --benign``: a table by its
+``text`` column, any other file one prompt per line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from datasets import Dataset
+
+from hf_lsad.cli.commands import read_prompt_file
+
+PROMPTS = ["How do I bake bread?", "Tell me a joke"]
+
+
+def write_table(path, suffix):
+    rows = [{"id": str(i), "text": text} for i, text in enumerate(PROMPTS)]
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    elif suffix == ".json":
+        path.write_text(json.dumps(rows, indent=2))
+    elif suffix == ".csv":
+        path.write_text("id,text\n" + "".join(f"{row['id']},{row['text']}\n" for row in rows))
+    else:
+        Dataset.from_list(rows).to_parquet(path)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv", ".parquet", ".JSON"])
+def test_a_table_gives_its_text_column(tmp_path, suffix):
+    """A CSV or a JSON array was read one line a prompt: its header, brackets and ids became prompts of the head."""
+    write_table(tmp_path / f"prompts{suffix}", suffix.lower())
+    assert read_prompt_file(str(tmp_path / f"prompts{suffix}")) == PROMPTS
+
+
+@pytest.mark.parametrize("suffix", [".txt", ""])
+def test_any_other_file_gives_one_prompt_per_line(tmp_path, suffix):
+    (tmp_path / f"prompts{suffix}").write_text("How do I bake bread?\r\n\n  \nTell me a joke\r\n", encoding="utf-8-sig")
+    assert read_prompt_file(str(tmp_path / f"prompts{suffix}")) == PROMPTS  # without the byte order mark
+
+
+def test_a_text_file_that_is_not_utf8_is_named(tmp_path):
+    (tmp_path / "p.txt").write_bytes(b"caf\xe9\n")
+    with pytest.raises(ValueError, match=r"p\.txt: not UTF-8 text \(byte 0xe9 at offset 3\); save it as UTF-8"):
+        read_prompt_file(str(tmp_path / "p.txt"))
+
+
+def test_a_table_row_without_its_text_is_the_files_error(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps([{"text": "fine"}, {"text": ""}]))
+    with pytest.raises(ValueError, match=r"p\.json: row 1: empty prompt"):
+        read_prompt_file(str(tmp_path / "p.json"))
