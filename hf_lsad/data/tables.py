@@ -43,10 +43,9 @@ def read_prompt_table(
 
     Args:
         source: A ``.jsonl`` (one object per line), ``.json`` (an array of objects, or one object per line) or
-            ``.csv`` file in UTF-8 (with or without the byte order mark Excel and Notepad write), or a ``.parquet``
-            file; a folder written by
-            ``Dataset.save_to_disk``; or anything else ``datasets.load_dataset`` accepts (a local dataset folder, a
-            Hub name when online).
+            ``.csv`` file in UTF-8 (with or without the byte order mark Excel and Notepad write); a ``.parquet``
+            file; a folder written by ``Dataset.save_to_disk``; or anything else ``datasets.load_dataset`` accepts
+            (a local dataset folder, a Hub name when online).
         column: The column holding the prompt. When it is the default and absent, a ``messages`` column (a list of
             ``{"role", "content"}`` turns) gives its last user turn.
         id_column: The column holding each row's id (default: the row's 0-based position). Ids must be unique:
@@ -90,7 +89,7 @@ class _Unreadable:
 
 
 def _records(source: str | Path, split: str, limit: int | None) -> list[Any]:
-    """The rows as dicts (or :class:`_Unreadable` for a JSON line that is not an object)."""
+    """The rows as dicts (or :class:`_Unreadable` for a JSON line or array item that cannot be a row)."""
     if isinstance(source, Path) and source.is_file():
         suffix = source.suffix.lower()
         if suffix == ".json" and _starts_with(source, b"["):
