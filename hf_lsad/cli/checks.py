@@ -19,6 +19,8 @@ from pathlib import Path
 from ..core.validation import HALF_OPEN_UNIT, OPEN_UNIT, POSITIVE, Range
 
 PROG = "hf-lsad"
+GUARD_WRITERS = ("fit", "calibrate", "add-head", "set-budget", "teach")
+"""Commands that write a guard folder to ``--out``."""
 
 
 def _flag_rules() -> dict[str, tuple[type, str] | Range]:
@@ -118,6 +120,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         and (not Path(args.out).is_dir() or any(Path(args.out).iterdir()))
     ):
         parser.error(f"argument out: {args.out!r} exists and is not an empty folder")
+    if args.command in GUARD_WRITERS and getattr(args, "out", None):
+        from ..guard.files import check_guard_destination
+
+        try:
+            check_guard_destination(Path(args.out))  # before any work: the fit would be lost
+        except FileExistsError as err:
+            parser.error(f"argument --out: {err}")
     if getattr(args, "grid", None) and not Path(args.grid).is_file():
         parser.error(f"argument --grid: no file {args.grid!r}")
     device = getattr(args, "runtime:device", None)

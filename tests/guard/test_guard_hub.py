@@ -428,6 +428,18 @@ def test_a_guard_saved_over_another_leaves_none_of_its_files(tmp_path, first, se
     assert (tmp_path / "folder" / "README.md").read_text() == "# My notes on this guard\n"
 
 
+def test_a_guard_is_not_saved_over_a_models_folder(model_dir, tmp_path):
+    """A model folder's ``config.json`` (or an SAE's) is not overwritten by a guard's: the save is refused before
+    anything is written."""
+    import shutil
+
+    shutil.copytree(model_dir, tmp_path / "model")
+    before = folder_files(tmp_path / "model")
+    with pytest.raises(FileExistsError, match="is not a guard's config"):
+        fresh_guard().save_pretrained(tmp_path / "model")
+    assert folder_files(tmp_path / "model") == before
+
+
 def test_a_guard_saved_again_keeps_its_card(tmp_path):
     guard = two_headed_guard()
     guard.save_pretrained(tmp_path / "folder", data="96 prompts about arithmetic and the weather.")

@@ -722,6 +722,26 @@ def test_cli_usage_errors_are_one_line_with_exit_code_2(capsys, argv, message):
     assert code == 2 and err.strip().splitlines()[-1].startswith(f"hf-lsad: error: {message}")
 
 
+@pytest.mark.parametrize("command", ["fit", "add-head", "set-budget"])
+def test_cli_refuses_to_write_a_guard_over_a_models_folder_before_any_work(capsys, tmp_path, model_dir, command):
+    import shutil
+
+    from hf_lsad.core.hook_point import HookPoint
+    from hf_lsad.data.store import save_activations
+
+    shutil.copytree(model_dir, tmp_path / "model")
+    (tmp_path / "prompts.txt").write_text("".join(f"prompt number {i}\n" for i in range(100)))
+    hook = HookPoint("tiny/model", "llama", 4, 4, 1, "model.layers.1", "prompt_last")
+    save_activations(tmp_path / "store", torch.randn(30, 4), [{"id": str(i)} for i in range(30)], hook)
+    argv = {
+        "fit": ["fit", "--activations", str(tmp_path / "store"), "--method", "mahalanobis"],
+        "add-head": ["add-head", "--guard", "default", "--name", "x", "--unsafe", str(tmp_path / "prompts.txt")],
+        "set-budget": ["set-budget", "--guard", "default", "--benign", str(tmp_path / "prompts.txt")],
+    }[command]
+    code, err = cli(capsys, *argv, "--out", str(tmp_path / "model"))
+    assert code == 2 and "argument --out: " in err and "is not a guard's config" in err
+
+
 def test_cli_guard_with_a_nan_threshold_is_refused_before_the_model_loads(capsys, saved):
     _, path = saved
     edit_config(path, lambda c: c["guard"].update(threshold=float("nan")))
