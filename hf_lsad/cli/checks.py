@@ -19,8 +19,15 @@ from pathlib import Path
 from ..core.validation import HALF_OPEN_UNIT, OPEN_UNIT, POSITIVE, Range
 
 PROG = "hf-lsad"
-GUARD_WRITERS = ("fit", "calibrate", "add-head", "set-budget", "teach")
-"""Commands that write a guard folder to ``--out``."""
+OUT_FOLDERS = {
+    "fit": "guard",
+    "calibrate": "guard",
+    "add-head": "guard",
+    "set-budget": "guard",
+    "teach": "guard",
+    "train-sae": "sae",
+}
+"""Commands that write a folder to ``--out``, and what they write there."""
 
 
 def _flag_rules() -> dict[str, tuple[type, str] | Range]:
@@ -120,11 +127,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         and (not Path(args.out).is_dir() or any(Path(args.out).iterdir()))
     ):
         parser.error(f"argument out: {args.out!r} exists and is not an empty folder")
-    if args.command in GUARD_WRITERS and getattr(args, "out", None):
+    if args.command in OUT_FOLDERS and getattr(args, "out", None):
         from ..guard.files import check_guard_destination
+        from ..sae.model import check_sae_destination
 
+        check = check_sae_destination if OUT_FOLDERS[args.command] == "sae" else check_guard_destination
         try:
-            check_guard_destination(Path(args.out))  # before any work: the fit would be lost
+            check(Path(args.out))  # before any work, which would be lost
         except FileExistsError as err:
             parser.error(f"argument --out: {err}")
     if getattr(args, "grid", None) and not Path(args.grid).is_file():

@@ -95,6 +95,28 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def config_to_replace(file: Path, keys: set[str], what: str) -> dict[str, Any] | None:
+    """The JSON object in ``file``, the config of the ``what`` (``"a guard"``) a save is about to replace (it holds
+    ``keys``), or ``None`` when there is no file or it is not a JSON object (a save cut off mid-write: replaced).
+
+    Raises:
+        FileExistsError: ``file`` is the config of something else (a model's, a guard's, an SAE's), which saving
+            ``what`` there would overwrite.
+    """
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if not keys <= set(config):
+        raise FileExistsError(
+            f"{file} is not the config of {what}: saving {what} in {file.parent} would overwrite it; save it to a "
+            "folder of its own"
+        )
+    return config
+
+
 def _require_regular_file(path: Path) -> None:
     if not path.exists() and not path.is_symlink():
         raise GuardFormatError(f"missing file {path}")

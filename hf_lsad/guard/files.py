@@ -44,6 +44,7 @@ from ..core.serialization import (
     GuardFormatError,
     config_from_dict,
     config_to_dict,
+    config_to_replace,
     load_module,
     read_json,
     save_module,
@@ -139,36 +140,19 @@ def save_guard_files(guard: GuardParts, path: Path) -> None:
 
 def _saved_config(path: Path) -> dict[str, Any] | None:
     """The guard ``config.json`` already in ``path``, without its ``versions`` (a guard re-saved by a newer library
-    is the same guard), or ``None`` if there is none or it is unreadable (it is about to be replaced).
-
-    Raises:
-        FileExistsError: ``path`` holds the ``config.json`` of something else (a model, an SAE): a guard saved there
-            would overwrite it.
-    """
-    check_guard_destination(path)
-    raw = _config_in(path)
+    is the same guard), or ``None`` if there is none (:func:`check_guard_destination` for another kind's)."""
+    raw = config_to_replace(path / GUARD_CONFIG, GUARD_CONFIG_KEYS, "a guard")
     return None if raw is None else _without_versions(raw)
+
+
+GUARD_CONFIG_KEYS = {"guard", "detector"}
+"""Keys every guard's ``config.json`` holds: what tells it from a model's or an SAE's."""
 
 
 def check_guard_destination(path: Path) -> None:
     """Raise :class:`FileExistsError` if ``path`` holds the ``config.json`` of something else than a guard (a model,
     an SAE), which a guard saved there would overwrite."""
-    config = _config_in(path)
-    if config is not None and not {"guard", "detector"} <= set(config):
-        raise FileExistsError(
-            f"{path / GUARD_CONFIG} is not a guard's config (a model's or an SAE's?): saving a guard in {path} would "
-            "overwrite it; save the guard to a folder of its own"
-        )
-
-
-def _config_in(path: Path) -> dict[str, Any] | None:
-    """The JSON object of ``path/config.json``, or ``None`` if there is none or it is not one (a guard save cut off
-    mid-write leaves such a file; it is replaced)."""
-    try:
-        raw = json.loads((path / GUARD_CONFIG).read_text())
-    except (OSError, ValueError):
-        return None
-    return raw if isinstance(raw, dict) else None
+    config_to_replace(path / GUARD_CONFIG, GUARD_CONFIG_KEYS, "a guard")
 
 
 def _without_versions(config: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from ..core.serialization import (
     GuardFormatError,
     config_from_dict,
     config_to_dict,
+    config_to_replace,
     load_module,
     read_json,
     save_module,
@@ -147,8 +148,10 @@ class SparseAutoencoder(nn.Module):
         self.decoder.weight /= self.decoder.weight.norm(dim=0, keepdim=True).clamp_min(1e-8)
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """Write ``config.json`` and ``sae.safetensors`` into ``save_directory``."""
+        """Write ``config.json`` and ``sae.safetensors`` into ``save_directory``; a folder holding another kind's
+        ``config.json`` (a model's, a guard's) is refused before anything is written (``FileExistsError``)."""
         path = Path(save_directory)
+        check_sae_destination(path)
         path.mkdir(parents=True, exist_ok=True)
         write_json(path / SAE_CONFIG, {"format_version": FORMAT_VERSION, "sae": config_to_dict(self.config)})
         save_module(self, path / SAE_WEIGHTS)
@@ -170,3 +173,9 @@ class SparseAutoencoder(nn.Module):
         sae = cls(config_from_dict(SAEConfig, fields, source=str(path / SAE_CONFIG)))
         load_module(sae, path / SAE_WEIGHTS)
         return sae
+
+
+def check_sae_destination(path: Path) -> None:
+    """Raise :class:`FileExistsError` if ``path`` holds the ``config.json`` of something else than an SAE (a model, a
+    guard), which an SAE saved there would overwrite."""
+    config_to_replace(path / SAE_CONFIG, {"sae"}, "an SAE")

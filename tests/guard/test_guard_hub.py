@@ -428,16 +428,26 @@ def test_a_guard_saved_over_another_leaves_none_of_its_files(tmp_path, first, se
     assert (tmp_path / "folder" / "README.md").read_text() == "# My notes on this guard\n"
 
 
-def test_a_guard_is_not_saved_over_a_models_folder(model_dir, tmp_path):
-    """A model folder's ``config.json`` (or an SAE's) is not overwritten by a guard's: the save is refused before
-    anything is written."""
+def test_a_guard_or_an_sae_is_not_saved_over_another_kinds_folder(model_dir, tmp_path):
+    """A model folder's ``config.json``, a guard's or an SAE's is not overwritten by another kind's: the save is
+    refused before anything is written (a guard saved over a model folder overwrote its config.json)."""
     import shutil
 
+    guard = fresh_guard()
     shutil.copytree(model_dir, tmp_path / "model")
-    before = folder_files(tmp_path / "model")
-    with pytest.raises(FileExistsError, match="is not a guard's config"):
-        fresh_guard().save_pretrained(tmp_path / "model")
-    assert folder_files(tmp_path / "model") == before
+    guard.save_pretrained(tmp_path / "guard")
+    guard.sae.save_pretrained(tmp_path / "sae")
+    for folder, save, what in [
+        ("model", guard.save_pretrained, "a guard"),
+        ("sae", guard.save_pretrained, "a guard"),
+        ("model", guard.sae.save_pretrained, "an SAE"),
+        ("guard", guard.sae.save_pretrained, "an SAE"),
+    ]:
+        before = folder_files(tmp_path / folder)
+        with pytest.raises(FileExistsError, match=f"is not the config of {what}"):
+            save(tmp_path / folder)
+        assert folder_files(tmp_path / folder) == before, (folder, what)
+    guard.sae.save_pretrained(tmp_path / "sae")  # its own kind: saved again
 
 
 def test_a_guard_saved_again_keeps_its_card(tmp_path):

@@ -722,8 +722,8 @@ def test_cli_usage_errors_are_one_line_with_exit_code_2(capsys, argv, message):
     assert code == 2 and err.strip().splitlines()[-1].startswith(f"hf-lsad: error: {message}")
 
 
-@pytest.mark.parametrize("command", ["fit", "add-head", "set-budget"])
-def test_cli_refuses_to_write_a_guard_over_a_models_folder_before_any_work(capsys, tmp_path, model_dir, command):
+@pytest.mark.parametrize("command", ["fit", "add-head", "set-budget", "train-sae"])
+def test_cli_refuses_to_write_over_a_models_folder_before_any_work(capsys, tmp_path, model_dir, command):
     import shutil
 
     from hf_lsad.core.hook_point import HookPoint
@@ -737,9 +737,10 @@ def test_cli_refuses_to_write_a_guard_over_a_models_folder_before_any_work(capsy
         "fit": ["fit", "--activations", str(tmp_path / "store"), "--method", "mahalanobis"],
         "add-head": ["add-head", "--guard", "default", "--name", "x", "--unsafe", str(tmp_path / "prompts.txt")],
         "set-budget": ["set-budget", "--guard", "default", "--benign", str(tmp_path / "prompts.txt")],
+        "train-sae": ["train-sae", "--activations", str(tmp_path / "store")],
     }[command]
     code, err = cli(capsys, *argv, "--out", str(tmp_path / "model"))
-    assert code == 2 and "argument --out: " in err and "is not a guard's config" in err
+    assert code == 2 and "argument --out: " in err and "is not the config of a" in err
 
 
 def test_cli_guard_with_a_nan_threshold_is_refused_before_the_model_loads(capsys, saved):
