@@ -15,6 +15,7 @@ All are ``ValueError`` subclasses, so code that caught ``ValueError`` before kee
   size, layer count, hooked block or base model differ).
 - :class:`InputError`: inputs to guarded ``generate`` the guard cannot score meaningfully
   (e.g. a prompt longer than the model's context).
+- :class:`MissingColumnError`: a table of prompts without the prompt or id column asked for.
 
 And two warning categories: :class:`DegenerateFitWarning`, for fits that finish but should
 not be trusted (an SAE that explains little variance, clusters too small for their masks
@@ -47,6 +48,15 @@ class ModelMismatchError(ValueError):
 
 class InputError(ValueError):
     """Inputs to guarded generation that the guard cannot score meaningfully."""
+
+
+class MissingColumnError(ValueError):
+    """A table of prompts without the column asked for (its first readable row lacks it); ``columns`` are those it
+    has. Each command adds its own remedy (``--column`` for ``screen``)."""
+
+    def __init__(self, message: str, column: str, columns: list[str]) -> None:
+        super().__init__(message)
+        self.column, self.columns = column, columns
 
 
 class DegenerateFitWarning(UserWarning):

@@ -237,7 +237,6 @@ def _evaluate_guard(args: argparse.Namespace) -> None:
 
 
 def _evaluate_prompts(args: argparse.Namespace) -> None:
-    from ..data.tables import read_prompt_table
     from ..evaluation.plots import write_report
     from ..evaluation.prompts import evaluate_prompt_sources
 
@@ -245,7 +244,7 @@ def _evaluate_prompts(args: argparse.Namespace) -> None:
     for flag, unsafe in (("benign_prompts", False), ("unsafe_prompts", True)):
         for item in getattr(args, flag):
             name, _, source = item.partition("=")
-            sources[name] = (read_prompt_table(source, column=args.column, limit=args.limit), unsafe)
+            sources[name] = (_prompt_table(source, column=args.column, limit=args.limit), unsafe)
     guarded = _guarded_model(args)
     evaluation = evaluate_prompt_sources(guarded, sources, batch_size=args.batch_size)
     report = json.dumps({"thresholds": evaluation.thresholds, "sources": evaluation.metrics()}, indent=2)
@@ -256,6 +255,18 @@ def _evaluate_prompts(args: argparse.Namespace) -> None:
         (out / "metrics.json").write_text(report)
         written = write_report(evaluation, out, title=args.title)
         print(f"wrote {out / 'metrics.json'}, {', '.join(written)} in {out}", file=sys.stderr)
+
+
+def _prompt_table(source: str, **kwargs: Any) -> list[Any]:
+    """:func:`~hf_lsad.data.tables.read_prompt_table` of ``source`` for ``screen`` and ``evaluate``, whose missing
+    column names the flag that chooses it."""
+    from ..data.tables import MissingColumnError, read_prompt_table
+
+    try:
+        return read_prompt_table(source, **kwargs)
+    except MissingColumnError as err:
+        flag = "--id-column" if err.column == kwargs.get("id_column") else "--column"
+        raise ValueError(f"{err}; choose one with {flag}") from None
 
 
 def _evaluate_grid(args: argparse.Namespace) -> None:
@@ -368,7 +379,7 @@ def read_prompt_file(path: str) -> list[str]:
     """Prompts of a table (:data:`TABLE_SUFFIXES`: a ``text`` column, read by
     :func:`hf_lsad.data.tables.read_prompt_table`; a row without a prompt is an error) or of a UTF-8 text file (one
     per non-empty line; a byte order mark is not part of the first)."""
-    from ..data.tables import not_utf8, read_prompt_table
+    from ..data.tables import MissingColumnError, not_utf8, read_prompt_table
 
     if not path.lower().endswith(TABLE_SUFFIXES):
         try:
@@ -376,7 +387,10 @@ def read_prompt_file(path: str) -> list[str]:
         except UnicodeDecodeError as err:
             raise ValueError(f"{path}: {not_utf8(err)}; save it as UTF-8") from None
         return [line for line in text.splitlines() if line.strip()]
-    rows = read_prompt_table(path, column="text")
+    try:
+        rows = read_prompt_table(path, column="text")
+    except MissingColumnError as err:
+        raise ValueError(f"{err}: a table of prompts for this command holds them in a 'text' column") from None
     bad = next((row for row in rows if row.error is not None), None)
     if bad is not None:
         raise ValueError(f"{path}: row {bad.id}: {bad.error}")
@@ -550,12 +564,9 @@ def run_pull(args: argparse.Namespace) -> None:
 
 
 def run_screen(args: argparse.Namespace) -> None:
-    from ..data.tables import read_prompt_table
     from ..generation.bulk import screen_to_jsonl
 
-    rows = read_prompt_table(
-        args.input, column=args.column, id_column=args.id_column, limit=args.limit, split=args.split
-    )
+    rows = _prompt_table(args.input, column=args.column, id_column=args.id_column, limit=args.limit, split=args.split)
     guarded = _guarded_model(args)
     print(f"screening {len(rows)} rows of {args.input} into {args.out}", file=sys.stderr, flush=True)
     summary = screen_to_jsonl(

@@ -1,4 +1,4 @@
-"""Prompts from a user's table: a JSONL, CSV or Parquet file, or a dataset the ``datasets`` library loads.
+"""Prompts from a user's table: a JSONL, JSON, CSV or Parquet file, or a dataset the ``datasets`` library loads.
 
 What ``hf-lsad screen`` reads. Every row comes back, in input order, with an id and either its prompt or the
 reason it has none (an empty cell, a number, a malformed JSON line): a bad row is the row's problem, not the run's.
@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..errors import MissingColumnError
 
 DEFAULT_COLUMN = "prompt"
 """The column read by default; a table without it but with a ``messages`` column gives its last user turn."""
@@ -56,7 +58,8 @@ def read_prompt_table(
 
     Raises:
         FileNotFoundError: a file path that does not exist.
-        ValueError: no such column, or duplicate ids.
+        MissingColumnError: no such column (or id column).
+        ValueError: duplicate ids, or a file that cannot be read as a table.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive integer, got {limit}")
@@ -178,9 +181,9 @@ def _dataset_rows(dataset: Any, limit: int | None) -> list[dict[str, Any]]:
 def _check_columns(record: dict[str, Any], column: str, id_column: str | None, source: str | Path) -> None:
     keys = list(record)
     if column not in record and not (column == DEFAULT_COLUMN and MESSAGES_COLUMN in record):
-        raise ValueError(f"{source}: no column {column!r} (columns: {keys}); choose one with --column")
+        raise MissingColumnError(f"{source}: no column {column!r} (columns: {keys})", column, keys)
     if id_column is not None and id_column not in record:
-        raise ValueError(f"{source}: no id column {id_column!r} (columns: {keys})")
+        raise MissingColumnError(f"{source}: no id column {id_column!r} (columns: {keys})", id_column, keys)
 
 
 def _missing(value: Any) -> bool:

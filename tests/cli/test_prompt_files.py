@@ -9,6 +9,7 @@ import pytest
 from datasets import Dataset
 
 from hf_lsad.cli.commands import read_prompt_file
+from hf_lsad.cli.main import entry
 
 PROMPTS = ["How do I bake bread?", "Tell me a joke"]
 
@@ -48,3 +49,25 @@ def test_a_table_row_without_its_text_is_the_files_error(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps([{"text": "fine"}, {"text": ""}]))
     with pytest.raises(ValueError, match=r"p\.json: row 1: empty prompt"):
         read_prompt_file(str(tmp_path / "p.json"))
+
+
+def test_a_table_without_a_text_column_says_where_the_prompts_go(tmp_path):
+    """It said "choose one with --column", a flag these commands do not have."""
+    (tmp_path / "p.csv").write_text("id,prompt\n1,hello\n")
+    with pytest.raises(ValueError, match=r"no column 'text' \(columns: \['id', 'prompt'\]\): a table of") as e:
+        read_prompt_file(str(tmp_path / "p.csv"))
+    assert "--column" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "remedy"),
+    [([], "choose one with --column"), (["--column", "text", "--id-column", "key"], "choose one with --id-column")],
+)
+def test_screen_names_the_flag_that_chooses_a_missing_column(tmp_path, capsys, flags, remedy):
+    (tmp_path / "p.csv").write_text("id,text\n1,hello\n")
+    argv = ["screen", str(tmp_path / "p.csv"), "--out", str(tmp_path / "v.jsonl"), "--model", "no-such-org/model"]
+    with pytest.raises(SystemExit) as exit_info:  # the table is read before any model
+        entry([*argv, *flags])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.strip().endswith("(run with --debug for the traceback)")
+    assert f"(columns: ['id', 'text']); {remedy}" in err

@@ -145,6 +145,17 @@ def test_whole_table_errors(tmp_path, kwargs, rows, error):
         read_prompt_table(write_jsonl(tmp_path / "p.jsonl", rows), **kwargs)
 
 
+def test_a_missing_column_is_a_typed_error_that_names_no_command_flag(tmp_path):
+    """The reader serves screen, evaluate and the prompt files of add-head, set-budget and teach: only screen and
+    evaluate have ``--column``, so each command names its own remedy."""
+    from hf_lsad import MissingColumnError
+
+    with pytest.raises(MissingColumnError) as caught:
+        read_prompt_table(write_jsonl(tmp_path / "p.jsonl", ROWS), column="text")
+    assert (caught.value.column, caught.value.columns) == ("text", ["id", "prompt"])
+    assert "--" not in str(caught.value)
+
+
 def test_a_file_of_another_kind_is_refused(tmp_path):
     (tmp_path / "p.txt").write_text("hello\n")
     with pytest.raises(ValueError, match=r"not a \.jsonl, \.json, \.csv or \.parquet file"):
