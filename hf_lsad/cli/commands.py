@@ -371,15 +371,11 @@ def run_explain(args: argparse.Namespace) -> None:
     explain_command(args)
 
 
-TABLE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
-"""Files :func:`read_prompt_file` reads as a table (a ``text`` column); any other file is one prompt per line."""
-
-
 def read_prompt_file(path: str) -> list[str]:
-    """Prompts of a table (:data:`TABLE_SUFFIXES`: a ``text`` column, read by
+    """Prompts of a table (:data:`~hf_lsad.data.tables.TABLE_SUFFIXES`: a ``text`` column, read by
     :func:`hf_lsad.data.tables.read_prompt_table`; a row without a prompt is an error) or of a UTF-8 text file (one
     per non-empty line; a byte order mark is not part of the first)."""
-    from ..data.tables import MissingColumnError, not_utf8, read_prompt_table
+    from ..data.tables import TABLE_SUFFIXES, MissingColumnError, not_utf8, read_prompt_table
 
     if not path.lower().endswith(TABLE_SUFFIXES):
         try:

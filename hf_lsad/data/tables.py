@@ -18,6 +18,8 @@ from ..errors import MissingColumnError
 DEFAULT_COLUMN = "prompt"
 """The column read by default; a table without it but with a ``messages`` column gives its last user turn."""
 MESSAGES_COLUMN = "messages"
+TABLE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+"""The files read as a table (a folder or a name goes to ``datasets``)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def _records(source: str | Path, split: str, limit: int | None) -> list[Any]:
                 raise ValueError(f"{source}: {not_utf8(err)}; save it as UTF-8 (Excel: CSV UTF-8)") from None
         if suffix == ".parquet":
             return _dataset_rows(_load_dataset("parquet", data_files=str(source), split="train"), limit)
-        raise ValueError(f"{source}: not a .jsonl, .json, .csv or .parquet file")
+        raise ValueError(f"{source}: not a {', '.join(TABLE_SUFFIXES[:-1])} or {TABLE_SUFFIXES[-1]} file")
     if isinstance(source, Path) and (source / "dataset_info.json").is_file():
         from datasets import load_from_disk
 

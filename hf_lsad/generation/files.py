@@ -21,13 +21,7 @@ from huggingface_hub import CommitInfo
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..core.hub import resolve_pretrained_dir, upload_pretrained_dir
-from ..core.serialization import (
-    FORMAT_VERSION,
-    config_from_dict,
-    config_to_dict,
-    read_json,
-    write_json,
-)
+from ..core.serialization import FORMAT_VERSION, config_from_dict, config_to_dict, read_json, write_json
 from ..guard.files import MODEL_CARD
 from ..guard.guard import SafetyGuard
 

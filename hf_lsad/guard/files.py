@@ -104,7 +104,7 @@ def save_guard_files(guard: GuardParts, path: Path) -> None:
     guard. A card stays when the guard saved is the one it describes (the same ``config.json``, whose integrity
     record holds every tensor file's SHA-256), and files hf-lsad does not write are never touched.
     """
-    previous = _saved_config(path)
+    previous = check_guard_destination(path)
     path.mkdir(parents=True, exist_ok=True)
     save_module(guard.detector, path / DETECTOR_WEIGHTS)
     if guard.holdout_scores is not None:
@@ -135,24 +135,20 @@ def save_guard_files(guard: GuardParts, path: Path) -> None:
     settings = settings_record(config, config_to_dict(guard.sae.config) if guard.sae is not None else None)
     config[INTEGRITY_KEY] = integrity_record(path, guard_tensor_files(guard), settings)
     write_json(path / GUARD_CONFIG, config)
-    _remove_stale_files(path, guard, same_guard=previous == _without_versions(config))
-
-
-def _saved_config(path: Path) -> dict[str, Any] | None:
-    """The guard ``config.json`` already in ``path``, without its ``versions`` (a guard re-saved by a newer library
-    is the same guard), or ``None`` if there is none (:func:`check_guard_destination` for another kind's)."""
-    raw = config_to_replace(path / GUARD_CONFIG, GUARD_CONFIG_KEYS, "a guard")
-    return None if raw is None else _without_versions(raw)
+    # the same guard re-saved by a newer library keeps its card
+    same_guard = previous is not None and _without_versions(previous) == _without_versions(config)
+    _remove_stale_files(path, guard, same_guard=same_guard)
 
 
 GUARD_CONFIG_KEYS = {"guard", "detector"}
 """Keys every guard's ``config.json`` holds: what tells it from a model's or an SAE's."""
 
 
-def check_guard_destination(path: Path) -> None:
-    """Raise :class:`FileExistsError` if ``path`` holds the ``config.json`` of something else than a guard (a model,
-    an SAE), which a guard saved there would overwrite."""
-    config_to_replace(path / GUARD_CONFIG, GUARD_CONFIG_KEYS, "a guard")
+def check_guard_destination(path: Path) -> dict[str, Any] | None:
+    """The guard ``config.json`` a guard saved in ``path`` would replace (``None``: none there); raises
+    :class:`FileExistsError` if it is the ``config.json`` of something else (a model, an SAE), which a guard saved
+    there would overwrite."""
+    return config_to_replace(path / GUARD_CONFIG, GUARD_CONFIG_KEYS, "a guard")
 
 
 def _without_versions(config: dict[str, Any]) -> dict[str, Any]:
