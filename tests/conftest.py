@@ -41,7 +41,7 @@ os.environ.update(
     HF_HUB_CACHE=os.path.join(_HF_HOME, "hub"),
     NO_PROXY=",".join(filter(None, ["127.0.0.1,localhost", os.environ.get("NO_PROXY")])),
 )
-for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_LSAD_CACHE"):  # converted GGUF models go under HF_HOME
     os.environ.pop(_name, None)
 
 

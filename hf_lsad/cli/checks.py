@@ -215,7 +215,7 @@ def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> 
 
 def _check_layers(parser: argparse.ArgumentParser, model: str, layers: Sequence[int]) -> None:
     """The layers against the model's config, for a local model folder or GGUF file (the bundled model has 30
-    layers). The depth is read once: for a GGUF file that parses the whole header."""
+    layers). The depth is read once: for a GGUF file from its conversion if the cache holds one, else its header."""
     from ..capture.pretrained import DEFAULT_MODEL_ALIASES, is_gguf_path, model_location
 
     path = Path(model).expanduser()
@@ -224,7 +224,12 @@ def _check_layers(parser: argparse.ArgumentParser, model: str, layers: Sequence[
     elif (path / "config.json").is_file() or (is_gguf_path(model) and path.is_file()):
         from transformers import AutoConfig
 
+        from ..capture.gguf import cached_conversion
+
         folder, location = model_location(model)
+        converted = cached_conversion(path) if is_gguf_path(model) else None  # a config.json: no header to parse
+        if converted is not None:
+            folder, location = str(converted), {}
         n_layers = AutoConfig.from_pretrained(folder, **location).get_text_config().num_hidden_layers
     elif path.exists() or model.startswith(("/", "./", "../", "~")):
         parser.error(f"argument --model: {model!r} is not a model folder (no config.json in it) or a .gguf file")

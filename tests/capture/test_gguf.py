@@ -1,0 +1,134 @@
+"""A GGUF model is converted once and read from its conversion after: the same weights, config and tokenizer as a
+load from the GGUF file, a damaged or unwritable cache never in the way."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_gguf import write_tiny_gguf
+
+from hf_lsad.capture.gguf import CACHE_ENV, RECORD_FILE, cached_conversion, converted_folder
+from hf_lsad.capture.pretrained import load_model, load_tokenizer
+
+TEXTS = ["the cat sat", "héllo wörld 漢字 🙂\n\n  tabs\t", "<|im_start|>user\nhi<|im_end|>"]
+
+
+@pytest.fixture
+def gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    (tmp_path / "models").mkdir()
+    return write_tiny_gguf(tmp_path / "models" / "tiny.Q8_0.gguf")
+
+
+def read_from_gguf(model: torch.nn.Module) -> bool:
+    """Whether transformers read ``model`` from a GGUF file (it records the quantisation it undid)."""
+    return getattr(model.config, "quantization_config", None) is not None
+
+
+def assert_same_model(loaded: tuple, reference: tuple) -> None:
+    (model, tokenizer), (model_ref, tokenizer_ref) = loaded, reference
+    state, state_ref = model.state_dict(), model_ref.state_dict()
+    assert state.keys() == state_ref.keys()
+    assert all(torch.equal(state[name], state_ref[name]) for name in state), "weights differ"
+    assert all(state[name].dtype == state_ref[name].dtype for name in state)
+    settings = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
+    settings_ref = {k: v for k, v in model_ref.config.to_dict().items() if k != "quantization_config"}
+    assert settings == settings_ref
+    assert model.generation_config.to_dict() == model_ref.generation_config.to_dict()
+    assert [tokenizer(t).input_ids for t in TEXTS] == [tokenizer_ref(t).input_ids for t in TEXTS]
+    chat = [{"role": "user", "content": "hi"}]
+    assert tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
+        tokenizer_ref.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    )
+    assert tokenizer.special_tokens_map == tokenizer_ref.special_tokens_map
+    batch = tokenizer(TEXTS[:2], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, model_ref(**batch).logits)
+
+
+def test_the_first_load_converts_and_later_loads_read_the_conversion(gguf: Path):
+    reference = load_model(str(gguf), gguf_cache=False)
+    assert read_from_gguf(reference[0]) and cached_conversion(gguf) is None  # no conversion without the cache
+
+    first = load_model(str(gguf))
+    folder = cached_conversion(gguf)
+    assert folder is not None and (folder / "model.safetensors").is_file() and (folder / RECORD_FILE).is_file()
+    later = load_model(str(gguf))
+    assert not read_from_gguf(first[0]) and not read_from_gguf(later[0])
+    for loaded in (first, later):
+        assert_same_model(loaded, reference)
+        assert loaded[0].config.name_or_path == str(gguf)  # what a guard records and matches, as before
+    tokenizer = load_tokenizer(str(gguf))
+    assert tokenizer.name_or_path == str(folder) and tokenizer(TEXTS[0]).input_ids == reference[1](TEXTS[0]).input_ids
+
+
+def test_another_dtype_is_cast_from_the_float32_conversion(gguf: Path):
+    reference = load_model(str(gguf), dtype=torch.bfloat16, gguf_cache=False)
+    converted = load_model(str(gguf), dtype=torch.bfloat16)  # the first load: it converts at float32
+    assert_same_model(converted, reference)
+    assert load_model(str(gguf))[0].model.embed_tokens.weight.dtype == torch.float32
+
+
+def test_a_conversion_belongs_to_the_files_content(gguf: Path, tmp_path: Path):
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(gguf.read_bytes())
+    other = write_tiny_gguf(tmp_path / "models" / "other.gguf", seed=1)
+    assert converted_folder(copy).name.split("-")[-1] == converted_folder(gguf).name.split("-")[-1]
+    assert converted_folder(other).name.split("-")[-1] != converted_folder(gguf).name.split("-")[-1]
+    load_model(str(gguf))
+    assert cached_conversion(other) is None
+    assert_same_model(load_model(str(other)), load_model(str(other), gguf_cache=False))
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "no record", "record not JSON", "a file missing"])
+def test_a_damaged_conversion_is_converted_again(gguf: Path, damage: str):
+    reference = load_model(str(gguf), gguf_cache=False)
+    load_model(str(gguf))
+    folder = converted_folder(gguf)
+    if damage == "truncated weights":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "no record":
+        (folder / RECORD_FILE).unlink()
+    elif damage == "record not JSON":
+        (folder / RECORD_FILE).write_text('{"files": ')
+    else:
+        (folder / "tokenizer.json").unlink()
+    assert cached_conversion(gguf) is None
+    with pytest.warns(UserWarning, match="not a complete conversion .* converting it again"):
+        again = load_model(str(gguf))
+    assert_same_model(again, reference)
+    assert cached_conversion(gguf) == folder
+
+
+def test_a_cache_that_cannot_be_written_warns_and_loads_the_gguf_file(gguf: Path, tmp_path: Path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(CACHE_ENV, str(blocker / "cache"))
+    with pytest.warns(UserWarning, match=f"cannot write the GGUF cache .*; set {CACHE_ENV}"):
+        loaded = load_model(str(gguf))
+    assert read_from_gguf(loaded[0])
+    assert_same_model(loaded, load_model(str(gguf), gguf_cache=False))
+
+
+def test_two_loads_converting_at_once_share_one_complete_conversion(gguf: Path):
+    loaded: list[tuple] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither may find the other's work damaged
+        threads = [threading.Thread(target=lambda: loaded.append(load_model(str(gguf)))) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(loaded) == 2
+    folder = cached_conversion(gguf)
+    assert folder is not None
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no staging folder left behind
+    reference = load_model(str(gguf), gguf_cache=False)
+    for model in loaded:
+        assert_same_model(model, reference)
