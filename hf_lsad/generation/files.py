@@ -72,7 +72,24 @@ def load_guarded_model(
         return load_guarded_folder(name_or_path, guard_kwargs or {}, model_kwargs)
     if not isinstance(guard, SafetyGuard):
         guard = SafetyGuard.from_pretrained(guard, **(guard_kwargs or {}))
-    return AutoModelForCausalLM.from_pretrained(name_or_path, **model_kwargs), guard, None
+    model, tokenizer = load_base_model(os.fspath(name_or_path), model_kwargs)
+    return model, guard, tokenizer
+
+
+def load_base_model(
+    name_or_path: str, model_kwargs: dict[str, Any], revision: str | None = None
+) -> tuple[PreTrainedModel, Any]:
+    """The model a guarded model's name loads, with ``model_kwargs``: the bundled SmolLM2 (``default``,
+    ``smollm2`` or its Hub id) or a ``.gguf`` file as :func:`hf_lsad.capture.pretrained.load_model` loads them,
+    with their tokenizer; anything else with ``AutoModelForCausalLM.from_pretrained`` (at ``revision`` unless
+    ``model_kwargs`` name one) and no tokenizer."""
+    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, is_gguf_path, load_model
+
+    if name_or_path in DEFAULT_MODEL_ALIASES or is_gguf_path(name_or_path):
+        return load_model(name_or_path, **model_kwargs)
+    if revision is not None and "revision" not in model_kwargs:
+        model_kwargs = {**model_kwargs, "revision": revision}
+    return AutoModelForCausalLM.from_pretrained(name_or_path, **model_kwargs), None
 
 
 def load_guarded_folder(
@@ -84,8 +101,6 @@ def load_guarded_folder(
     the base model is loaded with ``model_kwargs``. The tokenizer is ``None`` unless the base
     model is the bundled one (:func:`hf_lsad.capture.pretrained.load_model`).
     """
-    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, is_gguf_path, load_model
-
     local = Path(name_or_path).expanduser() / hub_kwargs.get("subfolder", "")
     path = local if local.is_dir() and not (local / GUARDED_CONFIG).is_file() else None
     if path is None:  # a saved guarded model (local or on the Hub): the strict resolver
@@ -97,13 +112,7 @@ def load_guarded_folder(
         )
     saved = config_from_dict(GuardedModelConfig, read_json(path / GUARDED_CONFIG), source=str(path / GUARDED_CONFIG))
     guard = SafetyGuard.from_pretrained(path / saved.guard)
-    tokenizer = None
-    if saved.base_model in DEFAULT_MODEL_ALIASES or is_gguf_path(saved.base_model):
-        model, tokenizer = load_model(saved.base_model, **model_kwargs)
-    else:
-        if saved.base_model_revision is not None and "revision" not in model_kwargs:
-            model_kwargs = {**model_kwargs, "revision": saved.base_model_revision}
-        model = AutoModelForCausalLM.from_pretrained(saved.base_model, **model_kwargs)
+    model, tokenizer = load_base_model(saved.base_model, model_kwargs, saved.base_model_revision)
     return model, guard, tokenizer
 
 

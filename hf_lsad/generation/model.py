@@ -127,11 +127,13 @@ class GuardedModelForCausalLM(nn.Module):
         ``local_files_only``, ``force_download``) then say where to read that folder.
 
         With ``guard``, load the model with ``AutoModelForCausalLM.from_pretrained(..., **model_kwargs)``
-        and the guard: a :class:`SafetyGuard`, a guard folder or a Hub repo id; ``guard_kwargs``
-        go to :meth:`SafetyGuard.from_pretrained`, e.g.::
+        (the bundled SmolLM2, ``"default"``, and a ``.gguf`` file as :func:`~hf_lsad.capture.pretrained.load_model`
+        loads them, with their tokenizer) and the guard: a :class:`SafetyGuard`, a guard folder or a Hub repo id;
+        ``guard_kwargs`` go to :meth:`SafetyGuard.from_pretrained`, e.g.::
 
+            GuardedModelForCausalLM.from_pretrained("default", guard="default")
             GuardedModelForCausalLM.from_pretrained(
-                "HuggingFaceTB/SmolLM2-135M-Instruct", guard="org/smollm2-lsad", guard_kwargs={"revision": "v1"}
+                "Qwen/Qwen2.5-0.5B-Instruct", guard="org/qwen-lsad", guard_kwargs={"revision": "v1"}
             )
 
         ``allow_base_model_mismatch`` as in the class docstring.

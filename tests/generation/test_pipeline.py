@@ -166,3 +166,34 @@ def test_from_pretrained_of_a_folder_without_the_reference_is_a_clear_error(tmp_
     guard.save_pretrained(tmp_path / "just-a-guard")
     with pytest.raises(FileNotFoundError, match="pass guard="):
         GuardedModelForCausalLM.from_pretrained(tmp_path / "just-a-guard")
+
+
+@pytest.mark.filterwarnings("ignore:guard was fitted on base model")
+@pytest.mark.parametrize("saved", [False, True], ids=["with a guard", "saved guarded model"])
+def test_a_gguf_file_loads_with_its_tokenizer_as_load_model_loads_it(tmp_path, monkeypatch, saved):
+    """``from_pretrained(gguf, guard=...)`` loads what ``load_model`` loads (the bundled SmolLM2's path too):
+    transformers' ``from_pretrained`` cannot read a ``.gguf`` path, and the tokenizer comes with it."""
+    from tiny_gguf import write_tiny_gguf
+
+    from hf_lsad.capture.gguf import CACHE_ENV
+    from hf_lsad.capture.pretrained import load_model
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    guard = fresh_guard("prompt_last")
+    if saved:
+        model, _ = load_model(str(gguf))
+        GuardedModelForCausalLM(model, guard, allow_base_model_mismatch=True).save_pretrained(tmp_path / "guarded")
+        loaded = GuardedModelForCausalLM.from_pretrained(tmp_path / "guarded", allow_base_model_mismatch=True)
+    else:
+        loaded = GuardedModelForCausalLM.from_pretrained(gguf, guard=guard, allow_base_model_mismatch=True)
+    model, tokenizer = load_model(str(gguf))
+    assert loaded.model.config.name_or_path == str(gguf)
+    assert loaded.tokenizer is not None and loaded.tokenizer("the cat").input_ids == tokenizer("the cat").input_ids
+    reference, state = model.state_dict(), loaded.model.state_dict()
+    assert all(torch.equal(state[name], reference[name]) for name in reference)
+    inputs = encode_prompts(tokenizer, ["the cat", "hello there"])
+    output = loaded.generate(
+        **inputs, max_new_tokens=3, do_sample=False, on_flag="stop", refusal="no", return_dict_in_generate=True
+    )
+    assert len(output.safety) == 2
