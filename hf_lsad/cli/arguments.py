@@ -380,8 +380,8 @@ def pull_arguments(parser: argparse.ArgumentParser) -> None:
 def screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "input",
-        help="a .jsonl, .json (an array or lines), .csv or .parquet file, a saved dataset folder, or a dataset name "
-        "datasets can load",
+        help="a .jsonl, .json (an array or lines), .csv or .parquet file, a .txt file (one prompt per line), a saved "
+        "dataset folder, or a dataset name datasets can load",
     )
     parser.add_argument("--out", required=True, help="JSON-lines file of verdicts; an existing one is resumed")
     parser.add_argument(

@@ -375,14 +375,10 @@ def read_prompt_file(path: str) -> list[str]:
     """Prompts of a table (:data:`~hf_lsad.data.tables.TABLE_SUFFIXES`: a ``text`` column, read by
     :func:`hf_lsad.data.tables.read_prompt_table`; a row without a prompt is an error) or of a UTF-8 text file (one
     per non-empty line; a byte order mark is not part of the first)."""
-    from ..data.tables import TABLE_SUFFIXES, MissingColumnError, not_utf8, read_prompt_table
+    from ..data.tables import TABLE_SUFFIXES, MissingColumnError, read_prompt_table, text_lines
 
     if not path.lower().endswith(TABLE_SUFFIXES):
-        try:
-            text = Path(path).read_text(encoding="utf-8-sig")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path}: {not_utf8(err)}; save it as UTF-8") from None
-        return [line for line in text.splitlines() if line.strip()]
+        return text_lines(Path(path))
     try:
         rows = read_prompt_table(path, column="text")
     except MissingColumnError as err:

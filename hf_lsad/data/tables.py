@@ -1,4 +1,5 @@
-"""Prompts from a user's table: a JSONL, JSON, CSV or Parquet file, or a dataset the ``datasets`` library loads.
+"""Prompts from a user's table: a JSONL, JSON, CSV or Parquet file, a text file (one prompt per line), or a dataset
+the ``datasets`` library loads.
 
 What ``hf-lsad screen`` reads. Every row comes back, in input order, with an id and either its prompt or the
 reason it has none (an empty cell, a number, a malformed JSON line): a bad row is the row's problem, not the run's.
@@ -20,6 +21,8 @@ DEFAULT_COLUMN = "prompt"
 MESSAGES_COLUMN = "messages"
 TABLE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 """The files read as a table (a folder or a name goes to ``datasets``)."""
+TEXT_SUFFIX = ".txt"
+"""The files read one prompt per non-blank line, without columns."""
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,11 @@ def read_prompt_table(
     """The prompts of a table, one :class:`PromptRow` per row, in input order.
 
     Args:
-        source: A ``.jsonl`` (one object per line), ``.json`` (an array of objects, or one object per line) or
-            ``.csv`` file in UTF-8 (with or without the byte order mark Excel and Notepad write); a ``.parquet``
-            file; a folder written by ``Dataset.save_to_disk``; or anything else ``datasets.load_dataset`` accepts
-            (a local dataset folder, a Hub name when online).
+        source: A ``.jsonl`` (one object per line), ``.json`` (an array of objects, or one object per line),
+            ``.csv`` or ``.txt`` file (one prompt per non-blank line, ids counting them; no columns to name) in
+            UTF-8 (with or without the byte order mark Excel and Notepad write); a ``.parquet`` file; a folder
+            written by ``Dataset.save_to_disk``; or anything else ``datasets.load_dataset`` accepts (a local dataset
+            folder, a Hub name when online).
         column: The column holding the prompt. When it is the default and absent, a ``messages`` column (a list of
             ``{"role", "content"}`` turns) gives its last user turn.
         id_column: The column holding each row's id (default: the row's 0-based position). Ids must be unique:
@@ -65,6 +69,10 @@ def read_prompt_table(
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive integer, got {limit}")
+    if Path(source).suffix.lower() == TEXT_SUFFIX and Path(source).is_file():
+        if column != DEFAULT_COLUMN or id_column is not None:
+            raise ValueError(f"{source}: a {TEXT_SUFFIX} file holds one prompt per line and has no columns to choose")
+        return [PromptRow(str(index), text) for index, text in enumerate(text_lines(Path(source))[:limit])]
     records = _records(Path(source) if Path(source).exists() else source, split, limit)
     first = next((r for r in records if not isinstance(r, _Unreadable)), None)
     if first is not None:
@@ -109,7 +117,7 @@ def _records(source: str | Path, split: str, limit: int | None) -> list[Any]:
                 raise ValueError(f"{source}: {not_utf8(err)}; save it as UTF-8 (Excel: CSV UTF-8)") from None
         if suffix == ".parquet":
             return _dataset_rows(_load_dataset("parquet", data_files=str(source), split="train"), limit)
-        raise ValueError(f"{source}: not a {', '.join(TABLE_SUFFIXES[:-1])} or {TABLE_SUFFIXES[-1]} file")
+        raise ValueError(f"{source}: not a {', '.join(TABLE_SUFFIXES)} or {TEXT_SUFFIX} file")
     if isinstance(source, Path) and (source / "dataset_info.json").is_file():
         from datasets import load_from_disk
 
@@ -138,6 +146,15 @@ def _json_lines(path: Path, limit: int | None) -> list[Any]:
                 continue
             records.append(record if isinstance(record, dict) else _Unreadable(f"line {number} is not an object"))
     return records
+
+
+def text_lines(path: Path) -> list[str]:
+    """The non-blank lines of a UTF-8 text file, as they are; a byte that is not UTF-8 is the file's error."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: {not_utf8(err)}; save it as UTF-8") from None
+    return [line for line in text.splitlines() if line.strip()]
 
 
 def _starts_with(path: Path, prefix: bytes) -> bool:

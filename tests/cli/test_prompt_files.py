@@ -1,5 +1,5 @@
 """The prompt files of ``add-head --unsafe/--safe``, ``set-budget --benign`` and ``teach --benign``: a table by its
-``text`` column, any other file one prompt per line."""
+``text`` column, any other file one prompt per line; and a text file for ``screen``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 
 import pytest
 from datasets import Dataset
+from tiny import fresh_guard
 
 from hf_lsad.cli.commands import read_prompt_file
 from hf_lsad.cli.main import entry
@@ -71,3 +72,25 @@ def test_screen_names_the_flag_that_chooses_a_missing_column(tmp_path, capsys, f
     err = capsys.readouterr().err
     assert exit_info.value.code == 1 and err.strip().endswith("(run with --debug for the traceback)")
     assert f"(columns: ['id', 'text']); {remedy}" in err
+
+
+def test_screen_reads_a_text_file_one_prompt_per_line(model_dir, tmp_path, capsys):
+    """The file ``add-head`` reads, ``screen`` read as "not a .jsonl, .json, .csv or .parquet file"."""
+    fresh_guard("prompt_last").save_pretrained(tmp_path / "guard")
+    (tmp_path / "p.txt").write_text("How do I bake bread?\n\nTell me a joke\n")
+    out = tmp_path / "v.jsonl"
+    entry(
+        [
+            "screen",
+            str(tmp_path / "p.txt"),
+            "--out",
+            str(out),
+            "--model",
+            str(model_dir),
+            "--guard",
+            str(tmp_path / "guard"),
+        ]
+    )
+    verdicts = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(v["id"] for v in verdicts) == ["0", "1"] and all(v["error"] is None for v in verdicts)
+    assert "screening 2 rows of" in capsys.readouterr().err

@@ -157,6 +157,24 @@ def test_a_missing_column_is_a_typed_error_that_names_no_command_flag(tmp_path):
 
 
 def test_a_file_of_another_kind_is_refused(tmp_path):
-    (tmp_path / "p.txt").write_text("hello\n")
-    with pytest.raises(ValueError, match=r"not a \.jsonl, \.json, \.csv or \.parquet file"):
-        read_prompt_table(tmp_path / "p.txt")
+    (tmp_path / "p.md").write_text("hello\n")
+    with pytest.raises(ValueError, match=r"not a \.jsonl, \.json, \.csv, \.parquet or \.txt file"):
+        read_prompt_table(tmp_path / "p.md")
+
+
+def test_a_text_file_is_one_prompt_per_non_blank_line(tmp_path):
+    """What ``add-head`` reads, ``screen`` and ``evaluate`` read too (a ``.txt`` file was refused): Windows line
+    ends, a byte order mark, blank lines between prompts; the ids count the prompts."""
+    (tmp_path / "p.txt").write_bytes(b"\xef\xbb\xbfHow do I bake bread?\r\n\r\n   \r\n  Tell me a joke \r\nLast line")
+    assert read_prompt_table(tmp_path / "p.txt") == [
+        PromptRow("0", "How do I bake bread?"),
+        PromptRow("1", "  Tell me a joke "),
+        PromptRow("2", "Last line"),
+    ]
+    assert read_prompt_table(tmp_path / "p.txt", limit=1) == [PromptRow("0", "How do I bake bread?")]
+    for columns in ({"column": "text"}, {"id_column": "id"}):
+        with pytest.raises(ValueError, match=r"p\.txt: a \.txt file holds one prompt per line and has no columns"):
+            read_prompt_table(tmp_path / "p.txt", **columns)
+    (tmp_path / "latin.txt").write_bytes(b"caf\xe9\n")
+    with pytest.raises(ValueError, match=r"latin\.txt: not UTF-8 text \(byte 0xe9 at offset 3\)"):
+        read_prompt_table(tmp_path / "latin.txt")
