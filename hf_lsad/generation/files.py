@@ -65,9 +65,12 @@ def load_guarded_model(
 ) -> tuple[PreTrainedModel, SafetyGuard, Any]:
     """The ``(model, guard, tokenizer)`` of ``GuardedModelForCausalLM.from_pretrained`` (arguments as there).
 
-    Without ``guard``, those of the saved guarded model ``name_or_path`` (:func:`load_guarded_folder`);
-    with one, the model ``name_or_path``, the guard (loaded unless it is a :class:`SafetyGuard`) and no tokenizer.
+    Without ``guard``, those of the saved guarded model ``name_or_path`` (:func:`load_guarded_folder`), or of the
+    bundled model with the bundled guard for ``"default"``; with one, the model ``name_or_path``
+    (:func:`load_base_model`) and the guard (loaded unless it is a :class:`SafetyGuard`).
     """
+    if guard is None and os.fspath(name_or_path) == "default":  # the bundled model with the bundled guard
+        guard = "default"
     if guard is None:
         return load_guarded_folder(name_or_path, guard_kwargs or {}, model_kwargs)
     if not isinstance(guard, SafetyGuard):

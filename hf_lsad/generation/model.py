@@ -119,7 +119,8 @@ class GuardedModelForCausalLM(nn.Module):
     ) -> GuardedModelForCausalLM:
         """Load a guarded model.
 
-        Without ``guard``, ``pretrained_model_name_or_path`` is a folder or Hub repo written by
+        ``"default"`` alone is the bundled SmolLM2 with the bundled two-headed guard (``guard="paper"`` for the
+        paper's guard alone). Without ``guard``, ``pretrained_model_name_or_path`` is a folder or Hub repo written by
         :meth:`save_pretrained` / :meth:`push_to_hub`: its guard is loaded from it and the base
         model from the reference it holds (``AutoModelForCausalLM.from_pretrained(base_model,
         **model_kwargs)``; the bundled SmolLM2 through :func:`hf_lsad.capture.pretrained.load_model`).
@@ -131,7 +132,7 @@ class GuardedModelForCausalLM(nn.Module):
         loads them, with their tokenizer) and the guard: a :class:`SafetyGuard`, a guard folder or a Hub repo id;
         ``guard_kwargs`` go to :meth:`SafetyGuard.from_pretrained`, e.g.::
 
-            GuardedModelForCausalLM.from_pretrained("default", guard="default")
+            GuardedModelForCausalLM.from_pretrained("default")  # = guard="default"
             GuardedModelForCausalLM.from_pretrained(
                 "Qwen/Qwen2.5-0.5B-Instruct", guard="org/qwen-lsad", guard_kwargs={"revision": "v1"}
             )
