@@ -339,30 +339,11 @@ def run_generate(args: argparse.Namespace) -> None:
             refusal=args.refusal or None,
         )
     responses = tokenizer.batch_decode(output.sequences[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-    print(f"guard: {describe_guard(guarded.guard)}\n")
+    print(f"guard: {guarded.guard.describe()}\n")
     for prompt, response, report in zip(args.prompts, responses, output.safety):
         if report.stopped and report.step == 0:
             response = f"[stopped before its first token]{f' {response.strip()}' if response.strip() else ''}"
         print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {report.describe()}\n")
-
-
-def describe_guard(guard: Any) -> str:
-    """One line naming each head of ``guard``, what it reads and how it flags."""
-    hook = guard.config.hook
-    anomaly = f"{guard.config.method} on {hook.layer_module} ({hook.position})"
-    if guard.heads:
-        heads = "; ".join(f"{name} ({head.config.probe.describe()})" for name, head in guard.heads.items())
-        budget = guard.budget
-        together = f"together {budget.target_fpr:.0%} of {budget.rows}"
-        if budget.confidence is not None:
-            together = (
-                f"together at most {budget.target_fpr:.0%} of benign traffic like {budget.rows} "
-                f"with {budget.confidence:.0%} confidence; {budget.measured_fpr:.1%} of the rows it was set on"
-            )
-        return f"anomaly ({anomaly}); {heads}. A row is flagged when any head is above its threshold ({together})"
-    if guard.calibration is not None:
-        return f"{anomaly}, calibrated: flags P(unsafe) > {guard.threshold:.4g}"
-    return f"{anomaly}: flags scores > {guard.threshold:.4g} ({guard.config.target_fpr:.0%} safe FPR)"
 
 
 def run_explain(args: argparse.Namespace) -> None:
@@ -588,5 +569,5 @@ def run_serve(args: argparse.Namespace) -> None:
         max_body_bytes=args.max_body_bytes,
         max_concurrency=args.max_concurrency,
     )
-    print(f"serving {name} with {describe_guard(guarded.guard)}", file=sys.stderr, flush=True)
+    print(f"serving {name} with {guarded.guard.describe()}", file=sys.stderr, flush=True)
     uvicorn.run(create_app(guarded, config), host=args.host, port=args.port, log_level="info")

@@ -95,6 +95,10 @@ class Detector(nn.Module, ABC):
         self.d_in = d_in
         self.d_sae = d_sae
 
+    def extra_repr(self) -> str:
+        reads = f"d_in={self.d_in}" + (f", d_sae={self.d_sae}" if self.d_sae is not None else "")
+        return f"method={self.method!r}, {reads}, {self.config}"
+
     @property
     def n_clusters(self) -> int:
         """Clusters a row can be assigned to (``forward`` returns values in ``[0, n_clusters)``); 0 without clusters."""

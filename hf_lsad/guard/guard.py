@@ -204,6 +204,32 @@ class SafetyGuard(nn.Module):
             return self.budget.thresholds[0]
         return self.calibration.threshold if self.calibration is not None else self.config.threshold
 
+    def describe(self) -> str:
+        """One line naming each head, what it reads and how the guard flags: ``anomaly (freqmask-km on
+        model.layers.12 (prompt_last)); harm (mlp 256 x 3 fits on layer 16 prompt_mean, ...). A row is flagged when
+        any head is above its threshold (together at most 5% of benign traffic like validation chat with 95%
+        confidence; 4.0% of the rows it was set on)``."""
+        hook = self.config.hook
+        anomaly = f"{self.config.method} on {hook.layer_module} ({hook.position})"
+        if self.heads:
+            heads = "; ".join(f"{head.name} ({head.config.probe.describe()})" for head in self._supervised_heads())
+            budget = self.budget
+            if budget is None:  # a head was just added: no thresholds yet
+                return f"anomaly ({anomaly}); {heads}. No thresholds yet: set them with fit_budget"
+            together = f"together {budget.target_fpr:.0%} of {budget.rows}"
+            if budget.confidence is not None:
+                together = (
+                    f"together at most {budget.target_fpr:.0%} of benign traffic like {budget.rows} "
+                    f"with {budget.confidence:.0%} confidence; {budget.measured_fpr:.1%} of the rows it was set on"
+                )
+            return f"anomaly ({anomaly}); {heads}. A row is flagged when any head is above its threshold ({together})"
+        if self.calibration is not None:
+            return f"{anomaly}, calibrated: flags P(unsafe) > {self.threshold:.4g}"
+        return f"{anomaly}: flags scores > {self.threshold:.4g} ({self.config.target_fpr:.0%} safe FPR)"
+
+    def extra_repr(self) -> str:
+        return f"base_model={self.config.hook.base_model!r}, {self.describe()}"
+
     @torch.no_grad()
     def forward(self, activations: Activations) -> GuardOutput:
         """Score ``[batch, hidden_size]`` activations of the anomaly head's read, or, for a guard with supervised

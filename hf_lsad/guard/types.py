@@ -99,16 +99,20 @@ class BudgetConfig:
 
 
 class FeatureContribution(NamedTuple):
-    """One SAE feature's part in a score."""
+    """One feature's part in a score: an SAE feature's for the anomaly head, a dimension of its reads' for a
+    supervised head (:meth:`hf_lsad.guard.heads.SupervisedHead.explain`)."""
 
     feature: int
-    """Index of the SAE feature (column of the SAE's encoder)."""
+    """The anomaly head: index of the SAE feature (column of the SAE's encoder). A supervised head: dimension of its
+    concatenated reads, ``read_index * hidden_size + unit`` (``read_index`` in the order of its ``reads``)."""
     activation: float
-    """The row's activation of the feature (its SAE code)."""
+    """The row's value of the feature (the anomaly head: its SAE code; a supervised head: the residual's unit)."""
     contribution: float
-    """The feature's term of the score (module docstring); the terms over all masked features sum to the score."""
+    """The feature's term of the score (module docstring). The anomaly head: the terms over all masked features sum
+    to the score; a supervised head: standardised value times the logit's gradient (input times gradient)."""
     typical: float
-    """The assigned cluster's typical activation of the feature (centroid value)."""
+    """The anomaly head: the assigned cluster's typical activation of the feature (centroid value); a supervised
+    head: the mean of the rows it was fitted on."""
 
 
 class GuardOutput(NamedTuple):

@@ -125,6 +125,9 @@ class SparseAutoencoder(nn.Module):
         else:
             self.threshold = None
 
+    def extra_repr(self) -> str:
+        return f"activation={self.config.activation!r}" + (f", k={self.config.k}" if self.config.k is not None else "")
+
     def activate(self, pre: Tensor) -> Tensor:
         """The nonlinearity alone: codes from pre-activations ``encoder(a)`` (possibly adapted, e.g. by LoRA)."""
         return apply_activation(pre, self.config, self.threshold)

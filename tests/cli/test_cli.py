@@ -166,14 +166,13 @@ def test_the_guard_line_says_how_the_budget_was_set():
     from tiny import PROMPTS, tiny_guard, two_headed_guard
 
     from hf_lsad.capture.collect import collect_prompt_features
-    from hf_lsad.cli.commands import describe_guard
 
     guard = two_headed_guard()
-    assert describe_guard(guard).endswith("(together 25% of tiny benign prompts)")
+    assert guard.describe().endswith("(together 25% of tiny benign prompts)")
     model, tokenizer, _ = tiny_guard("prompt_last")
     reads, _ = collect_prompt_features(model, tokenizer, PROMPTS, guard.reads, progress=False)
     budget = guard.fit_budget(reads, target_fpr=0.25, shares=[0.5, 0.5], rows="tiny benign prompts", confidence=0.9)
-    assert describe_guard(guard).endswith(
+    assert guard.describe().endswith(
         f"(together at most 25% of benign traffic like tiny benign prompts with 90% confidence; "
         f"{budget.measured_fpr:.1%} of the rows it was set on)"
     )

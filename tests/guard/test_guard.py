@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -207,3 +208,20 @@ def test_describe_agrees_with_the_reports_of_an_uncalibrated_guard():  # calibra
     for report in guard.reports(torch.randn(6, guard.config.hook.hidden_size)):
         assert report.describe().startswith("FLAGGED: score" if report.flagged else "ok: score")
         assert f" {report.threshold:.4g} (cluster {report.cluster}" in report.describe()
+
+
+def test_printing_a_guard_says_what_each_part_reads_and_how_it_flags():
+    """``print(guard)`` showed the module tree and nothing else: no base model, layer, threshold or head settings."""
+    from tiny import tiny_head, two_headed_guard
+
+    guard = two_headed_guard()
+    printed = repr(guard)
+    head = guard.heads["harm"]
+    assert f"base_model={guard.config.hook.base_model!r}, {guard.describe()}" in printed
+    assert f"method={guard.config.method!r}, d_in={guard.config.hook.hidden_size}, d_sae=" in printed
+    assert f"name='harm', fitted on {head.config.n_unsafe} unsafe and {head.config.n_safe} safe rows" in printed
+    assert f"{head.config.probe.describe()}, width={head.probe.width}" in printed
+    assert f"activation={guard.sae.config.activation!r}" in printed
+    unset = fresh_guard("prompt_last")
+    unset.add_head(copy.deepcopy(tiny_head("logistic")))
+    assert unset.describe().endswith("No thresholds yet: set them with fit_budget")

@@ -114,6 +114,9 @@ class Probe(nn.Module):
         """Features per row: the hidden size times the number of reads."""
         return int(self.mean.shape[0])
 
+    def extra_repr(self) -> str:
+        return f"{self.config.describe()}, width={self.width}"
+
     def features(self, reads: dict[Read, Tensor]) -> Tensor:
         """``[batch, width]``: the head's reads of ``reads`` concatenated in its order."""
         missing = [read for read in self.config.reads if read not in reads]
@@ -313,6 +316,10 @@ class SupervisedHead(nn.Module):
     def name(self) -> str:
         """The head's name in its guard (reports' ``decided_by``, the budget's ``heads``)."""
         return self.config.name
+
+    def extra_repr(self) -> str:
+        config = self.config
+        return f"name={config.name!r}, fitted on {config.n_unsafe} unsafe and {config.n_safe} safe rows"
 
     @property
     def reads(self) -> list[Read]:
