@@ -69,8 +69,9 @@ def load_tokenizer(name_or_path: str = "default", *, gguf_cache: bool = True, **
     from .gguf import cached_conversion
 
     folder, kwargs = model_location(name_or_path, **kwargs)
-    if gguf_cache and "gguf_file" in kwargs:
-        converted = cached_conversion(Path(folder) / kwargs["gguf_file"])
+    gguf = _local_gguf(folder, kwargs)
+    if gguf_cache and gguf is not None:
+        converted = cached_conversion(gguf)
         if converted is not None:
             folder, kwargs = str(converted), _without_gguf(kwargs)
     return _tokenizer(folder, kwargs)
@@ -85,6 +86,13 @@ def _tokenizer(folder: str, kwargs: dict[str, Any]) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def _local_gguf(folder: str, kwargs: dict[str, Any]) -> Path | None:
+    """The GGUF file a location names if it is on disk; a Hub repo's ``gguf_file`` is downloaded and read by
+    transformers, unconverted."""
+    path = Path(folder) / kwargs["gguf_file"] if "gguf_file" in kwargs else None
+    return path if path is not None and path.is_file() else None
 
 
 def _without_gguf(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -103,9 +111,9 @@ def load_model(
     ``AutoModelForCausalLM.from_pretrained``; those that say where the model is (``revision``, ``gguf_file``, ``token``,
     ...) also to the tokenizer's, so that both come from the same place.
 
-    A GGUF model is converted on its first load and read from the conversion after (:mod:`hf_lsad.capture.gguf`:
-    the same weights and tokenizer; 0.4 s instead of 16 s for the bundled model); ``gguf_cache=False`` reads the GGUF
-    file every time."""
+    A GGUF file on disk is converted on its first load and read from the conversion after
+    (:mod:`hf_lsad.capture.gguf`: the same weights and tokenizer; 0.4 s instead of 16 s for the bundled model);
+    ``gguf_cache=False`` reads the GGUF file every time."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -113,8 +121,9 @@ def load_model(
 
     dtype = dtype or torch.float32
     folder, kwargs = model_location(name_or_path, **model_kwargs)
-    if gguf_cache and "gguf_file" in kwargs:
-        converted = convert_gguf(Path(folder) / kwargs["gguf_file"])
+    gguf = _local_gguf(folder, kwargs)
+    if gguf_cache and gguf is not None:
+        converted = convert_gguf(gguf)
         if converted is not None:
             folder, kwargs = str(converted), _without_gguf(kwargs)
     tokenizer = _tokenizer(folder, kwargs)

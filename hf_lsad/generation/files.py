@@ -101,8 +101,7 @@ def load_guarded_folder(
     """The ``(model, guard, tokenizer)`` of a saved guarded model, a local folder or a Hub repo.
 
     ``hub_kwargs`` say where to read the folder (:func:`hf_lsad.core.hub.resolve_pretrained_dir`);
-    the base model is loaded with ``model_kwargs``. The tokenizer is ``None`` unless the base
-    model is the bundled one (:func:`hf_lsad.capture.pretrained.load_model`).
+    the base model is loaded with ``model_kwargs`` (:func:`load_base_model`, which says when there is a tokenizer).
     """
     local = Path(name_or_path).expanduser() / hub_kwargs.get("subfolder", "")
     path = local if local.is_dir() and not (local / GUARDED_CONFIG).is_file() else None

@@ -1,14 +1,17 @@
-"""A GGUF model is converted once and read from its conversion after: the same weights, config and tokenizer as a
-load from the GGUF file, a damaged or unwritable cache never in the way."""
+"""A GGUF model on disk is converted once and read from its conversion after: the same weights, config and tokenizer
+as a load from the GGUF file, a damaged or unwritable cache never in the way."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import HfApi
 from tiny_gguf import write_tiny_gguf
 
 from hf_lsad.capture.gguf import CACHE_ENV, RECORD_FILE, cached_conversion, converted_folder
@@ -35,8 +38,9 @@ def assert_same_model(loaded: tuple, reference: tuple) -> None:
     assert state.keys() == state_ref.keys()
     assert all(torch.equal(state[name], state_ref[name]) for name in state), "weights differ"
     assert all(state[name].dtype == state_ref[name].dtype for name in state)
-    settings = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
-    settings_ref = {k: v for k, v in model_ref.config.to_dict().items() if k != "quantization_config"}
+    aside = ("quantization_config", "_name_or_path")  # what transformers read; the name is asserted where it matters
+    settings = {k: v for k, v in model.config.to_dict().items() if k not in aside}
+    settings_ref = {k: v for k, v in model_ref.config.to_dict().items() if k not in aside}
     assert settings == settings_ref
     assert model.generation_config.to_dict() == model_ref.generation_config.to_dict()
     assert [tokenizer(t).input_ids for t in TEXTS] == [tokenizer_ref(t).input_ids for t in TEXTS]
@@ -132,3 +136,17 @@ def test_two_processes_converting_at_once_share_one_complete_conversion(gguf: Pa
     assert folder is not None
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no staging folder left behind
     assert_same_model(load_model(str(gguf)), load_model(str(gguf), gguf_cache=False))
+
+
+def test_a_gguf_file_in_a_hub_repo_loads_as_transformers_reads_it(gguf: Path, hub_server, hub_cache):
+    """Only a GGUF file on disk is converted; ``load_model(repo, gguf_file=...)`` downloads it as before."""
+    repo_id = f"hf-lsad-org/gguf-{uuid.uuid4().hex[:8]}"
+    api = HfApi()
+    api.create_repo(repo_id)
+    api.upload_file(path_or_fileobj=gguf, path_in_repo=gguf.name, repo_id=repo_id)
+    loaded = load_model(repo_id, gguf_file=gguf.name, cache_dir=hub_cache)
+    assert read_from_gguf(loaded[0]) and not any(Path(os.environ[CACHE_ENV]).glob("*"))
+    assert_same_model(loaded, load_model(str(gguf), gguf_cache=False))
+    assert load_tokenizer(repo_id, gguf_file=gguf.name, cache_dir=hub_cache)(TEXTS[0]).input_ids == (
+        loaded[1](TEXTS[0]).input_ids
+    )
