@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import sys
-import tempfile
+import uuid
 import warnings
 from pathlib import Path
 
@@ -66,7 +66,8 @@ def convert_gguf(gguf: Path) -> Path | None:
         warnings.warn(f"{folder} is not a complete conversion of {gguf}; converting it again", stacklevel=3)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        staging = folder.parent / f".{folder.name}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()  # not mkdtemp: its folder is private (0700), the cache's are as the umask says
     except OSError as err:
         warnings.warn(f"cannot write the GGUF cache {folder.parent} ({err}); set {CACHE_ENV}", stacklevel=3)
         return None

@@ -227,7 +227,7 @@ def _check_layers(parser: argparse.ArgumentParser, model: str, layers: Sequence[
         from ..capture.gguf import cached_conversion
 
         folder, location = model_location(model)
-        converted = cached_conversion(path) if is_gguf_path(model) else None  # a config.json: no header to parse
+        converted = cached_conversion(path) if is_gguf_path(model) else None  # its config.json: no header to parse
         if converted is not None:
             folder, location = str(converted), {}
         n_layers = AutoConfig.from_pretrained(folder, **location).get_text_config().num_hidden_layers
