@@ -10,7 +10,7 @@ for ``prompt_last``, greedy generation for the response positions, in batches of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Literal, NamedTuple, TypedDict
 
 import torch
@@ -203,23 +203,37 @@ def collect_prompt_features(
     max_batch_tokens: int | None = None,
     chat_template: bool = True,
     progress: bool = True,
+    skip: Collection[int] = (),
+    on_batch: Callable[[list[int], dict[tuple[int, str], Tensor], int], None] | None = None,
 ) -> tuple[dict[tuple[int, str], Tensor], InputProfile]:
     """``[n_prompts, hidden]`` float32 CPU activations of every ``(layer, position)`` read (prompt positions),
     one forward pass per batch cut after the deepest layer; results in input order.
 
     Prompts are batched by :func:`prompt_batches`: ``batch_size`` at a time, or under a budget of
     ``max_batch_tokens`` padded tokens. The batches change the activations by float round-off only.
+
+    ``skip`` and ``on_batch`` resume an interrupted collection: a batch whose prompts are all in ``skip`` (positions
+    already collected, say by an earlier run with the same batching) is not run, and its rows of the result are left
+    for the caller to fill; ``on_batch(positions, features, longest)`` is called after each batch that runs, with its
+    ``[batch, hidden]`` features per read and its longest prompt in tokens. The profile's longest prompt is of the
+    batches that ran (1 when none did).
     """
     check_prompts(prompts)
     batches = prompt_batches(tokenizer, prompts, batch_size, max_batch_tokens, chat_template=chat_template)
+    done = set(skip)
+    batches = [batch for batch in batches if not done.issuperset(batch)]
     out = {read: torch.empty(len(prompts), model.config.get_text_config().hidden_size) for read in reads}
     device, longest = model.device, 0
     for batch in tqdm(batches, desc=f"collect {len(reads)} reads", disable=not progress):
         inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template, device=device)
-        longest = max(longest, int(inputs["attention_mask"].sum(1).max()))
+        batch_longest = int(inputs["attention_mask"].sum(1).max())
+        longest = max(longest, batch_longest)
         features = prompt_features(model, reads, inputs["input_ids"], inputs["attention_mask"])
+        features = {read: values.float().cpu() for read, values in features.items()}
         index = torch.tensor(batch)
         for read, values in features.items():
-            out[read][index] = values.float().cpu()
+            out[read][index] = values
+        if on_batch is not None:
+            on_batch(batch, features, batch_longest)
     prompt_format = "chat_template" if chat_template and tokenizer.chat_template else "raw"
-    return out, InputProfile(prompt_format, longest)
+    return out, InputProfile(prompt_format, max(longest, 1))

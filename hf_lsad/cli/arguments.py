@@ -331,8 +331,9 @@ def teach_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the cut and of --rows-per-pool's draw")
     parser.add_argument(
         "--cache",
-        help="a folder that keeps the bundled rows' activations: written by the first teach, read by the next ones "
-        "with the same model and head (default: collected every time, kept nowhere)",
+        help="a folder that keeps the bundled rows' activations: written by the first teach as it goes (an "
+        "interrupted one resumes from it), read by the next ones with the same model and head (default: collected "
+        "every time, kept nowhere)",
     )
 
 

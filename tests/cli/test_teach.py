@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -16,7 +17,17 @@ from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.errors import SmallSampleWarning
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import STEADY_SAMPLE, USER_SOURCE, cut_traffic, small_sample_warning, teach_traffic
+from hf_lsad.guard.heads.training import (
+    PARTIAL,
+    STEADY_SAMPLE,
+    USER_SOURCE,
+    bundled_features,
+    cut_traffic,
+    read_folder,
+    release_rows,
+    small_sample_warning,
+    teach_traffic,
+)
 
 TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
 """A benign kind of traffic the tiny guard's heads were not fitted on: it flags all of it at its thresholds."""
@@ -222,3 +233,63 @@ def test_the_token_budget_of_a_forward_pass_is_a_flag(command):
     assert parse([command, *required])[1].max_batch_tokens == default
     assert parse([command, *required, "--max-batch-tokens", "none"])[1].max_batch_tokens is None
     assert parse([command, *required, "--max-batch-tokens", "2048"])[1].max_batch_tokens == 2048
+
+
+@contextlib.contextmanager
+def forward_passes(model, interrupt_at: int | None = None):
+    """Count the forward passes of ``model`` (one per batch), interrupting the ``interrupt_at``-th as Ctrl-C does."""
+    passes: list[int] = []
+
+    def count(*_):
+        passes.append(1)
+        if len(passes) == interrupt_at:
+            raise KeyboardInterrupt
+
+    handle = model.model.layers[0].register_forward_pre_hook(count)
+    try:
+        yield passes
+    finally:
+        handle.remove()
+
+
+def fit_prompts():
+    return [p for pool in POOLS for p in release_rows(pool, "fit")[:ROWS_PER_POOL]]
+
+
+def test_an_interrupted_collection_into_a_cache_resumes_where_it_stopped(tmp_path):
+    """An hour of collection was lost to an interruption, cache or not: the cache was written at the end."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
+    kwargs = dict(batch_size=4, progress=False)
+    reference = bundled_features(model, tokenizer, prompts, reads, **kwargs)  # 12 batches, nothing kept
+    cache = tmp_path / "cache"
+    with forward_passes(model, interrupt_at=6), pytest.raises(KeyboardInterrupt):  # two parts of two batches kept
+        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=2, **kwargs)
+    assert len(list((cache / PARTIAL).glob("part-*"))) == 2 and not any(cache.glob("layer*"))
+    with forward_passes(model) as passes:
+        resumed = bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=2, **kwargs)
+    assert len(passes) == 12 - 4  # the batches no part held, and those alone
+    assert all(torch.equal(resumed[read], reference[read]) for read in reads)  # the same batches: bit for bit
+    assert not (cache / PARTIAL).exists()
+    uninterrupted = tmp_path / "uninterrupted"
+    bundled_features(model, tokenizer, prompts, reads, cache_dir=uninterrupted, **kwargs)
+    for read in reads:
+        store, alone = load_activations(cache / read_folder(read)), load_activations(uninterrupted / read_folder(read))
+        assert torch.equal(store.activations, alone.activations)
+        assert store.records == alone.records and store.inputs == alone.inputs
+
+
+def test_parts_written_for_other_prompt_text_or_reads_are_refused(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
+    cache = tmp_path / "cache"
+    with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
+        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=1, progress=False)
+    edited = [p._replace(text=p.text + " (edited)") for p in prompts]
+    with pytest.raises(ValueError, match=r"was written when the text of bundled prompt .* was different"):
+        bundled_features(model, tokenizer, edited, reads, cache_dir=cache, progress=False)
+    other = [(reads[0][0], "prompt_last" if reads[0][1] == "prompt_mean" else "prompt_mean")]
+    with pytest.raises(ValueError, match="holds an interrupted collection of other reads"):
+        bundled_features(model, tokenizer, prompts, other, cache_dir=cache, progress=False)
+    with pytest.raises(ValueError, match="checkpoint_batches must be a positive integer"):
+        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=0, progress=False)

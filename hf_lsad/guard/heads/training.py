@@ -18,9 +18,14 @@ moves its scores instead (measured: ``benchmarks/experiments/heads/own_traffic_f
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
-from collections.abc import Sequence
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -31,10 +36,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ...capture.collect import check_prompts, collect_prompt_features
 from ...core.batching import BATCH_TOKENS
 from ...core.hook_point import HookPoint
+from ...core.serialization import read_json
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_reserved, is_unsafe_pool, load_pool
 from ...data.store import INDEX, load_activations, save_activations
-from ...errors import SmallSampleWarning, warn
+from ...errors import GuardFormatError, SmallSampleWarning, warn
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
 from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
@@ -317,7 +323,8 @@ def teach_traffic(
         rows: What the prompts are, recorded in the budget and on the card.
         cache_dir: A folder that keeps the bundled rows' activations (:func:`bundled_features`): read when it holds
             them, so that teaching the same head again costs a forward pass over the user's prompts alone; written
-            after they are collected when it does not. ``None``: collected every time, kept nowhere.
+            as they are collected when it does not, so that an interrupted teach resumes where it stopped.
+            ``None``: collected every time, kept nowhere.
         batch_size, seed, progress: Forward-pass batch size; the seed of the cut and of ``rows_per_pool``'s draw
             (the bundled rows' split is the release's whatever the seed); progress bars.
         max_batch_tokens: Padded tokens a forward pass holds at most (``None``: ``batch_size`` prompts whatever
@@ -389,6 +396,13 @@ def teach_traffic(
         raise
 
 
+PARTIAL = ".partial"
+"""The folder of a cache holding an interrupted collection's parts (:func:`bundled_features`)."""
+PART_FILE = "part.json"
+CHECKPOINT_BATCHES = 32
+"""Batches collected between two parts of a collection into a cache (about 500 prompts)."""
+
+
 def bundled_features(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -399,6 +413,7 @@ def bundled_features(
     batch_size: int = 16,
     max_batch_tokens: int | None = BATCH_TOKENS,
     progress: bool = True,
+    checkpoint_batches: int = CHECKPOINT_BATCHES,
 ) -> dict[Read, Tensor]:
     """``[n_prompts, hidden]`` activations of bundled pool ``prompts`` (:class:`~hf_lsad.data.Prompt`) at each read,
     kept in ``cache_dir`` when given.
@@ -410,12 +425,19 @@ def bundled_features(
     a prompt's text was different, is refused (``ValueError``) rather than collected again over it. ``batch_size``
     and ``max_batch_tokens`` batch the forward pass as :func:`~hf_lsad.capture.collect.collect_prompt_features` does
     (another batching than the cache's moves the features by float round-off alone).
+
+    Nothing collected into a cache is lost to an interruption: every ``checkpoint_batches`` batches are written to
+    ``<cache_dir>/.partial/`` (a part per checkpoint, a store per read in it, checked as the cache's are), and a run
+    on the same cache collects only the prompts no part holds, in the same batches, for the same activations bit for
+    bit. The parts are removed once the stores are written.
     """
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         raise ValueError("the bundled prompts hold repeated ids")
+    if checkpoint_batches < 1:
+        raise ValueError(f"checkpoint_batches must be a positive integer, got {checkpoint_batches}")
     digests = [_digest(p.text) for p in prompts]
-    folders = {read: None if cache_dir is None else Path(cache_dir) / f"layer{read[0]}-{read[1]}" for read in reads}
+    folders = {read: None if cache_dir is None else Path(cache_dir) / read_folder(read) for read in reads}
     features = {
         read: _cached_read(model, folder, read, ids, digests)
         for read, folder in folders.items()
@@ -424,6 +446,11 @@ def bundled_features(
     missing = [read for read in reads if read not in features]
     if not missing:
         return features
+    records = [{"id": p.id, "digest": d, "source": p.source, "category": p.category} for p, d in zip(prompts, digests)]
+    partial = None if cache_dir is None else _PartialCollection(Path(cache_dir) / PARTIAL, model, missing, records)
+    done = partial.resume(ids, digests) if partial is not None else {}
+    if done and progress:
+        print(f"resuming: {len(done)} of {len(ids)} bundled prompts collected before", file=sys.stderr, flush=True)
     collected, inputs = collect_prompt_features(
         model,
         tokenizer,
@@ -432,14 +459,123 @@ def bundled_features(
         batch_size=batch_size,
         max_batch_tokens=max_batch_tokens,
         progress=progress,
+        skip=done,
+        on_batch=None if partial is None else partial.batch_writer(checkpoint_batches),
     )
-    records = [{"id": p.id, "digest": d, "source": p.source, "category": p.category} for p, d in zip(prompts, digests)]
+    if partial is not None:
+        if done:  # the rows an earlier run collected, in their place
+            rows, part_rows = torch.tensor(list(done)), torch.tensor(list(done.values()))
+            for read in missing:
+                collected[read][rows] = partial.values[read][part_rows]
+        ran = len(done) < len(ids)  # a prompt no part holds: its batch ran
+        longest = max(partial.longest, inputs.max_prompt_tokens if ran else 0)
+        inputs = dataclasses.replace(inputs, max_prompt_tokens=longest)
     for read in missing:
         folder = folders[read]
         if folder is not None:
             save_activations(folder, collected[read], records, HookPoint.from_model(model, *read), inputs=inputs)
         features[read] = collected[read]
+    if partial is not None:
+        partial.remove()
     return features
+
+
+def read_folder(read: Read) -> str:
+    """The folder of a cache holding the store of ``read``: ``layer<L>-<position>``."""
+    return f"layer{read[0]}-{read[1]}"
+
+
+class _PartialCollection:
+    """An interrupted collection into a cache (:func:`bundled_features`): parts written as it goes, read by the next
+    run. A part is a folder ``part-<n>`` holding a store per read and ``part.json`` (its longest prompt in tokens),
+    renamed into place when complete."""
+
+    def __init__(self, folder: Path, model: PreTrainedModel, reads: list[Read], records: list[dict[str, Any]]):
+        self.folder, self.model, self.reads, self.records = folder, model, reads, records
+        self.values: dict[Read, Tensor] = {}
+        """Per read, ``[rows, hidden]``: every row the parts hold, in part order (:meth:`resume`)."""
+        self.longest = 0
+        """The longest prompt of the parts, in tokens."""
+        self._positions: list[int] = []
+        self._features: dict[Read, list[Tensor]] = {read: [] for read in reads}
+        self._batches = self._batch_longest = 0
+
+    def resume(self, ids: list[str], digests: list[str]) -> dict[int, int]:
+        """``{position in ids: row of values}`` for every prompt a part holds, each part checked as the cache's
+        stores are: of this model, of each read, of the prompts' text as it is now."""
+        position = {prompt_id: i for i, prompt_id in enumerate(ids)}
+        done: dict[int, int] = {}
+        chunks: dict[Read, list[Tensor]] = {read: [] for read in self.reads}
+        offset = 0
+        for part in sorted(self.folder.glob("part-*")) if self.folder.is_dir() else []:
+            absent = [read for read in self.reads if not (part / read_folder(read) / INDEX).is_file()]
+            if absent:
+                raise ValueError(
+                    f"{part} holds an interrupted collection of other reads (not {absent[0]}): pass another cache "
+                    "folder, or delete this one"
+                )
+            stores = {read: load_activations(part / read_folder(read)) for read in self.reads}
+            part_ids = [record["id"] for record in stores[self.reads[0]].records]
+            for read, store in stores.items():
+                if (store.hook.layer, store.hook.position) != tuple(read) or [
+                    record["id"] for record in store.records
+                ] != part_ids:
+                    raise ValueError(f"{part / read_folder(read)} is not a part of this collection; delete {part}")
+                store.hook.check_model(self.model)
+                chunks[read].append(store.activations)
+            for row, record in enumerate(stores[self.reads[0]].records):
+                i = position.get(record["id"])
+                if i is None:  # a prompt of a fit on more pools: not needed by this one
+                    continue
+                if record.get("digest") != digests[i]:
+                    raise ValueError(
+                        f"{part} was written when the text of bundled prompt {record['id']!r} was different; "
+                        "pass another cache folder, or delete this one"
+                    )
+                done[i] = offset + row
+            offset += len(part_ids)
+            self.longest = max(self.longest, _part_longest(part))
+        self.values = {read: torch.cat(chunks[read]) for read in self.reads if chunks[read]}
+        return done
+
+    def batch_writer(self, every: int) -> Callable[[list[int], dict[Read, Tensor], int], None]:
+        """The ``on_batch`` of :func:`~hf_lsad.capture.collect.collect_prompt_features`: a part every ``every``
+        batches."""
+
+        def on_batch(positions: list[int], features: dict[Read, Tensor], longest: int) -> None:
+            self._positions += positions
+            for read in self.reads:
+                self._features[read].append(features[read])
+            self._batches += 1
+            self._batch_longest = max(self._batch_longest, longest)
+            if self._batches == every:
+                self._write()
+
+        return on_batch
+
+    def _write(self) -> None:
+        numbers = [int(part.name.removeprefix("part-")) for part in self.folder.glob("part-*")]
+        part = self.folder / f"part-{max(numbers, default=0) + 1:05d}"
+        staging = self.folder / f".staging-{uuid.uuid4().hex[:8]}"
+        staging.mkdir(parents=True)
+        records = [self.records[i] for i in self._positions]
+        for read in self.reads:
+            values = torch.cat(self._features[read])
+            save_activations(staging / read_folder(read), values, records, HookPoint.from_model(self.model, *read))
+        (staging / PART_FILE).write_text(json.dumps({"longest": self._batch_longest}) + "\n", encoding="utf-8")
+        os.replace(staging, part)  # a part is complete or absent
+        self._positions, self._features = [], {read: [] for read in self.reads}
+        self._batches = self._batch_longest = 0
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _part_longest(part: Path) -> int:
+    longest = read_json(part / PART_FILE).get("longest")
+    if not isinstance(longest, int) or isinstance(longest, bool) or longest < 1:
+        raise GuardFormatError(f"{part / PART_FILE}: 'longest' is {longest!r}, not a positive integer")
+    return longest
 
 
 def _digest(text: str) -> str:
