@@ -267,6 +267,7 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threshold-rows", type=int, default=1000, help="validation chat rows the thresholds are set on"
     )
+    _cache_argument(parser)
     _budget_batch_arguments(parser)
     _runtime_arguments(parser, ModelRuntime)
 
@@ -329,11 +330,15 @@ def teach_arguments(parser: argparse.ArgumentParser) -> None:
         help="fit rows drawn from each bundled pool (default: all of them, as the guard was released)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the cut and of --rows-per-pool's draw")
+    _cache_argument(parser)
+
+
+def _cache_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache",
-        help="a folder that keeps the bundled rows' activations: written by the first teach as it goes (an "
-        "interrupted one resumes from it), read by the next ones with the same model and head (default: collected "
-        "every time, kept nowhere)",
+        help="a folder that keeps the bundled rows' activations: written as they are collected (an interrupted run "
+        "resumes from it), read by later runs with the same model and reads (default: collected every time, kept "
+        "nowhere)",
     )
 
 

@@ -104,6 +104,14 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             check_prompts(args.prompts)
         except (TypeError, ValueError) as err:
             parser.error(f"argument prompts: {_one_line(err)}")
+    cache = getattr(args, "cache", None)  # teach and add-head
+    if (
+        args.command in ("teach", "add-head")
+        and cache is not None
+        and Path(cache).exists()
+        and not Path(cache).is_dir()
+    ):
+        parser.error(f"argument --cache: {cache!r} is a file, not a folder")
     if args.command == "add-head":
         _check_add_head(parser, args)
     if args.command in ("set-budget", "teach"):
@@ -343,8 +351,6 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(f"argument --pools: {unknown} are not bundled pools ({sorted(POOL_CATEGORY)})")
         if args.head not in guard.heads:
             parser.error(f"argument --head: the guard has no supervised head {args.head!r}; it has {guard.head_names}")
-        if args.cache is not None and Path(args.cache).exists() and not Path(args.cache).is_dir():
-            parser.error(f"argument --cache: {args.cache!r} is a file, not a folder")
         try:
             _, prompts = cut_traffic(prompts, args.fit_fraction, args.seed)  # the thresholds' part
         except ValueError as err:

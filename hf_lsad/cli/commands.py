@@ -389,6 +389,7 @@ def run_add_head(args: argparse.Namespace) -> None:
         share=args.share,
         benign_per_pool=args.benign_per_pool,
         threshold_rows=args.threshold_rows,
+        cache_dir=args.cache,
         batch_size=args.batch_size,
         max_batch_tokens=args.max_batch_tokens,
     )

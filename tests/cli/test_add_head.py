@@ -49,6 +49,7 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
         (CATEGORY, ["--share", "1.0"], "argument --share"),
         (CATEGORY, ["--guard", "default"], "argument --out: needed"),
         (CATEGORY, ["--unsafe", "missing.txt"], "no file"),
+        (CATEGORY, ["--cache", "SAME"], "argument --cache: "),  # a file, not a folder
     ],
 )
 def test_add_head_refuses_bad_input_before_loading_a_model(lines, flags, error, guard_dir, tmp_path, capsys):

@@ -151,6 +151,30 @@ def test_add_head_learns_a_category_from_100_rows_and_keeps_the_budget():
     assert flagged <= budget.target_fpr + 0.05  # held-out chat: the target, within sampling error of 300 rows
 
 
+def test_add_head_keeps_the_bundled_rows_in_a_cache(tmp_path):
+    """A second head with the same reads runs the model over its own prompts alone, and fits what a run without the
+    cache fits (the bundled rows are batched apart from the user's in both)."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    unsafe = [f"tell me the secret launch date of project bluebird {i}" for i in range(12)]
+    kwargs = dict(benign_per_pool=10, threshold_rows=40, batch_size=4, progress=False)
+    plain, first, again = (two_headed_guard() for _ in range(3))
+    add_head(model, tokenizer, plain, "secrets", unsafe, **kwargs)
+    passes: list[int] = []
+    handle = model.model.layers[0].register_forward_pre_hook(lambda *_: passes.append(1))
+    try:
+        add_head(model, tokenizer, first, "secrets", unsafe, cache_dir=tmp_path / "cache", **kwargs)
+        uncached = len(passes)
+        passes.clear()
+        add_head(model, tokenizer, again, "secrets", unsafe, cache_dir=tmp_path / "cache", **kwargs)
+    finally:
+        handle.remove()
+    bundled_batches = uncached - len(passes)
+    assert bundled_batches > 0 and len(passes) < uncached  # the bundled rows were read from the cache
+    for guard in (first, again):
+        state, reference = guard.state_dict(), plain.state_dict()
+        assert state.keys() == reference.keys() and all(torch.equal(state[k], reference[k]) for k in state)
+
+
 def test_add_head_draws_from_the_release_split_whatever_its_seed():
     """The seed draws samples; the rows they are drawn from keep the split the bundled heads were fitted on, so no
     threshold is set on a chat row the supervised head learnt from (an in-sample row scores low)."""

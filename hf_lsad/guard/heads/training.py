@@ -107,6 +107,7 @@ def add_head(
     benign_per_pool: int | None = 400,
     threshold_rows: int | None = 1000,
     inverse_regularisation: float = 0.01,
+    cache_dir: str | os.PathLike | None = None,
     batch_size: int = 16,
     max_batch_tokens: int | None = BATCH_TOKENS,
     seed: int = 0,
@@ -130,6 +131,9 @@ def add_head(
         benign_per_pool: Fit rows drawn from each bundled benign pool (seeded; ``None``: all).
         threshold_rows: Validation chat rows the thresholds are set on (seeded; ``None``: all).
         inverse_regularisation: The logistic regression's ``C``.
+        cache_dir: A folder that keeps the bundled benign rows' activations (:func:`bundled_features`), so that a
+            later head with the same reads on the same model runs the model over the user's prompts alone, and an
+            interrupted collection resumes. ``None``: collected every time, kept nowhere.
         batch_size, seed, progress: Forward-pass batch size, the seed of the draws of bundled rows (the rows they
             are drawn from are the release's split: :func:`release_rows`), progress bars.
         max_batch_tokens: Padded tokens a forward pass holds at most (``None``: ``batch_size`` prompts whatever
@@ -157,23 +161,33 @@ def add_head(
         reads = first.reads if first is not None else [(layer, "prompt_last"), (layer, "prompt_mean")]
     config = ProbeConfig(reads=list(reads), inverse_regularisation=inverse_regularisation)
 
-    texts, groups = list(unsafe), [name] * len(unsafe)
-    texts += list(safe)
-    groups += ["user-safe"] * len(safe)
+    bundled: list[Prompt] = []
+    groups = [name] * len(unsafe) + ["user-safe"] * len(safe)
     for pool in BENIGN_POOLS:
         rows = _sample(release_rows(pool, "fit"), benign_per_pool, seed)
-        texts += [p.text for p in rows]
+        bundled += rows
         groups += [pool] * len(rows)
-    labels = torch.tensor([1] * len(unsafe) + [0] * (len(texts) - len(unsafe)))
-    fit_reads, _ = collect_prompt_features(
+    labels = torch.tensor([1] * len(unsafe) + [0] * (len(safe) + len(bundled)))
+    user_reads, _ = collect_prompt_features(
         model,
         tokenizer,
-        texts,
+        [*unsafe, *safe],
         config.reads,
         batch_size=batch_size,
         max_batch_tokens=max_batch_tokens,
         progress=progress,
     )
+    bundled_reads = bundled_features(
+        model,
+        tokenizer,
+        bundled,
+        config.reads,
+        cache_dir=cache_dir,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
+    )
+    fit_reads = {read: torch.cat([user_reads[read], bundled_reads[read]]) for read in config.reads}
     head = fit_head(name, fit_reads, labels, groups, config)
 
     chat = _sample(release_rows(THRESHOLD_POOL, "validation"), threshold_rows, seed)
