@@ -15,6 +15,7 @@ LIBRARIES = {
     "torch": "torch",
     "faiss": "faiss-cpu",
     "transformers": "transformers",
+    "gguf": "gguf",
     "huggingface_hub": "huggingface-hub",
     "scikit-learn": "scikit-learn",
     "numpy": "numpy",

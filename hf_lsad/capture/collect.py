@@ -121,6 +121,12 @@ def prompt_batches(
     return length_batches(lengths, batch_size, max_batch_tokens)
 
 
+def prompt_format(tokenizer: PreTrainedTokenizerBase, chat_template: bool = True) -> str:
+    """How prompts reach the model (:class:`~hf_lsad.core.prompt_inputs.InputProfile`): ``"chat_template"`` when they
+    are user turns of the tokenizer's template, else ``"raw"``."""
+    return "chat_template" if chat_template and tokenizer.chat_template else "raw"
+
+
 class Collected(NamedTuple):
     """What :func:`collect_activations` read from the prompts, in their order."""
 
@@ -188,8 +194,9 @@ def collect_activations(
         for row, i in enumerate(batch):
             activations[i] = acts[row].float().cpu()
             responses[i] = texts[row]
-    prompt_format = "chat_template" if chat_template and tokenizer.chat_template else "raw"
-    return Collected(torch.stack(activations), responses, InputProfile(prompt_format, longest))
+    return Collected(
+        torch.stack(activations), responses, InputProfile(prompt_format(tokenizer, chat_template), longest)
+    )
 
 
 @torch.no_grad()
@@ -235,5 +242,4 @@ def collect_prompt_features(
             out[read][index] = values
         if on_batch is not None:
             on_batch(batch, features, batch_longest)
-    prompt_format = "chat_template" if chat_template and tokenizer.chat_template else "raw"
-    return out, InputProfile(prompt_format, max(longest, 1))
+    return out, InputProfile(prompt_format(tokenizer, chat_template), max(longest, 1))

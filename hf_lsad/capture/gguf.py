@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 
 from ..core.integrity import sha256_file
+from ..version import library_versions
 
 CACHE_ENV = "HF_LSAD_CACHE"
 """The environment variable naming the folder that holds converted GGUF models."""
@@ -43,9 +44,7 @@ def cache_root() -> Path:
 
 def converted_folder(gguf: Path) -> Path:
     """Where the conversion of ``gguf`` lives, whether or not it exists yet (reads the whole file for its hash)."""
-    from importlib.metadata import version
-
-    versions = f"transformers {version('transformers')}, gguf {version('gguf')}"
+    versions = ", ".join(f"{name} {version}" for name, version in library_versions("transformers", "gguf").items())
     key = hashlib.sha256(f"{sha256_file(gguf)} {versions}".encode()).hexdigest()
     return cache_root() / f"{gguf.stem}-{key[:16]}"
 

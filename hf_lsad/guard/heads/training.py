@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -33,14 +32,14 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ...capture.collect import check_prompts, collect_prompt_features
+from ...capture.collect import check_prompts, collect_prompt_features, prompt_format
 from ...core.batching import BATCH_TOKENS
 from ...core.hook_point import HookPoint
-from ...core.serialization import read_json
+from ...core.prompt_inputs import InputProfile
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_reserved, is_unsafe_pool, load_pool
-from ...data.store import INDEX, load_activations, save_activations
-from ...errors import GuardFormatError, SmallSampleWarning, warn
+from ...data.store import INDEX, ActivationSet, load_activations, save_activations
+from ...errors import SmallSampleWarning, warn
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
 from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
@@ -412,7 +411,6 @@ def teach_traffic(
 
 PARTIAL = ".partial"
 """The folder of a cache holding an interrupted collection's parts (:func:`bundled_features`)."""
-PART_FILE = "part.json"
 CHECKPOINT_BATCHES = 32
 """Batches collected between two parts of a collection into a cache (about 500 prompts)."""
 
@@ -461,7 +459,9 @@ def bundled_features(
     if not missing:
         return features
     records = [{"id": p.id, "digest": d, "source": p.source, "category": p.category} for p, d in zip(prompts, digests)]
-    partial = None if cache_dir is None else _PartialCollection(Path(cache_dir) / PARTIAL, model, missing, records)
+    partial = None
+    if cache_dir is not None:
+        partial = _PartialCollection(Path(cache_dir) / PARTIAL, model, missing, records, prompt_format(tokenizer))
     done = partial.resume(ids, digests) if partial is not None else {}
     if done and progress:
         print(f"resuming: {len(done)} of {len(ids)} bundled prompts collected before", file=sys.stderr, flush=True)
@@ -501,11 +501,15 @@ def read_folder(read: Read) -> str:
 
 class _PartialCollection:
     """An interrupted collection into a cache (:func:`bundled_features`): parts written as it goes, read by the next
-    run. A part is a folder ``part-<n>`` holding a store per read and ``part.json`` (its longest prompt in tokens),
-    renamed into place when complete."""
+    run. A part is a folder ``part-<n>`` holding a store per read (whose input profile records the part's longest
+    prompt), renamed into place when complete."""
 
-    def __init__(self, folder: Path, model: PreTrainedModel, reads: list[Read], records: list[dict[str, Any]]):
+    def __init__(
+        self, folder: Path, model: PreTrainedModel, reads: list[Read], records: list[dict[str, Any]], inputs: str
+    ) -> None:
         self.folder, self.model, self.reads, self.records = folder, model, reads, records
+        self.prompt_format = inputs
+        """How the prompts reach the model (``InputProfile.prompt_format``), recorded in each part."""
         self.values: dict[Read, Tensor] = {}
         """Per read, ``[rows, hidden]``: every row the parts hold, in part order (:meth:`resume`)."""
         self.longest = 0
@@ -528,14 +532,11 @@ class _PartialCollection:
                     f"{part} holds an interrupted collection of other reads (not {absent[0]}): pass another cache "
                     "folder, or delete this one"
                 )
-            stores = {read: load_activations(part / read_folder(read)) for read in self.reads}
+            stores = {read: _checked_store(self.model, part / read_folder(read), read) for read in self.reads}
             part_ids = [record["id"] for record in stores[self.reads[0]].records]
             for read, store in stores.items():
-                if (store.hook.layer, store.hook.position) != tuple(read) or [
-                    record["id"] for record in store.records
-                ] != part_ids:
+                if [record["id"] for record in store.records] != part_ids or store.inputs is None:
                     raise ValueError(f"{part / read_folder(read)} is not a part of this collection; delete {part}")
-                store.hook.check_model(self.model)
                 chunks[read].append(store.activations)
             for row, record in enumerate(stores[self.reads[0]].records):
                 i = position.get(record["id"])
@@ -548,7 +549,8 @@ class _PartialCollection:
                     )
                 done[i] = offset + row
             offset += len(part_ids)
-            self.longest = max(self.longest, _part_longest(part))
+            longest = [store.inputs.max_prompt_tokens for store in stores.values() if store.inputs is not None]
+            self.longest = max(self.longest, *longest)  # every store of a part has its profile (checked above)
         self.values = {read: torch.cat(chunks[read]) for read in self.reads if chunks[read]}
         return done
 
@@ -573,23 +575,16 @@ class _PartialCollection:
         staging = self.folder / f".staging-{uuid.uuid4().hex[:8]}"
         staging.mkdir(parents=True)
         records = [self.records[i] for i in self._positions]
+        inputs = InputProfile(self.prompt_format, self._batch_longest)
         for read in self.reads:
-            values = torch.cat(self._features[read])
-            save_activations(staging / read_folder(read), values, records, HookPoint.from_model(self.model, *read))
-        (staging / PART_FILE).write_text(json.dumps({"longest": self._batch_longest}) + "\n", encoding="utf-8")
+            values, hook = torch.cat(self._features[read]), HookPoint.from_model(self.model, *read)
+            save_activations(staging / read_folder(read), values, records, hook, inputs=inputs)
         os.replace(staging, part)  # a part is complete or absent
         self._positions, self._features = [], {read: [] for read in self.reads}
         self._batches = self._batch_longest = 0
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _part_longest(part: Path) -> int:
-    longest = read_json(part / PART_FILE).get("longest")
-    if not isinstance(longest, int) or isinstance(longest, bool) or longest < 1:
-        raise GuardFormatError(f"{part / PART_FILE}: 'longest' is {longest!r}, not a positive integer")
-    return longest
 
 
 def _digest(text: str) -> str:
@@ -599,10 +594,7 @@ def _digest(text: str) -> str:
 def _cached_read(model: PreTrainedModel, folder: Path, read: Read, ids: list[str], digests: list[str]) -> Tensor:
     """The rows of ``ids`` from the cache store in ``folder``, checked to be ``model``'s activations at ``read`` of
     prompts with these text ``digests``."""
-    store = load_activations(folder)
-    if (store.hook.layer, store.hook.position) != tuple(read):
-        raise ValueError(f"{folder} holds activations of layer {store.hook.layer} {store.hook.position}, not {read}")
-    store.hook.check_model(model)
+    store = _checked_store(model, folder, read)
     row_of = {record["id"]: row for row, record in enumerate(store.records)}
     absent = [i for i in ids if i not in row_of]
     if absent:
@@ -617,6 +609,15 @@ def _cached_read(model: PreTrainedModel, folder: Path, read: Read, ids: list[str
             f"(e.g. {changed[0]!r}); pass another cache folder, or delete this one"
         )
     return store.activations[torch.tensor([row_of[i] for i in ids])]
+
+
+def _checked_store(model: PreTrainedModel, folder: Path, read: Read) -> ActivationSet:
+    """The store in ``folder``, checked to hold ``model``'s activations at ``read``."""
+    store = load_activations(folder)
+    if (store.hook.layer, store.hook.position) != tuple(read):
+        raise ValueError(f"{folder} holds activations of layer {store.hook.layer} {store.hook.position}, not {read}")
+    store.hook.check_model(model)
+    return store
 
 
 T = TypeVar("T")
