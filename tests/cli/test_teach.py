@@ -21,6 +21,7 @@ from hf_lsad.guard.heads.training import (
     PARTIAL,
     STEADY_SAMPLE,
     USER_SOURCE,
+    _PartialCollection,
     bundled_features,
     cut_traffic,
     read_folder,
@@ -277,6 +278,40 @@ def test_an_interrupted_collection_into_a_cache_resumes_where_it_stopped(tmp_pat
         store, alone = load_activations(cache / read_folder(read)), load_activations(uninterrupted / read_folder(read))
         assert torch.equal(store.activations, alone.activations)
         assert store.records == alone.records and store.inputs == alone.inputs
+
+
+def test_parts_left_by_a_run_stopped_after_its_stores_are_removed(tmp_path, monkeypatch):
+    """A run stopped between writing its stores and removing its parts left them: a later collection of other reads
+    was refused ("holds an interrupted collection of other reads"), and told to delete the whole cache."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
+    cache = tmp_path / "cache"
+
+    def stopped(self):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(_PartialCollection, "remove", stopped)
+        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=2, batch_size=4)
+    assert any((cache / PARTIAL).glob("part-*")) and all((cache / read_folder(read)).is_dir() for read in reads)
+    other = (reads[0][0], "prompt_last" if reads[0][1] == "prompt_mean" else "prompt_mean")
+    with forward_passes(model) as passes:
+        features = bundled_features(model, tokenizer, prompts, [*reads, other], cache_dir=cache, progress=False)
+    with forward_passes(model) as passes_alone:
+        alone = bundled_features(model, tokenizer, prompts, [other], progress=False)
+    assert len(passes) == len(passes_alone) and not (cache / PARTIAL).exists()  # the new read alone was collected
+    assert torch.equal(features[other], alone[other])
+
+
+def test_parts_of_a_run_that_did_not_finish_are_kept(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
+    cache = tmp_path / "cache"
+    bundled_features(model, tokenizer, prompts, reads[:1], cache_dir=cache, progress=False)
+    with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
+        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=1, batch_size=4)
+    bundled_features(model, tokenizer, prompts, reads[:1], cache_dir=cache, progress=False)  # its store is there
+    assert len(list((cache / PARTIAL).glob("part-*"))) == 2  # of reads[1:], whose stores are not
 
 
 def test_parts_written_for_other_prompt_text_or_reads_are_refused(tmp_path):

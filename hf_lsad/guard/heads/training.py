@@ -441,7 +441,8 @@ def bundled_features(
     Nothing collected into a cache is lost to an interruption: every ``checkpoint_batches`` batches are written to
     ``<cache_dir>/.partial/`` (a part per checkpoint, a store per read in it, checked as the cache's are), and a run
     on the same cache collects only the prompts no part holds, in the same batches, for the same activations bit for
-    bit. The parts are removed once the stores are written.
+    bit. The parts are removed once the stores are written (by the next run on the cache, if one stopped between the
+    two).
     """
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
@@ -449,6 +450,8 @@ def bundled_features(
     if checkpoint_batches < 1:
         raise ValueError(f"checkpoint_batches must be a positive integer, got {checkpoint_batches}")
     digests = [_digest(p.text) for p in prompts]
+    if cache_dir is not None:
+        _drop_finished_parts(Path(cache_dir))
     folders = {read: None if cache_dir is None else Path(cache_dir) / read_folder(read) for read in reads}
     features = {
         read: _cached_read(model, folder, read, ids, digests)
@@ -492,6 +495,16 @@ def bundled_features(
     if partial is not None:
         partial.remove()
     return features
+
+
+def _drop_finished_parts(cache: Path) -> None:
+    """Remove a cache's parts when the stores of every read they hold are in the cache: a run stopped after writing
+    its stores and before removing its parts left them, and they would refuse a later collection of other reads."""
+    folder = cache / PARTIAL
+    parts = sorted(folder.glob("part-*")) if folder.is_dir() else []
+    stores = [store.name for part in parts for store in part.iterdir() if (store / INDEX).is_file()]
+    if parts and all((cache / name / INDEX).is_file() for name in stores):
+        shutil.rmtree(folder)
 
 
 def read_folder(read: Read) -> str:
