@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from ..core.hook_point import POSITIONS, decoder_layer
+from ..core.prompt_tokens import PromptTokens, fixed_openings
 from .inputs import check_prompt_tensors, check_real_tokens
 
 
@@ -251,17 +252,30 @@ class PromptReader:
 
     Both are read through the attention mask, so a row reads the same under left padding, right padding or
     none (the mean sums only real positions). The hook of the deepest block ends the forward pass when
-    ``stop_after`` is set: nothing above it is needed.
+    ``stop_after`` is set: nothing above it is needed. Given the prompts' ``input_ids``, it keeps each block's output
+    at every position too (for explanations, :meth:`tokens`).
     """
 
-    def __init__(self, modules: dict[int, nn.Module], attention_mask: Tensor, *, stop_after: bool = True) -> None:
+    def __init__(
+        self,
+        modules: dict[int, nn.Module],
+        attention_mask: Tensor,
+        *,
+        stop_after: bool = True,
+        input_ids: Tensor | None = None,
+    ) -> None:
         self.modules = modules
         self.mask = attention_mask.bool()
         self.stop_after = stop_after
+        if input_ids is not None and tuple(input_ids.shape) != tuple(self.mask.shape):
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} do not match the mask {tuple(self.mask.shape)}")
+        self.input_ids = input_ids
         self.last: dict[int, Tensor] = {}
         """Per layer, ``[batch, hidden]`` at the last real token."""
         self.mean: dict[int, Tensor] = {}
         """Per layer, ``[batch, hidden]``: the mean over the real tokens."""
+        self.hidden: dict[int, Tensor] = {}
+        """Given ``input_ids``: per layer, float32 ``[batch, seq, hidden]`` at every position."""
         self._handles: list[Any] = []
         self._thread: int | None = None
 
@@ -278,6 +292,8 @@ class PromptReader:
             self.last[layer] = hidden[rows, last].detach().float().clone()
             weights = mask.unsqueeze(-1).to(torch.float32)  # [batch, seq, 1]
             self.mean[layer] = ((hidden.float() * weights).sum(1) / weights.sum(1)).detach()
+            if self.input_ids is not None:
+                self.hidden[layer] = hidden.detach().to(torch.float32, copy=True)
             if self.stop_after and layer == deepest:
                 raise _StopForward
 
@@ -300,25 +316,38 @@ class PromptReader:
             for layer, position in reads
         }
 
+    def tokens(self, opening: Sequence[int] = ()) -> PromptTokens:
+        """Every block's output at every position of the prompts (a reader given their ``input_ids``); ``opening``:
+        the chat template's ids before the user's text (:func:`hf_lsad.core.prompt_tokens.fixed_openings`)."""
+        if self.input_ids is None:
+            raise RuntimeError("this PromptReader was made without the prompts' input_ids: it kept no token's output")
+        fixed = fixed_openings(self.input_ids, self.mask, opening)
+        return PromptTokens(dict(self.hidden), self.mask, self.input_ids, fixed)
+
 
 def generation_prompt_reader(
-    model: PreTrainedModel, reads: Sequence[tuple[int, str]], generate_kwargs: dict[str, Any]
+    model: PreTrainedModel,
+    reads: Sequence[tuple[int, str]],
+    generate_kwargs: dict[str, Any],
+    *,
+    keep_tokens: bool = False,
 ) -> PromptReader:
     """A :class:`PromptReader` of ``reads`` for one ``model.generate(**generate_kwargs)`` call: it reads the prefill
     call only (left or right padding alike, rows repeated as ``generate`` repeats them for ``num_return_sequences``)
-    and lets the forward pass run on. A guard with supervised heads reads all its prompt reads here."""
+    and lets the forward pass run on. A guard with supervised heads reads all its prompt reads here; ``keep_tokens``
+    keeps every token's output for explanations (:meth:`PromptReader.tokens`)."""
     input_ids = generate_kwargs["input_ids"]
     mask = generate_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask
-    mask = mask.repeat_interleave(num_return_sequences(model, generate_kwargs), dim=0)
+    repeats = num_return_sequences(model, generate_kwargs)  # the prefill reads each row this many times
+    mask, input_ids = mask.repeat_interleave(repeats, dim=0), input_ids.repeat_interleave(repeats, dim=0)
     unknown = sorted({position for _, position in reads} - set(PROMPT_POSITIONS))
     if unknown:
         raise ValueError(f"positions {unknown} are not read from the prompt; choose from {PROMPT_POSITIONS}")
     modules = {layer: decoder_layer(model, layer)[1] for layer in sorted({layer for layer, _ in reads})}
-    return PromptReader(modules, mask, stop_after=False)
+    return PromptReader(modules, mask, stop_after=False, input_ids=input_ids if keep_tokens else None)
 
 
-@torch.no_grad()
 def prompt_features(
     model: PreTrainedModel, reads: Sequence[tuple[int, str]], input_ids: Tensor, attention_mask: Tensor
 ) -> dict[tuple[int, str], Tensor]:
@@ -329,6 +358,20 @@ def prompt_features(
     about 25/30 of a forward pass. ``prompt_last`` equals :func:`prefill_activations`. Layers are
     0-based indices (not negative ones), as a guard records them.
     """
+    return read_prompts(model, reads, input_ids, attention_mask).features(reads)
+
+
+@torch.no_grad()
+def read_prompts(
+    model: PreTrainedModel,
+    reads: Sequence[tuple[int, str]],
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    keep_tokens: bool = False,
+) -> PromptReader:
+    """The :class:`PromptReader` of ``reads`` after one forward pass over the prompts, cut after the deepest read
+    (:func:`prompt_features` reads its features; ``keep_tokens`` keeps every token's output for explanations)."""
     check_prompt_tensors(input_ids, attention_mask)
     if any(layer < 0 for layer, _ in reads):
         raise ValueError(f"layers are 0-based block indices, got {sorted({layer for layer, _ in reads})}")
@@ -337,7 +380,7 @@ def prompt_features(
         raise ValueError(f"positions {unknown} are not read from the prompt; choose from {PROMPT_POSITIONS}")
     modules = {layer: decoder_layer(model, layer)[1] for layer in sorted({layer for layer, _ in reads})}
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    with PromptReader(modules, attention_mask) as reader:
+    with PromptReader(modules, attention_mask, input_ids=input_ids if keep_tokens else None) as reader:
         try:
             model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         except _StopForward:
@@ -345,4 +388,4 @@ def prompt_features(
     missing = sorted(set(modules) - set(reader.last))
     if missing:
         raise RuntimeError(f"decoder blocks {missing} did not run in the forward pass")
-    return reader.features(reads)
+    return reader

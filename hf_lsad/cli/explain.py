@@ -1,23 +1,25 @@
-"""``hf-lsad explain``: a report's top SAE features, each with the store prompts that activate it most.
-
-So that a person can name the features behind a flag (see :mod:`hf_lsad.guard.explain` for what a
-feature's contribution is).
+"""``hf-lsad explain``: what is behind each verdict. For the anomaly head, its top SAE features, each with the store
+prompts that activate it most, so that a person can name them (:mod:`hf_lsad.guard.explain` says what a feature's
+contribution is); for a supervised head that decided, the prompt tokens that raise its score most
+(:meth:`hf_lsad.guard.heads.SupervisedHead.explain_tokens`).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..guard.explain import store_texts, top_activating
+from ..guard.types import ANOMALY_HEAD, SafetyReport
 
 
 def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None:
     """``hf-lsad explain --guard G --activations STORE [--model M] [--top-k K] [--examples N] PROMPT...``.
 
     Runs the guard on each prompt (a forward pass cut at the hooked block for a
-    ``prompt_last`` guard, greedy generation otherwise) and prints its report with the
-    top features, each followed by the store's prompts that activate it most.
+    ``prompt_last`` guard, greedy generation otherwise) and prints its report with the explanation of the head that
+    decided (:attr:`~hf_lsad.guard.SafetyReport.explained_head`): the anomaly head's top features, each followed by
+    the store's prompts that activate it most; a supervised head's top prompt tokens.
     ``args``: ``guard`` (with ``revision`` / ``subfolder``), ``activations``, ``model`` (default
     ``default``), ``top_k`` (default 10), ``examples`` (default 3), ``prompts``, ``max_new_tokens``
     (default 64), and the ``--device`` / ``--dtype`` flags (:class:`~hf_lsad.core.runtime.ModelRuntime`).
@@ -54,8 +56,10 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
             explain_top_k=top_k,
         ).safety
     store = ActivationStore(args.activations)
-    # a row that could not be scored (NaN activations, fail closed) has no features to explain
-    features = sorted({f.feature for report in reports for f in report.features or ()})
+    # a row that could not be scored (NaN activations, fail closed) has no features to explain; a supervised head's
+    # features are dimensions of its reads, not SAE features: the store has nothing to say about them
+    anomaly_reports = [report for report in reports if report.explained_head == ANOMALY_HEAD]
+    features = sorted({f.feature for report in anomaly_reports for f in report.features or ()})
     examples = top_activating(guard.sae, store, features, n=getattr(args, "examples", None) or 3)
     texts = store_texts([store.records[r] for values in examples.values() for _, r in values])
     text_of: dict[int, str] = {}
@@ -69,6 +73,10 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
         print(f"  {report.describe()}", file=out)
         if report.features is None:  # not scored (fail closed): describe() said why
             continue
+        if report.explained_head != ANOMALY_HEAD:
+            _print_tokens(report, tokenizer, out)
+            continue
+        print(f"  the SAE features that add most to the {ANOMALY_HEAD} head's score:", file=out)
         print(
             f"  {'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}  top prompts in the store",
             file=out,
@@ -82,3 +90,17 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
         print(
             f"  (the {len(report.features)} features listed make {total:.3f} of the score {report.score:.3f})", file=out
         )
+
+
+def _print_tokens(report: SafetyReport, tokenizer: Any, out: TextIO) -> None:
+    """The prompt tokens behind a supervised head's verdict, or its top features when it reads no prompt mean."""
+    head = report.explained_head
+    if report.tokens is None:
+        print(f"  the {head} head reads no prompt mean, so no token is named; its top features:", file=out)
+        print(f"  {'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}", file=out)
+        for f in report.features or ():
+            print(f"  {f.feature:>8} {f.activation:>10.3f} {f.typical:>8.3f} {f.contribution:>12.3f}", file=out)
+        return
+    print(f"  the prompt tokens that raise the {head} head's logit most (how much it falls without each):", file=out)
+    for t in report.tokens:
+        print(f"  {t.contribution:>8.3f}  {tokenizer.decode([t.token_id])!r} (token {t.position})", file=out)

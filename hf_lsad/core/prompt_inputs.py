@@ -61,23 +61,35 @@ class TemplateMarkers(NamedTuple):
     """The ids ``add_generation_prompt=True`` appends (``<|im_start|>assistant\\n``)."""
     text: str
     """Both, as text, for messages."""
+    opening: tuple[int, ...]
+    """The ids before the user's text (``<|im_start|>system\n...<|im_start|>user\n``): the same in every prompt,
+    and so, in a causal model, the residual stream at them too."""
 
 
 def template_markers(tokenizer: Any) -> TemplateMarkers | None:
     """The markers of ``tokenizer``'s chat template, ``None`` when it has none."""
     if not getattr(tokenizer, "chat_template", None):
         return None
-    turn = [{"role": "user", "content": "x"}]
 
-    def ids(generation_prompt: bool) -> list[int]:
+    def ids(content: str, generation_prompt: bool) -> list[int]:
+        turn = [{"role": "user", "content": content}]
         text = tokenizer.apply_chat_template(turn, add_generation_prompt=generation_prompt, tokenize=False)
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    with_prompt, without = ids(True), ids(False)
+    with_prompt, without, other = ids("x", True), ids("x", False), ids("y", True)
     suffix = with_prompt[len(without) :] if with_prompt[: len(without)] == without else []
     start = with_prompt[0] if with_prompt and with_prompt[0] in set(tokenizer.all_special_ids) else None
     text = f"start with {tokenizer.decode([start])!r} and " if start is not None else ""
-    return TemplateMarkers(start, tuple(suffix), text + f"end with {tokenizer.decode(suffix)!r}")
+    opening = next((i for i, (a, b) in enumerate(zip(with_prompt, other)) if a != b), 0)  # where the texts part
+    return TemplateMarkers(
+        start, tuple(suffix), text + f"end with {tokenizer.decode(suffix)!r}", tuple(with_prompt[:opening])
+    )
+
+
+def template_opening(tokenizer: Any) -> tuple[int, ...]:
+    """:attr:`TemplateMarkers.opening` of ``tokenizer`` (empty without a tokenizer or a chat template)."""
+    markers = template_markers(tokenizer) if tokenizer is not None else None
+    return () if markers is None else markers.opening
 
 
 def input_warnings(

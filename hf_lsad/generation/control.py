@@ -195,13 +195,15 @@ class GuardedGenerationState:
         self.finished[done] = True
         return scores
 
-    def reports(self, *, explain: bool = False, top_k: int = 10) -> list[SafetyReport]:
-        """The call's reports: the screening verdict, or the running statistic (:mod:`hf_lsad.guard.running`)."""
+    def reports(self, *, explain: bool = False, top_k: int = 10, opening: Sequence[int] = ()) -> list[SafetyReport]:
+        """The call's reports: the screening verdict, or the running statistic (:mod:`hf_lsad.guard.running`);
+        ``opening``: the chat template's ids before the user's text, which explanations do not name."""
         stopped = self.stopped.tolist()
         if self.position in SCREEN_POSITIONS:
             if not self.records:
                 raise RuntimeError("generate made no forward call")
-            reports = self.guard.reports(self._prompt_activations(), explain=explain, top_k=top_k)
+            tokens = self.prompt_reader.tokens(opening) if explain and self.prompt_reader is not None else None
+            reports = self.guard.reports(self._prompt_activations(), explain=explain, top_k=top_k, tokens=tokens)
             return [r._replace(step=0 if r.flagged else None, stopped=bool(stop)) for r, stop in zip(reports, stopped)]
         from ..guard.running import sequence_statistic
 

@@ -27,6 +27,7 @@ from ..capture.recorder import (
     generation_recorder,
     num_return_sequences,
 )
+from ..core.prompt_inputs import template_opening
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import (
     ON_FLAG,
@@ -84,9 +85,12 @@ def generate_guarded(
     if on_flag == "report" and hook.position not in RUNNING_POSITIONS and on_step is None:
         if guard.heads:  # every head reads the prompt: all reads come from the prefill call
             check_generate_kwargs(model, kwargs)
-            with generation_prompt_reader(model, guard.reads, kwargs) as prompt_reader:
+            with generation_prompt_reader(model, guard.reads, kwargs, keep_tokens=explain) as prompt_reader:
                 output = call_generate(model, kwargs)
-            return output, guard.reports(prompt_reader.features(guard.reads), explain=explain, top_k=top_k)
+            tokens = prompt_reader.tokens(template_opening(tokenizer)) if explain else None
+            return output, guard.reports(
+                prompt_reader.features(guard.reads), explain=explain, top_k=top_k, tokens=tokens
+            )
         output, activations = generate_with_activations(model, hook.layer, hook.position, **kwargs)
         return output, guard.reports(activations, explain=explain, top_k=top_k)  # fails closed per row
     # The verdict is needed while generating: the guard's logits processor and stopping criteria go after the
@@ -94,7 +98,7 @@ def generate_guarded(
     input_ids = check_generate_kwargs(model, kwargs)
     eos = eos_token_ids(model, kwargs)
     recorder = generation_recorder(model, hook.layer, kwargs)
-    reader = generation_prompt_reader(model, guard.reads, kwargs) if guard.heads else None
+    reader = generation_prompt_reader(model, guard.reads, kwargs, keep_tokens=explain) if guard.heads else None
     state = GuardedGenerationState(
         guard=guard,
         batch_size=input_ids.shape[0] * num_return_sequences(model, kwargs),  # generate repeats each row
@@ -115,7 +119,8 @@ def generate_guarded(
     )
     with recorder, reader if reader is not None else contextlib.nullcontext():
         output = call_generate(model, kwargs)
-    return output, state.reports(explain=explain, top_k=top_k)
+    opening = template_opening(tokenizer) if explain else ()
+    return output, state.reports(explain=explain, top_k=top_k, opening=opening)
 
 
 def vocabulary_size(model: PreTrainedModel) -> int:

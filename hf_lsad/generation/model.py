@@ -24,8 +24,8 @@ from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from ..capture.collect import encode_prompts
 from ..capture.inputs import check_context, check_generate_inputs
-from ..capture.recorder import PROMPT_POSITIONS, prompt_features
-from ..core.prompt_inputs import InputWarner
+from ..capture.recorder import PROMPT_POSITIONS, read_prompts
+from ..core.prompt_inputs import InputWarner, template_opening
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import OnFlag, StepVerdict
 from .files import GUARD_SUBFOLDER, GUARDED_CONFIG, load_guarded_model, upload_guarded_folder, write_guarded_folder
@@ -262,8 +262,11 @@ class GuardedModelForCausalLM(nn.Module):
                 verdict exists only after the response, so it cannot stop anything.
             refusal: What a stopped row says: token ids, or text (encoded with the wrapper's
                 ``tokenizer``, without special tokens). ``None``: EOS only.
-            explain: Fill each report's ``features`` with its top SAE features (:mod:`hf_lsad.guard.explain`).
-            explain_top_k: How many features to list.
+            explain: Explain the head that decided (:attr:`~hf_lsad.guard.SafetyReport.explained_head`): each
+                report's ``features`` lists its top features (the anomaly head's SAE features,
+                :mod:`hf_lsad.guard.explain`), and, for a supervised head, ``tokens`` the prompt tokens that raise
+                its score most (:meth:`~hf_lsad.guard.heads.SupervisedHead.explain_tokens`).
+            explain_top_k: How many features and tokens to list.
             on_step: Called with a :class:`~hf_lsad.generation.control.StepVerdict` after each step the
                 guard scores (the prefill of a ``prompt_last`` guard, every token of a running guard),
                 from the thread running ``generate``: e.g. to show the verdict while streaming.
@@ -310,6 +313,7 @@ class GuardedModelForCausalLM(nn.Module):
         (``prompt_last`` or ``prompt_mean``): a ``prompt_last`` verdict equals the one ``generate``
         reports for the same prompts, and the same inputs are refused
         (:func:`hf_lsad.capture.inputs.check_context`: malformed tensors, prompts beyond the model's context).
+        ``explain`` and ``top_k`` are ``generate``'s ``explain`` and ``explain_top_k``.
         """
         hook = self.guard.config.hook
         if hook.position not in PROMPT_POSITIONS:
@@ -329,9 +333,14 @@ class GuardedModelForCausalLM(nn.Module):
         check_context(self.model, input_ids, attention_mask)  # the rule generate applies
         self._input_warner.warn(self.guard.inputs, self.tokenizer, input_ids, attention_mask)
         device = self.model.device
-        reads = prompt_features(self.model, self.guard.reads, input_ids.to(device), attention_mask.to(device))
+        keep_tokens = explain and bool(self.guard.heads)  # a supervised head names the tokens behind its score
+        reader = read_prompts(
+            self.model, self.guard.reads, input_ids.to(device), attention_mask.to(device), keep_tokens=keep_tokens
+        )
+        reads = reader.features(self.guard.reads)
         activations = reads if self.guard.heads else reads[self.guard.reads[0]]
-        return self.guard.reports(activations, explain=explain, top_k=top_k)
+        tokens = reader.tokens(template_opening(self.tokenizer)) if keep_tokens else None
+        return self.guard.reports(activations, explain=explain, top_k=top_k, tokens=tokens)
 
 
 def _register_pipeline() -> None:

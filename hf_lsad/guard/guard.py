@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ..core.checks import check_activations
 from ..core.hub import resolve_pretrained_dir
 from ..core.prompt_inputs import InputProfile
+from ..core.prompt_tokens import PromptTokens
 from ..detectors import Detector
 from ..errors import GuardFormatError, warn
 from ..sae.model import SparseAutoencoder
@@ -282,11 +283,21 @@ class SafetyGuard(nn.Module):
         flagged = torch.stack([deciding[name] > t for name, t in zip(self.head_names, thresholds)]).any(0)
         return GuardOutput(scores, clusters, flagged, deciding), probabilities
 
-    def reports(self, activations: Activations, *, explain: bool = False, top_k: int = 10) -> list[SafetyReport]:
+    def reports(
+        self,
+        activations: Activations,
+        *,
+        explain: bool = False,
+        top_k: int = 10,
+        tokens: PromptTokens | None = None,
+    ) -> list[SafetyReport]:
         """One :class:`SafetyReport` per row (``activations`` as in :meth:`forward`).
 
         ``explain=True`` fills :attr:`SafetyReport.features` with the ``top_k`` features that contribute most to
-        the score of the head that decided (:meth:`explain`, :meth:`SupervisedHead.explain`).
+        the score of the head that decided (:attr:`SafetyReport.explained_head`; :meth:`explain`,
+        :meth:`SupervisedHead.explain`), and, given the prompts' ``tokens`` and a supervised head deciding,
+        :attr:`SafetyReport.tokens` with the ``top_k`` tokens that raise its logit most
+        (:meth:`SupervisedHead.explain_tokens`).
 
         Fails closed: a row holding NaN or inf in any read gets a report with ``flagged=True`` and an
         ``error`` saying so (and a ``RuntimeWarning``); the other rows are scored as usual.
@@ -294,15 +305,18 @@ class SafetyGuard(nn.Module):
         """
         reads = self._check_reads(activations, finite=False)
         finite = torch.stack([torch.isfinite(tensor).all(1).cpu() for tensor in reads.values()]).all(0)
+        if tokens is not None and len(tokens.mask) != len(finite):
+            raise ValueError(f"tokens of {len(tokens.mask)} prompts for {len(finite)} rows of activations")
         if bool(finite.all()):
-            return self._reports(reads, explain=explain, top_k=top_k)
+            return self._reports(reads, explain=explain, top_k=top_k, tokens=tokens)
         bad = (~finite).nonzero().flatten().tolist()
         warn(
             f"guard activations of rows {bad} hold NaN or inf: those rows are reported as flagged (fail closed)",
             RuntimeWarning,
         )
         kept = {read: tensor[finite.to(tensor.device)] for read, tensor in reads.items()}
-        scored = iter(self._reports(kept, explain=explain, top_k=top_k) if finite.any() else [])
+        kept_tokens = None if tokens is None else tokens.rows(finite)
+        scored = iter(self._reports(kept, explain=explain, top_k=top_k, tokens=kept_tokens) if finite.any() else [])
         failed = SafetyReport(
             score=math.nan,
             threshold=self.threshold,
@@ -313,7 +327,9 @@ class SafetyGuard(nn.Module):
         )
         return [next(scored) if ok else failed for ok in finite.tolist()]
 
-    def _reports(self, reads: dict[Read, Tensor], *, explain: bool, top_k: int) -> list[SafetyReport]:
+    def _reports(
+        self, reads: dict[Read, Tensor], *, explain: bool, top_k: int, tokens: PromptTokens | None
+    ) -> list[SafetyReport]:
         output, probabilities = self._score(reads)
         n = len(output.scores)
         row_probabilities = [None] * n if probabilities is None else probabilities.tolist()
@@ -332,7 +348,6 @@ class SafetyGuard(nn.Module):
                 )
                 for r in range(n)
             ]
-        features = self._explain_deciding(reads, heads, top_k) if explain else [None] * n
         reports = []
         for r, (s, c, f) in enumerate(zip(output.scores.tolist(), output.clusters.tolist(), output.flagged.tolist())):
             decided_by = tuple(head.name for head in heads[r] if head.flagged)
@@ -347,31 +362,31 @@ class SafetyGuard(nn.Module):
                     cluster=c,
                     probability=row_probabilities[r],
                     p_value=p_values[r],
-                    features=features[r],
                     heads=heads[r],
                     decided_by=decided_by,
                     reading=reading,
                 )
             )
-        return reports
+        return self._explained(reports, reads, top_k, tokens) if explain else reports
 
-    def _explain_deciding(
-        self, reads: dict[Read, Tensor], heads: list[tuple[HeadVerdict, ...]], top_k: int
-    ) -> list[tuple[FeatureContribution, ...]]:
-        """Per row, the explanation of its first flagging head (the anomaly head when none flagged)."""
-        deciding = [next((head.name for head in row if head.flagged), ANOMALY_HEAD) for row in heads]
-        if not heads[0]:
-            deciding = [ANOMALY_HEAD] * len(heads)
-        explained: list[Any] = [None] * len(heads)
-        for name in dict.fromkeys(deciding):
-            rows = torch.tensor([r for r, d in enumerate(deciding) if d == name])
+    def _explained(
+        self, reports: list[SafetyReport], reads: dict[Read, Tensor], top_k: int, tokens: PromptTokens | None
+    ) -> list[SafetyReport]:
+        """``reports`` with the explanation of the head each one names (:attr:`SafetyReport.explained_head`)."""
+        explained = list(reports)
+        for name in dict.fromkeys(report.explained_head for report in reports):
+            rows = torch.tensor([r for r, report in enumerate(reports) if report.explained_head == name])
             subset = {read: tensor[rows.to(tensor.device)] for read, tensor in reads.items()}
+            named: list[Any] = [None] * len(rows)  # the tokens behind a supervised head's score
             if name == ANOMALY_HEAD:
-                found = explain_scores(self.detector, self.sae, subset[self.reads[0]], top_k=top_k)
+                features = explain_scores(self.detector, self.sae, subset[self.reads[0]], top_k=top_k)
             else:
-                found = cast(SupervisedHead, self.heads[name]).explain(subset, top_k=top_k)
-            for r, features in zip(rows.tolist(), found):
-                explained[r] = features
+                head = cast(SupervisedHead, self.heads[name])
+                features = head.explain(subset, top_k=top_k)
+                if tokens is not None:
+                    named = list(head.explain_tokens(tokens.rows(rows), top_k=top_k))
+            for r, row_features, row_tokens in zip(rows.tolist(), features, named):
+                explained[r] = reports[r]._replace(features=row_features, tokens=row_tokens or None)
         return explained
 
     @torch.no_grad()

@@ -1,7 +1,8 @@
 """A guard's plain records: :class:`GuardConfig` (``config.json``'s ``guard`` block), :class:`BudgetConfig` (how a
 guard with several heads split its false-positive budget), :class:`GuardOutput` (what
-:meth:`hf_lsad.guard.SafetyGuard.forward` returns), :class:`HeadVerdict` (one head's part in a verdict) and
-:class:`SafetyReport` (the verdict on one sequence)."""
+:meth:`hf_lsad.guard.SafetyGuard.forward` returns), :class:`HeadVerdict` (one head's part in a verdict),
+:class:`FeatureContribution` and :class:`TokenContribution` (explanations) and :class:`SafetyReport` (the verdict on one
+sequence)."""
 
 from __future__ import annotations
 
@@ -115,6 +116,18 @@ class FeatureContribution(NamedTuple):
     head: the mean of the rows it was fitted on."""
 
 
+class TokenContribution(NamedTuple):
+    """One prompt token's part in a supervised head's score (:meth:`hf_lsad.guard.heads.SupervisedHead.explain_tokens`):
+    how much the head's logit falls when the residual stream at that token leaves the mean over the prompt."""
+
+    position: int
+    """Index of the token in its row of ``input_ids`` as the model read it (padding counted)."""
+    token_id: int
+    """The token (``tokenizer.decode([token_id])`` is its text)."""
+    contribution: float
+    """The head's logit less its logit without this token's residual in its ``prompt_mean`` reads."""
+
+
 class GuardOutput(NamedTuple):
     """What a guard's forward returns for a batch of reads."""
 
@@ -168,9 +181,9 @@ class SafetyReport(NamedTuple):
     """Whether guarded generation ended the row when it was flagged (``on_flag="stop"``)."""
     features: tuple[FeatureContribution, ...] | None = None
     """With ``explain=True``: the features with the largest contributions to the score of the head that decided
-    (the first flagging head; the anomaly head when none flagged). For the anomaly head they are SAE features
-    (:mod:`hf_lsad.guard.explain`), for a supervised head dimensions of its reads
-    (:meth:`hf_lsad.guard.heads.SupervisedHead.explain`)."""
+    (:attr:`explained_head`: the first flagging head; the anomaly head when none flagged). For the anomaly head they
+    are SAE features (:mod:`hf_lsad.guard.explain`), for a supervised head dimensions of its reads
+    (:meth:`hf_lsad.guard.heads.SupervisedHead.explain`; :attr:`tokens` says which prompt tokens matter)."""
     heads: tuple[HeadVerdict, ...] = ()
     """A guard with supervised heads: every head's score and threshold, the anomaly head first. Empty for a
     single-head guard (its one verdict is ``score`` / ``probability`` against ``threshold``)."""
@@ -179,6 +192,16 @@ class SafetyReport(NamedTuple):
     reading: str | None = None
     """``"known"``: a supervised head recognised a kind of harm it was trained on; ``"novel"``: only the anomaly
     head objected; ``None``: not flagged, or a single-head guard."""
+    tokens: tuple[TokenContribution, ...] | None = None
+    """With ``explain=True``, when the head explained (:attr:`explained_head`) is a supervised head that averages the
+    prompt (a ``prompt_mean`` read): the prompt tokens that raise its logit most, largest first. ``None`` otherwise
+    (the anomaly head reads one token)."""
+
+    @property
+    def explained_head(self) -> str:
+        """The head whose score ``features`` and ``tokens`` explain: the first head that flagged the row, else the
+        anomaly head."""
+        return next((head.name for head in self.heads if head.flagged), ANOMALY_HEAD)
 
     def describe(self) -> str:
         """One line a person can read, comparing the quantity that decided the verdict with its threshold.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import cache
 from pathlib import Path
 
 from hf_lsad import GuardedModelForCausalLM, encode_prompts
@@ -31,8 +32,13 @@ def same_verdict(printed: str, described: str) -> bool:
     )
 
 
+@cache
+def bundled() -> GuardedModelForCausalLM:
+    return GuardedModelForCausalLM.from_pretrained("default")  # the bundled model with the bundled guard
+
+
 def test_the_readme_demo_on_the_bundled_model_and_guard():
-    guarded = GuardedModelForCausalLM.from_pretrained("default")  # the bundled model with the bundled guard
+    guarded = bundled()
     assert guarded.tokenizer is not None and guarded.guard.heads  # two heads: anomaly and harm
     inputs = encode_prompts(guarded.tokenizer, PROMPTS)
     output = guarded.generate(**inputs, max_new_tokens=4, do_sample=False, on_flag="stop", return_dict_in_generate=True)
@@ -44,3 +50,10 @@ def test_the_readme_demo_on_the_bundled_model_and_guard():
     assert len(printed) == 2
     for line, report in zip(printed, (bread, bomb)):
         assert same_verdict(line, report.describe()), (line, report.describe())
+
+
+def test_the_harm_head_names_the_word_behind_its_verdict():
+    guarded = bundled()
+    (bomb,) = guarded.screen([PROMPTS[1]], explain=True, top_k=3)
+    assert bomb.explained_head == "harm" and bomb.tokens is not None
+    assert guarded.tokenizer.decode([bomb.tokens[0].token_id]) == " bomb"  # the word that raised the score most

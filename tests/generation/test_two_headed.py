@@ -36,11 +36,13 @@ def guarded() -> GuardedModelForCausalLM:
     return GuardedModelForCausalLM(model, two_headed_guard(), tokenizer=tokenizer)
 
 
-def call(model: GuardedModelForCausalLM, prompts: list[str], path: str, padding_side: str = "left") -> list[Any]:
+def call(
+    model: GuardedModelForCausalLM, prompts: list[str], path: str, padding_side: str = "left", explain: bool = False
+) -> list[Any]:
     inputs = encode_prompts(model.tokenizer, prompts, padding_side=padding_side)
     if path == "screen":
-        return model.screen(inputs["input_ids"], inputs["attention_mask"])
-    options: dict[str, Any] = {"on_flag": "stop" if path == "stop" else "report"}
+        return model.screen(inputs["input_ids"], inputs["attention_mask"], explain=explain)
+    options: dict[str, Any] = {"on_flag": "stop" if path == "stop" else "report", "explain": explain}
     if path == "on_step":
         options["on_step"] = lambda verdict: None
     out = model.generate(**inputs, max_new_tokens=3, do_sample=False, return_dict_in_generate=True, **options)
@@ -92,6 +94,45 @@ def test_every_row_gets_its_verdict_alone(path, padding_side, threads):
     assert threading.active_count() >= 1
 
 
+@cache
+def harm_decides() -> GuardedModelForCausalLM:
+    """The two-headed guard with an anomaly head that flags nothing: the supervised head decides the unsafe rows."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard()
+    budget = copy.deepcopy(guard.budget)
+    budget.thresholds[0] = 1e9
+    guard.set_budget(budget)
+    return GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+
+
+@cache
+def explained_alone(prompt: str) -> Any:
+    return call(harm_decides(), [prompt], "report", explain=True)[0]
+
+
+def same_tokens(got: Any, expected: Any, offset: int) -> None:
+    """The same tokens named in the same order, their positions moved by the padding before the row."""
+    assert (got.tokens is None) == (expected.tokens is None)
+    for a, b in zip(got.tokens or (), expected.tokens or (), strict=True):
+        assert (a.token_id, a.position) == (b.token_id, b.position + offset)
+        assert a.contribution == pytest.approx(b.contribution, rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_names_the_tokens_each_row_gets_alone(path, padding_side):
+    model = harm_decides()
+    inputs = encode_prompts(model.tokenizer, UNDER_TEST, padding_side=padding_side)
+    reports = call(model, UNDER_TEST, path, padding_side, explain=True)
+    assert any(r.tokens for r in reports) and not all(r.tokens for r in reports)
+    for row, (report, prompt) in enumerate(zip(reports, UNDER_TEST)):
+        same_verdict(report, explained_alone(prompt))
+        assert (report.tokens is not None) == (report.explained_head == "harm")
+        pads = int((inputs["attention_mask"][row] == 0).sum())
+        same_tokens(report, explained_alone(prompt), pads if padding_side == "left" else 0)
+        assert all(inputs["input_ids"][row, t.position] == t.token_id for t in report.tokens or ())
+
+
 def test_stop_with_several_sequences_per_prompt():
     model = guarded()
     inputs = encode_prompts(model.tokenizer, UNDER_TEST)
@@ -101,6 +142,12 @@ def test_stop_with_several_sequences_per_prompt():
     assert len(out.safety) == 2 * len(UNDER_TEST)
     for i, report in enumerate(out.safety):
         same_verdict(report, alone(UNDER_TEST[i // 2]))
+    options: dict[str, Any] = {"do_sample": True, "num_return_sequences": 2, "on_flag": "stop", "explain": True}
+    explained = harm_decides().generate(**inputs, max_new_tokens=3, return_dict_in_generate=True, **options).safety
+    assert any(r.tokens for r in explained)
+    pads = (inputs["attention_mask"] == 0).sum(1).tolist()
+    for i, report in enumerate(explained):
+        same_tokens(report, explained_alone(UNDER_TEST[i // 2]), pads[i // 2])
 
 
 def test_pipeline_reports_every_head():

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import io
 
 import pytest
 import torch
-from tiny import LAYER, MIXED_BATCH, PROMPTS, tiny_guard
+from tiny import LAYER, MIXED_BATCH, PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
 
 from hf_lsad.capture.collect import collect_activations, encode_prompts
 from hf_lsad.cli.explain import explain_command
@@ -128,6 +129,41 @@ def test_explain_command_prints_features_and_top_prompts(tmp_path):
     assert "question" in text or "weather" in text  # store prompts are shown by their text
     store = ActivationStore(tmp_path / "store")
     assert len(store) == len(PROMPTS)
+
+
+def test_explain_command_names_the_tokens_when_a_supervised_head_decided(tmp_path):
+    """The harm head's features are dimensions of its reads, not SAE features: they were printed as SAE features,
+    beside store prompts of unrelated features and a sum against the anomaly head's score."""
+    model_dir = saved_model_guard_and_store(tmp_path)
+    guard = two_headed_guard()
+    budget = copy.deepcopy(guard.budget)
+    budget.thresholds[0] = 1e9  # the anomaly head flags nothing: the harm head decides the unsafe prompts
+    guard.set_budget(budget)
+    guard.save_pretrained(tmp_path / "two-heads")
+    out = io.StringIO()
+    prompts = [UNSAFE_PROMPTS[0], *PROMPTS[:3]]
+    args = argparse.Namespace(
+        guard=str(tmp_path / "two-heads"),
+        activations=str(tmp_path / "store"),
+        model=str(model_dir),
+        top_k=3,
+        examples=1,
+        prompts=prompts,
+    )
+    explain_command(args, out=out)
+    blocks = out.getvalue().split("prompt: ")[1:]
+    assert len(blocks) == len(prompts)
+    by_harm = [block for block in blocks if "FLAGGED by harm" in block]
+    assert by_harm and len(by_harm) < len(blocks)
+    for block in blocks:
+        lines = block.splitlines()
+        if block in by_harm:
+            assert "the prompt tokens that raise the harm head's logit most" in lines[2]
+            assert len(lines) == 3 + 3 and all("(token " in line for line in lines[3:])
+            assert "top prompts in the store" not in block and "SAE features" not in block
+        else:
+            assert "the SAE features that add most to the anomaly head's score" in lines[2]
+            assert "top prompts in the store" in lines[3]
 
 
 def test_explain_subcommand(tmp_path, capsys):

@@ -13,8 +13,11 @@ import pytest
 import torch
 from tiny import HEAD_READS, PROBE_KINDS, PROMPTS, UNSAFE_PROMPTS, fresh_guard, tiny_guard, tiny_head, two_headed_guard
 
-from hf_lsad.capture.collect import collect_prompt_features
+from hf_lsad.capture.collect import collect_prompt_features, encode_prompts
+from hf_lsad.capture.recorder import read_prompts
 from hf_lsad.core.integrity import canonical_json
+from hf_lsad.core.prompt_inputs import template_opening
+from hf_lsad.core.prompt_tokens import fixed_openings
 from hf_lsad.errors import GuardFormatError
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads import MLPProbe, ProbeConfig, SupervisedHead, SupervisedHeadConfig
@@ -105,6 +108,108 @@ def test_a_head_explanation_is_input_times_gradient_of_its_logit(kind):
         got = torch.zeros_like(expected)
         got[[t.feature for t in terms]] = torch.tensor([t.contribution for t in terms])
         assert torch.allclose(got, expected, atol=1e-6)
+
+
+def prompt_tokens(prompts: list[str], reads, padding_side: str = "right", tokenizer=None):
+    """The reads of ``prompts`` on the tiny model, and every token's output (:class:`PromptTokens`)."""
+    model, tiny_tokenizer, _ = tiny_guard("prompt_last")
+    tokenizer = tokenizer or tiny_tokenizer
+    inputs = encode_prompts(tokenizer, prompts, padding_side=padding_side)
+    reader = read_prompts(model, reads, inputs["input_ids"], inputs["attention_mask"], keep_tokens=True)
+    return reader.features(reads), reader.tokens(template_opening(tokenizer))
+
+
+@pytest.mark.parametrize("kind", PROBE_KINDS)
+def test_a_token_contribution_is_the_logit_the_head_loses_without_that_token(kind):
+    head = tiny_head(kind)
+    probe = head.probe
+    reads, tokens = prompt_tokens(UNSAFE_PROMPTS[:1] + PROMPTS[:2], head.reads)
+
+    def logit(values: dict) -> float:
+        return float(probe.logit(probe.standardise(probe.features(values)))[0])
+
+    for row, named in enumerate(head.explain_tokens(tokens, top_k=None)):
+        real = tokens.mask[row].nonzero().flatten().tolist()
+        assert sorted(t.position for t in named) == real[int(tokens.fixed[row]) :]  # every token the prompt moves
+        assert [t.token_id for t in named] == [int(tokens.input_ids[row, t.position]) for t in named]
+        contributions = [t.contribution for t in named]
+        assert contributions == sorted(contributions, reverse=True)
+        full = logit({read: values[row : row + 1] for read, values in reads.items()})
+        for t in named:
+            kept = tokens.mask[row].clone()
+            kept[t.position] = False
+            without = {
+                (layer, position): tokens.hidden[layer][row][kept].mean(0, keepdim=True)
+                if position == "prompt_mean"
+                else reads[(layer, position)][row : row + 1]  # the last token's read is kept as it is
+                for layer, position in head.reads
+            }
+            assert t.contribution == pytest.approx(full - logit(without), abs=1e-4)
+
+
+def test_the_tokens_every_prompt_opens_with_are_not_named():
+    """In a causal model the stream at the chat template's opening (a system turn, the user turn's header) is the
+    same in every prompt, and the first token holds the attention sink: neither says why a prompt scored as it did."""
+    head = tiny_head()
+    _, tokenizer, _ = tiny_guard("prompt_last")
+    assert template_opening(tokenizer) == (tokenizer.convert_tokens_to_ids("<|user|>"),)
+    with_system = copy.deepcopy(tokenizer)
+    with_system.chat_template = "<|system|>be kind<|end|>" + tokenizer.chat_template
+    opening = template_opening(with_system)
+    assert "".join(with_system.convert_ids_to_tokens(list(opening))) == "<|system|>be kind<|end|><|user|>"
+    for padding_side in ("left", "right"):
+        _, tokens = prompt_tokens(UNSAFE_PROMPTS[:2], head.reads, padding_side, tokenizer=with_system)
+        assert tokens.fixed.tolist() == [len(opening)] * 2
+        for row, named in enumerate(head.explain_tokens(tokens, top_k=None)):
+            first = int(tokens.mask[row].nonzero()[0])
+            assert min(t.position for t in named) == first + len(opening)
+    raw = fixed_openings(torch.tensor([[5, 6, 7], [0, 8, 9]]), torch.tensor([[1, 1, 1], [0, 1, 1]]), opening=(5, 6))
+    assert raw.tolist() == [2, 1]  # a row without the opening: its first token alone
+
+
+def test_a_head_that_reads_no_prompt_mean_names_no_token():
+    from hf_lsad.guard.heads.training import fit_head
+
+    last_only = [read for read in HEAD_READS if read[1] == "prompt_last"]
+    reads, tokens = prompt_tokens(PROMPTS + UNSAFE_PROMPTS, last_only)
+    labels = torch.tensor([0] * len(PROMPTS) + [1] * len(UNSAFE_PROMPTS))
+    head = fit_head(
+        "harm",
+        reads,
+        labels,
+        ["benign"] * len(PROMPTS) + ["stealing"] * len(UNSAFE_PROMPTS),
+        ProbeConfig(reads=last_only),
+    )
+    assert head.explain_tokens(tokens.rows(torch.arange(2))) == [(), ()]
+    with pytest.raises(KeyError, match="whose token outputs were not kept"):
+        tiny_head().explain_tokens(tokens.rows(torch.arange(2)))
+
+
+def test_reports_name_the_tokens_of_the_supervised_head_that_decided():
+    guard = two_headed_guard()
+    budget = copy.deepcopy(guard.budget)
+    budget.thresholds[0] = 1e9  # the anomaly head flags nothing: the supervised head decides the unsafe rows
+    guard.set_budget(budget)
+    prompts = PROMPTS[:2] + UNSAFE_PROMPTS[:2]
+    reads, tokens = prompt_tokens(prompts, guard.reads)
+    reports = guard.reports(reads, explain=True, top_k=3, tokens=tokens)
+    assert [r.explained_head for r in reports] == [r.decided_by[0] if r.decided_by else "anomaly" for r in reports]
+    assert {r.explained_head for r in reports} == {"anomaly", "harm"}
+    for row, report in enumerate(reports):
+        if report.explained_head == "anomaly":
+            assert report.tokens is None  # the anomaly head reads one token
+        else:
+            assert report.tokens == guard.heads["harm"].explain_tokens(tokens.rows(torch.tensor([row])), top_k=3)[0]
+    assert all(r.tokens is None for r in guard.reports(reads, explain=True))  # no tokens given: none named
+    assert all(r.tokens is None and r.features is None for r in guard.reports(reads, tokens=tokens))  # not asked
+    broken = {read: values.clone() for read, values in reads.items()}
+    broken[guard.reads[0]][2] = float("nan")
+    with pytest.warns(RuntimeWarning, match="NaN or inf"):
+        failed = guard.reports(broken, explain=True, top_k=3, tokens=tokens)
+    assert failed[2].error is not None and failed[2].tokens is None
+    assert [r.tokens for r in failed[:2] + failed[3:]] == [r.tokens for r in reports[:2] + reports[3:]]
+    with pytest.raises(ValueError, match="tokens of 2 prompts for 4 rows"):
+        guard.reports(reads, explain=True, tokens=tokens.rows(torch.arange(2)))
 
 
 def test_an_mlp_head_is_not_a_logistic_head_in_disguise():

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ...core.prompt_tokens import PromptTokens
 from ...core.validation import NON_NEGATIVE, POSITIVE, POSITIVE_NUMBER, check_ranges, ranged
-from ..types import ANOMALY_HEAD, FeatureContribution
+from ..types import ANOMALY_HEAD, FeatureContribution, TokenContribution
 
 Read = tuple[int, str]
 """A layer (0-based decoder block) and a position (``prompt_last`` or ``prompt_mean``)."""
@@ -360,3 +361,47 @@ class SupervisedHead(nn.Module):
             )
             for r in range(len(order))
         ]
+
+    @torch.no_grad()
+    def explain_tokens(self, tokens: PromptTokens, *, top_k: int | None = 10) -> list[tuple[TokenContribution, ...]]:
+        """Per row, the prompt tokens that raise the head's logit most, largest first.
+
+        A token's contribution is the logit less the logit with that token's residual taken out of the mean over the
+        prompt's real tokens, at every ``prompt_mean`` read (``prompt_last`` reads are kept as they are): what the
+        head makes of the stream at that token. It does not follow what the token did to the other tokens' residuals
+        through attention. Tokens whose stream is the same whatever the prompt says (``tokens.fixed``: the chat
+        template's opening, or the first token) are in the mean but not listed. Rows of one real token, and heads
+        without a ``prompt_mean`` read, list none.
+        """
+        missing = sorted({layer for layer, _ in self.reads} - set(tokens.hidden))
+        if missing:
+            raise KeyError(f"the supervised head reads blocks {missing}, whose token outputs were not kept")
+        if all(position != "prompt_mean" for _, position in self.reads):
+            return [()] * len(tokens.mask)
+        probe = self.probe
+        explained: list[tuple[TokenContribution, ...]] = []
+        for r in range(len(tokens.mask)):
+            real = tokens.mask[r].nonzero().flatten()  # [n] positions of the row's real tokens
+            n = len(real)
+            if n < 2:
+                explained.append(())
+                continue
+            full, without = [], []
+            for layer, position in self.reads:
+                hidden = tokens.hidden[layer][r, real.to(tokens.hidden[layer].device)].float()  # [n, hidden]
+                if position == "prompt_mean":
+                    total = hidden.sum(0)
+                    full.append(total / n)
+                    without.append((total - hidden) / (n - 1))  # [n, hidden]: the mean without each token
+                else:
+                    full.append(hidden[-1])
+                    without.append(hidden[-1].expand_as(hidden))
+            logit = probe.logit(probe.standardise(torch.cat(full).unsqueeze(0)))  # [1]
+            terms = logit - probe.logit(probe.standardise(torch.cat(without, dim=1)))  # [n]
+            listed = torch.arange(n) >= int(tokens.fixed[r])
+            terms = terms.masked_fill(~listed.to(terms.device), float("-inf"))
+            k = int(listed.sum()) if top_k is None else min(top_k, int(listed.sum()))
+            order = terms.topk(k).indices.tolist()
+            ids = tokens.input_ids[r, real.to(tokens.input_ids.device)].tolist()
+            explained.append(tuple(TokenContribution(int(real[i]), int(ids[i]), float(terms[i])) for i in order))
+        return explained
