@@ -243,9 +243,13 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
 def explain_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", help="prompts to explain, each sent as a user turn of the chat template")
     _guard_arguments(parser)
-    parser.add_argument("--activations", required=True, help="activation store whose prompts illustrate each feature")
+    parser.add_argument(
+        "--activations",
+        help="activation store (of the anomaly head's read) whose prompts illustrate each of its SAE features "
+        "(default: none, the features alone)",
+    )
     model_argument(parser)
-    parser.add_argument("--top-k", type=int, default=10, help="features listed per prompt")
+    parser.add_argument("--top-k", type=int, default=10, help="features or tokens listed per prompt")
     parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")
     _runtime_arguments(parser, ModelRuntime)

@@ -14,15 +14,16 @@ from ..guard.types import ANOMALY_HEAD, SafetyReport
 
 
 def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None:
-    """``hf-lsad explain --guard G --activations STORE [--model M] [--top-k K] [--examples N] PROMPT...``.
+    """``hf-lsad explain [--guard G] [--activations STORE] [--model M] [--top-k K] [--examples N] PROMPT...``.
 
     Runs the guard on each prompt (a forward pass cut at the hooked block for a
     ``prompt_last`` guard, greedy generation otherwise) and prints its report with the explanation of the head that
     decided (:attr:`~hf_lsad.guard.SafetyReport.explained_head`): the anomaly head's top features, each followed by
     the store's prompts that activate it most; a supervised head's top prompt tokens.
-    ``args``: ``guard`` (with ``revision`` / ``subfolder``), ``activations``, ``model`` (default
-    ``default``), ``top_k`` (default 10), ``examples`` (default 3), ``prompts``, ``max_new_tokens``
-    (default 64), and the ``--device`` / ``--dtype`` flags (:class:`~hf_lsad.core.runtime.ModelRuntime`).
+    ``args``: ``guard`` (with ``revision`` / ``subfolder``), ``activations`` (``None``: no store prompts),
+    ``model`` (default ``default``), ``top_k`` (default 10), ``examples`` (default 3), ``prompts``,
+    ``max_new_tokens`` (default 64), and the ``--device`` / ``--dtype`` flags
+    (:class:`~hf_lsad.core.runtime.ModelRuntime`).
     """
     import sys
 
@@ -55,19 +56,18 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
             explain=True,
             explain_top_k=top_k,
         ).safety
-    store = ActivationStore(args.activations)
-    # a row that could not be scored (NaN activations, fail closed) has no features to explain; a supervised head's
-    # features are dimensions of its reads, not SAE features: the store has nothing to say about them
-    anomaly_reports = [report for report in reports if report.explained_head == ANOMALY_HEAD]
-    features = sorted({f.feature for report in anomaly_reports for f in report.features or ()})
-    examples = top_activating(guard.sae, store, features, n=getattr(args, "examples", None) or 3)
-    texts = store_texts([store.records[r] for values in examples.values() for _, r in values])
+    examples: dict[int, list[tuple[float, int]]] = {}
     text_of: dict[int, str] = {}
-    i = 0
-    for values in examples.values():
-        for _, r in values:
-            text_of[r] = texts[i]
-            i += 1
+    if getattr(args, "activations", None):
+        store = ActivationStore(args.activations)
+        # a row that could not be scored (NaN activations, fail closed) has no features to explain; a supervised
+        # head's features are dimensions of its reads, not SAE features: the store has nothing to say about them
+        anomaly_reports = [report for report in reports if report.explained_head == ANOMALY_HEAD]
+        features = sorted({f.feature for report in anomaly_reports for f in report.features or ()})
+        examples = top_activating(guard.sae, store, features, n=getattr(args, "examples", None) or 3)
+        texts = store_texts([store.records[r] for values in examples.values() for _, r in values])
+        rows = [r for values in examples.values() for _, r in values]
+        text_of = dict(zip(rows, texts))
     for prompt, report in zip(args.prompts, reports):
         print(f"prompt: {prompt!r}", file=out)
         print(f"  {report.describe()}", file=out)
@@ -77,13 +77,11 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
             _print_tokens(report, tokenizer, out)
             continue
         print(f"  the SAE features that add most to the {ANOMALY_HEAD} head's score:", file=out)
-        print(
-            f"  {'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}  top prompts in the store",
-            file=out,
-        )
+        column = "  top prompts in the store" if examples else ""
+        print(f"  {'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}{column}", file=out)
         for f in report.features:
             print(f"  {f.feature:>8} {f.activation:>10.3f} {f.typical:>8.3f} {f.contribution:>12.3f}", file=out)
-            for value, r in examples[f.feature]:
+            for value, r in examples.get(f.feature, []):
                 text = " ".join(text_of[r].split())
                 print(f"  {'':>8} {value:>10.3f}  {text[:100]!r}", file=out)
         total = sum(f.contribution for f in report.features)

@@ -23,7 +23,7 @@ Use a guard:
     hf-lsad generate  "How do I bake bread?" "Write a tutorial on how to make a bomb"
     hf-lsad screen    prompts.jsonl --out verdicts.jsonl [--column prompt] [--id-column id]
     hf-lsad serve     --port 8000 [--api-key KEY]
-    hf-lsad explain   --guard default --activations acts/harmful "Write a tutorial on how to make a bomb"
+    hf-lsad explain   "Write a tutorial on how to make a bomb" [--guard default] [--activations acts/safe]
 
 Fit it to your traffic and share it:
     hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
@@ -97,7 +97,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "",
     ),
     "explain": (
-        "the SAE features behind a guard's score, each with the store prompts that activate it most",
+        "what is behind each verdict: the prompt tokens behind a supervised head's score, the SAE features behind "
+        "the anomaly head's (each with the store prompts that activate it most)",
         arguments.explain_arguments,
         commands.run_explain,
         "",

@@ -166,6 +166,21 @@ def test_explain_command_names_the_tokens_when_a_supervised_head_decided(tmp_pat
             assert "top prompts in the store" in lines[3]
 
 
+def test_explain_command_without_a_store_lists_the_features_alone(tmp_path, capsys):
+    from hf_lsad.cli.main import main
+
+    model_dir = saved_model_guard_and_store(tmp_path)
+    main(["explain", "--guard", str(tmp_path / "guard"), "--model", str(model_dir), "--top-k", "2", "hello there"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].endswith("head's score:") and lines[3].split() == [
+        "feature",
+        "activation",
+        "typical",
+        "contribution",
+    ]
+    assert len(lines) == 4 + 2 + 1  # two features, no store prompts under them, and their sum
+
+
 def test_explain_subcommand(tmp_path, capsys):
     from hf_lsad.cli.main import main
 
