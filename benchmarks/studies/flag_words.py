@@ -84,9 +84,7 @@ def run(settings: Settings) -> dict[str, Any]:
                     "why": r.get("why", ""),
                     "opening": " ".join(text.split())[:80],
                     "score": next(h.score for h in report.heads if h.name == settings.head),
-                    "words": [
-                        [tokenizer.decode([t.token_id]), round(t.contribution, 3)] for t in report.tokens or ()
-                    ],
+                    "words": [[tokenizer.decode([t.token_id]), round(t.contribution, 3)] for t in report.tokens or ()],
                 }
                 for r, text, report in by_head[: settings.examples]
             ],
