@@ -401,6 +401,13 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="screen only the first LIMIT rows")
     parser.add_argument("--split", default="train", help="the split of a datasets dataset")
     parser.add_argument("--raw", action="store_true", help="read prompts as they are, not as chat-template user turns")
+    parser.add_argument(
+        "--explain",
+        type=int,
+        default=0,
+        metavar="K",
+        help="name the K prompt tokens behind each verdict a supervised head decided (a line's 'tokens'; default: 0)",
+    )
     model_argument(parser)
     _guard_arguments(parser)
     _budget_batch_arguments(parser)

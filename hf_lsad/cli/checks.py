@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..core.validation import HALF_OPEN_UNIT, OPEN_UNIT, POSITIVE, Range
+from ..core.validation import HALF_OPEN_UNIT, NON_NEGATIVE, OPEN_UNIT, POSITIVE, Range
 
 PROG = "hf-lsad"
 OUT_FOLDERS = {
@@ -52,6 +52,7 @@ def _flag_rules() -> dict[str, tuple[type, str] | Range]:
         "max_new_tokens": POSITIVE,
         "top_k": POSITIVE,
         "examples": POSITIVE,
+        "explain": NON_NEGATIVE,
         "holdout_fraction": OPEN_UNIT,
         "budget": HALF_OPEN_UNIT,
         "share": OPEN_UNIT,

@@ -550,6 +550,7 @@ def run_screen(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         max_batch_tokens=args.max_batch_tokens,
         chat_template=not args.raw,
+        explain=args.explain,
         progress=True,
     )
     print(summary.describe())

@@ -77,6 +77,7 @@ def screen_to_jsonl(
     batch_size: int = 16,
     max_batch_tokens: int | None = BATCH_TOKENS,
     chat_template: bool = True,
+    explain: int = 0,
     progress: bool = True,
 ) -> ScreenSummary:
     """Screen ``rows`` with ``guarded`` (:meth:`GuardedModelForCausalLM.screen`: a forward pass cut after the
@@ -94,11 +95,15 @@ def screen_to_jsonl(
         max_batch_tokens: Padded tokens per forward pass, at most (``None``: ``batch_size`` prompts whatever their
             length); rows are batched in order of their length in tokens either way.
         chat_template: Read each prompt as a user turn of the tokenizer's chat template (as ``screen`` does).
+        explain: Name this many prompt tokens behind each verdict a supervised head decided: the line's ``tokens``
+            (:meth:`hf_lsad.guard.SafetyReport.to_json`, with their text). 0: none.
         progress: Show a progress bar with rows/s.
     """
     if guarded.tokenizer is None:
         raise ValueError("screening strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)")
     check_batching(batch_size, max_batch_tokens)
+    if isinstance(explain, bool) or not isinstance(explain, int) or explain < 0:
+        raise ValueError(f"explain must be a number of tokens, 0 or more, got {explain!r}")
     position = guarded.guard.config.hook.position
     if position not in PROMPT_POSITIONS:
         raise ValueError(f"screening needs a guard that reads the prompt {PROMPT_POSITIONS}; this one reads {position}")
@@ -126,7 +131,7 @@ def screen_to_jsonl(
         )
         write([_error_record(row_id, error) for row_id, error in errors])
         for batch in batches:
-            write(_screen_batch(guarded, batch))
+            write(_screen_batch(guarded, batch, explain))
     seconds = time.perf_counter() - start
     return _summary(path, ids, resumed, seconds, len(pending))
 
@@ -197,18 +202,19 @@ def plan_batches(
     return batches, errors
 
 
-def _screen_batch(guarded: GuardedModelForCausalLM, batch: PromptBatch) -> list[dict]:
+def _screen_batch(guarded: GuardedModelForCausalLM, batch: PromptBatch, explain: int = 0) -> list[dict]:
     """Verdict records of one batch; if the batch raises, its rows one by one, each failure its row's error."""
     try:
-        reports = guarded.screen(*batch.tensors(guarded.tokenizer))
-        return [{"id": row_id, **report.to_json()} for row_id, report in zip(batch.ids, reports)]
+        reports = guarded.screen(*batch.tensors(guarded.tokenizer), explain=explain > 0, top_k=max(explain, 1))
+        tokenizer = guarded.tokenizer
+        return [{"id": row_id, **report.to_json(tokenizer)} for row_id, report in zip(batch.ids, reports)]
     except Exception as err:  # one row's problem must not end the run
         if len(batch.ids) == 1:
             return [_error_record(batch.ids[0], f"{type(err).__name__}: {err}")]
         return [
             record
             for row_id, ids in zip(batch.ids, batch.token_ids)
-            for record in _screen_batch(guarded, PromptBatch([row_id], [ids]))
+            for record in _screen_batch(guarded, PromptBatch([row_id], [ids]), explain)
         ]
 
 

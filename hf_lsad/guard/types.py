@@ -121,7 +121,8 @@ class TokenContribution(NamedTuple):
     how much the head's logit falls when the residual stream at that token leaves the mean over the prompt."""
 
     position: int
-    """Index of the token in its row of ``input_ids`` as the model read it (padding counted)."""
+    """Index of the token among its row's real tokens (0: the first; padding is not counted, so a row names the same
+    positions in any batch)."""
     token_id: int
     """The token (``tokenizer.decode([token_id])`` is its text)."""
     contribution: float
@@ -238,13 +239,15 @@ class SafetyReport(NamedTuple):
         decided = self.probability if self.probability is not None else self.score
         return (HeadVerdict(ANOMALY_HEAD, decided, self.threshold, self.flagged and self.error is None),)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, tokenizer: Any = None) -> dict[str, Any]:
         """The report as JSON-ready plain values (what ``hf-lsad screen`` writes and ``hf-lsad serve`` returns):
         ``flagged``, ``decided_by`` (every guard's, a single-head guard's included), ``reading``, ``probability``,
         ``p_value``, ``heads`` (name -> ``{"score", "threshold", "flagged"}``), ``cluster``, ``error``, and
-        ``step`` / ``stopped`` of guarded generation. A NaN score (a row that failed closed) becomes ``None``."""
+        ``step`` / ``stopped`` of guarded generation. A NaN score (a row that failed closed) becomes ``None``.
+        A report that names its prompt tokens (:attr:`tokens`) adds ``tokens``: ``{"token_id", "position",
+        "contribution"}`` each, and its ``text`` when given the ``tokenizer``."""
         verdicts = self.head_verdicts()
-        return {
+        record = {
             "flagged": bool(self.flagged),
             "decided_by": [v.name for v in verdicts if v.flagged],
             "reading": self.reading,
@@ -259,6 +262,17 @@ class SafetyReport(NamedTuple):
             "step": self.step,
             "stopped": bool(self.stopped),
         }
+        if self.tokens is not None:
+            record["tokens"] = [
+                {
+                    **({"text": tokenizer.decode([t.token_id])} if tokenizer is not None else {}),
+                    "token_id": t.token_id,
+                    "position": t.position,
+                    "contribution": t.contribution,
+                }
+                for t in self.tokens
+            ]
+        return record
 
 
 def _finite_or_none(value: float | None) -> float | None:

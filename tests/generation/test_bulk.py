@@ -48,6 +48,28 @@ def assert_same_verdicts(got, want):
             assert other["heads"][head]["score"] == pytest.approx(verdict["score"], abs=1e-4), (row_id, head)
 
 
+def test_each_line_a_supervised_head_decided_names_the_words_behind_it(tmp_path):
+    model = guarded()
+    model.guard.budget.thresholds[0] = 1e9  # the anomaly head flags nothing: the harm head decides the unsafe rows
+    rows = [PromptRow(f"r{i}", text) for i, text in enumerate(TEXTS)]
+    screen_to_jsonl(model, rows, tmp_path / "out.jsonl", batch_size=8, explain=2, progress=False)
+    got = by_id(tmp_path / "out.jsonl")
+    named = [record for record in got.values() if record["decided_by"] == ["harm"]]
+    assert named and all("tokens" not in record for record in got.values() if not record["decided_by"])
+    for row in rows:
+        (alone,) = model.screen([row.text], explain=True, top_k=2)  # alone: padding aside, the same tokens
+        if alone.tokens is None:
+            continue
+        record = got[row.id]
+        assert [(t["text"], t["token_id"], t["position"]) for t in record["tokens"]] == [
+            (model.tokenizer.decode([t.token_id]), t.token_id, t.position) for t in alone.tokens
+        ]
+        assert [t["contribution"] for t in record["tokens"]] == pytest.approx([t.contribution for t in alone.tokens])
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="explain must be a number of tokens"):
+            screen_to_jsonl(model, rows, tmp_path / "bad.jsonl", explain=bad, progress=False)
+
+
 def test_every_row_gets_the_verdict_it_gets_alone_and_bad_rows_their_error(tmp_path):
     model = guarded()
     rows = [PromptRow(f"r{i}", text) for i, text in enumerate(TEXTS)]

@@ -129,15 +129,15 @@ def test_a_token_contribution_is_the_logit_the_head_loses_without_that_token(kin
         return float(probe.logit(probe.standardise(probe.features(values)))[0])
 
     for row, named in enumerate(head.explain_tokens(tokens, top_k=None)):
-        real = tokens.mask[row].nonzero().flatten().tolist()
-        assert sorted(t.position for t in named) == real[int(tokens.fixed[row]) :]  # every token the prompt moves
-        assert [t.token_id for t in named] == [int(tokens.input_ids[row, t.position]) for t in named]
+        real = tokens.mask[row].nonzero().flatten().tolist()  # the row's real tokens, past the right padding
+        assert sorted(t.position for t in named) == list(range(int(tokens.fixed[row]), len(real)))  # all it moves
+        assert [t.token_id for t in named] == [int(tokens.input_ids[row, real[t.position]]) for t in named]
         contributions = [t.contribution for t in named]
         assert contributions == sorted(contributions, reverse=True)
         full = logit({read: values[row : row + 1] for read, values in reads.items()})
         for t in named:
             kept = tokens.mask[row].clone()
-            kept[t.position] = False
+            kept[real[t.position]] = False
             without = {
                 (layer, position): tokens.hidden[layer][row][kept].mean(0, keepdim=True)
                 if position == "prompt_mean"
@@ -160,9 +160,8 @@ def test_the_tokens_every_prompt_opens_with_are_not_named():
     for padding_side in ("left", "right"):
         _, tokens = prompt_tokens(UNSAFE_PROMPTS[:2], head.reads, padding_side, tokenizer=with_system)
         assert tokens.fixed.tolist() == [len(opening)] * 2
-        for row, named in enumerate(head.explain_tokens(tokens, top_k=None)):
-            first = int(tokens.mask[row].nonzero()[0])
-            assert min(t.position for t in named) == first + len(opening)
+        for named in head.explain_tokens(tokens, top_k=None):
+            assert min(t.position for t in named) == len(opening)  # counted from the row's first real token
     raw = fixed_openings(torch.tensor([[5, 6, 7], [0, 8, 9]]), torch.tensor([[1, 1, 1], [0, 1, 1]]), opening=(5, 6))
     assert raw.tolist() == [2, 1]  # a row without the opening: its first token alone
 

@@ -403,5 +403,5 @@ class SupervisedHead(nn.Module):
             k = int(listed.sum()) if top_k is None else min(top_k, int(listed.sum()))
             order = terms.topk(k).indices.tolist()
             ids = tokens.input_ids[r, real.to(tokens.input_ids.device)].tolist()
-            explained.append(tuple(TokenContribution(int(real[i]), int(ids[i]), float(terms[i])) for i in order))
+            explained.append(tuple(TokenContribution(i, int(ids[i]), float(terms[i])) for i in order))
         return explained
