@@ -62,7 +62,7 @@ class TemplateMarkers(NamedTuple):
     text: str
     """Both, as text, for messages."""
     opening: tuple[int, ...]
-    """The ids before the user's text (``<|im_start|>system\n...<|im_start|>user\n``): the same in every prompt,
+    """The ids before the user's text (``<|im_start|>system\\n...<|im_start|>user\\n``): the same in every prompt,
     and so, in a causal model, the residual stream at them too."""
 
 
