@@ -429,4 +429,11 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-max-tokens", type=int, default=128, help="max_tokens of a request naming none")
     parser.add_argument("--max-body-bytes", type=int, default=1_000_000, help="the largest request body")
     parser.add_argument("--max-concurrency", type=int, default=4, help="generations at one time (others wait)")
+    parser.add_argument(
+        "--explain",
+        type=int,
+        default=0,
+        metavar="K",
+        help="name in each report the K prompt tokens behind a verdict a supervised head decided (default: 0)",
+    )
     _runtime_arguments(parser, ModelRuntime)

@@ -570,6 +570,7 @@ def run_serve(args: argparse.Namespace) -> None:
         default_max_tokens=args.default_max_tokens,
         max_body_bytes=args.max_body_bytes,
         max_concurrency=args.max_concurrency,
+        explain=args.explain,
     )
     print(f"serving {name} with {guarded.guard.describe()}", file=sys.stderr, flush=True)
     uvicorn.run(create_app(guarded, config), host=args.host, port=args.port, log_level="info")

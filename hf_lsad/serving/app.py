@@ -65,6 +65,9 @@ class ServeConfig:
     """Generations at one time; further requests wait their turn."""
     max_moderation_inputs: int = 64
     """Inputs per ``/v1/moderations`` request."""
+    explain: int = 0
+    """Prompt tokens each report names when a supervised head decided it (its ``tokens``,
+    :meth:`hf_lsad.guard.SafetyReport.to_json`); 0: none."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -76,6 +79,8 @@ class ServeConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.explain < 0:
+            raise ValueError(f"explain must be a number of tokens, 0 or more, got {self.explain}")
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError("default_max_tokens must not exceed max_tokens_limit")
 
@@ -101,6 +106,7 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
     reads_prompt = guarded.guard.config.hook.position in PROMPT_POSITIONS
     gate = threading.BoundedSemaphore(config.max_concurrency)
+    explaining: dict[str, Any] = {"explain": True, "top_k": config.explain} if config.explain else {}
 
     app = FastAPI(title="hf-lsad", version=__version__, docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
@@ -170,13 +176,13 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         except (TypeError, ValueError) as err:
             raise ServeError(400, f"input: {err}", param="input") from err
         try:
-            reports = await run_in_threadpool(gated, gate, lambda: guarded.screen(texts))
+            reports = await run_in_threadpool(gated, gate, lambda: guarded.screen(texts, **explaining))
         except InputError as err:  # a text longer than the model's context
             raise ServeError(400, f"input: {err}", param="input") from err
         return {
             "id": f"modr-{uuid.uuid4().hex}",
             "model": config.model_name,
-            "results": [_moderation(report) for report in reports],
+            "results": [_moderation(report, tokenizer) for report in reports],
         }
 
     async def complete(inputs: dict[str, torch.Tensor], body: Any, max_tokens: int | None, *, chat: bool) -> Any:
@@ -195,6 +201,9 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         else:
             settings.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         answer = Answer(config.model_name, chat, reads_prompt, int(tensors["input_ids"].shape[1]), tokenizer)
+
+        if config.explain:
+            settings.update(explain=True, explain_top_k=config.explain)
 
         def generate(**extra: Any) -> Any:
             return guarded.generate(**tensors, **settings, **extra, on_flag="stop", return_dict_in_generate=True)
@@ -319,14 +328,14 @@ class Answer:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(new), "total_tokens": total}
 
     def _safety(self, report: SafetyReport) -> dict[str, Any]:
-        return {"prompt" if self.reads_prompt else "response": report.to_json()}
+        return {"prompt" if self.reads_prompt else "response": report.to_json(self.tokenizer)}
 
 
 def _role(role: str) -> str:
     return "system" if role == "developer" else role  # the OpenAI API's newer name for the system turn
 
 
-def _moderation(report: SafetyReport) -> dict[str, Any]:
+def _moderation(report: SafetyReport, tokenizer: Any) -> dict[str, Any]:
     """One result of ``/v1/moderations``: a category per head; a row that failed closed is flagged in every one."""
     verdicts = report.head_verdicts()
     failed = report.error is not None
@@ -335,7 +344,7 @@ def _moderation(report: SafetyReport) -> dict[str, Any]:
         "categories": {v.name: bool(v.flagged or failed) for v in verdicts},
         "category_scores": {v.name: 1.0 if failed else float(v.score) for v in verdicts},
         "category_applied_input_types": {v.name: ["text"] for v in verdicts},
-        "hf_lsad": report.to_json(),
+        "hf_lsad": report.to_json(tokenizer),
     }
 
 

@@ -136,6 +136,26 @@ def test_completions_and_moderations(server, client):
     assert result["category_scores"]["harm"] == pytest.approx(alone(guarded, UNSAFE)["heads"]["harm"]["score"])
 
 
+def test_a_server_that_explains_names_the_words_behind_each_flag():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard()
+    guard.budget.thresholds[0] = 1e9  # the anomaly head flags nothing: the harm head decides the unsafe prompts
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    with serving(guarded, ServeConfig(model_name="tiny-llama", default_max_tokens=4, explain=2)) as port:
+        status, body = request(port, "POST", "/v1/chat/completions", chat_body(UNSAFE), key=None)
+        report = body["safety"]["prompt"]
+        assert status == 200 and body["choices"][0]["finish_reason"] == "content_filter"
+        (alone,) = guarded.screen([UNSAFE], explain=True, top_k=2)
+        assert [t["text"] for t in report["tokens"]] == [tokenizer.decode([t.token_id]) for t in alone.tokens]
+        status, body = request(port, "POST", "/v1/chat/completions", chat_body(BENIGN), key=None)
+        assert status == 200 and not body["safety"]["prompt"]["flagged"] and "tokens" not in body["safety"]["prompt"]
+        status, body = request(port, "POST", "/v1/moderations", {"input": [UNSAFE, BENIGN]}, key=None)
+        flagged, benign = (result["hf_lsad"] for result in body["results"])
+        assert len(flagged["tokens"]) == 2 and "tokens" not in benign
+    with pytest.raises(ValueError, match="explain must be a number of tokens"):
+        ServeConfig(model_name="tiny-llama", explain=-1)
+
+
 def test_models_and_health(server, client):
     port, _ = server
     assert [m.id for m in client.models.list()] == ["tiny-llama"]
