@@ -237,6 +237,13 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
         "else report)",
     )
     parser.add_argument("--refusal", default="", help="what a stopped row says instead (default: nothing, EOS only)")
+    parser.add_argument(
+        "--explain",
+        type=int,
+        default=0,
+        metavar="K",
+        help="print the K prompt tokens behind each verdict a supervised head decided (default: 0)",
+    )
     _runtime_arguments(parser, ModelRuntime)
 
 

@@ -337,13 +337,19 @@ def run_generate(args: argparse.Namespace) -> None:
             return_dict_in_generate=True,
             on_flag=args.on_flag or ("report" if guarded.guard.config.hook.position == "response_last" else "stop"),
             refusal=args.refusal or None,
+            explain=args.explain > 0,
+            explain_top_k=max(args.explain, 1),
         )
     responses = tokenizer.batch_decode(output.sequences[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     print(f"guard: {guarded.guard.describe()}\n")
     for prompt, response, report in zip(args.prompts, responses, output.safety):
         if report.stopped and report.step == 0:
             response = f"[stopped before its first token]{f' {response.strip()}' if response.strip() else ''}"
-        print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {report.describe()}\n")
+        why = ""
+        if report.tokens:  # --explain: the words behind a supervised head's verdict
+            words = ", ".join(f"{tokenizer.decode([t.token_id])!r} {t.contribution:+.3f}" for t in report.tokens)
+            why = f"why:      {report.explained_head}: {words} (what each adds to its logit)\n"
+        print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {report.describe()}\n{why}")
 
 
 def run_explain(args: argparse.Namespace) -> None:

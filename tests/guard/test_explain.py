@@ -131,15 +131,36 @@ def test_explain_command_prints_features_and_top_prompts(tmp_path):
     assert len(store) == len(PROMPTS)
 
 
+def save_harm_deciding_guard(path) -> None:
+    """The tiny two-headed guard with an anomaly head that flags nothing: the harm head decides the unsafe prompts."""
+    guard = two_headed_guard()
+    budget = copy.deepcopy(guard.budget)
+    budget.thresholds[0] = 1e9
+    guard.set_budget(budget)
+    guard.save_pretrained(path)
+
+
+def test_generate_explain_prints_the_words_behind_a_supervised_verdict(tmp_path, capsys):
+    from hf_lsad.cli.main import main
+
+    model_dir = saved_model_guard_and_store(tmp_path)
+    save_harm_deciding_guard(tmp_path / "two-heads")
+    prompts = [UNSAFE_PROMPTS[0], PROMPTS[0]]
+    argv = ["generate", "--model", str(model_dir), "--guard", str(tmp_path / "two-heads"), "--max-new-tokens", "2"]
+    main([*argv, "--explain", "2", *prompts])
+    blocks = capsys.readouterr().out.split("prompt:   ")[1:]
+    assert "FLAGGED by harm" in blocks[0] and "FLAGGED" not in blocks[1]
+    (why,) = [line for line in blocks[0].splitlines() if line.startswith("why:")]
+    assert why.startswith("why:      harm: '") and why.count("'") == 4 and "why:" not in blocks[1]
+    main([*argv, *prompts])
+    assert "why:" not in capsys.readouterr().out  # only when asked
+
+
 def test_explain_command_names_the_tokens_when_a_supervised_head_decided(tmp_path):
     """The harm head's features are dimensions of its reads, not SAE features: they were printed as SAE features,
     beside store prompts of unrelated features and a sum against the anomaly head's score."""
     model_dir = saved_model_guard_and_store(tmp_path)
-    guard = two_headed_guard()
-    budget = copy.deepcopy(guard.budget)
-    budget.thresholds[0] = 1e9  # the anomaly head flags nothing: the harm head decides the unsafe prompts
-    guard.set_budget(budget)
-    guard.save_pretrained(tmp_path / "two-heads")
+    save_harm_deciding_guard(tmp_path / "two-heads")
     out = io.StringIO()
     prompts = [UNSAFE_PROMPTS[0], *PROMPTS[:3]]
     args = argparse.Namespace(
