@@ -68,7 +68,7 @@ def run(settings: Settings) -> dict[str, Any]:
         first: Counter[str] = Counter()
         named: Counter[str] = Counter()
         for _, _, report in by_head:
-            words = [_word(tokenizer.decode([t.token_id])) for t in report.tokens or ()]
+            words = [_word(t.text(tokenizer)) for t in report.tokens or ()]
             first.update(words[:1])
             named.update(words)
         per_label[label] = {
@@ -84,7 +84,7 @@ def run(settings: Settings) -> dict[str, Any]:
                     "why": r.get("why", ""),
                     "opening": " ".join(text.split())[:80],
                     "score": next(h.score for h in report.heads if h.name == settings.head),
-                    "words": [[tokenizer.decode([t.token_id]), round(t.contribution, 3)] for t in report.tokens or ()],
+                    "words": [[t.text(tokenizer), round(t.contribution, 3)] for t in report.tokens or ()],
                 }
                 for r, text, report in by_head[: settings.examples]
             ],

@@ -69,6 +69,18 @@ def _guard_arguments(parser: argparse.ArgumentParser, required: bool = False) ->
     parser.add_argument("--subfolder", default="", help="folder of the guard inside --guard (several guards per repo)")
 
 
+def _explain_argument(parser: argparse.ArgumentParser, does: str) -> None:
+    """``--explain K``: the prompt tokens behind each verdict a supervised head decided (``generate``, ``screen``,
+    ``serve``)."""
+    parser.add_argument(
+        "--explain",
+        type=int,
+        default=0,
+        metavar="K",
+        help=f"for each verdict a supervised head decided, {does} the K prompt tokens behind it (default: 0, none)",
+    )
+
+
 def model_argument(parser: argparse.ArgumentParser, mode: str = "") -> None:
     """``--model``: what :func:`hf_lsad.capture.pretrained.load_model` takes."""
     parser.add_argument(
@@ -237,13 +249,7 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
         "else report)",
     )
     parser.add_argument("--refusal", default="", help="what a stopped row says instead (default: nothing, EOS only)")
-    parser.add_argument(
-        "--explain",
-        type=int,
-        default=0,
-        metavar="K",
-        help="print the K prompt tokens behind each verdict a supervised head decided (default: 0)",
-    )
+    _explain_argument(parser, "print")
     _runtime_arguments(parser, ModelRuntime)
 
 
@@ -408,13 +414,7 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="screen only the first LIMIT rows")
     parser.add_argument("--split", default="train", help="the split of a datasets dataset")
     parser.add_argument("--raw", action="store_true", help="read prompts as they are, not as chat-template user turns")
-    parser.add_argument(
-        "--explain",
-        type=int,
-        default=0,
-        metavar="K",
-        help="name the K prompt tokens behind each verdict a supervised head decided (a line's 'tokens'; default: 0)",
-    )
+    _explain_argument(parser, "write in a line's 'tokens'")
     model_argument(parser)
     _guard_arguments(parser)
     _budget_batch_arguments(parser)
@@ -436,11 +436,5 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-max-tokens", type=int, default=128, help="max_tokens of a request naming none")
     parser.add_argument("--max-body-bytes", type=int, default=1_000_000, help="the largest request body")
     parser.add_argument("--max-concurrency", type=int, default=4, help="generations at one time (others wait)")
-    parser.add_argument(
-        "--explain",
-        type=int,
-        default=0,
-        metavar="K",
-        help="name in each report the K prompt tokens behind a verdict a supervised head decided (default: 0)",
-    )
+    _explain_argument(parser, "name in its report's 'tokens'")
     _runtime_arguments(parser, ModelRuntime)

@@ -347,7 +347,7 @@ def run_generate(args: argparse.Namespace) -> None:
             response = f"[stopped before its first token]{f' {response.strip()}' if response.strip() else ''}"
         why = ""
         if report.tokens:  # --explain: the words behind a supervised head's verdict
-            words = ", ".join(f"{tokenizer.decode([t.token_id])!r} {t.contribution:+.3f}" for t in report.tokens)
+            words = ", ".join(f"{t.text(tokenizer)!r} {t.contribution:+.3f}" for t in report.tokens)
             why = f"why:      {report.explained_head}: {words} (what each adds to its logit)\n"
         print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {report.describe()}\n{why}")
 

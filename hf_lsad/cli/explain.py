@@ -10,7 +10,14 @@ import argparse
 from typing import Any, TextIO
 
 from ..guard.explain import store_texts, top_activating
-from ..guard.types import ANOMALY_HEAD, SafetyReport
+from ..guard.types import ANOMALY_HEAD, FeatureContribution, SafetyReport
+
+FEATURE_HEADER = f"{'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}"
+"""The columns of a feature's line (:func:`_feature_row`)."""
+
+
+def _feature_row(f: FeatureContribution) -> str:
+    return f"{f.feature:>8} {f.activation:>10.3f} {f.typical:>8.3f} {f.contribution:>12.3f}"
 
 
 def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None:
@@ -78,9 +85,9 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
             continue
         print(f"  the SAE features that add most to the {ANOMALY_HEAD} head's score:", file=out)
         column = "  top prompts in the store" if examples else ""
-        print(f"  {'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}{column}", file=out)
+        print(f"  {FEATURE_HEADER}{column}", file=out)
         for f in report.features:
-            print(f"  {f.feature:>8} {f.activation:>10.3f} {f.typical:>8.3f} {f.contribution:>12.3f}", file=out)
+            print(f"  {_feature_row(f)}", file=out)
             for value, r in examples.get(f.feature, []):
                 text = " ".join(text_of[r].split())
                 print(f"  {'':>8} {value:>10.3f}  {text[:100]!r}", file=out)
@@ -95,10 +102,10 @@ def _print_tokens(report: SafetyReport, tokenizer: Any, out: TextIO) -> None:
     head = report.explained_head
     if report.tokens is None:
         print(f"  the {head} head reads no prompt mean, so no token is named; its top features:", file=out)
-        print(f"  {'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}", file=out)
+        print(f"  {FEATURE_HEADER}", file=out)
         for f in report.features or ():
-            print(f"  {f.feature:>8} {f.activation:>10.3f} {f.typical:>8.3f} {f.contribution:>12.3f}", file=out)
+            print(f"  {_feature_row(f)}", file=out)
         return
     print(f"  the prompt tokens that raise the {head} head's logit most (how much it falls without each):", file=out)
     for t in report.tokens:
-        print(f"  {t.contribution:>8.3f}  {tokenizer.decode([t.token_id])!r} (token {t.position})", file=out)
+        print(f"  {t.contribution:>8.3f}  {t.text(tokenizer)!r} (token {t.position})", file=out)

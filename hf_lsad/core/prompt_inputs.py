@@ -87,9 +87,9 @@ def template_markers(tokenizer: Any) -> TemplateMarkers | None:
 
 
 def template_opening(tokenizer: Any) -> tuple[int, ...]:
-    """:attr:`TemplateMarkers.opening` of ``tokenizer`` (empty without a tokenizer or a chat template)."""
-    markers = template_markers(tokenizer) if tokenizer is not None else None
-    return () if markers is None else markers.opening
+    """:attr:`TemplateMarkers.opening` of ``tokenizer`` (empty without a tokenizer or a chat template); a guarded
+    model reads it from its :class:`InputWarner`, which computes the markers once per tokenizer."""
+    return InputWarner().opening(tokenizer)
 
 
 def input_warnings(
@@ -140,17 +140,27 @@ def input_warnings(
 class InputWarner:
     """Warns for ``generate``'s or ``screen``'s rows formatted unlike, or far longer than, a guard's fitting prompts.
 
-    Holds the markers of the last tokenizer it saw, so they are computed once per tokenizer (it can be swapped).
+    Holds the markers of the last tokenizer it saw, so they are computed once per tokenizer (it can be swapped); the
+    explanations read the template's opening from them too (:meth:`opening`).
     """
 
     def __init__(self) -> None:
         self._markers_of: tuple[Any, TemplateMarkers | None] = (None, None)  # (tokenizer, its chat-template markers)
 
+    def markers(self, tokenizer: Any) -> TemplateMarkers | None:
+        """:func:`template_markers` of ``tokenizer`` (``None`` without one), computed once per tokenizer."""
+        if self._markers_of[0] is not tokenizer:
+            self._markers_of = (tokenizer, template_markers(tokenizer) if tokenizer is not None else None)
+        return self._markers_of[1]
+
+    def opening(self, tokenizer: Any) -> tuple[int, ...]:
+        """:attr:`TemplateMarkers.opening` of ``tokenizer``: empty without a tokenizer or a chat template."""
+        markers = self.markers(tokenizer)
+        return () if markers is None else markers.opening
+
     def warn(self, profile: InputProfile | None, tokenizer: Any, input_ids: Any, attention_mask: Tensor | None) -> None:
         """Warn (attributed to the caller's caller) once per kind of mismatch (:func:`input_warnings`)."""
         if profile is None or not isinstance(input_ids, Tensor) or input_ids.ndim != 2:
             return
-        if self._markers_of[0] is not tokenizer:
-            self._markers_of = (tokenizer, template_markers(tokenizer) if tokenizer is not None else None)
-        for message in input_warnings(profile, self._markers_of[1], input_ids, attention_mask):
+        for message in input_warnings(profile, self.markers(tokenizer), input_ids, attention_mask):
             warn(message, UserWarning)

@@ -38,6 +38,12 @@ class PromptTokens(NamedTuple):
         )
 
 
+def check_explain_count(explain: object) -> None:
+    """Refuse a number of tokens to name that is not an int of 0 or more (``screen --explain``, ``serve --explain``)."""
+    if isinstance(explain, bool) or not isinstance(explain, int) or explain < 0:
+        raise ValueError(f"explain must be a number of tokens, 0 or more, got {explain!r}")
+
+
 def fixed_openings(input_ids: Tensor, mask: Tensor, opening: Sequence[int] = ()) -> Tensor:
     """``[batch]``: per row, the leading real tokens whose residual does not depend on what the prompt says.
 

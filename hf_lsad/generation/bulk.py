@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from ..capture.collect import prompt_texts
 from ..capture.recorder import PROMPT_POSITIONS
 from ..core.batching import BATCH_TOKENS, check_batching, length_batches
+from ..core.prompt_tokens import check_explain_count
 from ..data.tables import PromptRow
 from .model import GuardedModelForCausalLM
 
@@ -102,8 +103,7 @@ def screen_to_jsonl(
     if guarded.tokenizer is None:
         raise ValueError("screening strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)")
     check_batching(batch_size, max_batch_tokens)
-    if isinstance(explain, bool) or not isinstance(explain, int) or explain < 0:
-        raise ValueError(f"explain must be a number of tokens, 0 or more, got {explain!r}")
+    check_explain_count(explain)
     position = guarded.guard.config.hook.position
     if position not in PROMPT_POSITIONS:
         raise ValueError(f"screening needs a guard that reads the prompt {PROMPT_POSITIONS}; this one reads {position}")

@@ -27,7 +27,6 @@ from ..capture.recorder import (
     generation_recorder,
     num_return_sequences,
 )
-from ..core.prompt_inputs import template_opening
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import (
     ON_FLAG,
@@ -78,16 +77,18 @@ def generate_guarded(
     explain: bool,
     top_k: int,
     on_step: Callable[[StepVerdict], None] | None,
+    opening: Sequence[int] = (),
 ) -> tuple[Any, list[SafetyReport]]:
     """``model.generate(**kwargs)`` and one report per sequence (arguments as in ``GuardedModelForCausalLM.generate``;
-    ``tokenizer`` encodes a text ``refusal``)."""
+    ``tokenizer`` encodes a text ``refusal``; ``opening``: the chat template's ids before the user's text, which an
+    explanation does not name)."""
     hook = guard.config.hook
     if on_flag == "report" and hook.position not in RUNNING_POSITIONS and on_step is None:
         if guard.heads:  # every head reads the prompt: all reads come from the prefill call
             check_generate_kwargs(model, kwargs)
             with generation_prompt_reader(model, guard.reads, kwargs, keep_tokens=explain) as prompt_reader:
                 output = call_generate(model, kwargs)
-            tokens = prompt_reader.tokens(template_opening(tokenizer)) if explain else None
+            tokens = prompt_reader.tokens(opening) if explain else None
             return output, guard.reports(
                 prompt_reader.features(guard.reads), explain=explain, top_k=top_k, tokens=tokens
             )
@@ -119,7 +120,6 @@ def generate_guarded(
     )
     with recorder, reader if reader is not None else contextlib.nullcontext():
         output = call_generate(model, kwargs)
-    opening = template_opening(tokenizer) if explain else ()
     return output, state.reports(explain=explain, top_k=top_k, opening=opening)
 
 

@@ -25,7 +25,7 @@ from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 from ..capture.collect import encode_prompts
 from ..capture.inputs import check_context, check_generate_inputs
 from ..capture.recorder import PROMPT_POSITIONS, read_prompts
-from ..core.prompt_inputs import InputWarner, template_opening
+from ..core.prompt_inputs import InputWarner
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import OnFlag, StepVerdict
 from .files import GUARD_SUBFOLDER, GUARDED_CONFIG, load_guarded_model, upload_guarded_folder, write_guarded_folder
@@ -285,8 +285,9 @@ class GuardedModelForCausalLM(nn.Module):
         self._input_warner.warn(
             self.guard.inputs, self.tokenizer, kwargs.get("input_ids"), kwargs.get("attention_mask")
         )
+        opening = self._input_warner.opening(self.tokenizer) if explain else ()
         output, reports = generate_guarded(
-            self.model, self.guard, self.tokenizer, kwargs, on_flag, refusal, explain, explain_top_k, on_step
+            self.model, self.guard, self.tokenizer, kwargs, on_flag, refusal, explain, explain_top_k, on_step, opening
         )
         self._per_thread.last_safety = reports
         if safety_out is not None:
@@ -339,7 +340,7 @@ class GuardedModelForCausalLM(nn.Module):
         )
         reads = reader.features(self.guard.reads)
         activations = reads if self.guard.heads else reads[self.guard.reads[0]]
-        tokens = reader.tokens(template_opening(self.tokenizer)) if keep_tokens else None
+        tokens = reader.tokens(self._input_warner.opening(self.tokenizer)) if keep_tokens else None
         return self.guard.reports(activations, explain=explain, top_k=top_k, tokens=tokens)
 
 

@@ -128,6 +128,10 @@ class TokenContribution(NamedTuple):
     contribution: float
     """The head's logit less its logit without this token's residual in its ``prompt_mean`` reads."""
 
+    def text(self, tokenizer: Any) -> str:
+        """The token as text."""
+        return str(tokenizer.decode([self.token_id]))
+
 
 class GuardOutput(NamedTuple):
     """What a guard's forward returns for a batch of reads."""
@@ -265,7 +269,7 @@ class SafetyReport(NamedTuple):
         if self.tokens is not None:
             record["tokens"] = [
                 {
-                    **({"text": tokenizer.decode([t.token_id])} if tokenizer is not None else {}),
+                    **({"text": t.text(tokenizer)} if tokenizer is not None else {}),
                     "token_id": t.token_id,
                     "position": t.position,
                     "contribution": t.contribution,

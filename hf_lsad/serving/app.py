@@ -40,6 +40,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStr
 from ..capture.collect import check_prompts
 from ..capture.inputs import check_context
 from ..capture.recorder import PROMPT_POSITIONS
+from ..core.prompt_tokens import check_explain_count
 from ..errors import InputError
 from ..generation.model import GuardedModelForCausalLM
 from ..guard.types import SafetyReport
@@ -79,8 +80,7 @@ class ServeConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.explain < 0:
-            raise ValueError(f"explain must be a number of tokens, 0 or more, got {self.explain}")
+        check_explain_count(self.explain)
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError("default_max_tokens must not exceed max_tokens_limit")
 
