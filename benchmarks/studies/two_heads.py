@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -83,6 +83,65 @@ class Settings:
     """The benign domains held out one at a time (default: the four the guard is judged on)."""
     seed: int = 0
     """Seed of the row splits."""
+    prompt_mean: str = "all"
+    """What the supervised head's ``prompt_mean`` reads average: ``all`` the prompt's tokens, as collected and
+    shipped; ``after_opening`` only those after the chat template's opening (:func:`mean_after_opening`)."""
+    model: str = "default"
+    """The model the stores were collected from (read by ``prompt_mean="after_opening"`` alone)."""
+
+
+def mean_after_opening(rows: SourceRows, model_name: str, check_rows: int = 12) -> tuple[SourceRows, dict[str, Any]]:
+    """``rows`` with every ``prompt_mean`` read averaged over the tokens after the chat template's opening.
+
+    The opening (the system turn and the user turn's header, ``TemplateMarkers.opening``) is the same in every
+    templated prompt, and so, in a causal model, is the residual stream at its ``k`` tokens; the first of them holds
+    the attention sink. Its share of a stored mean is ``k / n`` for a prompt of ``n`` tokens, so the stored mean
+    carries the prompt's length. Without it: ``(n * mean - opening_sum) / (n - k)``, exact up to float round-off,
+    with ``opening_sum`` from one forward pass over the opening alone. Checked against a forward pass over
+    ``check_rows`` rows spread over the pools (the largest deviation is returned with ``k``)."""
+    from hf_lsad.capture.collect import encode_prompts, prompt_token_lengths
+    from hf_lsad.capture.pretrained import load_model
+    from hf_lsad.capture.recorder import PromptReader
+    from hf_lsad.core.hook_point import decoder_layer
+    from hf_lsad.core.prompt_inputs import template_opening
+
+    model, tokenizer = load_model(model_name)
+    opening = template_opening(tokenizer)
+    if not opening:
+        raise ValueError(f"{model_name}'s tokenizer has no chat template opening to take out")
+    layers = sorted({layer for layer, position in rows.features if position == "prompt_mean"})
+    modules = {layer: decoder_layer(model, layer)[1] for layer in layers}
+
+    def read(input_ids: torch.Tensor, mask: torch.Tensor) -> PromptReader:
+        with torch.no_grad(), PromptReader(modules, mask, stop_after=False, input_ids=input_ids) as reader:
+            model(input_ids=input_ids, attention_mask=mask, use_cache=False)
+        return reader
+
+    ids = torch.tensor([opening])
+    opening_sum = {layer: hidden[0].sum(0) for layer, hidden in read(ids, torch.ones_like(ids)).hidden.items()}
+    k = len(opening)
+    lengths = torch.tensor(prompt_token_lengths(tokenizer, rows.texts), dtype=torch.float32)[:, None]  # [n, 1]
+    if bool((lengths <= k).any()):
+        raise ValueError("a prompt holds no token after the template's opening")
+    features = dict(rows.features)
+    for (layer, position), values in rows.features.items():
+        if position == "prompt_mean":
+            features[(layer, position)] = (lengths * values - opening_sum[layer]) / (lengths - k)  # [n, hidden]
+    derived = replace(rows, features=features)
+
+    # The check: the same rows read by a forward pass, their mean over the tokens after the opening.
+    picks = torch.linspace(0, len(rows) - 1, check_rows).long().tolist()
+    encoded = encode_prompts(tokenizer, [rows.texts[i] for i in picks], padding_side="right")
+    reader = read(encoded["input_ids"], encoded["attention_mask"])
+    deviation = 0.0
+    for row, i in enumerate(picks):
+        n = int(encoded["attention_mask"][row].sum())
+        if encoded["input_ids"][row, :k].tolist() != list(opening):
+            raise ValueError(f"row {rows.ids[i]} does not start with the template's opening")
+        for layer in layers:
+            direct = reader.hidden[layer][row, k:n].mean(0)
+            deviation = max(deviation, float((derived.features[(layer, "prompt_mean")][i] - direct).abs().max()))
+    return derived, {"opening_tokens": k, "checked_rows": len(picks), "largest_deviation": deviation}
 
 
 def anomaly_scores(guard: SafetyGuard, rows: SourceRows, kind: str) -> torch.Tensor:
@@ -125,11 +184,35 @@ def fit_supervised(train: SourceRows, config: ProbeConfig) -> SupervisedHead:
     return fit_head("harm", train.features, train.labels, train.sources, config)
 
 
+def length_correlation(rows: SourceRows, head: SupervisedHead, settings: Settings) -> dict[str, Any]:
+    """How much the head's logit follows the prompt's length in tokens: per benign domain and over the unsafe rows,
+    Spearman's rank correlation of the two, and the rows' median length."""
+    from scipy.stats import spearmanr
+
+    from hf_lsad.capture.collect import prompt_token_lengths
+    from hf_lsad.capture.pretrained import load_tokenizer
+
+    lengths = torch.tensor(prompt_token_lengths(load_tokenizer(settings.model), rows.texts), dtype=torch.float64)
+    logits = head(rows.features).double()
+    out: dict[str, Any] = {}
+    for domain in sorted(set(rows.domains)):
+        mask = torch.tensor([d == domain for d in rows.domains])
+        rho = spearmanr(logits[mask].numpy(), lengths[mask].numpy()).statistic
+        out[domain] = {"rows": int(mask.sum()), "spearman": float(rho), "median_tokens": float(lengths[mask].median())}
+    return out
+
+
 def run(settings: Settings) -> dict[str, Any]:
     guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
     config = probe_config(settings)
     reads = sorted({guard.reads[0], *config.reads})
     rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
+    results: dict[str, Any] = {"rows": len(rows), "methods": {}}
+    if settings.prompt_mean == "after_opening":
+        rows, results["prompt_mean_check"] = mean_after_opening(rows, settings.model)
+        print(f"prompt means without the template's opening: {results['prompt_mean_check']}")
+    elif settings.prompt_mean != "all":
+        raise ValueError(f"prompt_mean must be 'all' or 'after_opening', got {settings.prompt_mean!r}")
     anomaly_of = anomaly_lookup(dict(zip(rows.ids, anomaly_scores(guard, rows, settings.anomaly_score).tolist())))
 
     def anomaly_method(train: SourceRows):
@@ -160,7 +243,6 @@ def run(settings: Settings) -> dict[str, Any]:
         domains=settings.held_out_domains,
         confidence=settings.confidence,
     )
-    results: dict[str, Any] = {"rows": len(rows), "methods": {}}
     if settings.leave_one_out:
         print("anomaly head alone")
         results["methods"]["anomaly"] = leave_one_source_out(rows, anomaly_method, **protocol)
@@ -171,8 +253,10 @@ def run(settings: Settings) -> dict[str, Any]:
             results["methods"][f"two heads, anomaly share {share:g}"] = leave_one_source_out(
                 rows, two_headed_method, shares=[share, 1 - share], progress=progress, **protocol
             )
+    fitted_head = fitted_on(rows.select(rows.where(split="fit")))
+    results["length"] = length_correlation(rows.select(rows.where(split=settings.evaluate_on)), fitted_head, settings)
     if not settings.leave_one_out or settings.evaluate_on == "test":
-        scores = two_headed(anomaly_of, fitted_on(rows.select(rows.where(split="fit"))))
+        scores = two_headed(anomaly_of, fitted_head)
         results["shipped"] = {
             f"anomaly share {share:g}": shipped(rows, scores, share, settings.confidence, settings.evaluate_on)
             for share in settings.anomaly_shares
