@@ -8,7 +8,11 @@ once per system prompt of ``Settings.system_prompts`` (``""``: no system message
 reports per system prompt the flag rate of the test chat rows and the TPR of each unsafe source (a seeded draw of at
 most ``rows_per_source`` test rows each).
 
-It fits, chooses and changes nothing; the thresholds are the released ones.
+It fits and chooses nothing. With ``reset_thresholds``, each system prompt also gets the thresholds ``hf-lsad
+set-budget`` would set on the validation chat rows formatted with it (the released budget's target, shares and
+confidence, :func:`hf_lsad.guard.threshold.budget_thresholds`), and the test rows are judged at those thresholds
+too: whether a deployment that re-sets the budget on its own traffic, as it formats it, gets the released operating
+point back.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from hf_lsad.core.splits import split_of
 from hf_lsad.data import load_pool
 from hf_lsad.data.pools import is_reserved
 from hf_lsad.evaluation.sources import EVAL_SOURCES
+from hf_lsad.guard.threshold import budget_thresholds
 
 
 @dataclass
@@ -57,6 +62,14 @@ class Settings:
     """Rows a forward pass holds at most."""
     seed: int = 0
     """Seed of the draw."""
+    reset_thresholds: bool = False
+    """Also judge the test rows at thresholds re-set on the validation chat rows under each system prompt."""
+
+
+def _validation_chat(settings: Settings) -> list[str]:
+    """The validation rows of the first benign pool (chat): what the released thresholds were set on."""
+    pool = settings.benign_pools[0]
+    return [p.text for p in load_pool(pool) if split_of(p.id) == "validation" and not is_reserved(p.text)]
 
 
 def _rows(settings: Settings) -> list[tuple[str, str, str]]:
@@ -114,6 +127,20 @@ def _screen(guarded: GuardedModelForCausalLM, tokenizer: Any, texts: list[str], 
     return reports, statistics.median(len(i) for i in ids)
 
 
+def _rates(rows: list[tuple[str, str, str]], flagged: list[bool], settings: Settings) -> dict[str, Any]:
+    """The flag rate of each benign pool and the TPR of each unsafe source, median and worst."""
+    out: dict[str, Any] = {"benign": {}, "sources": {}}
+    for pool in settings.benign_pools:
+        hits = [f for (_, g, _), f in zip(rows, flagged) if g == pool]
+        out["benign"][pool] = {"rows": len(hits), "flag_rate": sum(hits) / len(hits)}
+    for source in EVAL_SOURCES:
+        hits = [f for (s, g, _), f in zip(rows, flagged) if g == "unsafe" and s == source]
+        out["sources"][source] = {"rows": len(hits), "tpr": sum(hits) / len(hits)}
+    tprs = [v["tpr"] for v in out["sources"].values()]
+    out["median_tpr"], out["worst_tpr"] = statistics.median(tprs), min(tprs)
+    return out
+
+
 def run(settings: Settings) -> dict[str, Any]:
     rows = _rows(settings)
     model, tokenizer = load_model(settings.model)
@@ -122,9 +149,22 @@ def run(settings: Settings) -> dict[str, Any]:
         "benign_rows": {pool: sum(g == pool for _, g, _ in rows) for pool in settings.benign_pools},
         "system_prompts": [],
     }
+    guard = guarded.guard
+    budget = guard.budget
+    validation = _validation_chat(settings) if settings.reset_thresholds else []
     for system in settings.system_prompts:
         reports, median_tokens = _screen(guarded, tokenizer, [text for _, _, text in rows], system, settings)
         entry: dict[str, Any] = {"system": system, "median_tokens": median_tokens, "benign": {}, "sources": {}}
+        if settings.reset_thresholds:
+            if budget is None:
+                raise ValueError("the guard has no budget to re-set")
+            reference, _ = _screen(guarded, tokenizer, validation, system, settings)
+            scores = torch.tensor([[h.score for h in r.heads] for r in reference])  # [validation chat, heads]
+            thresholds = budget_thresholds(scores, budget.target_fpr, budget.shares, confidence=budget.confidence)
+            test_scores = torch.tensor([[h.score for h in r.heads] for r in reports])  # [test rows, heads]
+            reset = (test_scores > torch.tensor(thresholds)).any(1).tolist()
+            entry["reset"] = {"validation_rows": len(validation), "thresholds": thresholds}
+            entry["reset"].update(_rates(rows, reset, settings))
         for pool in settings.benign_pools:
             benign = [r for (_, g, _), r in zip(rows, reports) if g == pool]
             entry["benign"][pool] = {
