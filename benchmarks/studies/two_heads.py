@@ -10,6 +10,10 @@ thresholds at 5% and 1% on validation chat, rates on the held-out group's ``eval
 - **two heads**: both, flagging when either exceeds its threshold, the thresholds sharing one budget
   (:func:`hf_lsad.guard.threshold.budget_thresholds`) at each anomaly share of ``Settings.anomaly_shares``.
 
+Every run also fits the supervised head on every fit row and reports how far its logit follows the prompt's length
+(:func:`length_correlation`). ``prompt_mean="after_opening"`` takes the chat template's opening out of every prompt
+mean first (:func:`mean_after_opening`).
+
 With ``evaluate_on="test"`` the run also measures the guard as it ships (:func:`shipped`): the supervised head
 fitted on the fit rows of every pool, thresholds on validation chat (with the budget's ``confidence``, as the
 release sets them), and on test rows the flag rate of chat and of each benign domain, the TPR of each unsafe
@@ -203,6 +207,8 @@ def length_correlation(rows: SourceRows, head: SupervisedHead, settings: Setting
 
 
 def run(settings: Settings) -> dict[str, Any]:
+    if settings.prompt_mean not in ("all", "after_opening"):
+        raise ValueError(f"prompt_mean must be 'all' or 'after_opening', got {settings.prompt_mean!r}")
     guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
     config = probe_config(settings)
     reads = sorted({guard.reads[0], *config.reads})
@@ -211,8 +217,6 @@ def run(settings: Settings) -> dict[str, Any]:
     if settings.prompt_mean == "after_opening":
         rows, results["prompt_mean_check"] = mean_after_opening(rows, settings.model)
         print(f"prompt means without the template's opening: {results['prompt_mean_check']}")
-    elif settings.prompt_mean != "all":
-        raise ValueError(f"prompt_mean must be 'all' or 'after_opening', got {settings.prompt_mean!r}")
     anomaly_of = anomaly_lookup(dict(zip(rows.ids, anomaly_scores(guard, rows, settings.anomaly_score).tolist())))
 
     def anomaly_method(train: SourceRows):
