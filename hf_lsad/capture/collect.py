@@ -39,15 +39,28 @@ def check_prompts(prompts: Sequence[str]) -> None:
 
 
 def prompt_texts(
-    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, chat_template: bool = True
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    chat_template: bool = True,
+    system: str | None = None,
 ) -> tuple[list[str], bool]:
     """The texts the model reads for ``prompts`` (user turns of the chat template with the generation prompt, when
-    the tokenizer has one and ``chat_template``), and whether the tokenizer must add its special tokens."""
+    the tokenizer has one and ``chat_template``), and whether the tokenizer must add its special tokens.
+
+    ``system``: a system turn before each user turn, as a deployment sets one (``None``: none, so the template's
+    default, if it has one). A guard's thresholds hold for the system turn they were set under."""
+    if system is not None:
+        if not isinstance(system, str) or not system.strip():
+            raise ValueError(f"system must be a non-empty string, got {system!r}")
+        if not (chat_template and tokenizer.chat_template):
+            raise ValueError("a system turn needs the tokenizer's chat template (chat_template=True and a template)")
     if chat_template and tokenizer.chat_template:
+        opening = [{"role": "system", "content": system}] if system is not None else []
         texts = [
             str(
                 tokenizer.apply_chat_template(
-                    [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+                    [*opening, {"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
                 )
             )
             for p in prompts
@@ -73,18 +86,20 @@ def encode_prompts(
     chat_template: bool = True,
     padding_side: Literal["left", "right"] = "left",
     device: torch.device | str | None = None,
+    system: str | None = None,
 ) -> EncodedPrompts:
     """Tokenise prompts as user turns of the chat template when it has one, padded on ``padding_side``.
 
     Left padding (the default) is what decoder-only generation expects; guarded ``generate`` and
     ``screen`` read right-padded rows at their last real token too, with the same scores. Only ``input_ids`` and
     ``attention_mask`` are returned: other tokenizer outputs (``token_type_ids``) are not generation inputs.
-    ``device``: where the tensors go (default: the CPU), e.g. ``guarded.device``.
+    ``device``: where the tensors go (default: the CPU), e.g. ``guarded.device``. ``system``: a system turn before
+    each user turn (:func:`prompt_texts`).
     """
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     check_prompts(prompts)
-    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)
+    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
     if tokenizer.pad_token is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
     # padding_side as an argument, not by setting tokenizer.padding_side and back: that raced between threads.
@@ -97,10 +112,14 @@ def encode_prompts(
 
 
 def prompt_token_lengths(
-    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, chat_template: bool = True
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    chat_template: bool = True,
+    system: str | None = None,
 ) -> list[int]:
     """Each prompt's length in tokens as the model reads it (:func:`prompt_texts`), unpadded."""
-    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)
+    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
 
 
@@ -111,13 +130,14 @@ def prompt_batches(
     max_batch_tokens: int | None = None,
     *,
     chat_template: bool = True,
+    system: str | None = None,
 ) -> list[list[int]]:
     """:func:`~hf_lsad.core.batching.length_batches` of ``prompts``: ``batch_size`` at a time in order of their
     length in characters (``max_batch_tokens=None``, how every bundled collection was made), or in order of their
     length in tokens, as the model reads them, with at most ``max_batch_tokens`` padded tokens a batch."""
     if max_batch_tokens is None:
         return length_batches([len(prompt) for prompt in prompts], batch_size)
-    lengths = prompt_token_lengths(tokenizer, prompts, chat_template=chat_template)
+    lengths = prompt_token_lengths(tokenizer, prompts, chat_template=chat_template, system=system)
     return length_batches(lengths, batch_size, max_batch_tokens)
 
 
@@ -209,6 +229,7 @@ def collect_prompt_features(
     batch_size: int = 16,
     max_batch_tokens: int | None = None,
     chat_template: bool = True,
+    system: str | None = None,
     progress: bool = True,
     skip: Collection[int] = (),
     on_batch: Callable[[list[int], dict[tuple[int, str], Tensor], int], None] | None = None,
@@ -223,16 +244,19 @@ def collect_prompt_features(
     already collected, say by an earlier run with the same batching) is not run, and its rows of the result are left
     for the caller to fill; ``on_batch(positions, features, longest)`` is called after each batch that runs, with its
     ``[batch, hidden]`` features per read and its longest prompt in tokens. The profile's longest prompt is of the
-    batches that ran (1 when none did).
+    batches that ran (1 when none did). ``system``: a system turn before each user turn (:func:`prompt_texts`).
     """
     check_prompts(prompts)
-    batches = prompt_batches(tokenizer, prompts, batch_size, max_batch_tokens, chat_template=chat_template)
+    batches = prompt_batches(
+        tokenizer, prompts, batch_size, max_batch_tokens, chat_template=chat_template, system=system
+    )
     done = set(skip)
     batches = [batch for batch in batches if not done.issuperset(batch)]
     out = {read: torch.empty(len(prompts), model.config.get_text_config().hidden_size) for read in reads}
     device, longest = model.device, 0
     for batch in tqdm(batches, desc=f"collect {len(reads)} reads", disable=not progress):
-        inputs = encode_prompts(tokenizer, [prompts[i] for i in batch], chat_template=chat_template, device=device)
+        prompts_batch = [prompts[i] for i in batch]
+        inputs = encode_prompts(tokenizer, prompts_batch, chat_template=chat_template, device=device, system=system)
         batch_longest = int(inputs["attention_mask"].sum(1).max())
         longest = max(longest, batch_longest)
         features = prompt_features(model, reads, inputs["input_ids"], inputs["attention_mask"])

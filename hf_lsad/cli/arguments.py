@@ -290,6 +290,20 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    _budget_arguments(parser)
+    system_argument(parser)
+
+
+def system_argument(parser: argparse.ArgumentParser) -> None:
+    """``--system``: the system turn a deployment puts before each user turn; verdicts depend on it."""
+    parser.add_argument(
+        "--system",
+        help="the system turn your deployment puts before each prompt (default: none, the chat template's own); "
+        "a guard's thresholds hold for the system turn they were set under",
+    )
+
+
+def _budget_arguments(parser: argparse.ArgumentParser) -> None:
     _guard_arguments(parser)
     parser.add_argument(
         "--benign",
@@ -328,7 +342,7 @@ def _budget_batch_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def teach_arguments(parser: argparse.ArgumentParser) -> None:
-    set_budget_arguments(parser)
+    _budget_arguments(parser)
     parser.add_argument("--head", default="harm", help="the supervised head to fit again (default: harm)")
     parser.add_argument(
         "--fit-fraction",

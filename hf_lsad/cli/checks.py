@@ -328,6 +328,8 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
     if not Path(args.benign).is_file():
         parser.error(f"argument --benign: no file {args.benign!r}")
+    if getattr(args, "system", None) is not None and not args.system.strip():
+        parser.error("argument --system: empty; leave it out for the chat template's own system turn")
     try:
         prompts = read_prompt_file(args.benign)
     except (ValueError, UnicodeDecodeError) as err:

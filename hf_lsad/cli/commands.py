@@ -436,10 +436,13 @@ def run_set_budget(args: argparse.Namespace) -> None:
         rows=f"the user's own benign prompts, {Path(args.benign).name}",
         batch_size=args.batch_size,
         max_batch_tokens=args.max_batch_tokens,
+        system=args.system,
     )
     out = args.out or args.guard
     # a new card: the old card's figures were measured at the old thresholds
     data = f"thresholds set with `hf-lsad set-budget` on {len(prompts)} of the user's own benign prompts"
+    if args.system is not None:
+        data += f" under the system turn {args.system!r}"
     guard.save_pretrained(out, data=data)
     print(f"thresholds set on {len(prompts)} prompts of {args.benign}; wrote {out}")
     old_thresholds = before.thresholds if before is not None and before.heads == budget.heads else None

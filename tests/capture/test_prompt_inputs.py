@@ -178,3 +178,16 @@ def test_an_edited_profile_is_an_integrity_mismatch(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(GuardMismatchError, match="inputs"):
         SafetyGuard.from_pretrained(tmp_path)
+
+
+def test_encode_prompts_puts_a_system_turn_before_each_user_turn():
+    _, tokenizer, _ = tiny_guard("prompt_last")
+    with_system = encode_prompts(tokenizer, ["hello there", "hi"], system="You are terse.")
+    plain = encode_prompts(tokenizer, ["hello there", "hi"])
+    first = tokenizer.decode(with_system["input_ids"][0], skip_special_tokens=False).replace(" ", "")
+    assert first.startswith("<|system|>Youareterse.<|end|><|user|>hellothere")
+    assert with_system["input_ids"].shape[1] > plain["input_ids"].shape[1]
+    with pytest.raises(ValueError, match="needs the tokenizer's chat template"):
+        encode_prompts(tokenizer, ["hello"], chat_template=False, system="You are terse.")
+    with pytest.raises(ValueError, match="non-empty string"):
+        encode_prompts(tokenizer, ["hello"], system="  ")

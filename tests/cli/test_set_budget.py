@@ -59,6 +59,26 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
     assert "set-budget" in (out / "README.md").read_text()
 
 
+def test_set_budget_sets_the_thresholds_under_the_deployments_system_turn(model_dir, guard_dir, tmp_path, capsys):
+    sample = tmp_path / "traffic.txt"
+    sample.write_text("\n".join(SAMPLE) + "\n")
+    system = "You are the support assistant of a bank."
+    out = tmp_path / "mine"
+    arguments = ["--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), "--out", str(out)]
+    entry(["set-budget", *arguments, "--system", system])
+    budget = SafetyGuard.from_pretrained(out).budget
+    assert repr(system) in budget.rows and repr(system) in (out / "README.md").read_text()
+
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    under = fit_budget_on_prompts(model, tokenizer, SafetyGuard.from_pretrained(guard_dir), SAMPLE, system=system)
+    default = fit_budget_on_prompts(model, tokenizer, SafetyGuard.from_pretrained(guard_dir), SAMPLE)
+    assert budget.thresholds == pytest.approx(under.thresholds, rel=1e-5)  # the prompts as the deployment sends them
+    assert budget.thresholds != pytest.approx(default.thresholds, rel=1e-3)
+    with pytest.raises(SystemExit):
+        entry(["set-budget", "--guard", str(guard_dir), "--benign", str(sample), "--out", str(out), "--system", " "])
+    assert "argument --system: empty" in capsys.readouterr().err
+
+
 def test_fit_budget_on_prompts_keeps_or_sets_the_confidence():
     model, tokenizer, _ = tiny_guard("prompt_last")
     guard = two_headed_guard(target_fpr=0.1)

@@ -228,6 +228,7 @@ def fit_budget_on_prompts(
     batch_size: int = 16,
     max_batch_tokens: int | None = BATCH_TOKENS,
     progress: bool = True,
+    system: str | None = None,
 ) -> BudgetConfig:
     """Set every head's threshold on benign ``prompts`` (a sample of the traffic the guard will see, fitted on by no
     head), so that together the heads flag at most ``target_fpr`` of them
@@ -247,6 +248,9 @@ def fit_budget_on_prompts(
         batch_size, progress: Forward-pass batch size and progress bar.
         max_batch_tokens: Padded tokens a forward pass holds at most (``None``: ``batch_size`` prompts whatever
             their length).
+        system: The system turn the deployment puts before each user turn (``None``: the template's default).
+            Verdicts depend on it, so set the thresholds under the one the guard will meet; it is recorded in
+            ``rows``.
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
@@ -266,7 +270,10 @@ def fit_budget_on_prompts(
         batch_size=batch_size,
         max_batch_tokens=max_batch_tokens,
         progress=progress,
+        system=system,
     )
+    if system is not None:
+        rows = f"{rows}, under the system turn {system!r}"
     return guard.fit_budget(benign, target_fpr=target_fpr, shares=shares, rows=rows, confidence=confidence)
 
 
