@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, load_model
+from hf_lsad.capture.collect import encode_prompts, prompt_batches, prompt_token_lengths
 from hf_lsad.core.splits import split_of
 from hf_lsad.data import load_pool
 from hf_lsad.data.pools import is_reserved
@@ -98,33 +99,16 @@ def _rows(settings: Settings) -> list[tuple[str, str, str]]:
 
 
 def _screen(guarded: GuardedModelForCausalLM, tokenizer: Any, texts: list[str], system: str, settings: Settings):
-    """The released guard's reports for ``texts`` as user turns after the system turn ``system``."""
-    ids = []
-    for text in texts:
-        turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-        ids.append(tokenizer(rendered, add_special_tokens=False)["input_ids"])
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    reports: list[Any] = [None] * len(ids)
-    batch: list[int] = []
-
-    def flush() -> None:
-        width = max(len(ids[i]) for i in batch)
-        input_ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, i in enumerate(batch):
-            input_ids[row, width - len(ids[i]) :] = torch.tensor(ids[i])  # left padding, as generate expects
-            mask[row, width - len(ids[i]) :] = 1
-        for i, report in zip(batch, guarded.screen(input_ids, mask)):
+    """The released guard's reports for ``texts`` as user turns after the system turn ``system`` (``""``: none, the
+    template's default), batched and encoded as the package does (:func:`prompt_batches`, :func:`encode_prompts`)."""
+    turn = system or None
+    batches = prompt_batches(tokenizer, texts, settings.batch_size, settings.max_batch_tokens, system=turn)
+    reports: list[Any] = [None] * len(texts)
+    for batch in tqdm(batches, desc=f"system {system[:30]!r}"):
+        inputs = encode_prompts(tokenizer, [texts[i] for i in batch], system=turn)
+        for i, report in zip(batch, guarded.screen(inputs["input_ids"], inputs["attention_mask"])):
             reports[i] = report
-
-    for i in tqdm(order, desc=f"system {system[:30]!r}"):
-        if batch and (len(batch) == settings.batch_size or len(ids[i]) * (len(batch) + 1) > settings.max_batch_tokens):
-            flush()
-            batch = []
-        batch.append(i)
-    flush()
-    return reports, statistics.median(len(i) for i in ids)
+    return reports, statistics.median(prompt_token_lengths(tokenizer, texts, system=turn))
 
 
 def _rates(rows: list[tuple[str, str, str]], flagged: list[bool], settings: Settings) -> dict[str, Any]:
