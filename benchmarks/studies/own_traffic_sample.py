@@ -99,7 +99,7 @@ def run(settings: Settings) -> dict[str, Any]:
     rows = load_source_rows(
         settings.folder, settings.pools, sorted({guard.reads[0], *config.reads}), seed=settings.seed
     )
-    anomaly_of = anomaly_lookup(dict(zip(rows.ids, anomaly_scores(guard, rows, "probability").tolist())))
+    anomaly_of = anomaly_lookup(dict(zip(rows.ids, anomaly_scores(guard, rows.features, "probability").tolist())))
     shares = [settings.anomaly_share, 1 - settings.anomaly_share]
     test_chat = rows.select(rows.where(split="test", domain=THRESHOLD_DOMAIN))
     source_test = {source: rows.select(rows.where(split="test", source=source)) for source in settings.sources}

@@ -35,6 +35,7 @@ from hf_lsad.data import GUARD_POOLS
 from hf_lsad.evaluation.sources import (
     EVAL_DOMAINS,
     EVAL_SOURCES,
+    Read,
     SourceRows,
     leave_one_source_out,
     load_source_rows,
@@ -148,12 +149,13 @@ def mean_after_opening(rows: SourceRows, model_name: str, check_rows: int = 12) 
     return derived, {"opening_tokens": k, "checked_rows": len(picks), "largest_deviation": deviation}
 
 
-def anomaly_scores(guard: SafetyGuard, rows: SourceRows, kind: str) -> torch.Tensor:
-    """The anomaly head's deciding quantity for every row (its raw score, or its calibrated probability)."""
+def anomaly_scores(guard: SafetyGuard, features: dict[Read, torch.Tensor], kind: str) -> torch.Tensor:
+    """The anomaly head's deciding quantity for every row of ``features`` (``[n, hidden]`` per read): its raw score,
+    or its calibrated probability."""
     read = guard.reads[0]
     out = []
-    for start in range(0, len(rows), 4096):
-        batch = rows.features[read][start : start + 4096]
+    for start in range(0, len(features[read]), 4096):
+        batch = features[read][start : start + 4096]
         scores, clusters = guard.detector(batch, guard.sae)
         out.append(scores if kind == "score" else guard.calibration.probabilities(scores, clusters))
     return torch.cat(out).float()
@@ -217,7 +219,8 @@ def run(settings: Settings) -> dict[str, Any]:
     if settings.prompt_mean == "after_opening":
         rows, results["prompt_mean_check"] = mean_after_opening(rows, settings.model)
         print(f"prompt means without the template's opening: {results['prompt_mean_check']}")
-    anomaly_of = anomaly_lookup(dict(zip(rows.ids, anomaly_scores(guard, rows, settings.anomaly_score).tolist())))
+    anomaly = anomaly_scores(guard, rows.features, settings.anomaly_score)
+    anomaly_of = anomaly_lookup(dict(zip(rows.ids, anomaly.tolist())))
 
     def anomaly_method(train: SourceRows):
         return anomaly_of
