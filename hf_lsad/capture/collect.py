@@ -266,4 +266,4 @@ def collect_prompt_features(
             out[read][index] = values
         if on_batch is not None:
             on_batch(batch, features, batch_longest)
-    return out, InputProfile(prompt_format(tokenizer, chat_template), max(longest, 1))
+    return out, InputProfile(prompt_format(tokenizer, chat_template), max(longest, 1), system)

@@ -112,14 +112,17 @@ def finish(state: PartialState, out: str | os.PathLike, shard: Shard, n_prompts:
 
 
 def _merged_inputs(profiles: list[InputProfile | None]) -> InputProfile | None:
-    """The input profile of the whole store: the parts' format (they must agree) and their longest prompt."""
+    """The input profile of the whole store: the parts' format and system turn (they must agree) and their longest
+    prompt."""
     known = [profile for profile in profiles if profile is not None]
     if len(known) < len(profiles):
         return None
-    formats = {profile.prompt_format for profile in known}
+    formats = {(profile.prompt_format, profile.system) for profile in known}
     if len(formats) != 1:
-        raise RuntimeError(f"the processes formatted their prompts differently: {sorted(formats)}")
-    return InputProfile(formats.pop(), max(profile.max_prompt_tokens for profile in known))
+        seen = sorted(formats, key=str)
+        raise RuntimeError(f"the processes formatted their prompts differently (format, system turn): {seen}")
+    prompt_format, system = formats.pop()
+    return InputProfile(prompt_format, max(profile.max_prompt_tokens for profile in known), system)
 
 
 def _part(out: str | os.PathLike, rank: int) -> Path:

@@ -249,6 +249,7 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
         "else report)",
     )
     parser.add_argument("--refusal", default="", help="what a stopped row says instead (default: nothing, EOS only)")
+    system_argument(parser)
     _explain_argument(parser, "print")
     _runtime_arguments(parser, ModelRuntime)
 
@@ -265,6 +266,7 @@ def explain_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=10, help="features or tokens listed per prompt")
     parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")
+    system_argument(parser)
     _runtime_arguments(parser, ModelRuntime)
 
 
@@ -428,6 +430,7 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="screen only the first LIMIT rows")
     parser.add_argument("--split", default="train", help="the split of a datasets dataset")
     parser.add_argument("--raw", action="store_true", help="read prompts as they are, not as chat-template user turns")
+    system_argument(parser)
     _explain_argument(parser, "write in a line's 'tokens'")
     model_argument(parser)
     _guard_arguments(parser)

@@ -98,6 +98,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                 parser.error(f"argument {_flag(name)}: no activation store folder {value!r}")
     if args.command == "fit" and getattr(args, "sae", None):
         _check_sae(parser, args.sae, args.sae_subfolder)
+    if getattr(args, "system", None) is not None:
+        if not args.system.strip():
+            parser.error("argument --system: empty; leave it out for the chat template's own system turn")
+        if getattr(args, "raw", False):
+            parser.error("argument --system: a system turn is part of the chat template, which --raw leaves out")
     if args.command in ("generate", "explain"):
         from ..capture.collect import check_prompts
 
@@ -328,8 +333,6 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
     if not Path(args.benign).is_file():
         parser.error(f"argument --benign: no file {args.benign!r}")
-    if getattr(args, "system", None) is not None and not args.system.strip():
-        parser.error("argument --system: empty; leave it out for the chat template's own system turn")
     try:
         prompts = read_prompt_file(args.benign)
     except (ValueError, UnicodeDecodeError) as err:

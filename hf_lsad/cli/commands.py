@@ -327,7 +327,7 @@ def run_generate(args: argparse.Namespace) -> None:
 
     guarded = _guarded_model(args)
     tokenizer = guarded.tokenizer
-    inputs = encode_prompts(tokenizer, args.prompts, device=guarded.device)
+    inputs = encode_prompts(tokenizer, args.prompts, device=guarded.device, system=args.system)
     print(f"generating up to {args.max_new_tokens} tokens for {len(args.prompts)} prompt(s) (greedy) ...\n", flush=True)
     with torch.no_grad():
         output = guarded.generate(
@@ -559,6 +559,7 @@ def run_screen(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         max_batch_tokens=args.max_batch_tokens,
         chat_template=not args.raw,
+        system=args.system,
         explain=args.explain,
         progress=True,
     )

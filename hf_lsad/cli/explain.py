@@ -29,8 +29,8 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
     the store's prompts that activate it most; a supervised head's top prompt tokens.
     ``args``: ``guard`` (with ``revision`` / ``subfolder``), ``activations`` (``None``: no store prompts),
     ``model`` (default ``default``), ``top_k`` (default 10), ``examples`` (default 3), ``prompts``,
-    ``max_new_tokens`` (default 64), and the ``--device`` / ``--dtype`` flags
-    (:class:`~hf_lsad.core.runtime.ModelRuntime`).
+    ``max_new_tokens`` (default 64), ``system`` (default ``None``: the template's own system turn), and the
+    ``--device`` / ``--dtype`` flags (:class:`~hf_lsad.core.runtime.ModelRuntime`).
     """
     import sys
 
@@ -49,12 +49,13 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
     )
     guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
     top_k = getattr(args, "top_k", None) or 10
+    system = getattr(args, "system", None)
     if guard.config.hook.position == "prompt_last":
-        reports = guarded.screen(list(args.prompts), explain=True, top_k=top_k)
+        reports = guarded.screen(list(args.prompts), system=system, explain=True, top_k=top_k)
     else:
         from ..capture.collect import encode_prompts
 
-        inputs = encode_prompts(tokenizer, list(args.prompts), device=guarded.device)
+        inputs = encode_prompts(tokenizer, list(args.prompts), device=guarded.device, system=system)
         reports = guarded.generate(
             **inputs,
             max_new_tokens=getattr(args, "max_new_tokens", None) or 64,

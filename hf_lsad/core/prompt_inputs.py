@@ -11,12 +11,18 @@ shaped like the prompts it was fitted on. Two ways a user's input silently diffe
 - **Length.** A prompt far longer than any the guard was fitted on lies outside what its
   clusters and threshold have seen.
 
-Both are **warnings**, not errors: a system prompt, several turns or a long document are
+- **System turn.** The template puts a system turn before the user's (SmolLM2's own default, or the one a
+  deployment sets: :func:`hf_lsad.capture.collect.prompt_texts`). It is a large part of every prompt mean, and a
+  guard's thresholds hold only for the system turn they were set under (``heads/system_prompt`` in the benchmarks:
+  chat flagged from 3% to 13% under three turns); :attr:`InputProfile.system` records it.
+
+All are **warnings**, not errors: another system prompt, several turns or a long document are
 legitimate inputs that the checks cannot tell from a mistake, and the model reads them
 fine. (Prompts beyond the model's context are errors: :mod:`hf_lsad.capture.inputs`.) A row
 warns for the format when it does not start with the template's first special token or
 does not end with its generation prompt (``chat_template`` guards), or when it starts
-with that token (``raw`` guards); for the length when it is more than
+with that token (``raw`` guards); for the system turn when it is formatted with the template but does not open
+as the guard's system turn opens a prompt; for the length when it is more than
 :data:`LONG_PROMPT_FACTOR` times the longest fitting prompt.
 """
 
@@ -26,9 +32,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+from jinja2.exceptions import TemplateError
 from torch import Tensor
 
 from ..errors import warn
+from .serialization import config_from_dict
 
 PROMPT_FORMATS = ("chat_template", "raw")
 LONG_PROMPT_FACTOR = 2.0
@@ -44,12 +52,28 @@ class InputProfile:
     given."""
     max_prompt_tokens: int
     """Tokens of the longest fitting prompt, template included."""
+    system: str | None = None
+    """The system turn before each prompt's user turn, the one the guard's thresholds were set under (``None``: none
+    given, so the chat template's own default if it has one). ``hf-lsad set-budget --system`` records it; folders and
+    stores written before this field existed load as ``None``."""
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"unknown prompt_format {self.prompt_format!r}; choose one of {PROMPT_FORMATS}")
         if self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.system is not None:
+            if not isinstance(self.system, str) or not self.system.strip():
+                raise ValueError(f"system must be None or a non-empty string, got {self.system!r}")
+            if self.prompt_format != "chat_template":
+                raise ValueError("a system turn needs prompt_format 'chat_template'")
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str) -> InputProfile:
+        """The profile saved as ``data`` (a guard's ``config.json`` or a store's index: ``source`` names it in
+        errors); one written before :attr:`system` existed was collected without a system turn."""
+        written = {"system": None, **data} if isinstance(data, dict) else data
+        return config_from_dict(cls, written, source=source)
 
 
 class TemplateMarkers(NamedTuple):
@@ -62,28 +86,58 @@ class TemplateMarkers(NamedTuple):
     text: str
     """Both, as text, for messages."""
     opening: tuple[int, ...]
-    """The ids before the user's text (``<|im_start|>system\\n...<|im_start|>user\\n``): the same in every prompt,
-    and so, in a causal model, the residual stream at them too."""
+    """The ids before the user's text (``<|im_start|>system\\n...<|im_start|>user\\n``): the same in every prompt
+    under one system turn, and so, in a causal model, the residual stream at them too."""
+    first_tokens: frozenset[int]
+    """The special tokens a templated prompt opens with, under the template's default turn or a system turn of its
+    own (``<|im_start|>`` alone for SmolLM2; ``<|user|>`` and ``<|system|>`` for a template without a default)."""
+    turn_opening: tuple[int, ...]
+    """:attr:`opening` without a last id of whitespace (the newline after ``user``), which a user's text that starts
+    with whitespace merges into: what every prompt under this system turn opens with."""
 
 
-def template_markers(tokenizer: Any) -> TemplateMarkers | None:
-    """The markers of ``tokenizer``'s chat template, ``None`` when it has none."""
+def template_markers(tokenizer: Any, system: str | None = None) -> TemplateMarkers | None:
+    """The markers of ``tokenizer``'s chat template for prompts under the system turn ``system`` (``None``: none
+    given, the template's default), ``None`` when it has no template."""
     if not getattr(tokenizer, "chat_template", None):
         return None
+    opening_turn = [{"role": "system", "content": system}] if system is not None else []
 
     def ids(content: str, generation_prompt: bool) -> list[int]:
-        turn = [{"role": "user", "content": content}]
+        turn = [*opening_turn, {"role": "user", "content": content}]
         text = tokenizer.apply_chat_template(turn, add_generation_prompt=generation_prompt, tokenize=False)
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     with_prompt, without, other = ids("x", True), ids("x", False), ids("y", True)
     suffix = with_prompt[len(without) :] if with_prompt[: len(without)] == without else []
-    start = with_prompt[0] if with_prompt and with_prompt[0] in set(tokenizer.all_special_ids) else None
+    special = set(tokenizer.all_special_ids)
+    start = with_prompt[0] if with_prompt and with_prompt[0] in special else None
     text = f"start with {tokenizer.decode([start])!r} and " if start is not None else ""
     opening = next((i for i, (a, b) in enumerate(zip(with_prompt, other)) if a != b), 0)  # where the texts part
+    fixed = with_prompt[:opening]
+    mergeable = bool(fixed) and fixed[-1] not in special and not tokenizer.decode(fixed[-1:]).strip()
     return TemplateMarkers(
-        start, tuple(suffix), text + f"end with {tokenizer.decode(suffix)!r}", tuple(with_prompt[:opening])
+        start,
+        tuple(suffix),
+        text + f"end with {tokenizer.decode(suffix)!r}",
+        tuple(fixed),
+        frozenset(_first_tokens(tokenizer)) & special,
+        tuple(fixed[:-1] if mergeable else fixed),
     )
+
+
+def _first_tokens(tokenizer: Any) -> set[int]:
+    """The first token of a prompt under the template's default turn and under a system turn of its own (the first
+    alone when the template refuses a system role)."""
+    firsts = set()
+    for opening in ([], [{"role": "system", "content": "s"}]):
+        turns = [*opening, {"role": "user", "content": "x"}]
+        try:
+            text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        except TemplateError:  # a template that raises on a system role: its prompts open one way only
+            continue
+        firsts.update(tokenizer(text, add_special_tokens=False)["input_ids"][:1])
+    return firsts
 
 
 def template_opening(tokenizer: Any) -> tuple[int, ...]:
@@ -98,7 +152,8 @@ def input_warnings(
     """One message per kind of mismatch between ``input_ids`` ``[batch, seq]`` and ``profile`` (empty: none).
 
     Each row is read between its first and last real token (left or right padding). Without
-    ``markers`` (no tokenizer, or one without a chat template) the format is not checked.
+    ``markers`` (no tokenizer, or one without a chat template) the format is not checked; ``markers`` are those of
+    the profile's system turn (:func:`template_markers`).
     """
     mask = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     lengths = mask.sum(1)
@@ -113,17 +168,28 @@ def input_warnings(
         )
     if markers is None:
         return messages
-    odd_rows = []
+    odd_rows, other_turn_rows = [], []
+    opening = list(markers.turn_opening)
     for row in range(len(input_ids)):
         tokens = input_ids[row][mask[row]].tolist()
-        starts = markers.start is not None and tokens[:1] == [markers.start]
+        starts = bool(tokens) and tokens[0] in markers.first_tokens
         if profile.prompt_format == "raw":
             odd = starts
         else:
             ends = tuple(tokens[-len(markers.generation_prompt) :]) == markers.generation_prompt
             odd = not ends or (markers.start is not None and not starts)
+            if not odd and tokens[: len(opening)] != opening:
+                other_turn_rows.append(row)
         if odd:
             odd_rows.append(row)
+    if other_turn_rows:
+        turn = "the chat template's default" if profile.system is None else repr(profile.system)
+        messages.append(
+            f"rows {other_turn_rows} open with another system turn than the one the guard's thresholds were set "
+            f"under ({turn}): verdicts move with the system turn, so the flag rate may be far from the guard's "
+            "target; set the thresholds under yours with `hf-lsad set-budget --system` (fit_budget_on_prompts(..., "
+            "system=...))"
+        )
     if odd_rows:
         if profile.prompt_format == "raw":
             expected = "the guard was fitted on raw prompts, but these start with the chat template's first token"
@@ -145,22 +211,28 @@ class InputWarner:
     """
 
     def __init__(self) -> None:
-        self._markers_of: tuple[Any, TemplateMarkers | None] = (None, None)  # (tokenizer, its chat-template markers)
+        self._tokenizer: Any = None
+        self._markers: dict[str | None, TemplateMarkers | None] = {}  # per system turn, of ``_tokenizer``
 
-    def markers(self, tokenizer: Any) -> TemplateMarkers | None:
-        """:func:`template_markers` of ``tokenizer`` (``None`` without one), computed once per tokenizer."""
-        if self._markers_of[0] is not tokenizer:
-            self._markers_of = (tokenizer, template_markers(tokenizer) if tokenizer is not None else None)
-        return self._markers_of[1]
+    def markers(self, tokenizer: Any, system: str | None = None) -> TemplateMarkers | None:
+        """:func:`template_markers` of ``tokenizer`` under ``system`` (``None`` without a tokenizer), computed once
+        per tokenizer and system turn."""
+        if self._tokenizer is not tokenizer:
+            self._tokenizer, self._markers = tokenizer, {}
+        if system not in self._markers:
+            self._markers[system] = template_markers(tokenizer, system) if tokenizer is not None else None
+        return self._markers[system]
 
-    def opening(self, tokenizer: Any) -> tuple[int, ...]:
-        """:attr:`TemplateMarkers.opening` of ``tokenizer``: empty without a tokenizer or a chat template."""
-        markers = self.markers(tokenizer)
+    def opening(self, tokenizer: Any, system: str | None = None) -> tuple[int, ...]:
+        """:attr:`TemplateMarkers.opening` of ``tokenizer`` under ``system``: empty without a tokenizer or a chat
+        template."""
+        markers = self.markers(tokenizer, system)
         return () if markers is None else markers.opening
 
     def warn(self, profile: InputProfile | None, tokenizer: Any, input_ids: Any, attention_mask: Tensor | None) -> None:
         """Warn (attributed to the caller's caller) once per kind of mismatch (:func:`input_warnings`)."""
         if profile is None or not isinstance(input_ids, Tensor) or input_ids.ndim != 2:
             return
-        for message in input_warnings(profile, self.markers(tokenizer), input_ids, attention_mask):
+        markers = self.markers(tokenizer, profile.system)
+        for message in input_warnings(profile, markers, input_ids, attention_mask):
             warn(message, UserWarning)

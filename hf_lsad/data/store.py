@@ -165,7 +165,7 @@ def _read_index(path: Path) -> StoreIndex:
     if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
         raise GuardFormatError(f"{source}: key 'records' must be a list of JSON objects, one per row")
     inputs = index.get("inputs")
-    inputs = None if inputs is None else config_from_dict(InputProfile, inputs, source=f"{source}:inputs")
+    inputs = None if inputs is None else InputProfile.from_dict(inputs, source=f"{source}:inputs")
     return StoreIndex(hook, shards, records, inputs)
 
 

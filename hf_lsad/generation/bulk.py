@@ -78,6 +78,7 @@ def screen_to_jsonl(
     batch_size: int = 16,
     max_batch_tokens: int | None = BATCH_TOKENS,
     chat_template: bool = True,
+    system: str | None = None,
     explain: int = 0,
     progress: bool = True,
 ) -> ScreenSummary:
@@ -96,6 +97,8 @@ def screen_to_jsonl(
         max_batch_tokens: Padded tokens per forward pass, at most (``None``: ``batch_size`` prompts whatever their
             length); rows are batched in order of their length in tokens either way.
         chat_template: Read each prompt as a user turn of the tokenizer's chat template (as ``screen`` does).
+        system: A system turn before each user turn, as the deployment sets it (``None``: the template's default);
+            a guard's thresholds hold for the turn they were set under.
         explain: Name this many prompt tokens behind each verdict a supervised head decided: the line's ``tokens``
             (:meth:`hf_lsad.guard.SafetyReport.to_json`, with their text). 0: none.
         progress: Show a progress bar with rows/s.
@@ -127,7 +130,12 @@ def screen_to_jsonl(
             bar.update(len(records))
 
         batches, errors = plan_batches(
-            guarded, pending, batch_size=batch_size, max_batch_tokens=max_batch_tokens, chat_template=chat_template
+            guarded,
+            pending,
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            chat_template=chat_template,
+            system=system,
         )
         write([_error_record(row_id, error) for row_id, error in errors])
         for batch in batches:
@@ -175,6 +183,7 @@ def plan_batches(
     batch_size: int,
     max_batch_tokens: int | None = None,
     chat_template: bool = True,
+    system: str | None = None,
 ) -> tuple[list[PromptBatch], list[tuple[str, str]]]:
     """The rows that can be screened, tokenised as ``screen`` reads them and batched in order of token length
     (:func:`~hf_lsad.core.batching.length_batches`), and ``(id, error)`` of the others: rows read without a prompt,
@@ -185,7 +194,7 @@ def plan_batches(
     errors = [(row.id, row.error) for row in rows if row.error is not None]
     readable = [row for row in rows if row.error is None]
     prompts = [cast(str, row.text) for row in readable]  # a row without an error has its prompt (PromptRow)
-    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template)
+    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
     token_ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
     context = getattr(guarded.model.config.get_text_config(), "max_position_embeddings", None)
     fits = [not context or len(ids) <= context for ids in token_ids]

@@ -285,7 +285,8 @@ class GuardedModelForCausalLM(nn.Module):
         self._input_warner.warn(
             self.guard.inputs, self.tokenizer, kwargs.get("input_ids"), kwargs.get("attention_mask")
         )
-        opening = self._input_warner.opening(self.tokenizer) if explain else ()
+        # the rows are expected under the system turn the thresholds were set under (the warner says when not)
+        opening = self._input_warner.opening(self.tokenizer, self._guard_system()) if explain else ()
         output, reports = generate_guarded(
             self.model, self.guard, self.tokenizer, kwargs, on_flag, refusal, explain, explain_top_k, on_step, opening
         )
@@ -296,6 +297,10 @@ class GuardedModelForCausalLM(nn.Module):
             return output
         return GuardedGenerateDecoderOnlyOutput(**output, safety=reports)
 
+    def _guard_system(self) -> str | None:
+        """The system turn the guard's thresholds were set under (``None``: the template's default)."""
+        return self.guard.inputs.system if self.guard.inputs is not None else None
+
     @torch.no_grad()
     def screen(
         self,
@@ -303,16 +308,19 @@ class GuardedModelForCausalLM(nn.Module):
         attention_mask: Tensor | None = None,
         *,
         chat_template: bool = True,
+        system: str | None = None,
         explain: bool = False,
         top_k: int = 10,
     ) -> list[SafetyReport]:
         """Reports for a batch of prompts without generating: a forward pass cut after the hooked block.
 
         ``prompts`` are strings (encoded with the wrapper's ``tokenizer`` as user turns of its chat
-        template, left-padded, as :func:`hf_lsad.capture.collect.encode_prompts`) or ``input_ids``
-        (left- or right-padded) with their ``attention_mask``. Needs a guard that reads the prompt
-        (``prompt_last`` or ``prompt_mean``): a ``prompt_last`` verdict equals the one ``generate``
-        reports for the same prompts, and the same inputs are refused
+        template, after the system turn ``system`` when given, left-padded, as
+        :func:`hf_lsad.capture.collect.encode_prompts`) or ``input_ids``
+        (left- or right-padded) with their ``attention_mask``. Rows under another system turn than the one the
+        guard's thresholds were set under (:attr:`~hf_lsad.core.prompt_inputs.InputProfile.system`) warn. Needs a
+        guard that reads the prompt (``prompt_last`` or ``prompt_mean``): a ``prompt_last`` verdict equals the one
+        ``generate`` reports for the same prompts, and the same inputs are refused
         (:func:`hf_lsad.capture.inputs.check_context`: malformed tensors, prompts beyond the model's context).
         ``explain`` and ``top_k`` are ``generate``'s ``explain`` and ``explain_top_k``.
         """
@@ -322,6 +330,8 @@ class GuardedModelForCausalLM(nn.Module):
                 f"screen() needs a guard that reads the prompt {PROMPT_POSITIONS}; this one reads {hook.position}"
             )
         if isinstance(prompts, Tensor):
+            if system is not None:
+                raise ValueError("system= formats prompts given as strings; input_ids are formatted already")
             input_ids = prompts
             attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         else:
@@ -329,7 +339,7 @@ class GuardedModelForCausalLM(nn.Module):
                 raise ValueError(
                     "screen() of strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)"
                 )
-            inputs = encode_prompts(self.tokenizer, prompts, chat_template=chat_template)
+            inputs = encode_prompts(self.tokenizer, prompts, chat_template=chat_template, system=system)
             input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
         check_context(self.model, input_ids, attention_mask)  # the rule generate applies
         self._input_warner.warn(self.guard.inputs, self.tokenizer, input_ids, attention_mask)
@@ -340,7 +350,10 @@ class GuardedModelForCausalLM(nn.Module):
         )
         reads = reader.features(self.guard.reads)
         activations = reads if self.guard.heads else reads[self.guard.reads[0]]
-        tokens = reader.tokens(self._input_warner.opening(self.tokenizer)) if keep_tokens else None
+        # explanations leave out the template's opening: strings were formatted under ``system``; input_ids are
+        # expected under the guard's system turn
+        turn = self._guard_system() if isinstance(prompts, Tensor) else system
+        tokens = reader.tokens(self._input_warner.opening(self.tokenizer, turn)) if keep_tokens else None
         return self.guard.reports(activations, explain=explain, top_k=top_k, tokens=tokens)
 
 

@@ -231,7 +231,7 @@ def load_guard_folder(path: Path) -> tuple[GuardParts, dict[str, Any]]:
         running = config_from_dict(RunningConfig, raw["running"], source=f"{source}:running")
     elif "running" in raw:
         raise GuardFormatError(f"{source}: config key 'running' on a {config.hook.position} guard")
-    inputs = config_from_dict(InputProfile, raw["inputs"], source=f"{source}:inputs") if "inputs" in raw else None
+    inputs = InputProfile.from_dict(raw["inputs"], source=f"{source}:inputs") if "inputs" in raw else None
     calibration = None
     if "calibration" in raw:
         calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")

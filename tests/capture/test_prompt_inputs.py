@@ -12,7 +12,7 @@ import torch
 from tiny import LAYER, MIXED_BATCH, PROMPTS, fresh_guard, tiny_guard
 
 from hf_lsad import GuardedModelForCausalLM
-from hf_lsad.capture.collect import collect_activations, encode_prompts
+from hf_lsad.capture.collect import collect_activations, collect_prompt_features, encode_prompts
 from hf_lsad.core.hook_point import HookPoint
 from hf_lsad.core.prompt_inputs import LONG_PROMPT_FACTOR, InputProfile, input_warnings, template_markers
 from hf_lsad.data.store import ActivationStore, load_activations, save_activations
@@ -32,7 +32,10 @@ def generate_warnings(guarded: GuardedModelForCausalLM, inputs: dict) -> list[st
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         guarded.generate(**inputs, max_new_tokens=1, do_sample=False)
-    return [str(w.message) for w in caught if "fitting prompts" in str(w.message) or "longest prompt" in str(w.message)]
+    return [str(w.message) for w in caught if any(kind in str(w.message) for kind in INPUT_WARNINGS)]
+
+
+INPUT_WARNINGS = ("fitting prompts", "longest prompt", "another system turn")
 
 
 def test_template_markers_of_the_tiny_chat_template():
@@ -157,6 +160,9 @@ def test_encode_prompts_gives_the_two_generation_inputs_padded_and_placed():
         ({"prompt_format": "raw", "max_prompt_tokens": 0}, "max_prompt_tokens"),
         ({"prompt_format": "raw"}, "max_prompt_tokens"),
         ({"prompt_format": "raw", "max_prompt_tokens": 5, "extra": 1}, "extra"),
+        ({"prompt_format": "raw", "max_prompt_tokens": 5, "system": "You are terse."}, "system"),
+        ({"prompt_format": "chat_template", "max_prompt_tokens": 5, "system": " "}, "system"),
+        ({"prompt_format": "chat_template", "max_prompt_tokens": 5, "system": 3}, "system"),
     ],
 )
 def test_bad_inputs_block_fails_at_load_naming_the_key(tmp_path, inputs, key):
@@ -191,3 +197,51 @@ def test_encode_prompts_puts_a_system_turn_before_each_user_turn():
         encode_prompts(tokenizer, ["hello"], chat_template=False, system="You are terse.")
     with pytest.raises(ValueError, match="non-empty string"):
         encode_prompts(tokenizer, ["hello"], system="  ")
+
+
+SYSTEM = "You are the support assistant of a bank."
+
+
+def test_rows_under_another_system_turn_than_the_thresholds_warn():
+    guarded, tokenizer = guarded_with(InputProfile("chat_template", 200))
+    assert generate_warnings(guarded, encode_prompts(tokenizer, [*MIXED_BATCH, "\nstarts with a newline"])) == []
+    (message,) = generate_warnings(guarded, encode_prompts(tokenizer, MIXED_BATCH, system=SYSTEM))
+    assert "rows [0, 1, 2]" in message and "the chat template's default" in message and "--system" in message
+
+    guarded.guard.inputs = InputProfile("chat_template", 200, SYSTEM)  # thresholds set under the bank's turn
+    assert generate_warnings(guarded, encode_prompts(tokenizer, MIXED_BATCH, system=SYSTEM)) == []
+    (message,) = generate_warnings(guarded, encode_prompts(tokenizer, MIXED_BATCH))
+    assert "rows [0, 1, 2]" in message and repr(SYSTEM) in message
+    other = encode_prompts(tokenizer, MIXED_BATCH[:1], system="You are a pirate.")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guarded.screen(other["input_ids"], other["attention_mask"])
+    assert any("another system turn" in str(w.message) for w in caught)
+
+
+def test_screen_formats_strings_under_a_system_turn_as_encode_prompts_does():
+    guarded, tokenizer = guarded_with(InputProfile("chat_template", 200, SYSTEM))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # under the guard's own turn: nothing to warn about
+        by_text = guarded.screen(MIXED_BATCH, system=SYSTEM)
+    inputs = encode_prompts(tokenizer, MIXED_BATCH, system=SYSTEM)
+    by_ids = guarded.screen(inputs["input_ids"], inputs["attention_mask"])
+    assert [r.score for r in by_text] == pytest.approx([r.score for r in by_ids], abs=1e-5)
+    default = guarded_with(InputProfile("chat_template", 200))[0].screen(MIXED_BATCH)
+    assert [r.score for r in by_text] != pytest.approx([r.score for r in default], abs=1e-3)
+    with pytest.raises(ValueError, match="formatted already"):
+        guarded.screen(inputs["input_ids"], inputs["attention_mask"], system=SYSTEM)
+
+
+def test_a_profile_records_its_system_turn_and_older_ones_load_without(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    _, profile = collect_prompt_features(model, tokenizer, PROMPTS[:4], [(LAYER, "prompt_last")], system=SYSTEM)
+    assert profile.system == SYSTEM and profile.prompt_format == "chat_template"
+    guard = fresh_guard("prompt_last")
+    guard.inputs = profile
+    guard.save_pretrained(tmp_path / "guard")
+    assert SafetyGuard.from_pretrained(tmp_path / "guard").inputs == profile
+    older = {"prompt_format": "chat_template", "max_prompt_tokens": 40}  # written before the field existed
+    assert InputProfile.from_dict(older, source="old") == InputProfile("chat_template", 40, None)
+    with pytest.raises(ValueError, match="chat_template"):
+        InputProfile("raw", 40, SYSTEM)

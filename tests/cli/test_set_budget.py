@@ -68,12 +68,16 @@ def test_set_budget_sets_the_thresholds_under_the_deployments_system_turn(model_
     entry(["set-budget", *arguments, "--system", system])
     budget = SafetyGuard.from_pretrained(out).budget
     assert repr(system) in budget.rows and repr(system) in (out / "README.md").read_text()
+    assert SafetyGuard.from_pretrained(out).inputs.system == system  # what generate and screen check rows against
 
     model, tokenizer, _ = tiny_guard("prompt_last")
     under = fit_budget_on_prompts(model, tokenizer, SafetyGuard.from_pretrained(guard_dir), SAMPLE, system=system)
     default = fit_budget_on_prompts(model, tokenizer, SafetyGuard.from_pretrained(guard_dir), SAMPLE)
     assert budget.thresholds == pytest.approx(under.thresholds, rel=1e-5)  # the prompts as the deployment sends them
     assert budget.thresholds != pytest.approx(default.thresholds, rel=1e-3)
+    again = tmp_path / "default"
+    entry(["set-budget", "--guard", str(out), "--model", str(model_dir), "--benign", str(sample), "--out", str(again)])
+    assert SafetyGuard.from_pretrained(again).inputs.system is None  # set again under the template's own turn
     with pytest.raises(SystemExit):
         entry(["set-budget", "--guard", str(guard_dir), "--benign", str(sample), "--out", str(out), "--system", " "])
     assert "argument --system: empty" in capsys.readouterr().err

@@ -250,7 +250,8 @@ def fit_budget_on_prompts(
             their length).
         system: The system turn the deployment puts before each user turn (``None``: the template's default).
             Verdicts depend on it, so set the thresholds under the one the guard will meet; it is recorded in
-            ``rows``.
+            ``rows`` and in the guard's :attr:`~hf_lsad.core.prompt_inputs.InputProfile.system`, against which
+            ``generate`` and ``screen`` check their rows (a guard without a profile takes the one of ``prompts``).
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
@@ -262,7 +263,7 @@ def fit_budget_on_prompts(
     if shares is None:
         shares = budget.shares if budget is not None and budget.heads == guard.head_names else None
     allowed_flags(len(prompts), target_fpr, confidence)  # too few prompts for the confidence: refused here
-    benign, _ = collect_prompt_features(
+    benign, profile = collect_prompt_features(
         model,
         tokenizer,
         list(prompts),
@@ -274,7 +275,11 @@ def fit_budget_on_prompts(
     )
     if system is not None:
         rows = f"{rows}, under the system turn {system!r}"
-    return guard.fit_budget(benign, target_fpr=target_fpr, shares=shares, rows=rows, confidence=confidence)
+    budget = guard.fit_budget(benign, target_fpr=target_fpr, shares=shares, rows=rows, confidence=confidence)
+    # the thresholds, and so the verdicts, now hold for this system turn; a guard without a profile takes the one
+    # of the prompts its thresholds were set on
+    guard.inputs = dataclasses.replace(guard.inputs, system=system) if guard.inputs is not None else profile
+    return budget
 
 
 USER_SOURCE = "user-benign"

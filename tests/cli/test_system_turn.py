@@ -1,0 +1,73 @@
+"""A deployment's system turn through ``generate``, ``screen`` and ``explain``: the prompts read as the deployment
+sends them, and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import fresh_guard, tiny_guard
+
+from hf_lsad.cli.main import entry
+from hf_lsad.generation.model import GuardedModelForCausalLM
+
+SYSTEM = "You are the support assistant of a bank."
+PROMPTS = ["How do I bake bread?", "Tell me a joke about the weather"]
+
+
+@pytest.fixture
+def guard_dir(tmp_path):
+    fresh_guard("prompt_last").save_pretrained(tmp_path / "guard")
+    return tmp_path / "guard"
+
+
+def screened(system: str | None) -> list[str]:
+    """Each prompt's report line, screened in Python under ``system``."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guarded = GuardedModelForCausalLM(model, fresh_guard("prompt_last"), tokenizer=tokenizer)
+    return [report.describe() for report in guarded.screen(PROMPTS, system=system)]
+
+
+def test_generate_reads_the_prompts_under_the_system_turn(model_dir, guard_dir, capsys):
+    common = ["generate", "--model", str(model_dir), "--guard", str(guard_dir), "--max-new-tokens", "2"]
+    entry([*common, "--system", SYSTEM, *PROMPTS])
+    out = capsys.readouterr().out
+    assert all(f"safety:   {line}" in out for line in screened(SYSTEM))  # a prompt_last verdict is screen's
+    assert not any(f"safety:   {line}" in out for line in screened(None))
+
+
+def test_screen_reads_the_prompts_under_the_system_turn(model_dir, guard_dir, tmp_path):
+    (tmp_path / "p.txt").write_text("\n".join(PROMPTS) + "\n")
+    common = ["screen", str(tmp_path / "p.txt"), "--model", str(model_dir), "--guard", str(guard_dir)]
+    entry([*common, "--out", str(tmp_path / "under.jsonl"), "--system", SYSTEM])
+    entry([*common, "--out", str(tmp_path / "default.jsonl")])
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guarded = GuardedModelForCausalLM(model, fresh_guard("prompt_last"), tokenizer=tokenizer)
+    written = {}
+    for name, system in (("under", SYSTEM), ("default", None)):
+        lines = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        written[name] = [line["heads"]["anomaly"]["score"] for line in sorted(lines, key=lambda line: int(line["id"]))]
+        assert written[name] == pytest.approx([r.score for r in guarded.screen(PROMPTS, system=system)], abs=1e-5)
+    assert written["under"] != pytest.approx(written["default"], abs=1e-3)
+
+
+def test_explain_reads_the_prompts_under_the_system_turn(model_dir, guard_dir, capsys):
+    common = ["explain", "--model", str(model_dir), "--guard", str(guard_dir), "--top-k", "2"]
+    entry([*common, "--system", SYSTEM, PROMPTS[0]])
+    assert screened(SYSTEM)[0] in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["generate", "--system", " ", "hi"], "argument --system: empty"),
+        (["screen", "p.txt", "--out", "v.jsonl", "--raw", "--system", SYSTEM], "which --raw leaves out"),
+        (["explain", "--system", "", "hi"], "argument --system: empty"),
+    ],
+)
+def test_an_empty_system_turn_or_one_without_the_template_is_refused(argv, error, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.txt").write_text("hello\n")
+    with pytest.raises(SystemExit) as info:
+        entry(argv)
+    assert info.value.code == 2 and error in capsys.readouterr().err
