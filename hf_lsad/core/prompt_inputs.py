@@ -211,17 +211,19 @@ class InputWarner:
     """
 
     def __init__(self) -> None:
-        self._tokenizer: Any = None
-        self._markers: dict[str | None, TemplateMarkers | None] = {}  # per system turn, of ``_tokenizer``
+        # (tokenizer, its markers per system turn), swapped as one so that threads sharing a model read a pair
+        self._markers_of: tuple[Any, dict[str | None, TemplateMarkers | None]] = (None, {})
 
     def markers(self, tokenizer: Any, system: str | None = None) -> TemplateMarkers | None:
         """:func:`template_markers` of ``tokenizer`` under ``system`` (``None`` without a tokenizer), computed once
         per tokenizer and system turn."""
-        if self._tokenizer is not tokenizer:
-            self._tokenizer, self._markers = tokenizer, {}
-        if system not in self._markers:
-            self._markers[system] = template_markers(tokenizer, system) if tokenizer is not None else None
-        return self._markers[system]
+        owner, cache = self._markers_of
+        if owner is not tokenizer:
+            cache = {}
+            self._markers_of = (tokenizer, cache)
+        if system not in cache:
+            cache[system] = template_markers(tokenizer, system) if tokenizer is not None else None
+        return cache[system]
 
     def opening(self, tokenizer: Any, system: str | None = None) -> tuple[int, ...]:
         """:attr:`TemplateMarkers.opening` of ``tokenizer`` under ``system``: empty without a tokenizer or a chat
