@@ -20,6 +20,9 @@ each ``validation`` turn and of the test split under each ``test`` turn (no turn
 under the default turn (from the stores): the chat and look-alike flag rates and each source's TPR, median and
 worst. Under the default turn, on validation rows, it also reports every benign domain's flag rate.
 
+With ``reset_thresholds``, each turn's rows are also judged at thresholds re-set on validation chat under that
+turn, as a deployment that sets its budget under its own turn would (``hf-lsad set-budget --system``).
+
 The features of rows under a turn are collected once into ``artifacts/system_turns/`` (one file per split and
 turn, named by a hash of the turn, the rows' ids and the reads) and read back on the next run.
 """
@@ -90,6 +93,11 @@ class Settings:
     """Padded tokens a forward pass holds at most."""
     seed: int = 0
     """Seed of the copies, their turns, and the draws."""
+    reset_thresholds: bool = False
+    """Also judge each turn's rows at thresholds re-set on the validation chat rows under that turn, as ``hf-lsad
+    set-budget --system`` sets them (the released budget's target, shares and confidence): under a validation turn
+    those are the judged chat rows themselves, so their flag rate is the budget's by construction; under a test turn,
+    the validation chat collected under it."""
 
 
 def _turns(settings: Settings) -> dict[str, list[str]]:
@@ -173,6 +181,16 @@ def _rates(rows: SourceRows, index: list[int], flagged: torch.Tensor) -> dict[st
     return out
 
 
+def _summary(under_turns: list[dict[str, Any]], settings: Settings) -> dict[str, Any]:
+    """Over the turns of a split: the mean worst and median source TPR, the highest and lowest benign flag rates."""
+    return {
+        "mean_worst_tpr": statistics.mean(r["worst_tpr"] for r in under_turns),
+        "mean_median_tpr": statistics.mean(r["median_tpr"] for r in under_turns),
+        "highest_fpr": {d: max(r["domains"][d]["fpr"] for r in under_turns) for d in settings.judged_domains},
+        "lowest_fpr": {d: min(r["domains"][d]["fpr"] for r in under_turns) for d in settings.judged_domains},
+    }
+
+
 def run(settings: Settings) -> dict[str, Any]:
     turns = _turns(settings)
     guard = SafetyGuard.from_pretrained(settings.guard)
@@ -229,8 +247,23 @@ def run(settings: Settings) -> dict[str, Any]:
         for turn in names:
             turned[(split, turn)] = collect(rows, judged[split], turn, split)
 
+    chat_index = [i for i, (s, d) in enumerate(zip(rows.splits, rows.domains)) if s == "validation" and d == "chat"]
+    reference: dict[tuple[str, str], dict[Read, torch.Tensor]] = {}
+    if settings.reset_thresholds:  # the validation chat under each turn, where set-budget --system would set them
+        if "chat" not in settings.judged_domains:
+            raise ValueError("reset_thresholds sets the thresholds on the judged validation chat: judge 'chat'")
+        at = {i: k for k, i in enumerate(judged["validation"])}
+        for turn in turns["validation"]:
+            features = turned[("validation", turn)]
+            reference[("validation", turn)] = {r: v[[at[i] for i in chat_index]] for r, v in features.items()}
+        for turn in turns["test"]:
+            reference[("test", turn)] = collect(rows, chat_index, turn, "reference")
+
+    def reset_at(head: SupervisedHead, features: dict[Read, torch.Tensor]) -> list[float]:
+        return threshold_at(scores(head, features), budget.target_fpr, budget.shares, budget.confidence)
+
     for name, head in heads.items():
-        thresholds = threshold_at(scores(head, chat.features), budget.target_fpr, budget.shares, budget.confidence)
+        thresholds = reset_at(head, chat.features)
         entry: dict[str, Any] = {
             "thresholds": thresholds,
             "validation_chat_fpr": union_flag_rate(scores(head, chat.features), thresholds),
@@ -246,13 +279,16 @@ def run(settings: Settings) -> dict[str, Any]:
             entry[split] = {"(default turn)": _rates(rows, index, flags(head, default, thresholds))}
             for turn in turns[split]:
                 entry[split][turn] = _rates(rows, index, flags(head, turned[(split, turn)], thresholds))
+                if settings.reset_thresholds:
+                    reset = reset_at(head, reference[(split, turn)])
+                    entry[split][turn]["reset"] = {"thresholds": reset}
+                    entry[split][turn]["reset"].update(_rates(rows, index, flags(head, turned[(split, turn)], reset)))
             under_turns = [entry[split][t] for t in turns[split]]
-            entry[split]["summary over turns"] = {
-                "mean_worst_tpr": statistics.mean(r["worst_tpr"] for r in under_turns),
-                "mean_median_tpr": statistics.mean(r["median_tpr"] for r in under_turns),
-                "highest_fpr": {d: max(r["domains"][d]["fpr"] for r in under_turns) for d in settings.judged_domains},
-                "lowest_fpr": {d: min(r["domains"][d]["fpr"] for r in under_turns) for d in settings.judged_domains},
-            }
+            entry[split]["summary over turns"] = _summary(under_turns, settings)
+            if settings.reset_thresholds:
+                entry[split]["summary over turns, thresholds re-set"] = _summary(
+                    [r["reset"] for r in under_turns], settings
+                )
             print(f"{name} {split}: {json.dumps(entry[split]['summary over turns'])}", flush=True)
         results["heads"][name] = entry
     return results
