@@ -124,6 +124,38 @@ def _augment_picks(rows: SourceRows, settings: Settings, n_turns: int) -> dict[i
     return by_turn
 
 
+def copies_under_turns(rows: SourceRows, settings: Settings, collect: TurnCollector) -> SourceRows:
+    """The fit rows :func:`_augment_picks` draws, each again under its training turn: rows of split ``fit`` with the
+    source, domain and label of the row copied, and ids ``<id>@<turn index>``."""
+    turns = _turns(settings)["train"]
+    parts = []
+    for t, index in sorted(_augment_picks(rows, settings, len(turns)).items()):
+        chosen = set(index)
+        copied = rows.select([i in chosen for i in range(len(rows))])  # in row order, as index is sorted
+        copied.features = collect(rows, index, turns[t], "fit")
+        copied.ids = [f"{row_id}@{t}" for row_id in copied.ids]
+        parts.append(copied)
+    out = parts[0]
+    for part in parts[1:]:
+        out = join_rows(out, part)
+    return out
+
+
+def join_rows(first: SourceRows, second: SourceRows) -> SourceRows:
+    """The rows of ``first`` then those of ``second`` (the same reads)."""
+    if set(first.features) != set(second.features):
+        raise ValueError(f"rows of other reads: {sorted(first.features)} and {sorted(second.features)}")
+    return SourceRows(
+        features={read: torch.cat([values, second.features[read]]) for read, values in first.features.items()},
+        ids=first.ids + second.ids,
+        texts=first.texts + second.texts,
+        sources=first.sources + second.sources,
+        domains=first.domains + second.domains,
+        labels=torch.cat([first.labels, second.labels]),
+        splits=first.splits + second.splits,
+    )
+
+
 def _judged(rows: SourceRows, split: str, settings: Settings) -> list[int]:
     """Row indices judged on ``split``: every row of the judged domains, then a seeded draw of each unsafe source."""
     domains = settings.judged_domains
@@ -137,7 +169,7 @@ def _judged(rows: SourceRows, split: str, settings: Settings) -> list[int]:
     return picks
 
 
-class _Collector:
+class TurnCollector:
     """Features of rows under a system turn: read from the cache, or collected with one model loaded once."""
 
     def __init__(self, settings: Settings, reads: list[Read]) -> None:
@@ -199,27 +231,13 @@ def run(settings: Settings) -> dict[str, Any]:
     budget = guard.budget
     reads = sorted({guard.reads[0], *HARM_PROBE.reads})
     rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
-    collect = _Collector(settings, reads)
+    collect = TurnCollector(settings, reads)
 
-    copies: dict[tuple[int, str], list[torch.Tensor]] = {read: [] for read in reads}
-    copied: list[int] = []
-    for t, index in sorted(_augment_picks(rows, settings, len(turns["train"])).items()):
-        features = collect(rows, index, turns["train"][t], "fit")
-        for read in reads:
-            copies[read].append(features[read])
-        copied += index
+    copies = copies_under_turns(rows, settings, collect)
     fit = rows.select(rows.where(split="fit"))
-    augmented = SourceRows(
-        features={read: torch.cat([fit.features[read], *copies[read]]) for read in reads},
-        ids=fit.ids + [rows.ids[i] for i in copied],
-        texts=fit.texts + [rows.texts[i] for i in copied],
-        sources=fit.sources + [rows.sources[i] for i in copied],
-        domains=fit.domains + [rows.domains[i] for i in copied],
-        labels=torch.cat([fit.labels, rows.labels[copied]]),
-        splits=fit.splits + ["fit"] * len(copied),
-    )
-    results: dict[str, Any] = {"fit_rows": len(fit), "copies": len(copied), "heads": {}}
-    print(f"fit rows {len(fit)}, copies under a training turn {len(copied)}", flush=True)
+    augmented = join_rows(fit, copies)
+    results: dict[str, Any] = {"fit_rows": len(fit), "copies": len(copies), "heads": {}}
+    print(f"fit rows {len(fit)}, copies under a training turn {len(copies)}", flush=True)
     heads: dict[str, SupervisedHead] = {
         "default": fit_head("harm", fit.features, fit.labels, fit.sources, HARM_PROBE),
         "many turns": fit_head("harm", augmented.features, augmented.labels, augmented.sources, HARM_PROBE),

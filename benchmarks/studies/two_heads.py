@@ -12,7 +12,8 @@ thresholds at 5% and 1% on validation chat, rates on the held-out group's ``eval
 
 Every run also fits the supervised head on every fit row and reports how far its logit follows the prompt's length
 (:func:`length_correlation`). ``prompt_mean="after_opening"`` takes the chat template's opening out of every prompt
-mean first (:func:`mean_after_opening`).
+mean first (:func:`mean_after_opening`); ``system_turn_copies`` adds fit rows again under training system turns
+(:mod:`studies.system_turns`).
 
 With ``evaluate_on="test"`` the run also measures the guard as it ships (:func:`shipped`): the supervised head
 fitted on the fit rows of every pool, thresholds on validation chat (with the budget's ``confidence``, as the
@@ -92,7 +93,11 @@ class Settings:
     """What the supervised head's ``prompt_mean`` reads average: ``all`` the prompt's tokens, as collected and
     shipped; ``after_opening`` only those after the chat template's opening (:func:`mean_after_opening`)."""
     model: str = "default"
-    """The model the stores were collected from (read by ``prompt_mean="after_opening"`` alone)."""
+    """The model the stores were collected from (read by ``prompt_mean="after_opening"`` and ``system_turn_copies``)."""
+    system_turn_copies: float = 0.0
+    """Share of each source's fit rows added again, each under a training system turn of ``heads/system_turns``
+    (:func:`studies.system_turns.copies_under_turns`, the same seed and cache); 0: none. A held-out source or domain
+    takes its copies with it."""
 
 
 def mean_after_opening(rows: SourceRows, model_name: str, check_rows: int = 12) -> tuple[SourceRows, dict[str, Any]]:
@@ -219,6 +224,20 @@ def run(settings: Settings) -> dict[str, Any]:
     if settings.prompt_mean == "after_opening":
         rows, results["prompt_mean_check"] = mean_after_opening(rows, settings.model)
         print(f"prompt means without the template's opening: {results['prompt_mean_check']}")
+    if settings.system_turn_copies:
+        from . import system_turns
+
+        turned = system_turns.Settings(
+            folder=settings.folder,
+            pools=settings.pools,
+            model=settings.model,
+            augment_share=settings.system_turn_copies,
+            seed=settings.seed,
+        )
+        copies = system_turns.copies_under_turns(rows, turned, system_turns.TurnCollector(turned, reads))
+        rows = system_turns.join_rows(rows, copies)
+        results["system_turn_copies"] = len(copies)
+        print(f"{len(copies)} fit rows copied under a training system turn", flush=True)
     anomaly = anomaly_scores(guard, rows.features, settings.anomaly_score)
     anomaly_of = anomaly_lookup(dict(zip(rows.ids, anomaly.tolist())))
 
