@@ -9,9 +9,9 @@ prompts under the template's default turn only. This study fits the same head (t
 - **default**: as released, every row under the template's default system turn (the stores under ``folder``);
 - **released**: the bundled guard's own head, for reference (the stores were collected again since the release,
   and the refit's logits differ from it by ``refit_deviation`` on validation rows);
-- **many turns**: the same rows plus a seeded ``augment_share`` of each source's fit rows again, each under a
-  system turn drawn from the ``train`` turns of ``turns`` (collected here; each source weighs alike as before,
-  so the copies change a source's style, not its weight).
+- **many turns**: the same rows plus a seeded ``augment_share`` of each source's fit rows again (``lookalike_share``
+  of each benign look-alike source's), each under a system turn drawn from the ``train`` turns of ``turns``
+  (collected here; each source weighs alike as before, so the copies change a source's style, not its weight).
 
 Each decides beside the released anomaly head at the released budget: thresholds on validation chat under the
 default turn (5%, shares 0.05 / 0.95, confidence 0.95), as the release sets them. Each is judged on the chat and
@@ -93,6 +93,9 @@ class Settings:
     """Padded tokens a forward pass holds at most."""
     seed: int = 0
     """Seed of the copies, their turns, and the draws."""
+    lookalike_share: float | None = None
+    """Share of each benign look-alike source's fit rows copied (``None``: ``augment_share``). The copies beyond
+    ``augment_share`` are drawn after the others, with a generator of their own, so the others stay as they were."""
     reset_thresholds: bool = False
     """Also judge each turn's rows at thresholds re-set on the validation chat rows under that turn, as ``hf-lsad
     set-budget --system`` sets them (the released budget's target, shares and confidence): under a validation turn
@@ -124,17 +127,37 @@ def _augment_picks(rows: SourceRows, settings: Settings, n_turns: int) -> dict[i
     return by_turn
 
 
+def _lookalike_picks(rows: SourceRows, settings: Settings, n_turns: int, taken: set[int]) -> dict[int, list[int]]:
+    """``{train turn index: row indices}``: the look-alike fit rows copied beyond ``augment_share`` (none of
+    ``taken``), up to ``lookalike_share`` of each look-alike source, each given a turn."""
+    if settings.lookalike_share is None or settings.lookalike_share <= settings.augment_share:
+        return {}
+    rng = random.Random(f"{settings.seed}-lookalike")
+    by_turn: dict[int, list[int]] = {}
+    for source in sorted({s for s, d in zip(rows.sources, rows.domains) if d == "lookalike"}):
+        index = [i for i, (s, split) in enumerate(zip(rows.sources, rows.splits)) if s == source and split == "fit"]
+        free = [i for i in index if i not in taken]
+        wanted = round(settings.lookalike_share * len(index)) - (len(index) - len(free))
+        for i in sorted(rng.sample(free, max(0, min(wanted, len(free))))):
+            by_turn.setdefault(rng.randrange(n_turns), []).append(i)
+    return by_turn
+
+
 def copies_under_turns(rows: SourceRows, settings: Settings, collect: TurnCollector) -> SourceRows:
     """The fit rows :func:`_augment_picks` draws, each again under its training turn: rows of split ``fit`` with the
     source, domain and label of the row copied, and ids ``<id>@<turn index>``."""
     turns = _turns(settings)["train"]
+    picks = _augment_picks(rows, settings, len(turns))
+    taken = {i for index in picks.values() for i in index}
+    groups = [("fit", picks), ("fit-lookalike", _lookalike_picks(rows, settings, len(turns), taken))]
     parts = []
-    for t, index in sorted(_augment_picks(rows, settings, len(turns)).items()):
-        chosen = set(index)
-        copied = rows.select([i in chosen for i in range(len(rows))])  # in row order, as index is sorted
-        copied.features = collect(rows, index, turns[t], "fit")
-        copied.ids = [f"{row_id}@{t}" for row_id in copied.ids]
-        parts.append(copied)
+    for name, by_turn in groups:
+        for t, index in sorted(by_turn.items()):
+            chosen = set(index)
+            copied = rows.select([i in chosen for i in range(len(rows))])  # in row order, as index is sorted
+            copied.features = collect(rows, index, turns[t], name)
+            copied.ids = [f"{row_id}@{t}" for row_id in copied.ids]
+            parts.append(copied)
     out = parts[0]
     for part in parts[1:]:
         out = join_rows(out, part)
