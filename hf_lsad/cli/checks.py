@@ -5,16 +5,18 @@
   against the model's config (read without the weights). A bad argument is a usage
   error: ``hf-lsad: error: ...`` and exit code 2, in seconds, not after a 30 s model load.
 - :func:`run` wraps a command: any failure prints ``hf-lsad: error: <message>`` (one line)
-  and exits with code 1; ``--debug`` (anywhere on the command line) shows the traceback
-  instead.
+  and exits with code 1, and a warning prints as one line too (``hf-lsad: warning: UserWarning: <message>``);
+  ``--debug`` (anywhere on the command line) shows the traceback and Python's own warnings instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..core.validation import HALF_OPEN_UNIT, NON_NEGATIVE, OPEN_UNIT, POSITIVE, Range
 
@@ -259,6 +261,14 @@ def _one_line(err: BaseException) -> str:
     return text or type(err).__name__
 
 
+def _show_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    """A warning as one line of the command's output, like its errors (``--debug`` shows Python's own, with where it
+    was raised)."""
+    print(f"{PROG}: warning: {category.__name__}: {' '.join(str(message).split())}", file=file or sys.stderr)
+
+
 def run(main: Callable[[Sequence[str]], None], argv: Sequence[str] | None = None) -> None:
     """Run ``main(argv)`` as the ``hf-lsad`` command (module docstring); ``--debug`` shows tracebacks."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -268,7 +278,9 @@ def run(main: Callable[[Sequence[str]], None], argv: Sequence[str] | None = None
         main(argv)
         return
     try:
-        main(argv)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            main(argv)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None

@@ -9,6 +9,7 @@ import pytest
 from tiny import fresh_guard, tiny_guard
 
 from hf_lsad.cli.main import entry
+from hf_lsad.core.prompt_inputs import InputProfile
 from hf_lsad.generation.model import GuardedModelForCausalLM
 
 SYSTEM = "You are the support assistant of a bank."
@@ -71,3 +72,16 @@ def test_an_empty_system_turn_or_one_without_the_template_is_refused(argv, error
     with pytest.raises(SystemExit) as info:
         entry(argv)
     assert info.value.code == 2 and error in capsys.readouterr().err
+
+
+def test_a_row_under_another_turn_than_the_guards_warns_in_one_line(model_dir, tmp_path, capsys):
+    guard = fresh_guard("prompt_last")
+    guard.inputs = InputProfile("chat_template", 200)  # thresholds set under the template's default turn
+    guard.save_pretrained(tmp_path / "profiled")
+    common = ["generate", "--model", str(model_dir), "--guard", str(tmp_path / "profiled"), "--max-new-tokens", "1"]
+    entry([*common, *PROMPTS])
+    assert "warning" not in capsys.readouterr().err
+    entry([*common, "--system", SYSTEM, *PROMPTS])
+    err = capsys.readouterr().err
+    assert "hf-lsad: warning: UserWarning: rows [0, 1] open with another system turn" in err
+    assert "the chat template's default" in err and ".py:" not in err  # the command's voice, not a traceback's
