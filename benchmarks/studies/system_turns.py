@@ -266,9 +266,9 @@ def run(settings: Settings) -> dict[str, Any]:
         "many turns": fit_head("harm", augmented.features, augmented.labels, augmented.sources, HARM_PROBE),
     }
     heads["released"] = cast(SupervisedHead, guard.heads["harm"])
-    check = rows.select(rows.where(split="validation"))
+    validation = rows.select(rows.where(split="validation"))
     with torch.no_grad():
-        deviation = (heads["default"](check.features) - heads["released"](check.features)).abs()
+        deviation = (heads["default"](validation.features) - heads["released"](validation.features)).abs()
     results["refit_deviation"] = {"largest": float(deviation.max()), "median": float(deviation.median())}
     print(f"refit against the released head, logit deviation on validation rows: {results['refit_deviation']}")
 
@@ -300,16 +300,16 @@ def run(settings: Settings) -> dict[str, Any]:
         for turn in turns["test"]:
             reference[("test", turn)] = collect(rows, chat_index, turn, "reference")
 
-    def reset_at(head: SupervisedHead, features: dict[Read, torch.Tensor]) -> list[float]:
+    def thresholds_on(head: SupervisedHead, features: dict[Read, torch.Tensor]) -> list[float]:
+        """The thresholds the released budget (target, shares, confidence) sets on these benign rows."""
         return threshold_at(scores(head, features), budget.target_fpr, budget.shares, budget.confidence)
 
     for name, head in heads.items():
-        thresholds = reset_at(head, chat.features)
+        thresholds = thresholds_on(head, chat.features)
         entry: dict[str, Any] = {
             "thresholds": thresholds,
             "validation_chat_fpr": union_flag_rate(scores(head, chat.features), thresholds),
         }
-        validation = rows.select(rows.where(split="validation"))
         every_row = list(range(len(validation)))
         entry["validation, default turn, every row"] = _rates(
             validation, every_row, flags(head, validation.features, thresholds)
@@ -321,7 +321,7 @@ def run(settings: Settings) -> dict[str, Any]:
             for turn in turns[split]:
                 entry[split][turn] = _rates(rows, index, flags(head, turned[(split, turn)], thresholds))
                 if settings.reset_thresholds:
-                    reset = reset_at(head, reference[(split, turn)])
+                    reset = thresholds_on(head, reference[(split, turn)])
                     entry[split][turn]["reset"] = {"thresholds": reset}
                     entry[split][turn]["reset"].update(_rates(rows, index, flags(head, turned[(split, turn)], reset)))
             under_turns = [entry[split][t] for t in turns[split]]
