@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.batching import length_batches
-from ..core.prompt_inputs import InputProfile
+from ..core.prompt_inputs import InputProfile, chat_turns, check_system_turn
 from .recorder import PROMPT_POSITIONS, generate_with_activations, prompt_features
 
 
@@ -50,19 +50,12 @@ def prompt_texts(
 
     ``system``: a system turn before each user turn, as a deployment sets one (``None``: none, so the template's
     default, if it has one). A guard's thresholds hold for the system turn they were set under."""
-    if system is not None:
-        if not isinstance(system, str) or not system.strip():
-            raise ValueError(f"system must be a non-empty string, got {system!r}")
-        if not (chat_template and tokenizer.chat_template):
-            raise ValueError("a system turn needs the tokenizer's chat template (chat_template=True and a template)")
+    check_system_turn(system)
+    if system is not None and not (chat_template and tokenizer.chat_template):
+        raise ValueError("a system turn needs the tokenizer's chat template (chat_template=True and a template)")
     if chat_template and tokenizer.chat_template:
-        opening = [{"role": "system", "content": system}] if system is not None else []
         texts = [
-            str(
-                tokenizer.apply_chat_template(
-                    [*opening, {"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
-                )
-            )
+            str(tokenizer.apply_chat_template(chat_turns(p, system), add_generation_prompt=True, tokenize=False))
             for p in prompts
         ]
         return texts, False  # the template already holds them

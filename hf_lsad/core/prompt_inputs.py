@@ -43,6 +43,19 @@ LONG_PROMPT_FACTOR = 2.0
 """A prompt longer than this many times the longest fitting prompt warns."""
 
 
+def check_system_turn(system: str | None) -> None:
+    """Refuse a system turn that is not ``None`` or a non-empty string."""
+    if system is not None and (not isinstance(system, str) or not system.strip()):
+        raise ValueError(f"system must be None or a non-empty string, got {system!r}")
+
+
+def chat_turns(user: str, system: str | None = None) -> list[dict[str, str]]:
+    """The messages of one prompt: the system turn when given (``None``: the template adds its default, if it has
+    one), then the user's turn."""
+    opening = [{"role": "system", "content": system}] if system is not None else []
+    return [*opening, {"role": "user", "content": user}]
+
+
 @dataclass
 class InputProfile:
     """The prompts a guard was fitted on (saved in its ``config.json`` under ``inputs``)."""
@@ -62,11 +75,9 @@ class InputProfile:
             raise ValueError(f"unknown prompt_format {self.prompt_format!r}; choose one of {PROMPT_FORMATS}")
         if self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
-        if self.system is not None:
-            if not isinstance(self.system, str) or not self.system.strip():
-                raise ValueError(f"system must be None or a non-empty string, got {self.system!r}")
-            if self.prompt_format != "chat_template":
-                raise ValueError("a system turn needs prompt_format 'chat_template'")
+        check_system_turn(self.system)
+        if self.system is not None and self.prompt_format != "chat_template":
+            raise ValueError("a system turn needs prompt_format 'chat_template'")
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str) -> InputProfile:
@@ -101,11 +112,10 @@ def template_markers(tokenizer: Any, system: str | None = None) -> TemplateMarke
     given, the template's default), ``None`` when it has no template."""
     if not getattr(tokenizer, "chat_template", None):
         return None
-    opening_turn = [{"role": "system", "content": system}] if system is not None else []
 
     def ids(content: str, generation_prompt: bool) -> list[int]:
-        turn = [*opening_turn, {"role": "user", "content": content}]
-        text = tokenizer.apply_chat_template(turn, add_generation_prompt=generation_prompt, tokenize=False)
+        turns = chat_turns(content, system)
+        text = tokenizer.apply_chat_template(turns, add_generation_prompt=generation_prompt, tokenize=False)
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     with_prompt, without, other = ids("x", True), ids("x", False), ids("y", True)
@@ -130,10 +140,9 @@ def _first_tokens(tokenizer: Any) -> set[int]:
     """The first token of a prompt under the template's default turn and under a system turn of its own (the first
     alone when the template refuses a system role)."""
     firsts = set()
-    for opening in ([], [{"role": "system", "content": "s"}]):
-        turns = [*opening, {"role": "user", "content": "x"}]
+    for system in (None, "s"):
         try:
-            text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(chat_turns("x", system), add_generation_prompt=True, tokenize=False)
         except TemplateError:  # a template that raises on a system role: its prompts open one way only
             continue
         firsts.update(tokenizer(text, add_special_tokens=False)["input_ids"][:1])
