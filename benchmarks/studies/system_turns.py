@@ -103,7 +103,7 @@ class Settings:
     the validation chat collected under it."""
 
 
-def _turns(settings: Settings) -> dict[str, list[str]]:
+def load_turns(settings: Settings) -> dict[str, list[str]]:
     turns = json.loads((Path.cwd() / settings.turns).read_text())
     seen: set[str] = set()
     for split in ("train", "validation", "test"):
@@ -146,7 +146,7 @@ def _lookalike_picks(rows: SourceRows, settings: Settings, n_turns: int, taken: 
 def copies_under_turns(rows: SourceRows, settings: Settings, collect: TurnCollector) -> SourceRows:
     """The fit rows :func:`_augment_picks` draws, each again under its training turn: rows of split ``fit`` with the
     source, domain and label of the row copied, and ids ``<id>@<turn index>``."""
-    turns = _turns(settings)["train"]
+    turns = load_turns(settings)["train"]
     picks = _augment_picks(rows, settings, len(turns))
     taken = {i for index in picks.values() for i in index}
     groups = [("fit", picks), ("fit-lookalike", _lookalike_picks(rows, settings, len(turns), taken))]
@@ -179,7 +179,7 @@ def join_rows(first: SourceRows, second: SourceRows) -> SourceRows:
     )
 
 
-def _judged(rows: SourceRows, split: str, settings: Settings) -> list[int]:
+def judged_rows(rows: SourceRows, split: str, settings: Settings) -> list[int]:
     """Row indices judged on ``split``: every row of the judged domains, then a seeded draw of each unsafe source."""
     domains = settings.judged_domains
     picks = [i for i, (s, d) in enumerate(zip(rows.splits, rows.domains)) if s == split and d in domains]
@@ -222,7 +222,7 @@ class TurnCollector:
         return features
 
 
-def _rates(rows: SourceRows, index: list[int], flagged: torch.Tensor) -> dict[str, Any]:
+def rates(rows: SourceRows, index: list[int], flagged: torch.Tensor) -> dict[str, Any]:
     """The flag rate of each benign domain and the TPR of each unsafe source among the rows ``index``."""
     out: dict[str, Any] = {"domains": {}, "sources": {}}
     for domain in sorted({rows.domains[i] for i in index} - {"unsafe"}):
@@ -247,7 +247,7 @@ def _summary(under_turns: list[dict[str, Any]], settings: Settings) -> dict[str,
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    turns = _turns(settings)
+    turns = load_turns(settings)
     guard = SafetyGuard.from_pretrained(settings.guard)
     if guard.budget is None:
         raise ValueError(f"{settings.guard} has no budget")
@@ -282,7 +282,7 @@ def run(settings: Settings) -> dict[str, Any]:
         return (scores(head, features) > torch.tensor(thresholds)).any(1)
 
     chat = threshold_reference(rows)
-    judged = {split: _judged(rows, split, settings) for split in ("validation", "test")}
+    judged = {split: judged_rows(rows, split, settings) for split in ("validation", "test")}
     turned: dict[tuple[str, str], dict[Read, torch.Tensor]] = {}
     for split, names in (("validation", turns["validation"]), ("test", turns["test"])):
         for turn in names:
@@ -311,19 +311,19 @@ def run(settings: Settings) -> dict[str, Any]:
             "validation_chat_fpr": union_flag_rate(scores(head, chat.features), thresholds),
         }
         every_row = list(range(len(validation)))
-        entry["validation, default turn, every row"] = _rates(
+        entry["validation, default turn, every row"] = rates(
             validation, every_row, flags(head, validation.features, thresholds)
         )
         for split in ("validation", "test"):
             index = judged[split]
             default = {read: rows.features[read][index] for read in reads}
-            entry[split] = {"(default turn)": _rates(rows, index, flags(head, default, thresholds))}
+            entry[split] = {"(default turn)": rates(rows, index, flags(head, default, thresholds))}
             for turn in turns[split]:
-                entry[split][turn] = _rates(rows, index, flags(head, turned[(split, turn)], thresholds))
+                entry[split][turn] = rates(rows, index, flags(head, turned[(split, turn)], thresholds))
                 if settings.reset_thresholds:
                     reset = thresholds_on(head, reference[(split, turn)])
                     entry[split][turn]["reset"] = {"thresholds": reset}
-                    entry[split][turn]["reset"].update(_rates(rows, index, flags(head, turned[(split, turn)], reset)))
+                    entry[split][turn]["reset"].update(rates(rows, index, flags(head, turned[(split, turn)], reset)))
             under_turns = [entry[split][t] for t in turns[split]]
             entry[split]["summary over turns"] = _summary(under_turns, settings)
             if settings.reset_thresholds:
