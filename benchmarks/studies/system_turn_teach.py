@@ -116,7 +116,7 @@ def run(settings: Settings) -> dict[str, Any]:
     collect = TurnCollector(turn_settings, reads)
     picks = picked_fit_rows(rows, settings.share, settings.seed)
     picked = rows.select(set_of(picks, len(rows)))
-    print(f"fit rows picked: {len(picks)} of {len(rows.where(split='fit'))}", flush=True)
+    print(f"fit rows picked: {len(picks)} of {sum(split == 'fit' for split in rows.splits)}", flush=True)
     results: dict[str, Any] = {"fit_rows": len(picks), "turns": judged_turns, "splits": {}}
 
     def fit(features: dict[Read, torch.Tensor]) -> SupervisedHead:
