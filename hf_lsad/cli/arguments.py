@@ -287,6 +287,7 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
         "--threshold-rows", type=int, default=1000, help="validation chat rows the thresholds are set on"
     )
     _cache_argument(parser)
+    system_argument(parser)
     _budget_batch_arguments(parser)
     _runtime_arguments(parser, ModelRuntime)
 
@@ -364,6 +365,7 @@ def teach_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the cut and of --rows-per-pool's draw")
     _cache_argument(parser)
+    system_argument(parser)
 
 
 def _cache_argument(parser: argparse.ArgumentParser) -> None:

@@ -398,6 +398,7 @@ def run_add_head(args: argparse.Namespace) -> None:
         cache_dir=args.cache,
         batch_size=args.batch_size,
         max_batch_tokens=args.max_batch_tokens,
+        system=args.system,
     )
     out = args.out or args.guard
     # a new card: the old card's figures described the guard without this head
@@ -405,13 +406,15 @@ def run_add_head(args: argparse.Namespace) -> None:
         f"head {args.name!r} added with `hf-lsad add-head` from {len(unsafe)} prompts of its category"
         f" and {len(safe)} of the user's own safe prompts, against the fit rows of the bundled benign pools"
     )
+    if args.system is not None:
+        data += f", every prompt under the system turn {args.system!r}"
     guard.save_pretrained(out, data=data)
     print(f"added head {args.name!r} ({len(unsafe)} unsafe, {len(safe)} own safe prompts); wrote {out}")
     for name, share, threshold in zip(budget.heads, budget.shares, budget.thresholds):
         print(f"  {name}: share {share:.2f}, threshold {threshold:.4g}")
     confidence = f", {budget.confidence:.0%} confidence" if budget.confidence is not None else ""
     print(
-        f"  together: {budget.measured_fpr:.2%} of {budget.n_rows} {budget.rows} rows "
+        f"  together: {budget.measured_fpr:.2%} of {budget.n_rows} rows of {budget.rows} "
         f"(target {budget.target_fpr:.0%}{confidence})"
     )
 
@@ -484,6 +487,7 @@ def run_teach(args: argparse.Namespace) -> None:
             batch_size=args.batch_size,
             max_batch_tokens=args.max_batch_tokens,
             seed=args.seed,
+            system=args.system,
         )
     out = args.out or args.guard
     taught = len(prompts) - budget.n_rows
@@ -491,6 +495,8 @@ def run_teach(args: argparse.Namespace) -> None:
         f"head `{args.head}` fitted again with `hf-lsad teach` on {taught} of the user's own benign prompts beside the "
         f"bundled pools' fit rows; thresholds set on the other {budget.n_rows}"
     )
+    if args.system is not None:
+        data += f", every prompt under the system turn {args.system!r}"
     guard.save_pretrained(out, data=data)
     print(f"head {args.head!r} taught {taught} prompts of {args.benign}; thresholds set on the other {budget.n_rows}")
     print(f"wrote {out}")

@@ -28,7 +28,7 @@ Use a guard:
 Fit it to your traffic and share it:
     hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
     hf-lsad set-budget --guard default --benign my-traffic.txt --out my-guard
-    hf-lsad teach     --guard default --benign my-traffic.txt --out my-guard [--head harm] [--cache teach-cache]
+    hf-lsad teach     --guard default --benign my-traffic.txt --out my-guard [--system "You are ..."] [--cache DIR]
     hf-lsad push      my-guard org/my-guard [--private] [--revision BRANCH]
     hf-lsad pull      org/my-guard my-guard-copy [--revision SHA]
 
@@ -110,7 +110,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "Fits a logistic head on the --unsafe prompts (one per line, or a table with a 'text' column; about 100) "
         "against --safe (optional) and the fit rows of the bundled benign pools, then sets every head's threshold "
         "again on validation chat so that together they keep the guard's false-positive budget, the new head "
-        "taking --share of it (hf_lsad.guard.heads.training.add_head). The guard must read prompt_last.",
+        "taking --share of it (hf_lsad.guard.heads.training.add_head). With --system, every prompt is formatted "
+        "under your deployment's system turn. The guard must read prompt_last.",
     ),
     "set-budget": (
         "set every head's threshold on a sample of your own benign traffic",
@@ -133,9 +134,11 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "source beside the bundled pools' fit rows (the head keeps its reads and settings), the rest set every "
         "head's threshold as set-budget does (hf_lsad.guard.heads.training.teach_traffic). Costs less of the harm "
         "the guard catches than set-budget alone. Collecting the bundled rows is a forward pass over about 15,600 "
-        "prompts (--rows-per-pool draws fewer; --cache keeps them for the next teach). Too few held-back prompts for "
-        "the confidence are refused before the model loads (59 at 5% and 0.95); bring about a thousand prompts, "
-        "since with fewer the guard moves with the sample (said before the model loads).",
+        "prompts (--rows-per-pool draws fewer; --cache keeps them for the next teach). With --system, every prompt, "
+        "bundled or yours, is formatted under your deployment's system turn, and the guard records it (a --cache "
+        "holds one turn). Too few held-back prompts for the confidence are refused before the model loads (59 at 5% "
+        "and 0.95); bring about a thousand prompts, since with fewer the guard moves with the sample (said before the "
+        "model loads).",
     ),
     "screen": (
         "screen a table of prompts (JSONL, CSV, Parquet, a dataset) into a JSON-lines file of verdicts",

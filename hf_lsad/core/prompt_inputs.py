@@ -49,6 +49,11 @@ def check_system_turn(system: str | None) -> None:
         raise ValueError(f"system must be None or a non-empty string, got {system!r}")
 
 
+def turn_label(system: str | None) -> str:
+    """A system turn as messages name it: quoted, or "the chat template's default" for ``None``."""
+    return "the chat template's default" if system is None else repr(system)
+
+
 def chat_turns(user: str, system: str | None = None) -> list[dict[str, str]]:
     """The messages of one prompt: the system turn when given (``None``: the template adds its default, if it has
     one), then the user's turn."""
@@ -192,12 +197,11 @@ def input_warnings(
         if odd:
             odd_rows.append(row)
     if other_turn_rows:
-        turn = "the chat template's default" if profile.system is None else repr(profile.system)
         messages.append(
             f"rows {other_turn_rows} open with another system turn than the one the guard's thresholds were set "
-            f"under ({turn}): verdicts move with the system turn, so the flag rate may be far from the guard's "
-            "target; set the thresholds under yours with `hf-lsad set-budget --system` (fit_budget_on_prompts(..., "
-            "system=...))"
+            f"under ({turn_label(profile.system)}): verdicts move with the system turn, so the flag rate may be far "
+            "from the guard's target and harm may pass; teach the guard under yours with `hf-lsad teach --system` "
+            "(teach_traffic(..., system=...)), or set its thresholds under it with `hf-lsad set-budget --system`"
         )
     if odd_rows:
         if profile.prompt_format == "raw":

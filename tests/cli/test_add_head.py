@@ -50,6 +50,7 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
         (CATEGORY, ["--guard", "default"], "argument --out: needed"),
         (CATEGORY, ["--unsafe", "missing.txt"], "no file"),
         (CATEGORY, ["--cache", "SAME"], "argument --cache: "),  # a file, not a folder
+        (CATEGORY, ["--system", ""], "argument --system: empty"),
     ],
 )
 def test_add_head_refuses_bad_input_before_loading_a_model(lines, flags, error, guard_dir, tmp_path, capsys):
@@ -61,3 +62,20 @@ def test_add_head_refuses_bad_input_before_loading_a_model(lines, flags, error, 
     with pytest.raises(SystemExit) as info:
         entry([*argv, *flags])  # later flags win: --name, --guard and --unsafe above are replaced
     assert info.value.code == 2 and error in capsys.readouterr().err
+
+
+def test_add_head_under_a_system_turn_formats_every_prompt_under_it(model_dir, guard_dir, tmp_path, capsys):
+    unsafe = tmp_path / "secrets.txt"
+    unsafe.write_text("".join(t + "\n" for t in CATEGORY))
+    turn = "You are the assistant of the Bluebird team."
+    head = ["--name", "secrets", "--unsafe", str(unsafe), "--benign-per-pool", "60", "--threshold-rows", "200"]
+    argv = ["add-head", "--guard", str(guard_dir), "--model", str(model_dir), *head]
+    entry([*argv, "--out", str(tmp_path / "default")])
+    entry([*argv, "--out", str(tmp_path / "turned"), "--system", turn])
+    assert f"200 rows of validation chat, under the system turn {turn!r}" in capsys.readouterr().out
+    default, turned = (SafetyGuard.from_pretrained(tmp_path / name) for name in ("default", "turned"))
+    assert turned.inputs.system == turn and default.inputs.system is None  # the thresholds' turn, recorded
+    assert repr(turn) in (tmp_path / "turned" / "README.md").read_text()
+    # the examples and bundled rows reached the new head under the turn: another fit
+    weights = [guard.heads["secrets"].state_dict()["probe.mean"] for guard in (default, turned)]
+    assert weights[0].shape == weights[1].shape and not weights[0].equal(weights[1])

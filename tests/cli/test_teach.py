@@ -208,6 +208,7 @@ def test_cut_traffic_keeps_every_prompt_once():
         (SAMPLE, ["--cache", "BENIGN"], "argument --cache: "),
         (SAMPLE, ["--max-batch-tokens", "0"], "argument --max-batch-tokens: 0 is not"),
         (SAMPLE, ["--max-batch-tokens", "lots"], "expected a number of tokens or 'none', got 'lots'"),
+        (SAMPLE, ["--system", " "], "argument --system: empty"),
     ],
 )
 def test_teach_refuses_bad_input_before_loading_a_model(lines, flags, error, guard_dir, tmp_path, capsys):
@@ -328,3 +329,77 @@ def test_parts_written_for_other_prompt_text_or_reads_are_refused(tmp_path):
         bundled_features(model, tokenizer, prompts, other, cache_dir=cache, progress=False)
     with pytest.raises(ValueError, match="checkpoint_batches must be a positive integer"):
         bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=0, progress=False)
+
+
+TURN = "You are the support assistant of a small web shop."
+"""A deployment's own system turn."""
+
+
+def test_teach_under_a_system_turn_fits_and_sets_thresholds_under_it(model_dir, guard_dir, tmp_path, capsys):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    kwargs = dict(fit_fraction=0.5, pools=POOLS, rows_per_pool=ROWS_PER_POOL, progress=False)
+    default, turned, cached = (two_headed_guard(target_fpr=0.1) for _ in range(3))
+    teach_traffic(model, tokenizer, default, SAMPLE, **kwargs)
+    budget = teach_traffic(model, tokenizer, turned, SAMPLE, system=TURN, **kwargs)
+    assert turned.inputs.system == TURN and default.inputs.system is None  # what generate and screen check against
+    assert repr(TURN) in budget.rows
+    assert not torch.equal(  # the rows reached the head under the turn
+        turned.heads["harm"].state_dict()["probe.mean"], default.heads["harm"].state_dict()["probe.mean"]
+    )
+    # the head's bundled rows were collected under the turn: a cache keeps them so, and a fit from it is the same
+    cache = tmp_path / "cache"
+    teach_traffic(model, tokenizer, cached, SAMPLE, system=TURN, cache_dir=cache, **kwargs)
+    assert same_guard(cached, turned)
+    assert {load_activations(folder).inputs.system for folder in cache.glob("layer*")} == {TURN}
+    text = {p.id: p.text for pool in POOLS for p in release_rows(pool, "fit")}
+    for read in cached.heads["harm"].reads:
+        store = load_activations(cache / read_folder(read))
+        texts = [text[record["id"]] for record in store.records]
+        under, _ = collect_prompt_features(model, tokenizer, texts, [read], system=TURN, progress=False)
+        assert torch.allclose(store.activations, under[read], atol=1e-5)
+
+    sample, out = tmp_path / "traffic.txt", tmp_path / "mine"
+    sample.write_text("".join(t + "\n" for t in SAMPLE))
+    argv = ["teach", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), "--fit-fraction"]
+    argv += ["0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
+    entry([*argv, "--system", TURN])
+    entry([*argv, "--out", str(out)])
+    assert SafetyGuard.from_pretrained(guard_dir).inputs.system == TURN  # taught under the turn, in place
+    assert repr(TURN) in (guard_dir / "README.md").read_text()
+    assert SafetyGuard.from_pretrained(out).inputs.system is None  # taught again under the template's own turn
+    capsys.readouterr()
+
+
+def test_a_cache_of_the_bundled_rows_holds_one_system_turn(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    kwargs = dict(fit_fraction=0.5, pools=POOLS[:2], rows_per_pool=ROWS_PER_POOL, progress=False)
+    default_cache, turn_cache = tmp_path / "default", tmp_path / "turn"
+    teach_traffic(model, tokenizer, two_headed_guard(target_fpr=0.1), SAMPLE, cache_dir=default_cache, **kwargs)
+    teach_traffic(
+        model, tokenizer, two_headed_guard(target_fpr=0.1), SAMPLE, cache_dir=turn_cache, system=TURN, **kwargs
+    )
+    guard = two_headed_guard(target_fpr=0.1)
+    head, budget = guard.heads["harm"], copy.deepcopy(guard.budget)
+    with pytest.raises(ValueError, match=f"under the system turn the chat template's default, not {TURN!r}"):
+        teach_traffic(model, tokenizer, guard, SAMPLE, cache_dir=default_cache, system=TURN, **kwargs)
+    with pytest.raises(ValueError, match=f"under the system turn {TURN!r}, not the chat template's default"):
+        teach_traffic(model, tokenizer, guard, SAMPLE, cache_dir=turn_cache, **kwargs)
+    with pytest.raises(ValueError, match="system must be None or a non-empty string"):
+        teach_traffic(model, tokenizer, guard, SAMPLE, system="", **kwargs)
+    assert guard.heads["harm"] is head and guard.budget == budget
+
+    # the parts of an interrupted collection keep their turn too
+    prompts, reads = fit_prompts(), sorted(guard.heads["harm"].reads)
+    cache = tmp_path / "interrupted"
+    with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
+        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=1, progress=False)
+    with pytest.raises(ValueError, match="under the system turn the chat template's default, not"):
+        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, system=TURN, progress=False)
+    with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
+        bundled_features(
+            model, tokenizer, prompts, reads, cache_dir=tmp_path / "turned", checkpoint_batches=1, system=TURN
+        )
+    resumed = bundled_features(model, tokenizer, prompts, reads, cache_dir=tmp_path / "turned", system=TURN)
+    alone = bundled_features(model, tokenizer, prompts, reads, system=TURN, progress=False)
+    assert all(torch.allclose(resumed[read], alone[read], atol=1e-5) for read in reads)
+    assert load_activations(tmp_path / "turned" / read_folder(reads[0])).inputs.system == TURN

@@ -35,7 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ...capture.collect import check_prompts, collect_prompt_features, prompt_format
 from ...core.batching import BATCH_TOKENS
 from ...core.hook_point import HookPoint
-from ...core.prompt_inputs import InputProfile
+from ...core.prompt_inputs import InputProfile, check_system_turn, turn_label
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_reserved, is_unsafe_pool, load_pool
 from ...data.store import INDEX, ActivationSet, load_activations, save_activations
@@ -111,6 +111,7 @@ def add_head(
     max_batch_tokens: int | None = BATCH_TOKENS,
     seed: int = 0,
     progress: bool = True,
+    system: str | None = None,
 ) -> BudgetConfig:
     """Fit a head for the category of the ``unsafe`` prompts, add it to ``guard`` and split the budget again.
 
@@ -137,11 +138,15 @@ def add_head(
             are drawn from are the release's split: :func:`release_rows`), progress bars.
         max_batch_tokens: Padded tokens a forward pass holds at most (``None``: ``batch_size`` prompts whatever
             their length, as the bundled collections were made).
+        system: The system turn the deployment puts before each user turn (``None``: the template's default): the
+            examples, the bundled rows and the chat that sets the thresholds are all formatted under it, and the
+            guard records it (:func:`fit_budget_on_prompts`). A ``cache_dir`` holds one turn.
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
     """
     check_head_name(name)
+    check_system_turn(system)
     check_prompts(unsafe)
     if safe:
         check_prompts(safe)
@@ -175,6 +180,7 @@ def add_head(
         batch_size=batch_size,
         max_batch_tokens=max_batch_tokens,
         progress=progress,
+        system=system,
     )
     bundled_reads = bundled_features(
         model,
@@ -185,6 +191,7 @@ def add_head(
         batch_size=batch_size,
         max_batch_tokens=max_batch_tokens,
         progress=progress,
+        system=system,
     )
     fit_reads = {read: torch.cat([user_reads[read], bundled_reads[read]]) for read in config.reads}
     head = fit_head(name, fit_reads, labels, groups, config)
@@ -208,6 +215,7 @@ def add_head(
             batch_size=batch_size,
             max_batch_tokens=max_batch_tokens,
             progress=progress,
+            system=system,
         )
     except BaseException:  # leave the guard as it was
         del guard.heads[name]
@@ -322,6 +330,7 @@ def teach_traffic(
     max_batch_tokens: int | None = BATCH_TOKENS,
     seed: int = 0,
     progress: bool = True,
+    system: str | None = None,
 ) -> BudgetConfig:
     """Fit supervised head ``head`` again with part of the user's benign ``prompts`` beside the bundled pools' fit rows,
     and set every head's threshold on the rest of them (the guard is changed in place).
@@ -355,12 +364,18 @@ def teach_traffic(
         max_batch_tokens: Padded tokens a forward pass holds at most (``None``: ``batch_size`` prompts whatever
             their length). The bundled pools hold prompts of up to 8,000 tokens; padding their batch-mates to that
             length is most of the cost of a teach without it.
+        system: The system turn the deployment puts before each user turn (``None``: the template's default). Every
+            row the head is fitted on, the bundled ones and the user's, is formatted under it, and so are the prompts
+            that set the thresholds; it is recorded in the guard's
+            :attr:`~hf_lsad.core.prompt_inputs.InputProfile.system` (as :func:`fit_budget_on_prompts` records it).
+            A ``cache_dir`` holds the bundled rows under one turn: keep one per turn.
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
     """
     check_prompts(prompts)
     check_reads_prompt(guard)
+    check_system_turn(system)
     if head not in guard.heads:
         raise ValueError(f"the guard has no supervised head named {head!r}; it has {guard.head_names}")
     unknown = sorted(set(pools) - set(POOL_CATEGORY))
@@ -388,6 +403,7 @@ def teach_traffic(
         batch_size=batch_size,
         max_batch_tokens=max_batch_tokens,
         progress=progress,
+        system=system,
     )
     taught_reads, _ = collect_prompt_features(
         model,
@@ -397,6 +413,7 @@ def teach_traffic(
         batch_size=batch_size,
         max_batch_tokens=max_batch_tokens,
         progress=progress,
+        system=system,
     )
     fit_reads = {read: torch.cat([bundled_reads[read], taught_reads[read]]) for read in old_head.reads}
     new_head = fit_head(head, fit_reads, labels, groups, old_head.config.probe)
@@ -414,6 +431,7 @@ def teach_traffic(
             batch_size=batch_size,
             max_batch_tokens=max_batch_tokens,
             progress=progress,
+            system=system,
         )
     except BaseException:  # leave the guard as it was
         guard.heads[head] = old_head
@@ -438,6 +456,7 @@ def bundled_features(
     max_batch_tokens: int | None = BATCH_TOKENS,
     progress: bool = True,
     checkpoint_batches: int = CHECKPOINT_BATCHES,
+    system: str | None = None,
 ) -> dict[Read, Tensor]:
     """``[n_prompts, hidden]`` activations of bundled pool ``prompts`` (:class:`~hf_lsad.data.Prompt`) at each read,
     kept in ``cache_dir`` when given.
@@ -446,7 +465,8 @@ def bundled_features(
     the prompts' ids and a digest of their text. A read whose store is there is read from it: any prompts it holds,
     in any order, so a cache written for every bundled pool serves a fit on fewer. A read whose store is not there is
     collected and written. A store of another model or read, one that lacks some of the prompts, or one written when
-    a prompt's text was different, is refused (``ValueError``) rather than collected again over it. ``batch_size``
+    a prompt's text was different or under another system turn, is refused (``ValueError``) rather than collected
+    again over it. ``system``: the system turn before each prompt (``None``: the template's default). ``batch_size``
     and ``max_batch_tokens`` batch the forward pass as :func:`~hf_lsad.capture.collect.collect_prompt_features` does
     (another batching than the cache's moves the features by float round-off alone).
 
@@ -466,7 +486,7 @@ def bundled_features(
         _drop_finished_parts(Path(cache_dir))
     folders = {read: None if cache_dir is None else Path(cache_dir) / read_folder(read) for read in reads}
     features = {
-        read: _cached_read(model, folder, read, ids, digests)
+        read: _cached_read(model, folder, read, ids, digests, system)
         for read, folder in folders.items()
         if folder is not None and (folder / INDEX).exists()
     }
@@ -476,7 +496,8 @@ def bundled_features(
     records = [{"id": p.id, "digest": d, "source": p.source, "category": p.category} for p, d in zip(prompts, digests)]
     partial = None
     if cache_dir is not None:
-        partial = _PartialCollection(Path(cache_dir) / PARTIAL, model, missing, records, prompt_format(tokenizer))
+        inputs_format = prompt_format(tokenizer)
+        partial = _PartialCollection(Path(cache_dir) / PARTIAL, model, missing, records, inputs_format, system)
     done = partial.resume(ids, digests) if partial is not None else {}
     if done and progress:
         print(f"resuming: {len(done)} of {len(ids)} bundled prompts collected before", file=sys.stderr, flush=True)
@@ -490,6 +511,7 @@ def bundled_features(
         progress=progress,
         skip=done,
         on_batch=None if partial is None else partial.batch_writer(checkpoint_batches),
+        system=system,
     )
     if partial is not None:
         if done:  # the rows an earlier run collected, in their place
@@ -530,11 +552,19 @@ class _PartialCollection:
     prompt), renamed into place when complete."""
 
     def __init__(
-        self, folder: Path, model: PreTrainedModel, reads: list[Read], records: list[dict[str, Any]], inputs: str
+        self,
+        folder: Path,
+        model: PreTrainedModel,
+        reads: list[Read],
+        records: list[dict[str, Any]],
+        inputs: str,
+        system: str | None,
     ) -> None:
         self.folder, self.model, self.reads, self.records = folder, model, reads, records
         self.prompt_format = inputs
         """How the prompts reach the model (``InputProfile.prompt_format``), recorded in each part."""
+        self.system = system
+        """The system turn before each prompt (``InputProfile.system``), recorded in each part."""
         self.values: dict[Read, Tensor] = {}
         """Per read, ``[rows, hidden]``: every row the parts hold, in part order (:meth:`resume`)."""
         self.longest = 0
@@ -557,7 +587,9 @@ class _PartialCollection:
                     f"{part} holds an interrupted collection of other reads (not {absent[0]}): pass another cache "
                     "folder, or delete this one"
                 )
-            stores = {read: _checked_store(self.model, part / read_folder(read), read) for read in self.reads}
+            stores = {
+                read: _checked_store(self.model, part / read_folder(read), read, self.system) for read in self.reads
+            }
             part_ids = [record["id"] for record in stores[self.reads[0]].records]
             for read, store in stores.items():
                 if [record["id"] for record in store.records] != part_ids or store.inputs is None:
@@ -600,7 +632,7 @@ class _PartialCollection:
         staging = self.folder / f".staging-{uuid.uuid4().hex[:8]}"
         staging.mkdir(parents=True)
         records = [self.records[i] for i in self._positions]
-        inputs = InputProfile(self.prompt_format, self._batch_longest)
+        inputs = InputProfile(self.prompt_format, self._batch_longest, self.system)
         for read in self.reads:
             values, hook = torch.cat(self._features[read]), HookPoint.from_model(self.model, *read)
             save_activations(staging / read_folder(read), values, records, hook, inputs=inputs)
@@ -616,10 +648,12 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _cached_read(model: PreTrainedModel, folder: Path, read: Read, ids: list[str], digests: list[str]) -> Tensor:
+def _cached_read(
+    model: PreTrainedModel, folder: Path, read: Read, ids: list[str], digests: list[str], system: str | None
+) -> Tensor:
     """The rows of ``ids`` from the cache store in ``folder``, checked to be ``model``'s activations at ``read`` of
-    prompts with these text ``digests``."""
-    store = _checked_store(model, folder, read)
+    prompts with these text ``digests`` under the system turn ``system``."""
+    store = _checked_store(model, folder, read, system)
     row_of = {record["id"]: row for row, record in enumerate(store.records)}
     absent = [i for i in ids if i not in row_of]
     if absent:
@@ -636,12 +670,19 @@ def _cached_read(model: PreTrainedModel, folder: Path, read: Read, ids: list[str
     return store.activations[torch.tensor([row_of[i] for i in ids])]
 
 
-def _checked_store(model: PreTrainedModel, folder: Path, read: Read) -> ActivationSet:
-    """The store in ``folder``, checked to hold ``model``'s activations at ``read``."""
+def _checked_store(model: PreTrainedModel, folder: Path, read: Read, system: str | None) -> ActivationSet:
+    """The store in ``folder``, checked to hold ``model``'s activations at ``read`` of prompts under the system turn
+    ``system`` (a store without an input profile was collected under the template's default)."""
     store = load_activations(folder)
     if (store.hook.layer, store.hook.position) != tuple(read):
         raise ValueError(f"{folder} holds activations of layer {store.hook.layer} {store.hook.position}, not {read}")
     store.hook.check_model(model)
+    stored = store.inputs.system if store.inputs is not None else None
+    if stored != system:
+        raise ValueError(
+            f"{folder} holds the bundled prompts under the system turn {turn_label(stored)}, not "
+            f"{turn_label(system)}: pass another cache folder (one per system turn), or delete this one"
+        )
     return store
 
 
