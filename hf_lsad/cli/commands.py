@@ -376,6 +376,11 @@ def read_prompt_file(path: str) -> list[str]:
     return [row.text for row in rows if row.text is not None]  # every row has its text: none has an error
 
 
+def _under_turn(args: argparse.Namespace) -> str:
+    """What a card's data line adds for ``--system``: the turn every prompt was formatted under ("" for none)."""
+    return "" if args.system is None else f", every prompt under the system turn {args.system!r}"
+
+
 def run_add_head(args: argparse.Namespace) -> None:
     from ..core.runtime import ModelRuntime
     from ..guard.heads.training import add_head
@@ -405,9 +410,7 @@ def run_add_head(args: argparse.Namespace) -> None:
     data = (
         f"head {args.name!r} added with `hf-lsad add-head` from {len(unsafe)} prompts of its category"
         f" and {len(safe)} of the user's own safe prompts, against the fit rows of the bundled benign pools"
-    )
-    if args.system is not None:
-        data += f", every prompt under the system turn {args.system!r}"
+    ) + _under_turn(args)
     guard.save_pretrained(out, data=data)
     print(f"added head {args.name!r} ({len(unsafe)} unsafe, {len(safe)} own safe prompts); wrote {out}")
     for name, share, threshold in zip(budget.heads, budget.shares, budget.thresholds):
@@ -444,8 +447,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
     out = args.out or args.guard
     # a new card: the old card's figures were measured at the old thresholds
     data = f"thresholds set with `hf-lsad set-budget` on {len(prompts)} of the user's own benign prompts"
-    if args.system is not None:
-        data += f" under the system turn {args.system!r}"
+    data += _under_turn(args)
     guard.save_pretrained(out, data=data)
     print(f"thresholds set on {len(prompts)} prompts of {args.benign}; wrote {out}")
     old_thresholds = before.thresholds if before is not None and before.heads == budget.heads else None
@@ -494,9 +496,7 @@ def run_teach(args: argparse.Namespace) -> None:
     data = (
         f"head `{args.head}` fitted again with `hf-lsad teach` on {taught} of the user's own benign prompts beside the "
         f"bundled pools' fit rows; thresholds set on the other {budget.n_rows}"
-    )
-    if args.system is not None:
-        data += f", every prompt under the system turn {args.system!r}"
+    ) + _under_turn(args)
     guard.save_pretrained(out, data=data)
     print(f"head {args.head!r} taught {taught} prompts of {args.benign}; thresholds set on the other {budget.n_rows}")
     print(f"wrote {out}")
