@@ -42,7 +42,7 @@ from hf_lsad.guard.heads.training import fit_head
 from hf_lsad.guard.threshold import union_flag_rate
 
 from . import system_turns
-from .system_turns import HARM_PROBE, TurnCollector, judged_rows, load_turns, rates
+from .system_turns import HARM_PROBE, TurnCollector, cached_reads, judged_rows, load_turns, rates
 from .two_heads import anomaly_scores
 
 
@@ -111,7 +111,7 @@ def run(settings: Settings) -> dict[str, Any]:
     if guard.budget is None:
         raise ValueError(f"{settings.guard} has no budget")
     budget = guard.budget
-    reads: list[Read] = sorted({guard.reads[0], *HARM_PROBE.reads})
+    reads = cached_reads(guard)
     rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
     collect = TurnCollector(turn_settings, reads)
     picks = picked_fit_rows(rows, settings.share, settings.seed)

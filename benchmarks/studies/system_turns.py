@@ -103,6 +103,12 @@ class Settings:
     the validation chat collected under it."""
 
 
+def cached_reads(guard: SafetyGuard) -> list[Read]:
+    """The reads the cache of features under a turn holds (and is keyed by): the released guard's anomaly read and
+    the harm head's."""
+    return sorted({guard.reads[0], *HARM_PROBE.reads})
+
+
 def load_turns(settings: Settings) -> dict[str, list[str]]:
     turns = json.loads((Path.cwd() / settings.turns).read_text())
     seen: set[str] = set()
@@ -252,7 +258,7 @@ def run(settings: Settings) -> dict[str, Any]:
     if guard.budget is None:
         raise ValueError(f"{settings.guard} has no budget")
     budget = guard.budget
-    reads = sorted({guard.reads[0], *HARM_PROBE.reads})
+    reads = cached_reads(guard)
     rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
     collect = TurnCollector(settings, reads)
 

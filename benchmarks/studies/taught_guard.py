@@ -20,7 +20,7 @@ from hf_lsad.evaluation.sources import load_source_rows
 from hf_lsad.guard import SafetyGuard
 
 from . import system_turns
-from .system_turns import TurnCollector, judged_rows, rates
+from .system_turns import TurnCollector, cached_reads, judged_rows, rates
 
 
 @dataclass
@@ -65,8 +65,7 @@ def run(settings: Settings) -> dict[str, Any]:
         seed=settings.seed,
     )
     # the cache of heads/system_turns is keyed by the reads it collected: the released guard's, which are this one's
-    released = SafetyGuard.from_pretrained(turn_settings.guard)
-    reads = sorted({released.reads[0], *system_turns.HARM_PROBE.reads})
+    reads = cached_reads(SafetyGuard.from_pretrained(turn_settings.guard))
     if not set(guard.reads) <= set(reads):
         raise ValueError(f"{settings.guard} reads {guard.reads}, not among {reads}")
     rows = load_source_rows(settings.folder, settings.pools, reads, seed=settings.seed)
