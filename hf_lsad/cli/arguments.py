@@ -372,8 +372,8 @@ def _cache_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache",
         help="a folder that keeps the bundled rows' activations: written as they are collected (an interrupted run "
-        "resumes from it), read by later runs with the same model and reads (default: collected every time, kept "
-        "nowhere)",
+        "resumes from it), read by later runs with the same model, reads and --system, one folder per system turn "
+        "(default: collected every time, kept nowhere)",
     )
 
 

@@ -120,6 +120,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         and not Path(cache).is_dir()
     ):
         parser.error(f"argument --cache: {cache!r} is a file, not a folder")
+    if args.command in ("teach", "add-head") and cache is not None and Path(cache).is_dir():
+        from ..guard.heads.training import check_cache_turn
+
+        try:
+            check_cache_turn(cache, args.system)
+        except ValueError as err:  # another turn, or a store that cannot be read
+            parser.error(f"argument --cache: {_one_line(err)}")
     if args.command == "add-head":
         _check_add_head(parser, args)
     if args.command in ("set-budget", "teach"):

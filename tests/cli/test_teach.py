@@ -370,7 +370,7 @@ def test_teach_under_a_system_turn_fits_and_sets_thresholds_under_it(model_dir, 
     capsys.readouterr()
 
 
-def test_a_cache_of_the_bundled_rows_holds_one_system_turn(tmp_path):
+def test_a_cache_of_the_bundled_rows_holds_one_system_turn(model_dir, guard_dir, tmp_path, capsys):
     model, tokenizer, _ = tiny_guard("prompt_last")
     kwargs = dict(fit_fraction=0.5, pools=POOLS[:2], rows_per_pool=ROWS_PER_POOL, progress=False)
     default_cache, turn_cache = tmp_path / "default", tmp_path / "turn"
@@ -387,6 +387,35 @@ def test_a_cache_of_the_bundled_rows_holds_one_system_turn(tmp_path):
     with pytest.raises(ValueError, match="system must be None or a non-empty string"):
         teach_traffic(model, tokenizer, guard, SAMPLE, system="", **kwargs)
     assert guard.heads["harm"] is head and guard.budget == budget
+    # the command line reads the turn from the cache's indexes and refuses before it loads a model
+    benign = tmp_path / "benign.txt"
+    benign.write_text("".join(t + "\n" for t in SAMPLE))
+    tiny = ["--guard", str(guard_dir), "--model", str(model_dir)]
+    rows = str(ROWS_PER_POOL)
+    commands = [
+        [
+            "teach",
+            *tiny,
+            "--pools",
+            *POOLS[:2],
+            "--rows-per-pool",
+            rows,
+            "--fit-fraction",
+            "0.4",
+            "--benign",
+            str(benign),
+        ],
+        ["add-head", *tiny, "--benign-per-pool", rows, "--name", "mine", "--unsafe", str(benign)],
+    ]
+    for command in commands:
+        for cache, system, stored in (
+            (default_cache, ["--system", TURN], "the chat template's default"),
+            (turn_cache, [], repr(TURN)),
+        ):
+            with pytest.raises(SystemExit) as info:
+                entry([*command, "--out", str(tmp_path / "out"), "--cache", str(cache), *system])
+            assert info.value.code == 2 and f"argument --cache: {cache}" in (err := capsys.readouterr().err)
+            assert f"under the system turn {stored}, not" in err
 
     # the parts of an interrupted collection keep their turn too
     prompts, reads = fit_prompts(), sorted(guard.heads["harm"].reads)

@@ -38,7 +38,7 @@ from ...core.hook_point import HookPoint
 from ...core.prompt_inputs import InputProfile, check_system_turn, turn_label
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_reserved, is_unsafe_pool, load_pool
-from ...data.store import INDEX, ActivationSet, load_activations, save_activations
+from ...data.store import INDEX, ActivationSet, ActivationStore, load_activations, save_activations
 from ...errors import SmallSampleWarning, warn
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
@@ -677,13 +677,29 @@ def _checked_store(model: PreTrainedModel, folder: Path, read: Read, system: str
     if (store.hook.layer, store.hook.position) != tuple(read):
         raise ValueError(f"{folder} holds activations of layer {store.hook.layer} {store.hook.position}, not {read}")
     store.hook.check_model(model)
-    stored = store.inputs.system if store.inputs is not None else None
+    _check_turn(folder, store.inputs, system)
+    return store
+
+
+def check_cache_turn(cache_dir: str | os.PathLike, system: str | None) -> None:
+    """Refuse (``ValueError``) a :func:`bundled_features` cache whose stores, or whose interrupted collection's
+    parts, hold the bundled prompts under another system turn than ``system``, from their indexes alone: the CLI
+    checks a ``--cache`` so before it loads a model. The stores are checked in full as they are read."""
+    cache = Path(cache_dir)
+    indexes = sorted(cache.glob(f"layer*/{INDEX}")) + sorted(cache.glob(f"{PARTIAL}/part-*/layer*/{INDEX}"))
+    for index in indexes:
+        _check_turn(index.parent, ActivationStore(index.parent).inputs, system)
+
+
+def _check_turn(folder: Path, inputs: InputProfile | None, system: str | None) -> None:
+    """Refuse a cache store whose prompts were formatted under another system turn than ``system`` (a store without
+    an input profile was collected under the template's default)."""
+    stored = inputs.system if inputs is not None else None
     if stored != system:
         raise ValueError(
             f"{folder} holds the bundled prompts under the system turn {turn_label(stored)}, not "
             f"{turn_label(system)}: pass another cache folder (one per system turn), or delete this one"
         )
-    return store
 
 
 T = TypeVar("T")
