@@ -228,6 +228,7 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="prompt mode: the first LIMIT rows of each table")
     model_argument(parser, "prompt mode: ")
     parser.add_argument("--batch-size", type=int, default=16, help="prompt mode: prompts per forward pass")
+    system_argument(parser, "prompt mode: ")
     parser.add_argument(
         "--out", help="grid mode: report folder; prompt mode: metrics.json, ROC and score pictures, report.html"
     )
@@ -297,12 +298,12 @@ def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
     system_argument(parser)
 
 
-def system_argument(parser: argparse.ArgumentParser) -> None:
+def system_argument(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     """``--system``: the system turn a deployment puts before each user turn; verdicts depend on it."""
     parser.add_argument(
         "--system",
-        help="the system turn your deployment puts before each prompt (default: none, the chat template's own); "
-        "a guard's thresholds hold for the system turn they were set under",
+        help=f"{prefix}the system turn your deployment puts before each prompt (default: none, the chat template's "
+        "own); a guard's thresholds hold for the system turn they were set under",
     )
 
 

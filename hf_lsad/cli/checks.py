@@ -105,6 +105,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error("argument --system: empty; leave it out for the chat template's own system turn")
         if getattr(args, "raw", False):
             parser.error("argument --system: a system turn is part of the chat template, which --raw leaves out")
+        if args.command == "evaluate" and not (args.benign_prompts or args.unsafe_prompts):
+            parser.error("argument --system: prompt mode only; an activation store's prompts were formatted already")
     if args.command in ("generate", "explain"):
         from ..capture.collect import check_prompts
 

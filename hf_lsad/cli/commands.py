@@ -246,8 +246,9 @@ def _evaluate_prompts(args: argparse.Namespace) -> None:
             name, _, source = item.partition("=")
             sources[name] = (_prompt_table(source, column=args.column, limit=args.limit), unsafe)
     guarded = _guarded_model(args)
-    evaluation = evaluate_prompt_sources(guarded, sources, batch_size=args.batch_size)
-    report = json.dumps({"thresholds": evaluation.thresholds, "sources": evaluation.metrics()}, indent=2)
+    evaluation = evaluate_prompt_sources(guarded, sources, batch_size=args.batch_size, system=args.system)
+    metrics = {"thresholds": evaluation.thresholds, "system": evaluation.system, "sources": evaluation.metrics()}
+    report = json.dumps(metrics, indent=2)
     print(report)
     if args.out:
         out = Path(args.out)

@@ -92,6 +92,11 @@ def _html(evaluation: PromptEvaluation, path: Path, pictures: list[str], title: 
         cells += [_number(row.get(f"auroc_{h}")) for h in heads]
         lines.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     thresholds = ", ".join(f"{html.escape(h)} {t:.4g}" for h, t in evaluation.thresholds.items())
+    turn = (
+        ""
+        if evaluation.system is None
+        else f" Every prompt under the system turn {html.escape(repr(evaluation.system))}."
+    )
     images = "".join(_figure(name, (path / name).read_bytes()) for name in pictures)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -100,7 +105,7 @@ td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:right}}td:first-child{
 figure{{display:inline-block;margin:1em}}img{{max-width:100%}}</style></head>
 <body><h1>{html.escape(title)}</h1>
 <p>Thresholds: {thresholds}. <em>flagged</em> is a benign source's false-positive rate and an unsafe source's
-true-positive rate at those thresholds; AUROC is each head's score on the source against every benign row.</p>
+true-positive rate at those thresholds; AUROC is each head's score on the source against every benign row.{turn}</p>
 <table><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in header)}</tr>{"".join(lines)}</table>
 {note}{images}
 </body></html>

@@ -16,6 +16,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..core.metrics import auroc
+from ..core.prompt_inputs import check_system_turn
 from ..data.tables import PromptRow
 from ..generation.bulk import plan_batches
 from ..generation.model import GuardedModelForCausalLM
@@ -44,6 +45,8 @@ class PromptEvaluation:
     sources: list[SourceScores]
     thresholds: dict[str, float]
     """Each head's threshold, the anomaly head first."""
+    system: str | None = None
+    """The system turn every prompt was screened under (``None``: the chat template's default)."""
 
     def metrics(self) -> dict[str, dict[str, Any]]:
         """Per source: ``rows``, ``flagged`` (the FPR of a benign source, the TPR of an unsafe one) and, for an
@@ -68,17 +71,21 @@ def evaluate_prompt_sources(
     sources: dict[str, tuple[list[PromptRow], bool]],
     *,
     batch_size: int = 16,
+    system: str | None = None,
     progress: bool = True,
 ) -> PromptEvaluation:
     """Screen each source's rows (``name -> (rows, unsafe)``) with ``guarded`` and collect the verdicts, with a
-    progress bar per source unless ``progress`` is false."""
+    progress bar per source unless ``progress`` is false. ``system``: the system turn before each prompt, as the
+    deployment sends it (``None``: the template's default); a guard's thresholds hold for the turn they were set
+    under, so judge a guard taught under a turn under it."""
+    check_system_turn(system)
     if not sources:
         raise ValueError("no prompt sources to evaluate")
     if not any(unsafe for _, unsafe in sources.values()) or all(unsafe for _, unsafe in sources.values()):
         raise ValueError("evaluation needs at least one benign and one unsafe source")
     results, thresholds = [], {}
     for name, (rows, unsafe) in sources.items():
-        reports, errors = _screen(guarded, rows, batch_size, name if progress else None)
+        reports, errors = _screen(guarded, rows, batch_size, system, name if progress else None)
         if not reports:
             raise ValueError(f"source {name!r}: no row could be screened ({len(errors)} errors)")
         verdicts = [r.head_verdicts() for r in reports]
@@ -89,14 +96,15 @@ def evaluate_prompt_sources(
         }
         flagged = np.array([r.flagged for r in reports], dtype=bool)
         results.append(SourceScores(name, unsafe, flagged, scores, errors))
-    return PromptEvaluation(results, thresholds)
+    return PromptEvaluation(results, thresholds, system)
 
 
 def _screen(
-    guarded: GuardedModelForCausalLM, rows: list[PromptRow], batch_size: int, progress: str | None
+    guarded: GuardedModelForCausalLM, rows: list[PromptRow], batch_size: int, system: str | None, progress: str | None
 ) -> tuple[list, list[str]]:
-    """Reports of the rows that can be screened, and why the others cannot; a bar named ``progress`` if given."""
-    batches, errors = plan_batches(guarded, rows, batch_size=batch_size)
+    """Reports of the rows that can be screened under ``system``, and why the others cannot; a bar named
+    ``progress`` if given."""
+    batches, errors = plan_batches(guarded, rows, batch_size=batch_size, system=system)
     reports: list[SafetyReport] = []
     with tqdm(total=sum(len(b.ids) for b in batches), unit="row", desc=progress, disable=progress is None) as bar:
         for batch in batches:

@@ -3,6 +3,7 @@ evaluate --benign-prompts/--unsafe-prompts --out`` writes the pictures and one s
 
 from __future__ import annotations
 
+import html
 import json
 
 import numpy as np
@@ -15,6 +16,7 @@ from hf_lsad.data.tables import PromptRow
 from hf_lsad.evaluation.plots import write_report
 from hf_lsad.evaluation.prompts import evaluate_prompt_sources
 from hf_lsad.generation.model import GuardedModelForCausalLM
+from hf_lsad.guard import SafetyGuard
 
 
 def rows(texts):
@@ -64,9 +66,42 @@ def test_the_cli_writes_metrics_pictures_and_the_page(model_dir, tmp_path, capsy
     assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "roc-harm.png").is_file()
 
 
+SYSTEM = "You are the support assistant of a bank."
+
+
+def test_prompt_mode_screens_under_the_system_turn(model_dir, tmp_path, capsys):
+    benign, unsafe = PROMPTS[:20], UNSAFE_PROMPTS[:12]
+    two_headed_guard().save_pretrained(tmp_path / "guard")
+    guard = SafetyGuard.from_pretrained(tmp_path / "guard")
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    sources = {"notes": (rows(benign), False), "stealing": (rows(unsafe), True)}
+    under = evaluate_prompt_sources(guarded, sources, system=SYSTEM, progress=False)
+    default = evaluate_prompt_sources(guarded, sources, progress=False)
+    alone = guarded.screen(benign + unsafe, system=SYSTEM)
+    assert under.system == SYSTEM and default.system is None
+    harm = np.concatenate([source.head_scores["harm"] for source in under.sources])
+    assert harm == pytest.approx([report.head_verdicts()[1].score for report in alone], abs=1e-5)
+    assert harm != pytest.approx(np.concatenate([s.head_scores["harm"] for s in default.sources]), abs=1e-3)
+
+    for name, texts in (("notes", benign), ("stealing", unsafe)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    tables = ["--benign-prompts", f"notes={tmp_path / 'notes.jsonl'}"]
+    tables += ["--unsafe-prompts", f"stealing={tmp_path / 'stealing.jsonl'}"]
+    common = ["evaluate", "--guard", str(tmp_path / "guard"), "--model", str(model_dir), *tables]
+    entry([*common, "--out", str(tmp_path / "out"), "--system", SYSTEM])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["system"] == SYSTEM and printed["sources"] == under.metrics()
+    assert html.escape(repr(SYSTEM)) in (tmp_path / "out" / "report.html").read_text()
+    entry(common)
+    assert json.loads(capsys.readouterr().out)["system"] is None
+
+
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
+        (["--guard", "default", "--benign-prompts", "a=x", "--unsafe-prompts", "b=y", "--system", " "], "empty"),
+        (["--guard", "default", "--system", SYSTEM], "argument --system: prompt mode only"),
         (["--guard", "default", "--benign-prompts", "a=x.jsonl"], "needs both"),
         (["--guard", "default", "--benign-prompts", "x.jsonl", "--unsafe-prompts", "b=y"], "NAME=SOURCE"),
         (["--guard", "default", "--benign-prompts", "a=x", "--unsafe-prompts", "a=y"], "its own NAME"),
