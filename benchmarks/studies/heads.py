@@ -83,6 +83,12 @@ class Settings:
     source means, no fit. Probes of that kind are reported to carry over to unseen distributions better than a
     logistic fit (Marks & Tegmark, "The Geometry of Truth", 2023): does it flag fewer rows of an unseen benign
     domain?"""
+    lda_shrinkage: list[float] = field(default_factory=list)
+    """Shrinkages ``lambda`` tried for a linear discriminant on each candidate's reads (:func:`lda_method`): the
+    mass-mean direction whitened by the rows' spread around their label's mean, the covariance shrunk towards its
+    mean variance by ``lambda`` (1: the mass mean; near 0: close to what a linear fit finds). The spread between
+    sources of one label is in that covariance, so the directions along which sources differ weigh less: does a head
+    between the two flag fewer rows of an unseen benign domain at a price in harm a guard can pay?"""
     knn_neighbours: list[int] = field(default_factory=list)
     """Numbers ``k`` of nearest training rows tried as a head on each candidate's reads (:func:`knn_method`): a local
     score that does not extrapolate beyond the rows it knows. Does it flag fewer rows of an unseen benign domain
@@ -223,6 +229,29 @@ def mass_mean_method(config: ProbeConfig, hidden_size: int):
     return fit
 
 
+def lda_method(config: ProbeConfig, hidden_size: int, shrinkage: float):
+    """Score: the standardised reads projected on ``inverse(covariance) @ (unsafe mean - benign mean)``, each label's
+    mean the mean of its sources' means and the covariance that of every row around its label's mean, rows weighing
+    as the head's fit weighs them (each source alike), shrunk as ``(1 - shrinkage) * covariance + shrinkage *
+    mean variance * identity``."""
+    if not 0.0 <= shrinkage <= 1.0:
+        raise ValueError(f"lda_shrinkage must be in [0, 1], got {shrinkage}")
+
+    def fit(train: SourceRows):
+        standardise, standard = standardised_reads(config, hidden_size, train)  # [n, width]
+        source_means, source_labels = means_by_source(standard, train)
+        label_means = torch.stack([source_means[source_labels == label].mean(0) for label in (0, 1)])  # [2, width]
+        weights = balanced_weights(train.sources, train.labels).double()  # [n]
+        residuals = standard - label_means[train.labels.long()]  # [n, width]
+        covariance = (residuals * weights[:, None]).T @ residuals / weights.sum()  # [width, width]
+        target = covariance.diagonal().mean() * torch.eye(len(covariance), dtype=covariance.dtype)
+        shrunk = (1.0 - shrinkage) * covariance + shrinkage * target
+        direction = torch.linalg.solve(shrunk, label_means[1] - label_means[0])  # [width]
+        return lambda rows: (standardise(rows) @ direction).float()
+
+    return fit
+
+
 def knn_method(config: ProbeConfig, hidden_size: int, neighbours: int, weighing: str):
     """Score: the weighted share of unsafe rows among the ``neighbours`` training rows nearest to a row (cosine
     similarity of the standardised reads, faiss's exact inner-product search). ``weighing`` is ``balanced`` (each
@@ -318,6 +347,9 @@ def run(settings: Settings) -> dict[str, Any]:
                 f"{reads_of}, {neighbours} nearest rows, {weighing} votes",
                 knn_method(config, hidden, neighbours, weighing),
             )
+        for shrinkage in settings.lda_shrinkage:
+            config = ProbeConfig(reads=[tuple(read) for read in candidate])
+            judge(f"{reads_of}, linear discriminant, shrinkage {shrinkage:g}", lda_method(config, hidden, shrinkage))
         if settings.mass_mean:
             config = ProbeConfig(reads=[tuple(read) for read in candidate])
             judge(f"{reads_of}, mass mean", mass_mean_method(config, hidden))
