@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.batching import length_batches
 from ..core.prompt_inputs import InputProfile, chat_turns, check_system_turn
-from .recorder import PROMPT_POSITIONS, generate_with_activations, prompt_features
+from .recorder import PROMPT_POSITIONS, PromptPrefix, generate_with_activations, prompt_features, read_after_prefix
 
 
 def check_prompts(prompts: Sequence[str]) -> None:
@@ -132,6 +132,32 @@ def prompt_batches(
         return length_batches([len(prompt) for prompt in prompts], batch_size)
     lengths = prompt_token_lengths(tokenizer, prompts, chat_template=chat_template, system=system)
     return length_batches(lengths, batch_size, max_batch_tokens)
+
+
+def shared_prefix_length(token_ids: Sequence[Sequence[int]]) -> int:
+    """How many tokens every sequence of ``token_ids`` opens with, leaving each at least one of its own (0 for
+    none)."""
+    if not token_ids:
+        return 0
+    limit = min(len(ids) for ids in token_ids) - 1
+    first = token_ids[0]
+    length = 0
+    while length < limit and all(ids[length] == first[length] for ids in token_ids):
+        length += 1
+    return length
+
+
+def padded(
+    token_ids: Sequence[Sequence[int]], pad_token_id: int, device: torch.device | str | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(input_ids, attention_mask)``, each ``[len(token_ids), longest]``: the sequences padded on the right."""
+    longest = max(len(ids) for ids in token_ids)
+    input_ids = torch.full((len(token_ids), longest), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(len(token_ids), longest, dtype=torch.long)
+    for row, ids in enumerate(token_ids):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    return input_ids.to(device), attention_mask.to(device)
 
 
 def prompt_format(tokenizer: PreTrainedTokenizerBase, chat_template: bool = True) -> str:
@@ -246,13 +272,23 @@ def collect_prompt_features(
     done = set(skip)
     batches = [batch for batch in batches if not done.issuperset(batch)]
     out = {read: torch.empty(len(prompts), model.config.get_text_config().hidden_size) for read in reads}
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
+    token_ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if batches else []
+    # the opening every prompt shares (template, system turn) runs once; each batch runs the rest of its prompts
+    shared = shared_prefix_length(token_ids)
+    prefix = PromptPrefix.run(model, [layer for layer, _ in reads], token_ids[0][:shared]) if shared else None
+    shared = shared if prefix is not None else 0
     device, longest = model.device, 0
     for batch in tqdm(batches, desc=f"collect {len(reads)} reads", disable=not progress):
-        prompts_batch = [prompts[i] for i in batch]
-        inputs = encode_prompts(tokenizer, prompts_batch, chat_template=chat_template, device=device, system=system)
-        batch_longest = int(inputs["attention_mask"].sum(1).max())
+        batch_longest = max(len(token_ids[i]) for i in batch)
         longest = max(longest, batch_longest)
-        features = prompt_features(model, reads, inputs["input_ids"], inputs["attention_mask"])
+        input_ids, attention_mask = padded([token_ids[i][shared:] for i in batch], tokenizer.pad_token_id, device)
+        if prefix is None:
+            features = prompt_features(model, reads, input_ids, attention_mask)
+        else:
+            features = read_after_prefix(model, reads, prefix, input_ids, attention_mask)
         features = {read: values.float().cpu() for read, values in features.items()}
         index = torch.tensor(batch)
         for read, values in features.items():

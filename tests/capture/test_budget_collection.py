@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny import MIXED_BATCH, PROMPTS
 
-from hf_lsad.capture.collect import collect_prompt_features, prompt_texts
+from hf_lsad.capture.collect import collect_prompt_features, prompt_texts, shared_prefix_length
 from hf_lsad.testing import tiny_model
 
 READS = [(1, "prompt_last"), (2, "prompt_mean")]
@@ -28,8 +28,10 @@ def test_collection_under_a_budget_reads_the_same_features_in_input_order_and_ke
         handle.remove()
     fixed, fixed_profile = collect_prompt_features(model, tokenizer, prompts, READS, batch_size=8, progress=False)
     assert profile == fixed_profile
-    assert all(rows * length <= budget or rows == 1 for rows, length in shapes)
-    assert (1, max(lengths)) in shapes  # the prompt over the budget went alone
+    shared = shared_prefix_length([tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts])
+    assert shapes[0] == (1, shared)  # the template's opening every prompt shares, once; then the rests
+    assert all(rows * (shared + length) <= budget or rows == 1 for rows, length in shapes[1:])
+    assert (1, max(lengths) - shared) in shapes[1:]  # the prompt over the budget went alone
     for read in READS:
         torch.testing.assert_close(budgeted[read], fixed[read], atol=1e-5, rtol=1e-5)
     single, _ = collect_prompt_features(model, tokenizer, [prompts[4]], READS, max_batch_tokens=budget, progress=False)
@@ -44,14 +46,15 @@ def test_one_read_under_a_budget_matches_fixed_batches(position, monkeypatch):
     model, tokenizer = tiny_model("llama")
     prompts = [*MIXED_BATCH, *PROMPTS[:10], "a long prompt " * 40]
     kwargs = dict(layer=2, position=position, batch_size=4, max_new_tokens=4, progress=False)
-    batches = []
-    encode = collect.encode_prompts
+    sizes = []  # the rows of each batch: generation encodes them, a prompt read pads them
+    encode, pad = collect.encode_prompts, collect.padded
     monkeypatch.setattr(
-        collect, "encode_prompts", lambda tok, texts, **kw: batches.append(list(texts)) or encode(tok, texts, **kw)
+        collect, "encode_prompts", lambda tok, texts, **kw: sizes.append(len(texts)) or encode(tok, texts, **kw)
     )
+    monkeypatch.setattr(collect, "padded", lambda ids, *args: sizes.append(len(ids)) or pad(ids, *args))
     budgeted = collect.collect_activations(model, tokenizer, prompts, max_batch_tokens=64, **kwargs)
-    assert [prompts[-1]] in batches  # the long prompt went alone
-    assert len(batches) > -(-len(prompts) // 4)  # the budget, not the size, closed batches
+    assert sizes[-1] == 1  # the long prompt, the longest, went alone
+    assert len(sizes) > -(-len(prompts) // 4)  # the budget, not the size, closed batches
     fixed = collect.collect_activations(model, tokenizer, prompts, **kwargs)
     torch.testing.assert_close(budgeted.activations, fixed.activations, atol=1e-5, rtol=1e-5)
     assert budgeted.responses == fixed.responses and budgeted.inputs == fixed.inputs

@@ -239,7 +239,8 @@ def test_the_token_budget_of_a_forward_pass_is_a_flag(command):
 
 @contextlib.contextmanager
 def forward_passes(model, interrupt_at: int | None = None):
-    """Count the forward passes of ``model`` (one per batch), interrupting the ``interrupt_at``-th as Ctrl-C does."""
+    """Count the forward passes of ``model`` (one for the opening every prompt shares, then one per batch),
+    interrupting the ``interrupt_at``-th as Ctrl-C does."""
     passes: list[int] = []
 
     def count(*_):
@@ -270,7 +271,7 @@ def test_an_interrupted_collection_into_a_cache_resumes_where_it_stopped(tmp_pat
     assert len(list((cache / PARTIAL).glob("part-*"))) == 2 and not any(cache.glob("layer*"))
     with forward_passes(model) as passes:
         resumed = bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=2, **kwargs)
-    assert len(passes) == 12 - 4  # the batches no part held, and those alone
+    assert len(passes) == 1 + 12 - 4  # the shared opening, then the batches no part held, and those alone
     assert all(torch.equal(resumed[read], reference[read]) for read in reads)  # the same batches: bit for bit
     assert not (cache / PARTIAL).exists()
     uninterrupted = tmp_path / "uninterrupted"
@@ -309,7 +310,7 @@ def test_parts_of_a_run_that_did_not_finish_are_kept(tmp_path):
     prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
     cache = tmp_path / "cache"
     bundled_features(model, tokenizer, prompts, reads[:1], cache_dir=cache, progress=False)
-    with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
+    with forward_passes(model, interrupt_at=4), pytest.raises(KeyboardInterrupt):
         bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=1, batch_size=4)
     bundled_features(model, tokenizer, prompts, reads[:1], cache_dir=cache, progress=False)  # its store is there
     assert len(list((cache / PARTIAL).glob("part-*"))) == 2  # of reads[1:], whose stores are not

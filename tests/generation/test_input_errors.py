@@ -109,7 +109,8 @@ def test_stop_with_several_sequences_per_prompt_and_sampling(path):
     guarded = screening_model()
     inputs = encode_prompts(guarded.tokenizer, MIXED_BATCH, padding_side="right")
     alone = [guarded.screen([p])[0] for p in MIXED_BATCH]
-    guarded.guard.config.threshold = sorted(r.score for r in alone)[1]  # flags one row of three
+    scores = sorted(r.score for r in alone)
+    guarded.guard.config.threshold = (scores[1] + scores[2]) / 2  # flags one row of three, clear of float round-off
     flagged = [r.score > guarded.guard.config.threshold for r in alone]
     steps: list[Any] = []
     options = {"on_flag": "stop"} if path == "stop" else {"on_step": steps.append}
