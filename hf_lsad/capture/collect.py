@@ -1,11 +1,11 @@
 """Collecting activation sets: prompts encoded as the guard reads them, batched by length, one layer read.
 
-:func:`encode_prompts` is the one way prompts become model inputs (the user turn of the chat
-template, padded on the left by default), shared by collection, screening and the CLI, so a
-guard scores the token it was fitted on. :func:`collect_activations` runs the recorder of
-:mod:`hf_lsad.capture.recorder` over a prompt list: a forward pass cut after the hooked block
-for ``prompt_last``, greedy generation for the response positions, in batches of
-:func:`~hf_lsad.core.batching.length_batches`.
+:func:`prompt_texts` is the one way prompts are formatted (the user turn of the chat template, after a system turn
+when given), so a guard scores the token it was fitted on. :func:`encode_prompts` tokenises them for screening, the
+CLI and generation (padded on the left by default); :func:`collect_prompt_features` tokenises them once and runs the
+opening they share once. :func:`collect_activations` runs the recorder of :mod:`hf_lsad.capture.recorder` over a
+prompt list: a forward pass cut after the hooked block for ``prompt_last``, greedy generation for the response
+positions, in batches of :func:`~hf_lsad.core.batching.length_batches`.
 """
 
 from __future__ import annotations
@@ -147,19 +147,6 @@ def shared_prefix_length(token_ids: Sequence[Sequence[int]]) -> int:
     return length
 
 
-def padded(
-    token_ids: Sequence[Sequence[int]], pad_token_id: int, device: torch.device | str | None = None
-) -> tuple[Tensor, Tensor]:
-    """``(input_ids, attention_mask)``, each ``[len(token_ids), longest]``: the sequences padded on the right."""
-    longest = max(len(ids) for ids in token_ids)
-    input_ids = torch.full((len(token_ids), longest), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros(len(token_ids), longest, dtype=torch.long)
-    for row, ids in enumerate(token_ids):
-        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, : len(ids)] = 1
-    return input_ids.to(device), attention_mask.to(device)
-
-
 def prompt_format(tokenizer: PreTrainedTokenizerBase, chat_template: bool = True) -> str:
     """How prompts reach the model (:class:`~hf_lsad.core.prompt_inputs.InputProfile`): ``"chat_template"`` when they
     are user turns of the tokenizer's template, else ``"raw"``."""
@@ -256,6 +243,10 @@ def collect_prompt_features(
     """``[n_prompts, hidden]`` float32 CPU activations of every ``(layer, position)`` read (prompt positions),
     one forward pass per batch cut after the deepest layer; results in input order.
 
+    The tokens every prompt opens with (the chat template's opening, the system turn) run once
+    (:class:`~hf_lsad.capture.recorder.PromptPrefix`), and each batch runs the rest of its prompts against them: the
+    features of whole prompts, to float round-off, for fewer tokens.
+
     Prompts are batched by :func:`prompt_batches`: ``batch_size`` at a time, or under a budget of
     ``max_batch_tokens`` padded tokens. The batches change the activations by float round-off only.
 
@@ -284,7 +275,10 @@ def collect_prompt_features(
     for batch in tqdm(batches, desc=f"collect {len(reads)} reads", disable=not progress):
         batch_longest = max(len(token_ids[i]) for i in batch)
         longest = max(longest, batch_longest)
-        input_ids, attention_mask = padded([token_ids[i][shared:] for i in batch], tokenizer.pad_token_id, device)
+        rests = tokenizer.pad(
+            {"input_ids": [token_ids[i][shared:] for i in batch]}, padding_side="right", return_tensors="pt"
+        )
+        input_ids, attention_mask = rests["input_ids"].to(device), rests["attention_mask"].to(device)
         if prefix is None:
             features = prompt_features(model, reads, input_ids, attention_mask)
         else:

@@ -7,13 +7,7 @@ import pytest
 import torch
 from tiny import MIXED_BATCH
 
-from hf_lsad.capture.collect import (
-    collect_prompt_features,
-    encode_prompts,
-    padded,
-    prompt_texts,
-    shared_prefix_length,
-)
+from hf_lsad.capture.collect import collect_prompt_features, encode_prompts, prompt_texts, shared_prefix_length
 from hf_lsad.capture.recorder import PromptPrefix, prompt_features, read_after_prefix
 from hf_lsad.testing import tiny_model
 
@@ -66,21 +60,26 @@ def test_left_and_right_padded_rests_read_alike():
     shared = shared_prefix_length(ids)
     prefix = PromptPrefix.run(model, [layer for layer, _ in READS], ids[0][:shared])
     assert prefix is not None
-    right = read_after_prefix(model, READS, prefix, *padded([i[shared:] for i in ids], tokenizer.pad_token_id))
-    rests = tokenizer.pad([{"input_ids": i[shared:]} for i in ids], padding_side="left", return_tensors="pt")
-    left = read_after_prefix(model, READS, prefix, rests["input_ids"], rests["attention_mask"])
+    rests = {
+        side: tokenizer.pad({"input_ids": [i[shared:] for i in ids]}, padding_side=side, return_tensors="pt")
+        for side in ("left", "right")
+    }
+    left, right = (
+        read_after_prefix(model, READS, prefix, rests[s]["input_ids"], rests[s]["attention_mask"])
+        for s in ("left", "right")
+    )
     want = whole(model, tokenizer, MIXED_BATCH, SYSTEM)
     for read in READS:
         assert torch.allclose(right[read], want[read], atol=1e-5) and torch.allclose(left[read], want[read], atol=1e-5)
 
 
 def test_a_prefix_and_its_rests_are_checked():
-    model, tokenizer = tiny_model()
+    model, _ = tiny_model()
     with pytest.raises(ValueError, match="at least one token"):
         PromptPrefix.run(model, [1], [])
     prefix = PromptPrefix.run(model, [1, 2], [5, 6, 7])
     assert prefix is not None and prefix.length == 3
-    input_ids, attention_mask = padded([[8, 9], [10]], tokenizer.pad_token_id)
+    input_ids, attention_mask = torch.tensor([[8, 9], [10, 0]]), torch.tensor([[1, 1], [1, 0]])
     with pytest.raises(ValueError, match=r"the prefix was run to blocks \[1, 2\]; these reads need \[3\]"):
         read_after_prefix(model, [(3, "prompt_mean")], prefix, input_ids, attention_mask)
     with pytest.raises(ValueError, match="positions \\['response_last'\\]"):
