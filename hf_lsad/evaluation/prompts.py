@@ -1,10 +1,11 @@
 """A guard judged on labelled prompt files through its model: every head, per source, at its own thresholds.
 
-What ``hf-lsad evaluate --guard G --benign-prompts NAME=FILE ... --unsafe-prompts NAME=FILE ...`` runs. Each
-source's prompts are screened as ``generate`` would screen them (:mod:`hf_lsad.generation.bulk`, so any guard that
-reads the prompt works, two-headed guards included, with no activation store), then each benign source gives its
-flag rate and each unsafe source its flag rate (the TPR at the guard's thresholds) and, per head, the AUROC of its
-score against every benign row pooled. :mod:`hf_lsad.evaluation.plots` draws the same numbers.
+What ``hf-lsad evaluate --guard G --benign-prompts NAME=FILE ... --unsafe-prompts NAME=FILE ... [--system TURN]``
+runs. Each source's prompts are screened as ``generate`` would screen them, under the deployment's system turn when
+given (:mod:`hf_lsad.generation.bulk`, so any guard that reads the prompt works, two-headed guards included, with no
+activation store), then each benign source gives its flag rate and each unsafe source its flag rate (the TPR at the
+guard's thresholds) and, per head, the AUROC of its score against every benign row pooled.
+:mod:`hf_lsad.evaluation.plots` draws the same numbers.
 """
 
 from __future__ import annotations
