@@ -424,13 +424,14 @@ def read_after_prefix(
             )
         except _StopForward:
             pass
-    counts = counts.to(next(iter(reader.mean.values())).device)
-    return {
-        (layer, position): reader.last[layer]
-        if position == "prompt_last"
-        else (prefix.sums[layer] + reader.mean[layer] * counts) / (prefix.length + counts)
-        for layer, position in reads
-    }
+    features = {}
+    for layer, position in reads:
+        if position == "prompt_last":
+            features[(layer, position)] = reader.last[layer]
+        else:  # on the block's device (a model split over devices has its blocks on several)
+            count = counts.to(reader.mean[layer].device)
+            features[(layer, position)] = (prefix.sums[layer] + reader.mean[layer] * count) / (prefix.length + count)
+    return features
 
 
 def generation_prompt_reader(
