@@ -22,7 +22,7 @@ from hf_lsad.capture.collect import (
     collect_prompt_features,
     encode_prompts,
     prompt_batches,
-    prompt_texts,
+    prompt_token_ids,
     shared_prefix_length,
 )
 from hf_lsad.capture.pretrained import load_model
@@ -85,8 +85,7 @@ def run(settings: Settings) -> dict[str, Any]:
             outputs["whole prompts"] = out
 
         timed = interleaved_medians({"whole prompts": whole, "shared prefix": shared_prefix}, settings.repeats)
-        texts, special = prompt_texts(tokenizer, prompts, system=system)
-        token_ids = tokenizer(texts, add_special_tokens=special)["input_ids"]
+        token_ids = prompt_token_ids(tokenizer, prompts, system=system)
         shared = shared_prefix_length(token_ids)
         results[name] = {
             "shared_prefix_tokens": shared,

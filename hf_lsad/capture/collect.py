@@ -112,8 +112,19 @@ def prompt_token_lengths(
     system: str | None = None,
 ) -> list[int]:
     """Each prompt's length in tokens as the model reads it (:func:`prompt_texts`), unpadded."""
+    return [len(ids) for ids in prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)]
+
+
+def prompt_token_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    chat_template: bool = True,
+    system: str | None = None,
+) -> list[list[int]]:
+    """Each prompt's token ids as the model reads it (:func:`prompt_texts`), unpadded."""
     texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
-    return [len(ids) for ids in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
+    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
 
 
 def prompt_batches(
@@ -124,14 +135,17 @@ def prompt_batches(
     *,
     chat_template: bool = True,
     system: str | None = None,
+    token_ids: Sequence[Sequence[int]] | None = None,
 ) -> list[list[int]]:
     """:func:`~hf_lsad.core.batching.length_batches` of ``prompts``: ``batch_size`` at a time in order of their
     length in characters (``max_batch_tokens=None``, how every bundled collection was made), or in order of their
-    length in tokens, as the model reads them, with at most ``max_batch_tokens`` padded tokens a batch."""
+    length in tokens, as the model reads them, with at most ``max_batch_tokens`` padded tokens a batch.
+    ``token_ids``: the prompts' :func:`prompt_token_ids`, when the caller has them already."""
     if max_batch_tokens is None:
         return length_batches([len(prompt) for prompt in prompts], batch_size)
-    lengths = prompt_token_lengths(tokenizer, prompts, chat_template=chat_template, system=system)
-    return length_batches(lengths, batch_size, max_batch_tokens)
+    if token_ids is None:
+        token_ids = prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)
+    return length_batches([len(ids) for ids in token_ids], batch_size, max_batch_tokens)
 
 
 def shared_prefix_length(token_ids: Sequence[Sequence[int]]) -> int:
@@ -257,18 +271,23 @@ def collect_prompt_features(
     batches that ran (1 when none did). ``system``: a system turn before each user turn (:func:`prompt_texts`).
     """
     check_prompts(prompts)
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    token_ids = prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)  # tokenised once
     batches = prompt_batches(
-        tokenizer, prompts, batch_size, max_batch_tokens, chat_template=chat_template, system=system
+        tokenizer,
+        prompts,
+        batch_size,
+        max_batch_tokens,
+        chat_template=chat_template,
+        system=system,
+        token_ids=token_ids,
     )
     done = set(skip)
     batches = [batch for batch in batches if not done.issuperset(batch)]
     out = {read: torch.empty(len(prompts), model.config.get_text_config().hidden_size) for read in reads}
-    if tokenizer.pad_token_id is None:
-        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
-    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
-    token_ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if batches else []
     # the opening every prompt shares (template, system turn) runs once; each batch runs the rest of its prompts
-    shared = shared_prefix_length(token_ids)
+    shared = shared_prefix_length(token_ids) if batches else 0  # nothing to run: no prefix either
     prefix = PromptPrefix.run(model, [layer for layer, _ in reads], token_ids[0][:shared]) if shared else None
     shared = shared if prefix is not None else 0
     device, longest = model.device, 0
