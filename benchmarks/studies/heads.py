@@ -96,6 +96,22 @@ class Settings:
     knn_weighing: list[Literal["balanced", "similarity"]] = field(default_factory=lambda: ["balanced"])
     """How each neighbour's vote weighs, tried in turn: ``balanced`` (each source of a label alike, as the head's fit
     weighs its rows) or ``similarity`` (its cosine similarity to the row scored, every row alike)."""
+    robust_objectives: list[list[Any]] = field(default_factory=list)
+    """Objectives of a one-layer ReLU MLP (``robust_units`` wide, our own torch fit, see :func:`robust_method`) tried
+    on each candidate's reads, each a pair ``[kind, strength]``: ``["balanced", 0]`` (every training source's mean
+    loss weighing alike: the control, what the shipped head's weighing asks), ``["group_dro", step]`` (Group DRO,
+    Sagawa et al. 2020: the sources' weights follow their losses by exponentiated gradient with that step, so the
+    worst-fitted source leads) or ``["rex", penalty]`` (V-REx, Krueger et al. 2021: the balanced loss plus
+    ``penalty`` times the variance of the sources' losses, proposed for what lies beyond the training sources). Does
+    an objective that asks every source to be fitted alike carry over to a benign domain the fit never saw?"""
+    robust_units: int = 256
+    """Hidden units of each :func:`robust_method` MLP (the shipped head's 256)."""
+    robust_alpha: float = 0.1
+    """L2 penalty of each :func:`robust_method` MLP, as scikit-learn's ``alpha`` (the shipped head's 0.1)."""
+    robust_steps: int = 600
+    """Optimiser steps of each :func:`robust_method` fit (Adam, learning rate 1e-3)."""
+    robust_rows_per_source: int = 16
+    """Rows drawn from every training source at each step (with replacement), so every source is in every batch."""
     sae: str = ""
     """An SAE folder (``save_pretrained`` layout, e.g. the paper guard's ``sae/``, which reads layer 12 at the last
     prompt token): each candidate is also tried on the SAE's codes of its reads instead of the raw residual, the
@@ -285,6 +301,70 @@ def knn_method(config: ProbeConfig, hidden_size: int, neighbours: int, weighing:
     return fit
 
 
+ROBUST_OBJECTIVES = ("balanced", "group_dro", "rex")
+
+
+def robust_method(
+    config: ProbeConfig, hidden_size: int, objective: str, strength: float, steps: int, rows_per_source: int
+):
+    """A one-layer ReLU MLP of ``config.mlp_units`` units on the standardised reads, fitted by Adam on batches that
+    draw ``rows_per_source`` rows of every training source, under ``objective``:
+
+    - ``balanced``: the mean over sources of each source's mean loss, each label's sources weighing half (the
+      weighing of :func:`~hf_lsad.guard.heads.balanced_weights`);
+    - ``group_dro``: the sources' weights start there and are multiplied by ``exp(strength * loss)`` at every step
+      (Group DRO's online update), so the loss of the worst-fitted sources leads;
+    - ``rex``: the balanced loss plus ``strength`` times the variance of the sources' losses (V-REx).
+
+    The L2 penalty is ``config.mlp_alpha`` as scikit-learn's MLP applies it (``alpha / 2 * |W|^2 / n``); seeded by
+    ``config.seed``."""
+    if objective not in ROBUST_OBJECTIVES:
+        raise ValueError(f"a robust objective is one of {ROBUST_OBJECTIVES}, got {objective!r}")
+    if strength < 0 or (objective == "balanced" and strength != 0):
+        raise ValueError(f"{objective} takes a strength >= 0 (0 for balanced), got {strength}")
+
+    def fit(train: SourceRows):
+        standardise, standard = standardised_reads(config, hidden_size, train)  # [n, width]
+        generator = torch.Generator().manual_seed(config.seed)
+        names = sorted(set(train.sources))
+        members = [torch.tensor([i for i, s in enumerate(train.sources) if s == name]) for name in names]
+        source_labels = torch.tensor([float(train.labels[int(rows[0])]) for rows in members])  # [sources]
+        base = torch.stack([1.0 / (2 * (source_labels == label).sum()) for label in source_labels])  # [sources]
+        weights = base.clone()
+        x, y = standard.float(), train.labels.float()
+        torch.manual_seed(config.seed)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(x.shape[1], config.mlp_units), torch.nn.ReLU(), torch.nn.Linear(config.mlp_units, 1)
+        )
+        optimiser = torch.optim.Adam(model.parameters(), lr=1e-3)
+        penalty = config.mlp_alpha / (2 * len(x))
+        for _ in range(steps):
+            picks = [rows[torch.randint(len(rows), (rows_per_source,), generator=generator)] for rows in members]
+            batch = torch.cat(picks)  # [sources * rows_per_source]
+            logits = model(x[batch]).squeeze(1)  # [sources * rows_per_source]
+            per_row = torch.nn.functional.binary_cross_entropy_with_logits(logits, y[batch], reduction="none")
+            losses = per_row.view(len(names), rows_per_source).mean(1)  # [sources]
+            if objective == "group_dro":
+                weights = weights * torch.exp(strength * losses.detach())
+                weights = weights / weights.sum()
+            loss = (weights * losses).sum() / weights.sum()
+            if objective == "rex":
+                loss = loss + strength * losses.var(unbiased=False)
+            loss = loss + penalty * sum((layer.weight**2).sum() for layer in (model[0], model[2]))
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+        model.eval()
+
+        @torch.no_grad()
+        def score(rows: SourceRows) -> torch.Tensor:
+            return torch.sigmoid(model(standardise(rows).float()).squeeze(1))
+
+        return score
+
+    return fit
+
+
 def sae_method(config: ProbeConfig, sae):
     """The logistic head on the SAE's codes of each read (``[n, d_sae]`` per read) instead of the residual."""
 
@@ -353,6 +433,25 @@ def run(settings: Settings) -> dict[str, Any]:
         if settings.mass_mean:
             config = ProbeConfig(reads=[tuple(read) for read in candidate])
             judge(f"{reads_of}, mass mean", mass_mean_method(config, hidden))
+        for objective, strength in settings.robust_objectives:
+            config = ProbeConfig(
+                reads=[tuple(read) for read in candidate],
+                kind="mlp",
+                mlp_units=settings.robust_units,
+                mlp_alpha=settings.robust_alpha,
+                seed=settings.seed,
+            )
+            judge(
+                f"{reads_of}, MLP {config.mlp_units}, {objective}" + (f" {strength:g}" if strength else ""),
+                robust_method(
+                    config,
+                    hidden,
+                    str(objective),
+                    float(strength),
+                    settings.robust_steps,
+                    settings.robust_rows_per_source,
+                ),
+            )
         for k in settings.source_directions:
             config = ProbeConfig(reads=[tuple(read) for read in candidate])
             judge(f"{reads_of}, {k} source directions removed", nullspace_method(config, hidden, k))
