@@ -381,10 +381,10 @@ class PromptPrefix:
     def cache(self, batch: int) -> DynamicCache:
         """A fresh cache of the prefix for ``batch`` rows (a pass appends the rest of its prompts to it)."""
         cache = DynamicCache(config=self.config)
+        # Views, not copies: a dynamic cache concatenates what it is given (a copy of its own), and the pass that
+        # follows appends the rests to it.
         for index, (keys, values) in enumerate(self.keys_values):  # each [1, kv_heads, prefix, head_dim]
-            cache.update(
-                keys.expand(batch, -1, -1, -1).contiguous(), values.expand(batch, -1, -1, -1).contiguous(), index
-            )
+            cache.update(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1), index)
         return cache
 
 
