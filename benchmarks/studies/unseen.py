@@ -60,7 +60,7 @@ def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / max(1, len(a | b))
 
 
-def _share(count: int, rows: int) -> dict[str, Any]:
+def wilson_share(count: int, rows: int) -> dict[str, Any]:
     """``count`` of ``rows`` with the share and its Wilson 95% interval."""
     if rows == 0:
         return {"count": 0, "rows": 0, "rate": None, "wilson_95": None}
@@ -125,7 +125,7 @@ def run(settings: Settings) -> dict[str, Any]:
             "near_copy_examples": [rows[i].text for i in sorted(members, key=lambda i: -overlap[i]) if near[i]][:5],
         }
         if refused is not None:
-            entry["model_refuses"] = _share(sum(refused[i] for i in members), len(members))
+            entry["model_refuses"] = wilson_share(sum(refused[i] for i in members), len(members))
         results["sources"][source] = entry
 
     for name, model_with_guard in guarded.items():
@@ -139,9 +139,9 @@ def run(settings: Settings) -> dict[str, Any]:
         for source, members in members_of.items():
             flagged = [i for i in members if reports[i].flagged]
             entry = {
-                "flagged": _share(len(flagged), len(members)),
+                "flagged": wilson_share(len(flagged), len(members)),
                 "decided_by": dict(Counter("+".join(reports[i].decided_by) or "anomaly" for i in flagged)),
-                "flagged_without_near_copies": _share(
+                "flagged_without_near_copies": wilson_share(
                     sum(reports[i].flagged for i in members if not near[i]), sum(not near[i] for i in members)
                 ),
             }
@@ -151,7 +151,7 @@ def run(settings: Settings) -> dict[str, Any]:
                 entry["flagged_rows"] = [rows[i].text for i in flagged]
             if refused is not None:
                 answered = [i for i in members if not refused[i]]
-                entry["flagged_of_rows_the_model_answers"] = _share(
+                entry["flagged_of_rows_the_model_answers"] = wilson_share(
                     sum(reports[i].flagged for i in answered), len(answered)
                 )
             results["sources"][source][name] = entry
