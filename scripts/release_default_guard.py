@@ -25,8 +25,9 @@ The figures on the card come from ``benchmarks/results/heads--report.json`` (lea
 benchmarks/run.py heads/report``) and ``benchmarks/results/heads--shipped.json`` (the guard as shipped, ``python
 benchmarks/run.py heads/shipped``). Both fit this configuration from the stores and never read the bundled guard:
 when the configuration changes, run them first, then this script. The released guard's figures on a source found
-after the release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``,
-which reads the bundled guard: after a release, run it, then ``--card-only``).
+after the release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``) and
+on benign text in other languages from ``benchmarks/results/heads--languages.json`` (``python benchmarks/run.py
+heads/languages``); both read the bundled guard: after a release, run them, then ``--card-only``.
 
 Needs the activations of every pool (``hf-lsad collect --pool P --layer 12 16 20 24 28 --position prompt_last
 prompt_mean --out artifacts/smollm2/P``)::
@@ -65,9 +66,10 @@ CONFIDENCE = 0.95
 REPORT = REPO / "benchmarks" / "results" / "heads--report.json"
 SHIPPED = REPO / "benchmarks" / "results" / "heads--shipped.json"
 UNSEEN = REPO / "benchmarks" / "results" / "heads--unseen.json"
+LANGUAGES = REPO / "benchmarks" / "results" / "heads--languages.json"
 
 
-def card_texts(report: dict, as_shipped: dict, unseen: dict) -> tuple[str, str, str]:
+def card_texts(report: dict, as_shipped: dict, unseen: dict, languages: dict) -> tuple[str, str, str]:
     """The card's training-data paragraph, evaluation note and limitations, from the measured report (leave one
     source out), the measured guard as shipped and the released guard on a source no fit, threshold or choice has
     read."""
@@ -137,10 +139,13 @@ def card_texts(report: dict, as_shipped: dict, unseen: dict) -> tuple[str, str, 
         f"translated {flagged('spikee-finance-translated')}; requests for personal investment advice "
         f"{flagged('spikee-advice')} (do-not-answer, a source of the fit, counts such requests as risky).",
     ]
+    other = languages["result"]["guards"]["default"]["other languages"]["flagged"]
+    spoken = len(languages["result"]["source"]["rows"]) - 1  # English aside
     limitations = (
         "The guard has seen English only: a prompt in another language reads as harm (finance questions translated "
         f"into Zulu, Scottish Gaelic, Albanian or Irish: {flagged('spikee-finance-translated')} flagged, the same "
-        f"questions in English {flagged('spikee-finance')}). "
+        f"questions in English {flagged('spikee-finance')}; spaCy's benign example sentences in {spoken} other "
+        f"languages: {other['count']} of {other['rows']}, `python benchmarks/run.py heads/languages`). "
         "The supervised head recognises kinds of harm like those it was fitted on. Held out of its fit, mild risky "
         "questions (do-not-answer: requests for legal or medical advice, questions about a named person's private "
         "details, questions to the assistant about itself) are mostly missed; toxic text that is not a request "
@@ -173,7 +178,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     out = Path(args.out)
-    texts = card_texts(*(json.loads(path.read_text()) for path in (REPORT, SHIPPED, UNSEEN)))
+    texts = card_texts(*(json.loads(path.read_text()) for path in (REPORT, SHIPPED, UNSEEN, LANGUAGES)))
     card_args = dict(zip(("data", "metrics_note", "limitations"), texts))
     if args.card_only:
         SafetyGuard.from_pretrained(out).model_card(**card_args).save(out / "README.md")
