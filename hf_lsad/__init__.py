@@ -28,7 +28,9 @@ _EXPORTS = {
     "ModelMismatchError": "errors",
     "UnsafeGuardFileError": "errors",
     "DegenerateFitWarning": "errors",
+    "GuardedGenerateBeamDecoderOnlyOutput": "generation.model",
     "GuardedGenerateDecoderOnlyOutput": "generation.model",
+    "GuardedGenerateOutput": "generation.model",
     "GuardedModelForCausalLM": "generation.model",
     "HookPoint": "core.hook_point",
     "SAEConfig": "sae",
@@ -61,7 +63,9 @@ __all__ = [
     "GuardConfig",
     "GuardFormatError",
     "GuardMismatchError",
+    "GuardedGenerateBeamDecoderOnlyOutput",
     "GuardedGenerateDecoderOnlyOutput",
+    "GuardedGenerateOutput",
     "GuardedModelForCausalLM",
     "HookPoint",
     "InputError",
@@ -113,7 +117,12 @@ if TYPE_CHECKING:
         SmallSampleWarning,
         UnsafeGuardFileError,
     )
-    from .generation import GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
+    from .generation import (
+        GuardedGenerateBeamDecoderOnlyOutput,
+        GuardedGenerateDecoderOnlyOutput,
+        GuardedGenerateOutput,
+        GuardedModelForCausalLM,
+    )
     from .guard import GuardConfig, SafetyGuard, SafetyReport, fit_guard
     from .guard.heads import SupervisedHead
     from .guard.heads.training import add_head, fit_budget_on_prompts, teach_traffic

@@ -55,11 +55,17 @@ class LastPositionRecorder:
     - ``first_positions`` (``[batch]`` long), when given, is the position read on the first
       call instead of the last one: each row's last real token of a right-padded prompt
       (:func:`last_token_positions`). Later calls (one new token each) read position ``-1``.
+    - ``first_rows`` (``[batch]`` long), when given, are the rows of the first call that are read, in order
+      (:func:`prefill_rows`: beam search's prefill holds each prompt once per beam); ``first_positions`` then
+      belong to those rows.
     """
 
-    def __init__(self, module: nn.Module, first_positions: Tensor | None = None) -> None:
+    def __init__(
+        self, module: nn.Module, first_positions: Tensor | None = None, first_rows: Tensor | None = None
+    ) -> None:
         self.module = module
         self.first_positions = first_positions
+        self.first_rows = first_rows
         self.records: list[Tensor] = []
         self._handle: Any = None
         self._thread: int | None = None
@@ -68,6 +74,8 @@ class LastPositionRecorder:
         if threading.get_ident() != self._thread:
             return  # another thread's forward pass through the same module
         hidden = output[0] if isinstance(output, tuple) else output  # older transformers return tuples
+        if not self.records and self.first_rows is not None:
+            hidden = hidden[self.first_rows.to(hidden.device)]  # [prefill rows, seq, hidden] -> [batch, seq, hidden]
         if not self.records and self.first_positions is not None:
             rows = torch.arange(hidden.shape[0], device=hidden.device)
             self.records.append(hidden[rows, self.first_positions.to(hidden.device)].detach().clone())
@@ -147,15 +155,38 @@ def num_return_sequences(model: PreTrainedModel, generate_kwargs: dict[str, Any]
     return int(n or 1)
 
 
-def check_generate_kwargs(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> Tensor:
-    """Refuse inputs and generation modes a guard cannot follow; return ``input_ids``."""
+def num_beams(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> int:
+    """Beams of a ``generate`` call (1: no beam search)."""
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    return int(generate_kwargs.get("num_beams") or config.num_beams or 1)
+
+
+def prefill_rows(model: PreTrainedModel, generate_kwargs: dict[str, Any], batch: int) -> Tensor | None:
+    """For each sequence a ``generate`` call over ``batch`` prompts returns, the row of its prefill call that read
+    the sequence's prompt; ``None`` when they are the same rows. Sampling repeats each prompt
+    ``num_return_sequences`` times and returns them all (``None``); beam search repeats it ``num_beams`` times and
+    returns its best ``num_return_sequences``, so every returned sequence reads its prompt's first beam (the beams'
+    prompts are the same)."""
+    beams = num_beams(model, generate_kwargs)
+    if beams == 1:
+        return None
+    return torch.arange(batch).repeat_interleave(num_return_sequences(model, generate_kwargs)) * beams
+
+
+def check_generate_kwargs(
+    model: PreTrainedModel, generate_kwargs: dict[str, Any], *, prompt_only: bool = False
+) -> Tensor:
+    """Refuse inputs and generation modes a guard cannot follow; return ``input_ids``. ``prompt_only``: the call
+    reads the prompt alone (a report on prompt positions), which beam search leaves in place."""
     input_ids = generate_kwargs.get("input_ids")
     if input_ids is None:
         raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
     check_prompt_tensors(input_ids, generate_kwargs.get("attention_mask"))
-    config = generate_kwargs.get("generation_config") or model.generation_config
-    if (generate_kwargs.get("num_beams") or config.num_beams or 1) != 1:
-        raise ValueError("beam search reorders hypotheses between steps; guarded generation needs num_beams=1")
+    if num_beams(model, generate_kwargs) != 1 and not prompt_only:
+        raise ValueError(
+            "beam search reorders hypotheses between steps: stopping, on_step, running guards and reads of the "
+            "response need num_beams=1 (a guard reading the prompt reports under beam search with on_flag='report')"
+        )
     if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
         raise ValueError("assisted decoding is not supported by guarded generation")
     return input_ids
@@ -173,7 +204,8 @@ def generation_recorder(model: PreTrainedModel, layer: int, generate_kwargs: dic
     first_positions = last_token_positions(generate_kwargs.get("attention_mask"))
     if first_positions is not None:
         first_positions = first_positions.repeat_interleave(num_return_sequences(model, generate_kwargs))
-    return LastPositionRecorder(module, first_positions)
+    first_rows = prefill_rows(model, generate_kwargs, generate_kwargs["input_ids"].shape[0])
+    return LastPositionRecorder(module, first_positions, first_rows)
 
 
 def generate_with_activations(
@@ -182,16 +214,21 @@ def generate_with_activations(
     """Run ``model.generate(**generate_kwargs)`` and return ``(its output, activations [batch, hidden])``.
 
     The activation of each returned sequence is the residual stream after
-    decoder block ``layer`` at ``position`` (module docstring). Beam search and
-    assisted decoding reorder or batch positions and are refused.
+    decoder block ``layer`` at ``position`` (module docstring). Assisted decoding batches
+    positions and is refused; beam search reorders rows after the prefill and is refused
+    unless ``position`` is ``prompt_last``, which the prefill reads.
     """
     if position not in POSITIONS:
         raise ValueError(f"unknown position {position!r}; choose one of {POSITIONS}")
     if position == "prompt_mean":
         raise ValueError("prompt_mean is read from the prompt alone: use prompt_features (or screen)")
-    input_ids = check_generate_kwargs(model, generate_kwargs)
+    input_ids = check_generate_kwargs(model, generate_kwargs, prompt_only=position == "prompt_last")
     with generation_recorder(model, layer, generate_kwargs) as recorder:
         output = call_generate(model, generate_kwargs)
+    if num_beams(model, generate_kwargs) > 1:
+        if not recorder.records:
+            raise RuntimeError(f"decoder block {layer} was not called while generating")
+        return output, recorder.records[0]  # the prefill's read, one row per returned sequence (prefill_rows)
     sequences = output if isinstance(output, Tensor) else output.sequences
     new_tokens = sequences[:, input_ids.shape[1] :]
     if len(recorder.records) != new_tokens.shape[1] or new_tokens.shape[1] == 0:
@@ -263,10 +300,13 @@ class PromptReader:
         *,
         stop_after: bool = True,
         input_ids: Tensor | None = None,
+        rows: Tensor | None = None,
     ) -> None:
         self.modules = modules
         self.mask = attention_mask.bool()
         self.stop_after = stop_after
+        self.rows = rows
+        """The rows of the forward call read, in order (:func:`prefill_rows`); ``None``: all of them."""
         if input_ids is not None and tuple(input_ids.shape) != tuple(self.mask.shape):
             raise ValueError(f"input_ids {tuple(input_ids.shape)} do not match the mask {tuple(self.mask.shape)}")
         self.input_ids = input_ids
@@ -285,7 +325,9 @@ class PromptReader:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if threading.get_ident() != self._thread or layer in self.last:
                 return  # another thread's pass, or a decoding call after the prefill
-            hidden = output[0] if isinstance(output, tuple) else output  # [batch, seq, hidden]
+            hidden = output[0] if isinstance(output, tuple) else output  # [calls' rows, seq, hidden]
+            if self.rows is not None:
+                hidden = hidden[self.rows.to(hidden.device)]  # [batch, seq, hidden]
             mask = self.mask.to(hidden.device)
             rows = torch.arange(hidden.shape[0], device=hidden.device)
             last = mask.shape[1] - 1 - mask.flip(1).long().argmax(1)  # each row's last real token
@@ -442,19 +484,20 @@ def generation_prompt_reader(
     keep_tokens: bool = False,
 ) -> PromptReader:
     """A :class:`PromptReader` of ``reads`` for one ``model.generate(**generate_kwargs)`` call: it reads the prefill
-    call only (left or right padding alike, rows repeated as ``generate`` repeats them for ``num_return_sequences``)
-    and lets the forward pass run on. A guard with supervised heads reads all its prompt reads here; ``keep_tokens``
-    keeps every token's output for explanations (:meth:`PromptReader.tokens`)."""
+    call only (left or right padding alike), one row per returned sequence (:func:`prefill_rows`), and lets the
+    forward pass run on. A guard with supervised heads reads all its prompt reads here; ``keep_tokens`` keeps every
+    token's output for explanations (:meth:`PromptReader.tokens`)."""
     input_ids = generate_kwargs["input_ids"]
     mask = generate_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask
-    repeats = num_return_sequences(model, generate_kwargs)  # the prefill reads each row this many times
+    rows = prefill_rows(model, generate_kwargs, input_ids.shape[0])
+    repeats = num_return_sequences(model, generate_kwargs)  # each prompt's returned sequences
     mask, input_ids = mask.repeat_interleave(repeats, dim=0), input_ids.repeat_interleave(repeats, dim=0)
     unknown = sorted({position for _, position in reads} - set(PROMPT_POSITIONS))
     if unknown:
         raise ValueError(f"positions {unknown} are not read from the prompt; choose from {PROMPT_POSITIONS}")
     modules = {layer: decoder_layer(model, layer)[1] for layer in sorted({layer for layer, _ in reads})}
-    return PromptReader(modules, mask, stop_after=False, input_ids=input_ids if keep_tokens else None)
+    return PromptReader(modules, mask, stop_after=False, input_ids=input_ids if keep_tokens else None, rows=rows)
 
 
 def prompt_features(

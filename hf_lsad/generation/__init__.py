@@ -2,12 +2,21 @@
 format and the ``text-generation`` pipeline that carries the reports."""
 
 from .control import StepVerdict
-from .model import GUARD_SUBFOLDER, GUARDED_CONFIG, GuardedGenerateDecoderOnlyOutput, GuardedModelForCausalLM
+from .model import (
+    GUARD_SUBFOLDER,
+    GUARDED_CONFIG,
+    GuardedGenerateBeamDecoderOnlyOutput,
+    GuardedGenerateDecoderOnlyOutput,
+    GuardedGenerateOutput,
+    GuardedModelForCausalLM,
+)
 
 __all__ = [
     "GUARDED_CONFIG",
     "GUARD_SUBFOLDER",
+    "GuardedGenerateBeamDecoderOnlyOutput",
     "GuardedGenerateDecoderOnlyOutput",
+    "GuardedGenerateOutput",
     "GuardedModelForCausalLM",
     "StepVerdict",
 ]

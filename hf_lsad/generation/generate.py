@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
-from transformers.generation import GenerateDecoderOnlyOutput
+from transformers.generation import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
 from ..capture.recorder import (
     call_generate,
@@ -47,6 +47,27 @@ class GuardedGenerateDecoderOnlyOutput(GenerateDecoderOnlyOutput):
     # Always set: GuardedModelForCausalLM.generate builds it with the reports. The None default is what ModelOutput
     # demands of every field after the first; typing it Optional would make every reader check a None that never is.
     safety: list[SafetyReport] = None  # type: ignore[assignment]
+
+
+@dataclass
+class GuardedGenerateBeamDecoderOnlyOutput(GenerateBeamDecoderOnlyOutput):
+    """transformers' beam-search decoder-only generate output with one :class:`SafetyReport` per returned sequence
+    (beam search reports on the prompt: each returned sequence gets its prompt's verdict)."""
+
+    # Always set, as for GuardedGenerateDecoderOnlyOutput.
+    safety: list[SafetyReport] = None  # type: ignore[assignment]
+
+
+GuardedGenerateOutput = GuardedGenerateDecoderOnlyOutput | GuardedGenerateBeamDecoderOnlyOutput
+"""What guarded ``generate`` returns with ``return_dict_in_generate=True``: the beam-search output under beam search,
+else the decoder-only one; both carry ``safety``."""
+
+
+def guarded_output(output: Any, reports: list[SafetyReport]) -> GuardedGenerateOutput:
+    """``generate``'s dict ``output`` with the reports, as the guarded class of its own kind."""
+    if isinstance(output, GenerateBeamDecoderOnlyOutput):
+        return GuardedGenerateBeamDecoderOnlyOutput(**output, safety=reports)
+    return GuardedGenerateDecoderOnlyOutput(**output, safety=reports)
 
 
 def check_generate_options(position: str, on_flag: str, on_step: Callable[[StepVerdict], None] | None) -> None:
@@ -85,7 +106,7 @@ def generate_guarded(
     hook = guard.config.hook
     if on_flag == "report" and hook.position not in RUNNING_POSITIONS and on_step is None:
         if guard.heads:  # every head reads the prompt: all reads come from the prefill call
-            check_generate_kwargs(model, kwargs)
+            check_generate_kwargs(model, kwargs, prompt_only=True)
             with generation_prompt_reader(model, guard.reads, kwargs, keep_tokens=explain) as prompt_reader:
                 output = call_generate(model, kwargs)
             tokens = prompt_reader.tokens(opening) if explain else None

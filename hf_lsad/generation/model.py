@@ -29,9 +29,23 @@ from ..core.prompt_inputs import InputWarner
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import OnFlag, StepVerdict
 from .files import GUARD_SUBFOLDER, GUARDED_CONFIG, load_guarded_model, upload_guarded_folder, write_guarded_folder
-from .generate import GuardedGenerateDecoderOnlyOutput, check_generate_options, generate_guarded
+from .generate import (
+    GuardedGenerateBeamDecoderOnlyOutput,
+    GuardedGenerateDecoderOnlyOutput,
+    GuardedGenerateOutput,
+    check_generate_options,
+    generate_guarded,
+    guarded_output,
+)
 
-__all__ = ["GUARDED_CONFIG", "GUARD_SUBFOLDER", "GuardedGenerateDecoderOnlyOutput", "GuardedModelForCausalLM"]
+__all__ = [
+    "GUARDED_CONFIG",
+    "GUARD_SUBFOLDER",
+    "GuardedGenerateBeamDecoderOnlyOutput",
+    "GuardedGenerateDecoderOnlyOutput",
+    "GuardedGenerateOutput",
+    "GuardedModelForCausalLM",
+]
 
 
 class GuardedModelForCausalLM(nn.Module):
@@ -39,7 +53,8 @@ class GuardedModelForCausalLM(nn.Module):
 
     ``generate`` takes and returns exactly what ``model.generate`` does (same
     sequences for the same arguments, with the default ``on_flag="report"``). With ``return_dict_in_generate=True``
-    the output is a :class:`GuardedGenerateDecoderOnlyOutput` whose ``safety``
+    the output is a :class:`GuardedGenerateDecoderOnlyOutput` (under beam search a
+    :class:`GuardedGenerateBeamDecoderOnlyOutput`) whose ``safety``
     holds the reports; with a plain tensor return they are in
     :attr:`last_safety`, which is per thread (also set in the dict case).
 
@@ -218,7 +233,7 @@ class GuardedModelForCausalLM(nn.Module):
         safety_out: list[SafetyReport] | None = ...,
         on_step: Callable[[StepVerdict], None] | None = ...,
         **kwargs: Any,
-    ) -> GuardedGenerateDecoderOnlyOutput: ...
+    ) -> GuardedGenerateOutput: ...
 
     @overload
     def generate(
@@ -233,7 +248,7 @@ class GuardedModelForCausalLM(nn.Module):
         safety_out: list[SafetyReport] | None = ...,
         on_step: Callable[[StepVerdict], None] | None = ...,
         **kwargs: Any,
-    ) -> Tensor | GuardedGenerateDecoderOnlyOutput: ...
+    ) -> Tensor | GuardedGenerateOutput: ...
 
     def generate(
         self,
@@ -247,13 +262,15 @@ class GuardedModelForCausalLM(nn.Module):
         safety_out: list[SafetyReport] | None = None,
         on_step: Callable[[StepVerdict], None] | None = None,
         **kwargs: Any,
-    ) -> Tensor | GuardedGenerateDecoderOnlyOutput:
+    ) -> Tensor | GuardedGenerateOutput:
         """``model.generate(input_ids, **kwargs)``, scoring each sequence at the guard's position.
 
         Args:
             return_dict_in_generate: As ``model.generate`` (``None``: the generation config's). When true the
-                output is a :class:`GuardedGenerateDecoderOnlyOutput` whose ``safety`` holds the reports, else the
-                sequences tensor plain ``generate`` returns (type checkers know the first for a literal ``True``).
+                output is a :class:`GuardedGenerateDecoderOnlyOutput` (under beam search a
+                :class:`GuardedGenerateBeamDecoderOnlyOutput`) whose ``safety`` holds the reports, else the
+                sequences tensor plain ``generate`` returns (type checkers know the dict output for a literal
+                ``True``).
             on_flag: ``"report"`` (default): generate as the plain model does and report.
                 ``"stop"``: end a flagged row as soon as the verdict exists, while the other rows
                 of the batch go on: right after the prefill for a ``prompt_last`` guard (the row
@@ -295,7 +312,7 @@ class GuardedModelForCausalLM(nn.Module):
             safety_out.extend(reports)
         if isinstance(output, Tensor):
             return output
-        return GuardedGenerateDecoderOnlyOutput(**output, safety=reports)
+        return guarded_output(output, reports)
 
     def _guard_system(self) -> str | None:
         """The system turn the guard's thresholds were set under (``None``: the template's default)."""

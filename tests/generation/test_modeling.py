@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import LAYER, MIXED_BATCH, last_layer_output, tiny_guard
+from tiny import LAYER, MIXED_BATCH, PROMPTS, last_layer_output, tiny_guard
 
 from hf_lsad.capture.collect import encode_prompts
 from hf_lsad.capture.recorder import final_call_index, generate_with_activations, prefill_activations
@@ -135,12 +135,30 @@ def test_hooks_are_removed_after_generate_and_on_errors():
     assert block._forward_hooks == before
 
 
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_a_prompt_last_guard_reports_under_beam_search(padding_side):
+    """The paper's guard alone reads the prompt's last token on the prefill: under beam search each returned sequence
+    gets its prompt's greedy report, and the sequences are plain beam search's."""
+    model, tokenizer, guard = tiny_guard("prompt_last")
+    guarded = GuardedModelForCausalLM(model, guard)
+    inputs = encode_prompts(tokenizer, PROMPTS[:6], padding_side=padding_side)
+    greedy = guarded.generate(**inputs, max_new_tokens=3, do_sample=False, return_dict_in_generate=True).safety
+    options = {"num_beams": 3, "num_return_sequences": 2, "max_new_tokens": 3, "do_sample": False}
+    out = guarded.generate(**inputs, **options, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, model.generate(**inputs, **options, pad_token_id=tokenizer.pad_token_id))
+    assert len(out.safety) == 12
+    for i, report in enumerate(out.safety):
+        want = greedy[i // 2]
+        assert report.flagged == want.flagged and report.cluster == want.cluster
+        assert report.score == pytest.approx(want.score, rel=1e-5, abs=1e-6)
+
+
 def test_unsupported_generation_modes_and_inputs_are_refused():
     model, tokenizer, guard = tiny_guard()
     guarded = GuardedModelForCausalLM(model, guard)
     inputs = encode_prompts(tokenizer, ["hello"])
     with pytest.raises(ValueError, match="num_beams=1"):
-        guarded.generate(**inputs, num_beams=2, max_new_tokens=2)
+        guarded.generate(**inputs, num_beams=2, max_new_tokens=2)  # a response_last guard reads beams' responses
     with pytest.raises(ValueError, match="needs input_ids"):
         guarded.generate(inputs_embeds=torch.zeros(1, 3, 32), max_new_tokens=2)
     with pytest.raises(ValueError, match="prompt list is empty"):

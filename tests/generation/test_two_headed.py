@@ -149,6 +149,27 @@ def test_stop_with_several_sequences_per_prompt():
         same_tokens(report, explained_alone(UNDER_TEST[i // 2]))
 
 
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_beam_search_reports_each_returned_sequence_its_prompt_verdict(padding_side):
+    """Beam search repeats each prompt once per beam in its prefill and returns its best sequences: each returned
+    sequence gets its prompt's verdict and tokens, and the sequences are plain beam search's."""
+    model = harm_decides()
+    inputs = encode_prompts(model.tokenizer, UNDER_TEST, padding_side=padding_side)
+    options: dict[str, Any] = {"num_beams": 3, "num_return_sequences": 2, "max_new_tokens": 3, "do_sample": False}
+    out = model.generate(**inputs, **options, explain=True, return_dict_in_generate=True)
+    plain = model.model.generate(**inputs, **options, pad_token_id=model.tokenizer.pad_token_id)
+    assert torch.equal(out.sequences, plain)
+    assert len(out.safety) == 2 * len(UNDER_TEST)
+    assert any(r.flagged for r in out.safety) and not all(r.flagged for r in out.safety)
+    for i, report in enumerate(out.safety):
+        same_verdict(report, explained_alone(UNDER_TEST[i // 2]))
+        same_tokens(report, explained_alone(UNDER_TEST[i // 2]))
+    with pytest.raises(ValueError, match="on_flag='report'"):
+        model.generate(**inputs, **options, on_flag="stop")
+    with pytest.raises(ValueError, match="num_beams=1"):
+        model.generate(**inputs, **options, on_step=lambda verdict: None)
+
+
 def test_pipeline_reports_every_head():
     model = guarded()
     pipe = pipeline("text-generation", model=model, tokenizer=copy.deepcopy(model.tokenizer))
