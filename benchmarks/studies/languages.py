@@ -33,7 +33,7 @@ from hf_lsad.generation.bulk import plan_batches
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 
-from .unseen import wilson_share
+from .unseen import screen_batches, wilson_share
 
 EXAMPLES = re.compile(r"spacy/lang/([a-z]+)/examples\.py")
 """Where a spaCy wheel keeps each language's example sentences."""
@@ -156,12 +156,7 @@ def run(settings: Settings) -> dict[str, Any]:
         raise RuntimeError(f"{len(unreadable)} rows cannot be screened, e.g. {unreadable[0]}")
     for name, model_with_guard in guarded.items():
         print(f"screening with the {name} guard", flush=True)
-        reports = {}
-        for batch in batches:
-            reports.update(zip(batch.ids, model_with_guard.screen(*batch.tensors(tokenizer))))
-        errors = [report.error for report in reports.values() if report.error]
-        if errors:
-            raise RuntimeError(f"{len(errors)} rows could not be scored, e.g. {errors[0]}")
+        reports = screen_batches(model_with_guard, tokenizer, batches)
 
         def summary(members: list[str], reports: dict = reports) -> dict[str, Any]:
             flagged = [i for i in members if reports[i].flagged]

@@ -86,6 +86,17 @@ def _refusals(model: Any, tokenizer: Any, batches: list[PromptBatch], settings: 
     return refused
 
 
+def screen_batches(guarded: GuardedModelForCausalLM, tokenizer: Any, batches: list[PromptBatch]) -> dict[str, Any]:
+    """Each row's report by id, screened batch by batch; a row that could not be scored is an error."""
+    reports = {}
+    for batch in batches:
+        reports.update(zip(batch.ids, guarded.screen(*batch.tensors(tokenizer))))
+    errors = [report.error for report in reports.values() if report.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} rows could not be scored, e.g. {errors[0]}")
+    return reports
+
+
 def run(settings: Settings) -> dict[str, Any]:
     model, tokenizer = load_model(settings.model)
     loaded = [(pool, prompt) for pool in settings.pools for prompt in load_pool(pool)]
@@ -130,12 +141,7 @@ def run(settings: Settings) -> dict[str, Any]:
 
     for name, model_with_guard in guarded.items():
         print(f"screening with the {name} guard", flush=True)
-        reports = {}
-        for batch in batches:
-            reports.update(zip(batch.ids, model_with_guard.screen(*batch.tensors(tokenizer))))
-        errors = [report.error for report in reports.values() if report.error]
-        if errors:
-            raise RuntimeError(f"{len(errors)} rows could not be scored, e.g. {errors[0]}")
+        reports = screen_batches(model_with_guard, tokenizer, batches)
         for source, members in members_of.items():
             flagged = [i for i in members if reports[i].flagged]
             entry = {

@@ -283,6 +283,14 @@ PROMPT_POSITIONS = ("prompt_last", "prompt_mean")
 """What a forward pass over the prompt alone can read: its last real token, and the mean over its real tokens."""
 
 
+def prompt_read_modules(model: PreTrainedModel, reads: Sequence[tuple[int, str]]) -> dict[int, nn.Module]:
+    """The decoder blocks ``reads`` read, by layer, once their positions are ones a pass over the prompt gives."""
+    unknown = sorted({position for _, position in reads} - set(PROMPT_POSITIONS))
+    if unknown:
+        raise ValueError(f"positions {unknown} are not read from the prompt; choose from {PROMPT_POSITIONS}")
+    return {layer: decoder_layer(model, layer)[1] for layer in sorted({layer for layer, _ in reads})}
+
+
 class PromptReader:
     """Forward hooks on several decoder blocks that read, on one forward call of the calling thread, each block's
     output at the prompt's last real token and its mean over the prompt's real tokens.
@@ -445,15 +453,12 @@ def read_after_prefix(
     layers = sorted({layer for layer, _ in reads})
     if not set(layers) <= set(prefix.layers) or max(layers) != max(prefix.layers):
         raise ValueError(f"the prefix was run to blocks {prefix.layers}; these reads need {layers}")
-    unknown = sorted({position for _, position in reads} - set(PROMPT_POSITIONS))
-    if unknown:
-        raise ValueError(f"positions {unknown} are not read from the prompt; choose from {PROMPT_POSITIONS}")
+    modules = prompt_read_modules(model, reads)
     counts = attention_mask.sum(1, keepdim=True).float()  # [batch, 1]
     batch, length = input_ids.shape
     mask = torch.cat([attention_mask.new_ones(batch, prefix.length), attention_mask], 1)  # [batch, prefix + seq]
     position_ids = prefix.length + (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # pads take no position
     cache_position = torch.arange(prefix.length, prefix.length + length, device=input_ids.device)
-    modules = {layer: decoder_layer(model, layer)[1] for layer in layers}
     with PromptReader(modules, attention_mask) as reader:
         try:
             model(
@@ -493,10 +498,7 @@ def generation_prompt_reader(
     rows = prefill_rows(model, generate_kwargs, input_ids.shape[0])
     repeats = num_return_sequences(model, generate_kwargs)  # each prompt's returned sequences
     mask, input_ids = mask.repeat_interleave(repeats, dim=0), input_ids.repeat_interleave(repeats, dim=0)
-    unknown = sorted({position for _, position in reads} - set(PROMPT_POSITIONS))
-    if unknown:
-        raise ValueError(f"positions {unknown} are not read from the prompt; choose from {PROMPT_POSITIONS}")
-    modules = {layer: decoder_layer(model, layer)[1] for layer in sorted({layer for layer, _ in reads})}
+    modules = prompt_read_modules(model, reads)
     return PromptReader(modules, mask, stop_after=False, input_ids=input_ids if keep_tokens else None, rows=rows)
 
 
@@ -527,10 +529,7 @@ def read_prompts(
     check_prompt_tensors(input_ids, attention_mask)
     if any(layer < 0 for layer, _ in reads):
         raise ValueError(f"layers are 0-based block indices, got {sorted({layer for layer, _ in reads})}")
-    unknown = sorted({position for _, position in reads} - set(PROMPT_POSITIONS))
-    if unknown:
-        raise ValueError(f"positions {unknown} are not read from the prompt; choose from {PROMPT_POSITIONS}")
-    modules = {layer: decoder_layer(model, layer)[1] for layer in sorted({layer for layer, _ in reads})}
+    modules = prompt_read_modules(model, reads)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     with PromptReader(modules, attention_mask, input_ids=input_ids if keep_tokens else None) as reader:
         try:
