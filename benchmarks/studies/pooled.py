@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -140,25 +141,32 @@ def _rest_tokens(model, modules, prefix: PromptPrefix, input_ids: Tensor, attent
 
 
 class TokenRows:
-    """The collected token residuals of every sample row: one float16 ``[tokens, width]`` tensor and each row's span
-    in it, by row id."""
+    """The collected token residuals of every sample row: one ``[tokens, width]`` tensor and each row's span in it, by
+    row id."""
 
     def __init__(self, folder: str | Path, pools: list[str], layers: list[int]) -> None:
-        parts, self.spans, start = [], {}, 0
+        self.spans: dict[str, tuple[int, int]] = {}
+        metas, sizes = [], []
         for pool in pools:
             meta = json.loads((Path(folder) / f"{pool}.json").read_text())
             if meta["layers"] != layers:
                 raise ValueError(f"{folder}/{pool} holds layers {meta['layers']}, not {layers}")
+            with safe_open(Path(folder) / f"{pool}.safetensors", framework="pt") as stored:
+                sizes.append(stored.get_slice("tokens").get_shape())
+            metas.append(meta)
+        # float32 in memory (about 10 GB for the sample): a fit's steps then only gather
+        self.tokens = torch.empty(sum(size[0] for size in sizes), sizes[0][1])  # [tokens, layers * hidden]
+        start = 0
+        for pool, meta in zip(pools, metas):
             stored = load_file(Path(folder) / f"{pool}.safetensors")
             offsets = stored["offsets"].tolist()
             for i, row_id in enumerate(meta["ids"]):
                 self.spans[row_id] = (start + offsets[i], start + offsets[i + 1])
-            parts.append(stored["tokens"])
+            self.tokens[start : start + offsets[-1]] = stored["tokens"]
             start += offsets[-1]
-        self.tokens = torch.cat(parts)  # [tokens, layers * hidden] float16
 
     def gather(self, ids: list[str]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(tokens [n, width] float16, row [n], position [n], lengths [rows])`` of the rows ``ids``, in order."""
+        """``(tokens [n, width], row [n], position [n], lengths [rows])`` of the rows ``ids``, in order."""
         spans = [self.spans[row_id] for row_id in ids]
         lengths = torch.tensor([end - start for start, end in spans])
         index = torch.cat([torch.arange(start, end) for start, end in spans])
@@ -168,19 +176,26 @@ class TokenRows:
 
 
 class PooledProbe(torch.nn.Module):
-    """A linear score of every token, pooled into one logit a prompt by ``pooling``."""
+    """A linear score of every token's standardised features, pooled into one logit a prompt by ``pooling``."""
 
-    def __init__(self, width: int, pooling: str, window: int) -> None:
+    def __init__(self, mean: Tensor, scale: Tensor, pooling: str, window: int) -> None:
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         self.pooling, self.window = pooling, window
-        self.score = torch.nn.Linear(width, 1)
-        self.attend = torch.nn.Linear(width, 1) if pooling == "attention" else None
+        self.register_buffer("mean", mean)  # [width]
+        self.register_buffer("scale", scale)  # [width]
+        self.score = torch.nn.Linear(len(mean), 1)
+        self.attend = torch.nn.Linear(len(mean), 1) if pooling == "attention" else None
+
+    def linear(self, layer: torch.nn.Linear, x: Tensor) -> Tensor:
+        """``layer`` on ``(x - mean) / scale``, the standardisation folded into its weights: ``[n]``."""
+        weight = layer.weight[0] / self.scale  # [width]
+        return x @ weight + (layer.bias[0] - self.mean @ weight)
 
     def forward(self, x: Tensor, row: Tensor, position: Tensor, lengths: Tensor) -> Tensor:
-        """``x`` ``[n, width]`` standardised tokens of ``len(lengths)`` prompts; ``[prompts]`` logits."""
-        scores = self.score(x).squeeze(1)  # [n]
+        """``x`` ``[n, width]`` tokens of ``len(lengths)`` prompts; ``[prompts]`` logits."""
+        scores = self.linear(self.score, x)  # [n]
         rows, longest = len(lengths), int(lengths.max())
         if self.pooling == "mean":
             return scores.new_zeros(rows).index_add(0, row, scores) / lengths
@@ -190,7 +205,7 @@ class PooledProbe(torch.nn.Module):
             return values.masked_fill(~real, float("-inf")).max(1).values
         if self.pooling == "attention":
             assert self.attend is not None
-            attention = scores.new_zeros(rows, longest).index_put((row, position), self.attend(x).squeeze(1))
+            attention = scores.new_zeros(rows, longest).index_put((row, position), self.linear(self.attend, x))
             weights = attention.masked_fill(~real, float("-inf")).softmax(1)  # [rows, longest]
             return (weights * values).sum(1)
         # rolling_max: the largest mean of `window` consecutive scores, or of the whole prompt when it is shorter
@@ -217,10 +232,9 @@ def pooled_method(tokens: TokenRows, pooling: str, settings: Settings):
         all_tokens = torch.cat([torch.arange(start, end) for start, end in spans])
         draw = all_tokens[torch.randperm(len(all_tokens), generator=generator)[: settings.standardise_tokens]]
         sample = tokens.tokens[draw].double()
-        mean, scale = sample.mean(0), sample.std(0).clamp_min(1e-6)
-        mean, scale = mean.float(), scale.float()
+        mean, scale = sample.mean(0).float(), sample.std(0).clamp_min(1e-6).float()
         torch.manual_seed(settings.seed)
-        model = PooledProbe(tokens.tokens.shape[1], pooling, settings.window)
+        model = PooledProbe(mean, scale, pooling, settings.window)
         optimiser = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
         for _ in range(settings.steps):
             picks = [
@@ -229,7 +243,7 @@ def pooled_method(tokens: TokenRows, pooling: str, settings: Settings):
             ]
             batch = [i for pick in picks for i in pick]  # [sources * rows_per_source]
             raw, row, position, lengths = tokens.gather([train.ids[i] for i in batch])
-            logits = model((raw.float() - mean) / scale, row, position, lengths)
+            logits = model(raw, row, position, lengths)
             targets = labels.repeat_interleave(settings.rows_per_source)
             per_row = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
             losses = per_row.view(len(names), settings.rows_per_source).mean(1)  # [sources]
@@ -246,7 +260,7 @@ def pooled_method(tokens: TokenRows, pooling: str, settings: Settings):
             out = []
             for start in range(0, len(rows), 256):
                 raw, row, position, lengths = tokens.gather(rows.ids[start : start + 256])
-                out.append(torch.sigmoid(model((raw.float() - mean) / scale, row, position, lengths)))
+                out.append(torch.sigmoid(model(raw, row, position, lengths)))
             return torch.cat(out) if out else torch.empty(0)
 
         return score
