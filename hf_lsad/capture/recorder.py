@@ -309,12 +309,16 @@ class PromptReader:
         stop_after: bool = True,
         input_ids: Tensor | None = None,
         rows: Tensor | None = None,
+        call_rows: int | None = None,
     ) -> None:
         self.modules = modules
         self.mask = attention_mask.bool()
         self.stop_after = stop_after
         self.rows = rows
         """The rows of the forward call read, in order (:func:`prefill_rows`); ``None``: all of them."""
+        self.call_rows = call_rows
+        """How many rows the forward call read must have (the prompts times the beams, under beam search), so that
+        ``rows`` index the rows they were meant to; ``None``: as many as the mask."""
         if input_ids is not None and tuple(input_ids.shape) != tuple(self.mask.shape):
             raise ValueError(f"input_ids {tuple(input_ids.shape)} do not match the mask {tuple(self.mask.shape)}")
         self.input_ids = input_ids
@@ -334,6 +338,12 @@ class PromptReader:
             if threading.get_ident() != self._thread or layer in self.last:
                 return  # another thread's pass, or a decoding call after the prefill
             hidden = output[0] if isinstance(output, tuple) else output  # [calls' rows, seq, hidden]
+            expected = self.call_rows if self.call_rows is not None else len(self.mask)
+            if hidden.shape[0] != expected:
+                raise RuntimeError(
+                    f"the forward pass read has {hidden.shape[0]} rows where {expected} were expected: the prompts "
+                    "were expanded otherwise than the guard maps them (the rows read would not be the prompts' own)"
+                )
             if self.rows is not None:
                 hidden = hidden[self.rows.to(hidden.device)]  # [batch, seq, hidden]
             mask = self.mask.to(hidden.device)
@@ -495,11 +505,21 @@ def generation_prompt_reader(
     input_ids = generate_kwargs["input_ids"]
     mask = generate_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask
-    rows = prefill_rows(model, generate_kwargs, input_ids.shape[0])
+    batch = input_ids.shape[0]
+    rows = prefill_rows(model, generate_kwargs, batch)
     repeats = num_return_sequences(model, generate_kwargs)  # each prompt's returned sequences
     mask, input_ids = mask.repeat_interleave(repeats, dim=0), input_ids.repeat_interleave(repeats, dim=0)
     modules = prompt_read_modules(model, reads)
-    return PromptReader(modules, mask, stop_after=False, input_ids=input_ids if keep_tokens else None, rows=rows)
+    # the prefill runs each prompt once per returned sequence, or once per beam under beam search
+    call_rows = batch * (repeats if rows is None else num_beams(model, generate_kwargs))
+    return PromptReader(
+        modules,
+        mask,
+        stop_after=False,
+        input_ids=input_ids if keep_tokens else None,
+        rows=rows,
+        call_rows=call_rows,
+    )
 
 
 def prompt_features(

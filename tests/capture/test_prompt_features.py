@@ -7,7 +7,7 @@ import torch
 from tiny import MIXED_BATCH, PROMPTS
 
 from hf_lsad.capture import encode_prompts
-from hf_lsad.capture.recorder import prefill_activations, prompt_features
+from hf_lsad.capture.recorder import generation_prompt_reader, prefill_activations, prompt_features
 from hf_lsad.testing import tiny_model
 
 READS = [(0, "prompt_last"), (1, "prompt_mean"), (2, "prompt_last"), (2, "prompt_mean")]
@@ -61,3 +61,14 @@ def test_bad_reads_are_refused():
         prompt_features(model, [(1, "response_last")], inputs["input_ids"], inputs["attention_mask"])
     with pytest.raises(ValueError, match="0-based"):
         prompt_features(model, [(-1, "prompt_last")], inputs["input_ids"], inputs["attention_mask"])
+
+
+@pytest.mark.parametrize("options", [{"num_beams": 2}, {"num_return_sequences": 2, "do_sample": True}])
+def test_a_prefill_expanded_otherwise_than_the_guard_maps_it_fails_loudly(options):
+    """Under beam search the reader picks each prompt's first beam by its row in the prefill; a prefill with other
+    rows (transformers expanding the prompts otherwise) must not be read as if the rows were the prompts'."""
+    model, tokenizer = tiny_model("llama")
+    inputs = encode_prompts(tokenizer, BATCH[:2])
+    reader = generation_prompt_reader(model, [(1, "prompt_mean")], {**inputs, **options})
+    with reader, torch.no_grad(), pytest.raises(RuntimeError, match="expanded otherwise"):
+        model(**inputs)  # the prompts once each, where the call maps two rows a prompt
