@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from hf_lsad.capture.collect import prompt_batches, prompt_token_ids
 from hf_lsad.capture.pretrained import load_model
-from hf_lsad.capture.recorder import PromptPrefix, PromptReader, _StopForward, prompt_read_modules
+from hf_lsad.capture.recorder import PromptPrefix, prefix_reader
 from hf_lsad.core.prompt_inputs import template_opening
 from hf_lsad.data import GUARD_POOLS, load_pool
 from hf_lsad.evaluation.sources import SourceRows, leave_one_source_out, load_source_rows
@@ -91,7 +91,6 @@ def collect_tokens(settings: Settings) -> None:
     if not opening:
         raise RuntimeError("the default model's tokenizer gives no chat-template opening")
     reads = [(layer, "prompt_mean") for layer in settings.layers]
-    modules = prompt_read_modules(model, reads)
     prefix = PromptPrefix.run(model, settings.layers, opening)
     if prefix is None:
         raise RuntimeError("the default model keeps no keys and values per block")
@@ -108,36 +107,16 @@ def collect_tokens(settings: Settings) -> None:
         parts: list[Tensor | None] = [None] * len(prompts)
         for batch in tqdm(batches, desc=pool):
             padded = tokenizer.pad({"input_ids": [rests[i] for i in batch]}, padding_side="right", return_tensors="pt")
-            hidden = _rest_tokens(model, modules, prefix, padded["input_ids"], padded["attention_mask"])
+            reader = prefix_reader(
+                model, reads, prefix, padded["input_ids"], padded["attention_mask"], keep_tokens=True
+            )
+            hidden = torch.cat([reader.hidden[layer] for layer in settings.layers], -1)  # [batch, seq, width]
             for row, i in enumerate(batch):  # [real tokens, layers * hidden] each
                 parts[i] = hidden[row, : len(rests[i])].to(torch.float16).clone()
         lengths = torch.tensor([len(rest) for rest in rests])
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
         save_file({"tokens": torch.cat(parts), "offsets": offsets}, folder / f"{pool}.safetensors")  # type: ignore[arg-type]
         (folder / f"{pool}.json").write_text(json.dumps({"ids": [p.id for p in prompts], "layers": settings.layers}))
-
-
-@torch.no_grad()
-def _rest_tokens(model, modules, prefix: PromptPrefix, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """``[batch, seq, layers * hidden]``: the read blocks' outputs at every token of the rests (right-padded) run
-    after the prefix, as ``read_after_prefix`` runs them."""
-    batch, length = input_ids.shape
-    mask = torch.cat([attention_mask.new_ones(batch, prefix.length), attention_mask], 1)
-    position_ids = prefix.length + (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache_position = torch.arange(prefix.length, prefix.length + length)
-    with PromptReader(modules, attention_mask, input_ids=input_ids) as reader:
-        try:
-            model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=position_ids,
-                past_key_values=prefix.cache(batch),
-                use_cache=True,
-                cache_position=cache_position,
-            )
-        except _StopForward:
-            pass
-    return torch.cat([reader.hidden[layer] for layer in sorted(modules)], dim=-1)
 
 
 class TokenRows:

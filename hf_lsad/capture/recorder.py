@@ -449,27 +449,29 @@ class PromptPrefix:
 
 
 @torch.no_grad()
-def read_after_prefix(
+def prefix_reader(
     model: PreTrainedModel,
     reads: Sequence[tuple[int, str]],
     prefix: PromptPrefix,
     input_ids: Tensor,
     attention_mask: Tensor,
-) -> dict[tuple[int, str], Tensor]:
-    """:func:`prompt_features` of prompts that open with ``prefix``, given the rest of each: ``input_ids``
-    ``[batch, seq]`` after the prefix, left- or right-padded, with at least one real token a row. One forward pass over
-    the rests, cut after the deepest read; ``prompt_mean`` sums the prefix's outputs in."""
+    *,
+    keep_tokens: bool = False,
+) -> PromptReader:
+    """The :class:`PromptReader` of ``reads`` after one forward pass over the rest of each prompt (``input_ids``
+    ``[batch, seq]`` after ``prefix``, left- or right-padded, at least one real token a row) against the prefix's
+    cache, cut after the deepest read. It reads the rests alone: ``read_after_prefix`` adds the prefix to the mean;
+    ``keep_tokens`` keeps every token's output of the rests."""
     check_prompt_tensors(input_ids, attention_mask)
     layers = sorted({layer for layer, _ in reads})
     if not set(layers) <= set(prefix.layers) or max(layers) != max(prefix.layers):
         raise ValueError(f"the prefix was run to blocks {prefix.layers}; these reads need {layers}")
     modules = prompt_read_modules(model, reads)
-    counts = attention_mask.sum(1, keepdim=True).float()  # [batch, 1]
     batch, length = input_ids.shape
     mask = torch.cat([attention_mask.new_ones(batch, prefix.length), attention_mask], 1)  # [batch, prefix + seq]
     position_ids = prefix.length + (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # pads take no position
     cache_position = torch.arange(prefix.length, prefix.length + length, device=input_ids.device)
-    with PromptReader(modules, attention_mask) as reader:
+    with PromptReader(modules, attention_mask, input_ids=input_ids if keep_tokens else None) as reader:
         try:
             model(
                 input_ids=input_ids,
@@ -481,6 +483,21 @@ def read_after_prefix(
             )
         except _StopForward:
             pass
+    return reader
+
+
+def read_after_prefix(
+    model: PreTrainedModel,
+    reads: Sequence[tuple[int, str]],
+    prefix: PromptPrefix,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+) -> dict[tuple[int, str], Tensor]:
+    """:func:`prompt_features` of prompts that open with ``prefix``, given the rest of each: ``input_ids``
+    ``[batch, seq]`` after the prefix, left- or right-padded, with at least one real token a row. One forward pass over
+    the rests, cut after the deepest read (:func:`prefix_reader`); ``prompt_mean`` sums the prefix's outputs in."""
+    reader = prefix_reader(model, reads, prefix, input_ids, attention_mask)
+    counts = attention_mask.sum(1, keepdim=True).float()  # [batch, 1]
     features = {}
     for layer, position in reads:
         if position == "prompt_last":

@@ -8,7 +8,7 @@ import torch
 from tiny import MIXED_BATCH
 
 from hf_lsad.capture.collect import collect_prompt_features, encode_prompts, prompt_texts, shared_prefix_length
-from hf_lsad.capture.recorder import PromptPrefix, prompt_features, read_after_prefix
+from hf_lsad.capture.recorder import PromptPrefix, prefix_reader, prompt_features, read_after_prefix, read_prompts
 from hf_lsad.testing import tiny_model
 
 ARCHITECTURES = ["llama", "qwen2", "mistral", "gemma", "gpt2"]
@@ -71,6 +71,24 @@ def test_left_and_right_padded_rests_read_alike():
     want = whole(model, tokenizer, MIXED_BATCH, SYSTEM)
     for read in READS:
         assert torch.allclose(right[read], want[read], atol=1e-5) and torch.allclose(left[read], want[read], atol=1e-5)
+
+
+def test_a_prefix_reader_keeps_the_rests_tokens_as_the_whole_prompts_give_them():
+    model, tokenizer = tiny_model()
+    texts, special = prompt_texts(tokenizer, MIXED_BATCH, system=SYSTEM)
+    ids = tokenizer(texts, add_special_tokens=special)["input_ids"]
+    shared = shared_prefix_length(ids)
+    prefix = PromptPrefix.run(model, [layer for layer, _ in READS], ids[0][:shared])
+    assert prefix is not None
+    rests = tokenizer.pad({"input_ids": [i[shared:] for i in ids]}, padding_side="right", return_tensors="pt")
+    reader = prefix_reader(model, READS, prefix, rests["input_ids"], rests["attention_mask"], keep_tokens=True)
+    inputs = encode_prompts(tokenizer, MIXED_BATCH, system=SYSTEM, padding_side="right")
+    full = read_prompts(model, READS, inputs["input_ids"], inputs["attention_mask"], keep_tokens=True)
+    for row, prompt_ids in enumerate(ids):
+        rest = len(prompt_ids) - shared
+        for layer in (1, 2, 3):
+            want = full.hidden[layer][row, shared : len(prompt_ids)]  # [rest, hidden]
+            torch.testing.assert_close(reader.hidden[layer][row, :rest], want, atol=1e-5, rtol=1e-5)
 
 
 def test_a_prefix_and_its_rests_are_checked():
