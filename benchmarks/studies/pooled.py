@@ -104,18 +104,19 @@ def collect_tokens(settings: Settings) -> None:
                 raise ValueError(f"{pool}/{prompt.id} does not open with the chat template's opening")
         rests = [ids[len(opening) :] for ids in token_ids]
         batches = prompt_batches(tokenizer, [p.text for p in prompts], 64, settings.max_batch_tokens, token_ids=rests)
-        parts: list[Tensor | None] = [None] * len(prompts)
+        parts: dict[int, Tensor] = {}  # prompt index -> [real tokens, layers * hidden]
         for batch in tqdm(batches, desc=pool):
             padded = tokenizer.pad({"input_ids": [rests[i] for i in batch]}, padding_side="right", return_tensors="pt")
             reader = prefix_reader(
                 model, reads, prefix, padded["input_ids"], padded["attention_mask"], keep_tokens=True
             )
             hidden = torch.cat([reader.hidden[layer] for layer in settings.layers], -1)  # [batch, seq, width]
-            for row, i in enumerate(batch):  # [real tokens, layers * hidden] each
+            for row, i in enumerate(batch):
                 parts[i] = hidden[row, : len(rests[i])].to(torch.float16).clone()
         lengths = torch.tensor([len(rest) for rest in rests])
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-        save_file({"tokens": torch.cat(parts), "offsets": offsets}, folder / f"{pool}.safetensors")  # type: ignore[arg-type]
+        tokens = torch.cat([parts[i] for i in range(len(prompts))])  # every prompt was in a batch
+        save_file({"tokens": tokens, "offsets": offsets}, folder / f"{pool}.safetensors")
         (folder / f"{pool}.json").write_text(json.dumps({"ids": [p.id for p in prompts], "layers": settings.layers}))
 
 
@@ -156,6 +157,9 @@ class TokenRows:
 
 class PooledProbe(torch.nn.Module):
     """A linear score of every token's standardised features, pooled into one logit a prompt by ``pooling``."""
+
+    mean: Tensor
+    scale: Tensor
 
     def __init__(self, mean: Tensor, scale: Tensor, pooling: str, window: int) -> None:
         super().__init__()
