@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from safetensors import safe_open
@@ -46,14 +46,14 @@ from hf_lsad.evaluation.sources import SourceRows, leave_one_source_out, load_so
 
 Tensor = torch.Tensor
 Pooling = Literal["mean", "max", "rolling_max", "attention"]
-POOLINGS: tuple[str, ...] = ("mean", "max", "rolling_max", "attention")
+POOLINGS: tuple[Pooling, ...] = get_args(Pooling)
 
 
 @dataclass
 class Settings:
     layers: list[int] = field(default_factory=lambda: [16, 20, 24, 28])
     """The blocks whose output at every token is read (the shipped head's layers), concatenated per token."""
-    poolings: list[str] = field(default_factory=lambda: list(POOLINGS))
+    poolings: list[Pooling] = field(default_factory=lambda: list(POOLINGS))
     """How a prompt's token scores become its logit, each a candidate (see the module's docstring)."""
     window: int = 8
     """Tokens of each mean that ``rolling_max`` takes the largest of."""
