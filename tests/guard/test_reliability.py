@@ -712,6 +712,10 @@ def test_cli_reads_the_models_depth_once_for_all_its_layers(capsys, weightless_m
         (["--bogus", "generate", "hi"], "unrecognized arguments: --bogus"),
         (["generate", "--model", "no-such-org/no-such-model", ""], "argument prompts: prompt 0 is empty: ''"),
         (
+            ["generate", "--model", "no-such-org/no-such-model", "   "],
+            "argument prompts: prompt 0 is empty: whitespace only (3 characters)",
+        ),
+        (
             ["explain", "--model", "no-such-org/no-such-model", "--activations", "missing", "hi"],
             "argument --activations: no activation store folder 'missing'",
         ),
