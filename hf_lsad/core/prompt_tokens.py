@@ -44,6 +44,16 @@ def check_explain_count(explain: object) -> None:
         raise ValueError(f"explain must be a number of tokens, 0 or more, got {explain!r}")
 
 
+def check_top_k(top_k: object, *, allow_all: bool = False) -> None:
+    """Refuse a number of features or tokens to list that is not an int of 0 or more (``None``, all of them, where
+    ``allow_all``), before any work: ``explain_top_k`` of ``generate``, ``top_k`` of ``screen`` and of a guard."""
+    if top_k is None and allow_all:
+        return
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        wanted = "an int of 0 or more" + (" (or None for all)" if allow_all else "")
+        raise ValueError(f"top_k must be {wanted}, got {top_k!r}")
+
+
 def fixed_openings(input_ids: Tensor, mask: Tensor, opening: Sequence[int] = ()) -> Tensor:
     """``[batch]``: per row, the leading real tokens whose residual does not depend on what the prompt says.
 

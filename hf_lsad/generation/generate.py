@@ -27,6 +27,7 @@ from ..capture.recorder import (
     generation_recorder,
     num_return_sequences,
 )
+from ..core.prompt_tokens import check_top_k
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import (
     ON_FLAG,
@@ -70,8 +71,17 @@ def guarded_output(output: Any, reports: list[SafetyReport]) -> GuardedGenerateO
     return GuardedGenerateDecoderOnlyOutput(**output, safety=reports)
 
 
-def check_generate_options(position: str, on_flag: str, on_step: Callable[[StepVerdict], None] | None) -> None:
-    """Refuse an ``on_flag`` / ``on_step`` that a guard reading ``position`` cannot honour."""
+def check_generate_options(
+    position: str,
+    on_flag: str,
+    on_step: Callable[[StepVerdict], None] | None,
+    explain: bool = False,
+    explain_top_k: object = 10,
+) -> None:
+    """Refuse an ``on_flag`` / ``on_step`` that a guard reading ``position`` cannot honour, and, with ``explain``, an
+    ``explain_top_k`` that is not a count: before any token is generated."""
+    if explain:
+        check_top_k(explain_top_k)
     if on_flag not in ON_FLAG:
         raise ValueError(f"on_flag must be one of {ON_FLAG}, got {on_flag!r}")
     if position == "prompt_mean":

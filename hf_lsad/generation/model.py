@@ -26,6 +26,7 @@ from ..capture.collect import encode_prompts
 from ..capture.inputs import check_context, check_generate_inputs
 from ..capture.recorder import PROMPT_POSITIONS, read_prompts
 from ..core.prompt_inputs import InputWarner
+from ..core.prompt_tokens import check_top_k
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import OnFlag, StepVerdict
 from .files import GUARD_SUBFOLDER, GUARDED_CONFIG, load_guarded_model, upload_guarded_folder, write_guarded_folder
@@ -283,7 +284,7 @@ class GuardedModelForCausalLM(nn.Module):
                 report's ``features`` lists its top features (the anomaly head's SAE features,
                 :mod:`hf_lsad.guard.explain`), and, for a supervised head, ``tokens`` the prompt tokens that raise
                 its score most (:meth:`~hf_lsad.guard.heads.SupervisedHead.explain_tokens`).
-            explain_top_k: How many features and tokens to list.
+            explain_top_k: How many features and tokens to list (an int, 0 or more; checked before generating).
             on_step: Called with a :class:`~hf_lsad.generation.control.StepVerdict` after each step the
                 guard scores (the prefill of a ``prompt_last`` guard, every token of a running guard),
                 from the thread running ``generate``: e.g. to show the verdict while streaming.
@@ -297,7 +298,7 @@ class GuardedModelForCausalLM(nn.Module):
             kwargs["input_ids"] = input_ids
         if return_dict_in_generate is not None:
             kwargs["return_dict_in_generate"] = return_dict_in_generate
-        check_generate_options(self.guard.config.hook.position, on_flag, on_step)
+        check_generate_options(self.guard.config.hook.position, on_flag, on_step, explain, explain_top_k)
         check_generate_inputs(self.model, self.guard, kwargs)
         self._input_warner.warn(
             self.guard.inputs, self.tokenizer, kwargs.get("input_ids"), kwargs.get("attention_mask")
@@ -342,6 +343,8 @@ class GuardedModelForCausalLM(nn.Module):
         ``explain`` and ``top_k`` are ``generate``'s ``explain`` and ``explain_top_k``.
         """
         hook = self.guard.config.hook
+        if explain:
+            check_top_k(top_k)
         if hook.position not in PROMPT_POSITIONS:
             raise ValueError(
                 f"screen() needs a guard that reads the prompt {PROMPT_POSITIONS}; this one reads {hook.position}"

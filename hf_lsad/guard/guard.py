@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..core.checks import check_activations
 from ..core.hub import resolve_pretrained_dir
 from ..core.prompt_inputs import InputProfile
-from ..core.prompt_tokens import PromptTokens
+from ..core.prompt_tokens import PromptTokens, check_top_k
 from ..detectors import Detector
 from ..errors import GuardFormatError, warn
 from ..sae.model import SparseAutoencoder
@@ -303,6 +303,8 @@ class SafetyGuard(nn.Module):
         ``error`` saying so (and a ``RuntimeWarning``); the other rows are scored as usual.
         Shape and width errors still raise.
         """
+        if explain:
+            check_top_k(top_k)
         reads = self._check_reads(activations, finite=False)
         finite = torch.stack([torch.isfinite(tensor).all(1).cpu() for tensor in reads.values()]).all(0)
         if tokens is not None and len(tokens.mask) != len(finite):
@@ -398,6 +400,7 @@ class SafetyGuard(nn.Module):
         ``NotImplementedError``. A supervised head explains itself (:meth:`SupervisedHead.explain`); reports with
         ``explain=True`` explain whichever head decided.
         """
+        check_top_k(top_k, allow_all=True)
         check_activations(activations, self.config.hook.hidden_size)
         return explain_scores(self.detector, self.sae, self._on_guard(activations), top_k=top_k)
 

@@ -91,6 +91,26 @@ def test_bad_prompt_lists_say_what_is_wrong(prompts, error, message):
         guarded.screen(prompts)
 
 
+@pytest.mark.parametrize("top_k", [-1, 1.5, "3", True])
+def test_a_count_of_features_to_explain_that_is_not_one_is_refused_before_a_forward_pass(top_k):
+    guarded = screening_model()
+    inputs = encode_prompts(guarded.tokenizer, MIXED_BATCH)
+    handle = no_forward(guarded)
+    try:
+        with pytest.raises(ValueError, match="top_k must be an int of 0 or more"):
+            guarded.generate(**inputs, max_new_tokens=2, explain=True, explain_top_k=top_k)
+        with pytest.raises(ValueError, match="top_k must be an int of 0 or more"):
+            guarded.screen(MIXED_BATCH, explain=True, top_k=top_k)
+    finally:
+        handle.remove()
+    activations = torch.zeros(2, guarded.guard.config.hook.hidden_size)
+    with pytest.raises(ValueError, match="top_k must be an int of 0 or more"):
+        guarded.guard.reports(activations, explain=True, top_k=top_k)
+    with pytest.raises(ValueError, match=r"top_k must be an int of 0 or more \(or None for all\)"):
+        guarded.guard.explain(activations, top_k=top_k)
+    guarded.guard.reports(activations, top_k=top_k)  # not explaining: the count is not used
+
+
 @pytest.mark.parametrize("refusal", [[10_000], [-1], torch.tensor([3, 999_999])])
 def test_refusal_ids_outside_the_vocabulary_are_refused_before_generation(refusal):
     guarded = screening_model()
