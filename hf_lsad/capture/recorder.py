@@ -58,14 +58,21 @@ class LastPositionRecorder:
     - ``first_rows`` (``[batch]`` long), when given, are the rows of the first call that are read, in order
       (:func:`prefill_rows`: beam search's prefill holds each prompt once per beam); ``first_positions`` then
       belong to those rows.
+    - ``first_call_rows``, when given, is how many rows the first call must hold (:func:`prefill_call_rows`), so
+      that ``first_rows`` and ``first_positions`` read the rows they were meant to (:func:`check_call_rows`).
     """
 
     def __init__(
-        self, module: nn.Module, first_positions: Tensor | None = None, first_rows: Tensor | None = None
+        self,
+        module: nn.Module,
+        first_positions: Tensor | None = None,
+        first_rows: Tensor | None = None,
+        first_call_rows: int | None = None,
     ) -> None:
         self.module = module
         self.first_positions = first_positions
         self.first_rows = first_rows
+        self.first_call_rows = first_call_rows
         self.records: list[Tensor] = []
         self._handle: Any = None
         self._thread: int | None = None
@@ -74,6 +81,8 @@ class LastPositionRecorder:
         if threading.get_ident() != self._thread:
             return  # another thread's forward pass through the same module
         hidden = output[0] if isinstance(output, tuple) else output  # older transformers return tuples
+        if not self.records and self.first_call_rows is not None:
+            check_call_rows(hidden.shape[0], self.first_call_rows)
         if not self.records and self.first_rows is not None:
             hidden = hidden[self.first_rows.to(hidden.device)]  # [prefill rows, seq, hidden] -> [batch, seq, hidden]
         if not self.records and self.first_positions is not None:
@@ -173,6 +182,23 @@ def prefill_rows(model: PreTrainedModel, generate_kwargs: dict[str, Any], batch:
     return torch.arange(batch).repeat_interleave(num_return_sequences(model, generate_kwargs)) * beams
 
 
+def prefill_call_rows(model: PreTrainedModel, generate_kwargs: dict[str, Any], batch: int) -> int:
+    """How many rows the prefill call of a ``generate`` call over ``batch`` prompts holds: each prompt once per beam
+    under beam search, else once per returned sequence."""
+    beams = num_beams(model, generate_kwargs)
+    return batch * (beams if beams > 1 else num_return_sequences(model, generate_kwargs))
+
+
+def check_call_rows(rows: int, expected: int) -> None:
+    """Refuse a forward call of ``rows`` rows where the guard's map of the prefill expects ``expected``: the rows it
+    reads would not be the prompts' own."""
+    if rows != expected:
+        raise RuntimeError(
+            f"the forward pass read has {rows} rows where {expected} were expected: the prompts "
+            "were expanded otherwise than the guard maps them (the rows read would not be the prompts' own)"
+        )
+
+
 def check_generate_kwargs(
     model: PreTrainedModel, generate_kwargs: dict[str, Any], *, prompt_only: bool = False
 ) -> Tensor:
@@ -204,8 +230,9 @@ def generation_recorder(model: PreTrainedModel, layer: int, generate_kwargs: dic
     first_positions = last_token_positions(generate_kwargs.get("attention_mask"))
     if first_positions is not None:
         first_positions = first_positions.repeat_interleave(num_return_sequences(model, generate_kwargs))
-    first_rows = prefill_rows(model, generate_kwargs, generate_kwargs["input_ids"].shape[0])
-    return LastPositionRecorder(module, first_positions, first_rows)
+    batch = generate_kwargs["input_ids"].shape[0]
+    first_rows = prefill_rows(model, generate_kwargs, batch)
+    return LastPositionRecorder(module, first_positions, first_rows, prefill_call_rows(model, generate_kwargs, batch))
 
 
 def generate_with_activations(
@@ -317,8 +344,8 @@ class PromptReader:
         self.rows = rows
         """The rows of the forward call read, in order (:func:`prefill_rows`); ``None``: all of them."""
         self.call_rows = call_rows
-        """How many rows the forward call read must have (the prompts times the beams, under beam search), so that
-        ``rows`` index the rows they were meant to; ``None``: as many as the mask."""
+        """How many rows the forward call read must have (:func:`prefill_call_rows`), so that ``rows`` index the rows
+        they were meant to; ``None``: as many as the mask."""
         if input_ids is not None and tuple(input_ids.shape) != tuple(self.mask.shape):
             raise ValueError(f"input_ids {tuple(input_ids.shape)} do not match the mask {tuple(self.mask.shape)}")
         self.input_ids = input_ids
@@ -338,12 +365,7 @@ class PromptReader:
             if threading.get_ident() != self._thread or layer in self.last:
                 return  # another thread's pass, or a decoding call after the prefill
             hidden = output[0] if isinstance(output, tuple) else output  # [calls' rows, seq, hidden]
-            expected = self.call_rows if self.call_rows is not None else len(self.mask)
-            if hidden.shape[0] != expected:
-                raise RuntimeError(
-                    f"the forward pass read has {hidden.shape[0]} rows where {expected} were expected: the prompts "
-                    "were expanded otherwise than the guard maps them (the rows read would not be the prompts' own)"
-                )
+            check_call_rows(hidden.shape[0], self.call_rows if self.call_rows is not None else len(self.mask))
             if self.rows is not None:
                 hidden = hidden[self.rows.to(hidden.device)]  # [batch, seq, hidden]
             mask = self.mask.to(hidden.device)
@@ -526,16 +548,13 @@ def generation_prompt_reader(
     rows = prefill_rows(model, generate_kwargs, batch)
     repeats = num_return_sequences(model, generate_kwargs)  # each prompt's returned sequences
     mask, input_ids = mask.repeat_interleave(repeats, dim=0), input_ids.repeat_interleave(repeats, dim=0)
-    modules = prompt_read_modules(model, reads)
-    # the prefill runs each prompt once per returned sequence, or once per beam under beam search
-    call_rows = batch * (repeats if rows is None else num_beams(model, generate_kwargs))
     return PromptReader(
-        modules,
+        prompt_read_modules(model, reads),
         mask,
         stop_after=False,
         input_ids=input_ids if keep_tokens else None,
         rows=rows,
-        call_rows=call_rows,
+        call_rows=prefill_call_rows(model, generate_kwargs, batch),
     )
 
 

@@ -7,7 +7,12 @@ import torch
 from tiny import MIXED_BATCH, PROMPTS
 
 from hf_lsad.capture import encode_prompts
-from hf_lsad.capture.recorder import generation_prompt_reader, prefill_activations, prompt_features
+from hf_lsad.capture.recorder import (
+    generation_prompt_reader,
+    generation_recorder,
+    prefill_activations,
+    prompt_features,
+)
 from hf_lsad.testing import tiny_model
 
 READS = [(0, "prompt_last"), (1, "prompt_mean"), (2, "prompt_last"), (2, "prompt_mean")]
@@ -72,3 +77,14 @@ def test_a_prefill_expanded_otherwise_than_the_guard_maps_it_fails_loudly(option
     reader = generation_prompt_reader(model, [(1, "prompt_mean")], {**inputs, **options})
     with reader, torch.no_grad(), pytest.raises(RuntimeError, match="expanded otherwise"):
         model(**inputs)  # the prompts once each, where the call maps two rows a prompt
+
+
+@pytest.mark.parametrize("options", [{"num_beams": 2}, {"num_return_sequences": 2, "do_sample": True}])
+def test_the_layer_recorder_refuses_a_prefill_expanded_otherwise_too(options):
+    """The recorder of the anomaly head's read (report, stop and running paths) maps the prefill's rows as the prompt
+    reader does, and refuses the same prefill."""
+    model, tokenizer = tiny_model("llama")
+    inputs = encode_prompts(tokenizer, BATCH[:2])
+    recorder = generation_recorder(model, 1, {**inputs, **options})
+    with recorder, torch.no_grad(), pytest.raises(RuntimeError, match="expanded otherwise"):
+        model(**inputs)
