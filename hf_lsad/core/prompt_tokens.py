@@ -38,18 +38,21 @@ class PromptTokens(NamedTuple):
         )
 
 
+def is_count(value: object) -> bool:
+    """Whether ``value`` is an int of 0 or more (a bool is not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def check_explain_count(explain: object) -> None:
     """Refuse a number of tokens to name that is not an int of 0 or more (``screen --explain``, ``serve --explain``)."""
-    if isinstance(explain, bool) or not isinstance(explain, int) or explain < 0:
+    if not is_count(explain):
         raise ValueError(f"explain must be a number of tokens, 0 or more, got {explain!r}")
 
 
 def check_top_k(top_k: object, *, allow_all: bool = False) -> None:
     """Refuse a number of features or tokens to list that is not an int of 0 or more (``None``, all of them, where
     ``allow_all``), before any work: ``explain_top_k`` of ``generate``, ``top_k`` of ``screen`` and of a guard."""
-    if top_k is None and allow_all:
-        return
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+    if not is_count(top_k) and not (top_k is None and allow_all):
         wanted = "an int of 0 or more" + (" (or None for all)" if allow_all else "")
         raise ValueError(f"top_k must be {wanted}, got {top_k!r}")
 
