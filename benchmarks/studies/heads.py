@@ -301,6 +301,24 @@ def knn_method(config: ProbeConfig, hidden_size: int, neighbours: int, weighing:
     return fit
 
 
+class SourceDraws:
+    """The training sources of a fit that draws rows of every source at each step: each source's rows, its label and
+    its weight in the loss (each label's sources weighing half, alike within it, as
+    :func:`~hf_lsad.guard.heads.balanced_weights` weighs rows)."""
+
+    def __init__(self, train: SourceRows) -> None:
+        self.names = sorted(set(train.sources))
+        self.members = [torch.tensor([i for i, s in enumerate(train.sources) if s == name]) for name in self.names]
+        self.labels = torch.tensor([float(train.labels[int(rows[0])]) for rows in self.members])  # [sources]
+        self.weights = torch.stack([1.0 / (2 * (self.labels == label).sum()) for label in self.labels])  # [sources]
+
+    def draw(self, rows_per_source: int, generator: torch.Generator) -> torch.Tensor:
+        """``[sources * rows_per_source]`` row indices, ``rows_per_source`` of each source in turn (with
+        replacement)."""
+        picks = [rows[torch.randint(len(rows), (rows_per_source,), generator=generator)] for rows in self.members]
+        return torch.cat(picks)
+
+
 ROBUST_OBJECTIVES = ("balanced", "group_dro", "rex")
 
 
@@ -326,11 +344,8 @@ def robust_method(
     def fit(train: SourceRows):
         standardise, standard = standardised_reads(config, hidden_size, train)  # [n, width]
         generator = torch.Generator().manual_seed(config.seed)
-        names = sorted(set(train.sources))
-        members = [torch.tensor([i for i, s in enumerate(train.sources) if s == name]) for name in names]
-        source_labels = torch.tensor([float(train.labels[int(rows[0])]) for rows in members])  # [sources]
-        base = torch.stack([1.0 / (2 * (source_labels == label).sum()) for label in source_labels])  # [sources]
-        weights = base.clone()
+        sources = SourceDraws(train)
+        weights = sources.weights.clone()
         x, y = standard.float(), train.labels.float()
         torch.manual_seed(config.seed)
         model = torch.nn.Sequential(
@@ -339,11 +354,10 @@ def robust_method(
         optimiser = torch.optim.Adam(model.parameters(), lr=1e-3)
         penalty = config.mlp_alpha / (2 * len(x))
         for _ in range(steps):
-            picks = [rows[torch.randint(len(rows), (rows_per_source,), generator=generator)] for rows in members]
-            batch = torch.cat(picks)  # [sources * rows_per_source]
+            batch = sources.draw(rows_per_source, generator)  # [sources * rows_per_source]
             logits = model(x[batch]).squeeze(1)  # [sources * rows_per_source]
             per_row = torch.nn.functional.binary_cross_entropy_with_logits(logits, y[batch], reduction="none")
-            losses = per_row.view(len(names), rows_per_source).mean(1)  # [sources]
+            losses = per_row.view(len(sources.names), rows_per_source).mean(1)  # [sources]
             if objective == "group_dro":
                 weights = weights * torch.exp(strength * losses.detach())
                 weights = weights / weights.sum()

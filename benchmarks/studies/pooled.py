@@ -44,6 +44,8 @@ from hf_lsad.core.prompt_inputs import template_opening
 from hf_lsad.data import GUARD_POOLS, load_pool
 from hf_lsad.evaluation.sources import SourceRows, leave_one_source_out, load_source_rows
 
+from . import heads
+
 Tensor = torch.Tensor
 Pooling = Literal["mean", "max", "rolling_max", "attention"]
 POOLINGS: tuple[Pooling, ...] = get_args(Pooling)
@@ -206,10 +208,7 @@ def pooled_method(tokens: TokenRows, pooling: str, settings: Settings):
 
     def fit(train: SourceRows):
         generator = torch.Generator().manual_seed(settings.seed)
-        names = sorted(set(train.sources))
-        members = [[i for i, s in enumerate(train.sources) if s == name] for name in names]
-        labels = torch.tensor([float(train.labels[rows[0]]) for rows in members])  # [sources]
-        weights = torch.stack([1.0 / (2 * (labels == label).sum()) for label in labels])  # [sources]
+        sources = heads.SourceDraws(train)
         # standardise with a seeded draw of the training rows' tokens
         spans = [tokens.spans[row_id] for row_id in train.ids]
         all_tokens = torch.cat([torch.arange(start, end) for start, end in spans])
@@ -220,17 +219,13 @@ def pooled_method(tokens: TokenRows, pooling: str, settings: Settings):
         model = PooledProbe(mean, scale, pooling, settings.window)
         optimiser = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
         for _ in range(settings.steps):
-            picks = [
-                [rows[j] for j in torch.randint(len(rows), (settings.rows_per_source,), generator=generator).tolist()]
-                for rows in members
-            ]
-            batch = [i for pick in picks for i in pick]  # [sources * rows_per_source]
-            raw, row, position, lengths = tokens.gather([train.ids[i] for i in batch])
+            batch = sources.draw(settings.rows_per_source, generator)  # [sources * rows_per_source]
+            raw, row, position, lengths = tokens.gather([train.ids[i] for i in batch.tolist()])
             logits = model(raw, row, position, lengths)
-            targets = labels.repeat_interleave(settings.rows_per_source)
+            targets = sources.labels.repeat_interleave(settings.rows_per_source)
             per_row = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
-            losses = per_row.view(len(names), settings.rows_per_source).mean(1)  # [sources]
-            loss = (weights * losses).sum() / weights.sum()
+            losses = per_row.view(len(sources.names), settings.rows_per_source).mean(1)  # [sources]
+            loss = (sources.weights * losses).sum() / sources.weights.sum()
             maps = [model.score] + ([model.attend] if model.attend is not None else [])
             loss = loss + settings.l2 * sum((linear.weight**2).sum() for linear in maps)
             optimiser.zero_grad()
