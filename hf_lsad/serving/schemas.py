@@ -4,7 +4,8 @@ Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) ar
 clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
 ``stop``, ``seed``, penalties, ``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set, as is
 ``n`` above 1: an answer that silently ignored them would not be the one asked for. Sizes are checked against the
-server's limits in :mod:`hf_lsad.serving.app`.
+server's limits in :mod:`hf_lsad.serving.app`. Counts, switches and sampling numbers are strict JSON types: ``true``
+is not a count of 1, ``"0.7"`` not a temperature, and NaN or infinity no number at all.
 """
 
 from __future__ import annotations
@@ -59,14 +60,14 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     """The model's name; the server serves one model and answers with its name whatever is asked."""
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
     """New tokens at most (default: the server's ``--default-max-tokens``)."""
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, strict=True, allow_inf_nan=False)
     """0: greedy decoding; above 0: sampling (default 1, as the OpenAI API)."""
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    stream: bool = False
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True, allow_inf_nan=False)
+    stream: bool = Field(default=False, strict=True)
     """Server-sent events, one chunk per piece of text, then ``data: [DONE]``."""
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=1, strict=True)
     """Choices per request: 1 only."""
 
     @model_validator(mode="before")
@@ -85,7 +86,7 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     """The newer name of ``max_tokens``; wins when both are given."""
 
 

@@ -26,6 +26,7 @@ from hf_lsad.serving import ServeConfig, create_app  # noqa: E402
 KEY = "sekret"
 BENIGN, UNSAFE = PROMPTS[5], UNSAFE_PROMPTS[3]
 LIMIT = 20_000
+HI = b'{"messages": [{"role": "user", "content": "hi"}]}'
 
 
 def free_port() -> int:
@@ -167,6 +168,12 @@ BAD_REQUESTS = [
     ("malformed JSON", {"raw": b'{"messages": [}'}, 400, "JSON"),
     ("missing messages", {"body": {"model": "tiny-llama"}}, 400, "messages"),
     ("wrong type", {"body": chat_body(BENIGN, max_tokens="many")}, 400, "max_tokens"),
+    ("a switch for a count", {"body": chat_body(BENIGN, max_tokens=True)}, 400, "max_tokens: Input should be"),
+    ("a count with a fraction", {"body": chat_body(BENIGN, max_completion_tokens=2.0)}, 400, "max_completion_tokens"),
+    ("a temperature in quotes", {"body": chat_body(BENIGN, temperature="0.7")}, 400, "temperature"),
+    ("a NaN temperature", {"raw": HI[:-1] + b', "temperature": NaN}'}, 400, "temperature: Input should be a finite"),
+    ("an infinite top_p", {"raw": HI[:-1] + b', "top_p": Infinity}'}, 400, "top_p: Input should be a finite"),
+    ("stream as text", {"body": chat_body(BENIGN, stream="yes")}, 400, "stream"),
     ("empty message list", {"body": {"messages": []}}, 400, "messages"),
     ("content not text", {"body": {"messages": [{"role": "user", "content": 3}]}}, 400, "content"),
     ("unknown role", {"body": {"messages": [{"role": "robot", "content": "hi"}]}}, 400, "role"),
