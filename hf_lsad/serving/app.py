@@ -115,7 +115,8 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
     async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        said = str(first.get("msg")).removeprefix("Value error, ")  # pydantic's prefix to a validator's own message
+        message = f"{where}: {said}" if where else said
         return JSONResponse(error_body(message, "invalid_request_error", where or None), status_code=400)
 
     @app.exception_handler(HTTPException)

@@ -52,6 +52,23 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_or_text_parts(cls, value: Any) -> Any:
+        # Checked before pydantic tries each member of the union, whose errors would name the string member of
+        # a list that holds an image part.
+        if isinstance(value, list):
+            for index, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    shown = f"a part of type {kind!r}" if isinstance(kind, str) else f"{json_type(part)}"
+                    raise ValueError(
+                        f'part {index} is {shown}: only text parts ({{"type": "text", "text": "..."}}) can be read'
+                    )
+        elif not isinstance(value, str):
+            raise ValueError(f"a string or a list of text parts, got {json_type(value)}")
+        return value
+
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
@@ -95,14 +112,15 @@ class CompletionRequest(_Sampling):
 
     prompt: str | list[str]
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str:
-        if isinstance(value, list):
-            if len(value) != 1:
-                raise ValueError("one prompt per request")
-            value = value[0]
-        return value
+    def _one_prompt(cls, value: Any) -> str:
+        texts = text_or_texts(value)
+        if isinstance(texts, list):
+            if len(texts) != 1:
+                raise ValueError(f"one prompt per request, got {len(texts)}")
+            return texts[0]
+        return texts
 
 
 class ModerationRequest(BaseModel):
@@ -112,5 +130,37 @@ class ModerationRequest(BaseModel):
     input: str | list[str]
     model: str | None = None
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _text_or_texts(cls, value: Any) -> str | list[str]:
+        return text_or_texts(value)
+
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+def text_or_texts(value: Any) -> str | list[str]:
+    """``value`` if it is a string or a list of strings; a ``ValueError`` naming what it is otherwise."""
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ValueError(f"item {index} is {json_type(item)}, not a string")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"a string or a list of strings, got {json_type(value)}")
+    return value
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type, as a client wrote it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
