@@ -160,17 +160,26 @@ class HeadVerdict(NamedTuple):
 
 
 class SafetyReport(NamedTuple):
-    """The verdict on one sequence."""
+    """The verdict on one sequence.
+
+    ``flagged`` is the guard's verdict. ``score``, ``threshold``, ``cluster``, ``probability`` and ``p_value`` are
+    the anomaly head's (the paper's detector), with or without supervised heads beside it; every head's score and
+    threshold is in :attr:`heads`, and :attr:`decided_by` names the heads that flagged the row."""
 
     score: float
+    """The anomaly head's score."""
     threshold: float
-    """The score threshold; for a calibrated guard, the probability threshold that ``flagged`` used."""
+    """The anomaly head's score threshold; for a calibrated guard, the probability threshold it uses."""
     flagged: bool
+    """The guard's verdict: some head above its threshold (in guarded generation, at some step), or a row that could
+    not be scored (:attr:`error`)."""
     cluster: int
+    """The anomaly head's cluster for the row."""
     probability: float | None
-    """Calibrated probability of being unsafe; ``None`` for an uncalibrated guard."""
+    """The anomaly head's calibrated probability of being unsafe; ``None`` for an uncalibrated guard. A supervised
+    head's probability is its score in :attr:`heads`."""
     p_value: float | None = None
-    """Conformal p-value of the score against the held-out safe scores
+    """Conformal p-value of the anomaly head's score against the held-out safe scores
     (:func:`hf_lsad.guard.threshold.conformal_p_values`):
     ``0.008`` reads "more unusual than 99.2% of safe prompts". ``None`` for a guard saved without them."""
     error: str | None = None
@@ -245,11 +254,11 @@ class SafetyReport(NamedTuple):
 
     def to_json(self, tokenizer: Any = None) -> dict[str, Any]:
         """The report as JSON-ready plain values (what ``hf-lsad screen`` writes and ``hf-lsad serve`` returns):
-        ``flagged``, ``decided_by`` (every guard's, a single-head guard's included), ``reading``, ``probability``,
-        ``p_value``, ``heads`` (name -> ``{"score", "threshold", "flagged"}``), ``cluster``, ``error``, and
-        ``step`` / ``stopped`` of guarded generation. A NaN score (a row that failed closed) becomes ``None``.
-        A report that names its prompt tokens (:attr:`tokens`) adds ``tokens``: ``{"token_id", "position",
-        "contribution"}`` each, and its ``text`` when given the ``tokenizer``."""
+        ``flagged``, ``decided_by`` (every guard's, a single-head guard's included), ``reading``, ``probability`` and
+        ``p_value`` (the anomaly head's), ``heads`` (name -> ``{"score", "threshold", "flagged"}``), ``cluster``,
+        ``error``, and ``step`` / ``stopped`` of guarded generation. A NaN score (a row that failed closed) becomes
+        ``None``. A report that names its prompt tokens (:attr:`tokens`) adds ``tokens``: ``{"token_id",
+        "position", "contribution"}`` each, and its ``text`` when given the ``tokenizer``."""
         verdicts = self.head_verdicts()
         record = {
             "flagged": bool(self.flagged),
