@@ -203,15 +203,15 @@ def check_generate_kwargs(
     model: PreTrainedModel, generate_kwargs: dict[str, Any], *, prompt_only: bool = False
 ) -> Tensor:
     """Refuse inputs and generation modes a guard cannot follow; return ``input_ids``. ``prompt_only``: the call
-    reads the prompt alone (a report on prompt positions), which beam search leaves in place."""
+    reads the prompt alone (a report on, or a screen of, prompt positions), which beam search leaves in place."""
     input_ids = generate_kwargs.get("input_ids")
     if input_ids is None:
         raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
     check_prompt_tensors(input_ids, generate_kwargs.get("attention_mask"))
     if num_beams(model, generate_kwargs) != 1 and not prompt_only:
         raise ValueError(
-            "beam search reorders hypotheses between steps: stopping, on_step, running guards and reads of the "
-            "response need num_beams=1 (a guard reading the prompt reports under beam search with on_flag='report')"
+            "beam search reorders hypotheses between steps: running guards and reads of the response need "
+            "num_beams=1 (a guard that reads the prompt reports, screens and stops under beam search)"
         )
     if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
         raise ValueError("assisted decoding is not supported by guarded generation")

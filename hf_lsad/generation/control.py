@@ -18,7 +18,13 @@ made:
 Forcing a token sets every other logit of that row to ``-inf`` (so greedy search,
 sampling and any logits warper pick it), the :class:`GuardStoppingCriteria` ends the
 row once its forced tokens are out (transformers' stopping criteria are per row), and
-the other rows of the batch go on unchanged. Both objects are built per ``generate``
+the other rows of the batch go on unchanged.
+
+Under beam search the logits processor sees each prompt's beams as consecutive rows, and a
+screened prompt's verdict is forced on every one of its beams. Each beam then holds the same
+forced tokens, so whichever beam search keeps, the prompt's best hypothesis is the refusal
+and EOS, which ends it (beam search checks its stopping criteria on candidate rows, not on
+the beams, so it is EOS that ends a stopped prompt there). Both objects are built per ``generate``
 call around one :class:`GuardedGenerationState`; nothing is stored on the model or
 the guard, so concurrent calls do not share state.
 """
@@ -85,6 +91,8 @@ class GuardedGenerationState:
 
     guard: SafetyGuard
     batch_size: int
+    """Rows the logits processor sees: the prompts times the returned sequences, or times the beams under beam
+    search."""
     prompt_length: int
     eos_token_ids: list[int]
     stop: bool = False
@@ -100,10 +108,16 @@ class GuardedGenerationState:
     (:func:`hf_lsad.capture.recorder.generation_prompt_reader`)."""
     on_step: Callable[[StepVerdict], None] | None = None
     """Called after every scoring step (from the thread running ``generate``)."""
+    beams: int = 1
+    """Beam search: beams per prompt (the rows of a prompt the logits processor sees); 1 otherwise."""
+    returned: int = 1
+    """Beam search: sequences returned per prompt, one report each."""
 
     def __post_init__(self) -> None:
         if self.stop and not self.forced_tokens:
             raise ValueError("stopping a row needs an EOS token id or a refusal (the model has no eos_token_id)")
+        if self.beams > 1 and self.batch_size % self.beams:
+            raise ValueError(f"{self.batch_size} rows are not a whole number of prompts of {self.beams} beams")
         n = self.batch_size
         self.calls = 0
         """Logits-processor calls so far (= new tokens picked so far)."""
@@ -151,7 +165,7 @@ class GuardedGenerationState:
             if step == 0:
                 self.screen_reports = self.guard.reports(self._prompt_activations())
                 flagged = torch.tensor([r.flagged for r in self.screen_reports], dtype=torch.bool)
-                self.flag_step[flagged] = 0
+                self.flag_step[self.rows_of(flagged)] = 0
         elif self.position in RUNNING_POSITIONS and step > 0:
             # records[step] is the hidden state of response token step - 1 (the one just consumed).
             active = ~self.finished & (self.flag_step < 0)
@@ -168,7 +182,21 @@ class GuardedGenerationState:
             return
         if self.on_step is not None and step == 0 and self.screen_reports is not None:
             scores = torch.tensor([r.score for r in self.screen_reports])
-            self.on_step(StepVerdict(0, scores, self.flag_step >= 0))
+            self.on_step(StepVerdict(0, scores, self.of_reports(self.flag_step >= 0)))
+
+    def rows_of(self, per_report: Tensor) -> Tensor:
+        """A value per report as a value per row the logits processor sees: under beam search a prompt's value
+        (its first returned sequence's; all of a prompt's reports are alike) on each of its beams."""
+        if self.beams == 1:
+            return per_report
+        return per_report[:: self.returned].repeat_interleave(self.beams)
+
+    def of_reports(self, per_row: Tensor) -> Tensor:
+        """A value per row the logits processor sees as a value per report: under beam search a prompt's first
+        beam's for each sequence it returns (a screened prompt's beams are alike)."""
+        if self.beams == 1:
+            return per_row
+        return per_row[:: self.beams].repeat_interleave(self.returned)
 
     def _prompt_activations(self) -> Any:
         """What the guard scores at the prefill: its one read, or every read of a guard with supervised heads."""
@@ -198,7 +226,7 @@ class GuardedGenerationState:
     def reports(self, *, explain: bool = False, top_k: int = 10, opening: Sequence[int] = ()) -> list[SafetyReport]:
         """The call's reports: the screening verdict, or the running statistic (:mod:`hf_lsad.guard.running`);
         ``opening``: the chat template's ids before the user's text, which explanations do not name."""
-        stopped = self.stopped.tolist()
+        stopped = self.of_reports(self.stopped).tolist()
         if self.position in SCREEN_POSITIONS:
             if not self.records:
                 raise RuntimeError("generate made no forward call")

@@ -25,13 +25,16 @@ from ..capture.recorder import (
     generate_with_activations,
     generation_prompt_reader,
     generation_recorder,
+    num_beams,
     num_return_sequences,
+    prefill_call_rows,
 )
 from ..core.prompt_tokens import check_top_k
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import (
     ON_FLAG,
     RUNNING_POSITIONS,
+    SCREEN_POSITIONS,
     GuardedGenerationState,
     GuardLogitsProcessor,
     GuardStoppingCriteria,
@@ -127,13 +130,17 @@ def generate_guarded(
         return output, guard.reports(activations, explain=explain, top_k=top_k)  # fails closed per row
     # The verdict is needed while generating: the guard's logits processor and stopping criteria go after the
     # caller's, and the recorder (the report path's) reads the block for this call only.
-    input_ids = check_generate_kwargs(model, kwargs)
+    # A screening guard decides on the prefill, where every beam of a prompt holds the prompt.
+    input_ids = check_generate_kwargs(model, kwargs, prompt_only=hook.position in SCREEN_POSITIONS)
     eos = eos_token_ids(model, kwargs)
+    beams = num_beams(model, kwargs)
+    if beams > 1 and on_flag == "stop":
+        check_beam_stop(model, kwargs, eos)
     recorder = generation_recorder(model, hook.layer, kwargs)
     reader = generation_prompt_reader(model, guard.reads, kwargs, keep_tokens=explain) if guard.heads else None
     state = GuardedGenerationState(
         guard=guard,
-        batch_size=input_ids.shape[0] * num_return_sequences(model, kwargs),  # generate repeats each row
+        batch_size=prefill_call_rows(model, kwargs, input_ids.shape[0]),  # generate repeats each row
         prompt_length=input_ids.shape[1],
         eos_token_ids=eos,
         stop=on_flag == "stop",
@@ -142,16 +149,35 @@ def generate_guarded(
         recorder=recorder,
         prompt_reader=reader,
         on_step=on_step,
+        beams=beams,
+        returned=num_return_sequences(model, kwargs),
     )
     kwargs["logits_processor"] = LogitsProcessorList(
         [*(kwargs.get("logits_processor") or []), GuardLogitsProcessor(state)]
     )
-    kwargs["stopping_criteria"] = StoppingCriteriaList(
-        [*(kwargs.get("stopping_criteria") or []), GuardStoppingCriteria(state)]
-    )
+    if beams == 1:  # beam search checks stopping criteria on its candidates, not its rows: EOS ends a beam there
+        kwargs["stopping_criteria"] = StoppingCriteriaList(
+            [*(kwargs.get("stopping_criteria") or []), GuardStoppingCriteria(state)]
+        )
     with recorder, reader if reader is not None else contextlib.nullcontext():
         output = call_generate(model, kwargs)
     return output, state.reports(explain=explain, top_k=top_k, opening=opening)
+
+
+def check_beam_stop(model: PreTrainedModel, kwargs: dict[str, Any], eos: Sequence[int]) -> None:
+    """Refuse a stop under beam search that beam search cannot carry out: beam sampling draws twice the beams'
+    continuations of each prompt, and a stopped prompt has one; without an EOS id nothing ends a stopped beam."""
+    config = kwargs.get("generation_config") or model.generation_config
+    sampling = kwargs.get("do_sample")
+    if sampling if sampling is not None else config.do_sample:
+        raise ValueError(
+            "on_flag='stop' under beam search needs do_sample=False: beam sampling draws 2 x num_beams "
+            "continuations of each prompt, and a stopped prompt has only its forced one"
+        )
+    if not eos:
+        raise ValueError(
+            "on_flag='stop' under beam search needs the model's EOS token id: beam search ends a hypothesis at EOS"
+        )
 
 
 def vocabulary_size(model: PreTrainedModel) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from tiny import MIXED_BATCH, PROMPTS, fresh_guard, tiny_guard
@@ -107,6 +109,31 @@ def test_stop_composes_with_sampling_streamers_and_user_criteria():
     assert "".join(streamer) == tokenizer.eos_token
 
 
+@pytest.mark.parametrize("returned", [1, 2])
+def test_beam_search_stops_every_beam_of_a_flagged_prompt_and_leaves_the_others_as_plain_beam_search(returned):
+    """A flagged prompt's beams are all forced to the refusal and EOS, so every sequence it returns is the refusal;
+    the other prompts' sequences are plain beam search's."""
+    model, tokenizer, guarded, inputs, flagged = screening_setup()
+    options = {"num_beams": 3, "num_return_sequences": returned, "max_new_tokens": 6, "do_sample": False}
+    refusal = tokenizer("no.", add_special_tokens=False)["input_ids"]
+    plain = model.generate(**inputs, **options)
+    out = guarded.generate(**inputs, **options, on_flag="stop", refusal=refusal, return_dict_in_generate=True)
+    per_sequence = flagged.repeat_interleave(returned)
+    start, forced = inputs["input_ids"].shape[1], torch.tensor([*refusal, tokenizer.eos_token_id])
+    padding = {tokenizer.pad_token_id, tokenizer.eos_token_id}  # beam search pads with EOS when the pad id is 0
+    for row in per_sequence.nonzero().flatten().tolist():
+        new = out.sequences[row, start:]
+        assert torch.equal(new[: len(forced)], forced) and set(new[len(forced) :].tolist()) <= padding
+    assert out.sequences.shape == plain.shape  # the other prompts run to max_new_tokens in both
+    for row in (~per_sequence).nonzero().flatten().tolist():
+        assert torch.equal(out.sequences[row], plain[row])
+    assert [(r.flagged, r.stopped) for r in out.safety] == [(f, f) for f in per_sequence.tolist()]
+    assert [r.step for r in out.safety] == [0 if f else None for f in per_sequence.tolist()]
+    seen = []
+    guarded.generate(**inputs, **options, on_step=seen.append)
+    assert len(seen) == 1 and seen[0].flagged.tolist() == per_sequence.tolist()
+
+
 def test_all_rows_flagged_ends_generation_after_one_step():
     _model, tokenizer, guarded, inputs, _ = screening_setup()
     guarded.guard.config.threshold = -1.0
@@ -146,6 +173,13 @@ def test_bad_arguments_are_refused():
         GuardedModelForCausalLM(model, guarded.guard).screen(BATCH)
     with pytest.raises(ValueError, match="needs the tokenizer"):
         GuardedModelForCausalLM(model, guarded.guard).generate(**inputs, max_new_tokens=2, on_flag="stop", refusal="no")
+    beams = {"num_beams": 2, "max_new_tokens": 2, "on_flag": "stop"}
+    with pytest.raises(ValueError, match="under beam search needs do_sample=False"):
+        guarded.generate(**inputs, **beams, do_sample=True)  # a stopped prompt has fewer continuations than drawn
+    without_eos = copy.deepcopy(model)
+    without_eos.generation_config.eos_token_id = None
+    with pytest.raises(ValueError, match="under beam search needs the model's EOS token id"):
+        GuardedModelForCausalLM(without_eos, guarded.guard).generate(**inputs, **beams, do_sample=False, refusal=[5])
 
 
 def test_on_step_reports_the_screening_verdict_from_the_generate_thread():

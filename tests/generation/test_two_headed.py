@@ -164,10 +164,16 @@ def test_beam_search_reports_each_returned_sequence_its_prompt_verdict(padding_s
     for i, report in enumerate(out.safety):
         same_verdict(report, explained_alone(UNDER_TEST[i // 2]))
         same_tokens(report, explained_alone(UNDER_TEST[i // 2]))
-    with pytest.raises(ValueError, match="on_flag='report'"):
-        model.generate(**inputs, **options, on_flag="stop")
-    with pytest.raises(ValueError, match="num_beams=1"):
-        model.generate(**inputs, **options, on_step=lambda verdict: None)
+    stopped = model.generate(**inputs, **options, on_flag="stop", explain=True, return_dict_in_generate=True)
+    start, eos = inputs["input_ids"].shape[1], model.tokenizer.eos_token_id
+    for i, report in enumerate(stopped.safety):
+        same_verdict(report, explained_alone(UNDER_TEST[i // 2]))
+        same_tokens(report, explained_alone(UNDER_TEST[i // 2]))
+        assert report.stopped == report.flagged
+        if report.flagged:  # every returned sequence of a flagged prompt ends at once
+            assert stopped.sequences[i, start] == eos
+        else:
+            assert torch.equal(stopped.sequences[i], plain[i, : stopped.sequences.shape[1]])
 
 
 def test_pipeline_reports_every_head():
