@@ -233,7 +233,15 @@ def parse(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namesp
         if method not in DETECTORS:
             raise SystemExit(f"unknown detector method {method!r}; registered: {sorted(DETECTORS)}")
     parser = build_parser(command, method)
-    return parser, parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    return command_parser(parser, args.command), args
+
+
+def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of ``command`` within ``parser``: its usage errors name the command and show the command's usage,
+    as argparse's own errors of the command's arguments do."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[command]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

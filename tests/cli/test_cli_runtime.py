@@ -29,7 +29,9 @@ def usage_error(capsys, monkeypatch, *argv: str) -> str:
     with pytest.raises(SystemExit) as exit_:
         entry(list(argv))
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and err[0].startswith("usage: hf-lsad") and ": error: " in err[-1], err
+    command = next(a for a in argv if not a.startswith("-"))
+    assert exit_.value.code == 2 and err[0].startswith(f"usage: hf-lsad {command} "), err  # the command's usage
+    assert err[-1].startswith(f"hf-lsad {command}: error: "), err
     assert not any("Traceback" in line for line in err)
     return err[-1]
 

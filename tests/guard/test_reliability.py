@@ -649,7 +649,7 @@ def test_cli_layer_out_of_range_is_a_usage_error_before_loading(capsys, weightle
         str(tmp_path / "x"),
     )
     assert code == 2 and err.strip().splitlines()[-1] == (
-        f"hf-lsad: error: argument --layer: layer 9 is out of range: {weightless_model} has 4 decoder layers"
+        f"hf-lsad collect: error: argument --layer: layer 9 is out of range: {weightless_model} has 4 decoder layers"
     )
 
 
@@ -682,7 +682,7 @@ def test_cli_reads_the_models_depth_once_for_all_its_layers(capsys, weightless_m
         str(tmp_path / "x"),
     )
     assert code == 2 and err.strip().splitlines()[-1] == (
-        f"hf-lsad: error: argument --layer: layer 9 is out of range: {weightless_model} has 4 decoder layers"
+        f"hf-lsad collect: error: argument --layer: layer 9 is out of range: {weightless_model} has 4 decoder layers"
     )
     assert len(reads) == 1, reads
 
@@ -723,7 +723,8 @@ def test_cli_reads_the_models_depth_once_for_all_its_layers(capsys, weightless_m
 )
 def test_cli_usage_errors_are_one_line_with_exit_code_2(capsys, argv, message):
     code, err = cli(capsys, *argv)
-    assert code == 2 and err.strip().splitlines()[-1].startswith(f"hf-lsad: error: {message}")
+    prog = "hf-lsad" if argv[0].startswith("-") else f"hf-lsad {argv[0]}"  # a command's usage errors name it
+    assert code == 2 and err.strip().splitlines()[-1].startswith(f"{prog}: error: {message}")
 
 
 @pytest.mark.parametrize("command", ["fit", "add-head", "set-budget", "train-sae"])
