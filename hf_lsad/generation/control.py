@@ -18,15 +18,15 @@ made:
 Forcing a token sets every other logit of that row to ``-inf`` (so greedy search,
 sampling and any logits warper pick it), the :class:`GuardStoppingCriteria` ends the
 row once its forced tokens are out (transformers' stopping criteria are per row), and
-the other rows of the batch go on unchanged.
+the other rows of the batch go on unchanged. Both objects are built per ``generate``
+call around one :class:`GuardedGenerationState`; nothing is stored on the model or
+the guard, so concurrent calls do not share state.
 
 Under beam search the logits processor sees each prompt's beams as consecutive rows, and a
 screened prompt's verdict is forced on every one of its beams. Each beam then holds the same
 forced tokens, so whichever beam search keeps, the prompt's best hypothesis is the refusal
 and EOS, which ends it (beam search checks its stopping criteria on candidate rows, not on
-the beams, so it is EOS that ends a stopped prompt there). Both objects are built per ``generate``
-call around one :class:`GuardedGenerationState`; nothing is stored on the model or
-the guard, so concurrent calls do not share state.
+the beams, so it is EOS that ends a stopped prompt there).
 """
 
 from __future__ import annotations

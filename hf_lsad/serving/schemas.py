@@ -61,7 +61,7 @@ class ChatMessage(BaseModel):
             for index, part in enumerate(value):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind != "text" or not isinstance(part.get("text"), str):
-                    shown = f"a part of type {kind!r}" if isinstance(kind, str) else f"{json_type(part)}"
+                    shown = f"a part of type {kind!r}" if isinstance(kind, str) else json_type(part)
                     raise ValueError(
                         f'part {index} is {shown}: only text parts ({{"type": "text", "text": "..."}}) can be read'
                     )
