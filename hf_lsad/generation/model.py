@@ -277,7 +277,8 @@ class GuardedModelForCausalLM(nn.Module):
                 of the batch go on: right after the prefill for a ``prompt_last`` guard (the row
                 gets no token of its own), at the flagged token for a ``response_running`` guard.
                 A stopped row emits ``refusal`` (if given) and then EOS. A ``response_last``
-                verdict exists only after the response, so it cannot stop anything.
+                verdict exists only after the response, so it cannot stop anything. Under beam search
+                (``do_sample=False``, a model with an EOS id) every beam of a flagged prompt is forced alike.
             refusal: What a stopped row says: token ids, or text (encoded with the wrapper's
                 ``tokenizer``, without special tokens). ``None``: EOS only.
             explain: Explain the head that decided (:attr:`~hf_lsad.guard.SafetyReport.explained_head`): each
