@@ -576,7 +576,7 @@ def run_screen(args: argparse.Namespace) -> None:
 def run_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from ..serving import ServeConfig, create_app
+    from ..serving import ServeConfig, create_app, raw_prompt_note
 
     guarded = _guarded_model(args)
     name = args.name or ("SmolLM2-135M-Instruct" if args.model == "default" else args.model)
@@ -590,4 +590,7 @@ def run_serve(args: argparse.Namespace) -> None:
         explain=args.explain,
     )
     print(f"serving {name} with {guarded.guard.describe()}", file=sys.stderr, flush=True)
+    note = raw_prompt_note(guarded)
+    if note is not None:
+        print(note, file=sys.stderr, flush=True)
     uvicorn.run(create_app(guarded, config), host=args.host, port=args.port, log_level="info")

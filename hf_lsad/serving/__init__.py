@@ -10,10 +10,10 @@ SERVE_EXTRA = "pip install 'hf-lsad[serve]'"
 """The install line for what serving needs."""
 
 try:
-    from .app import ServeConfig, create_app
+    from .app import ServeConfig, create_app, raw_prompt_note
 except ModuleNotFoundError as err:  # fastapi or uvicorn missing
     if err.name not in ("fastapi", "starlette", "uvicorn", "pydantic"):
         raise
     raise ImportError(f"serving needs FastAPI and uvicorn, which are not installed: {SERVE_EXTRA}") from err
 
-__all__ = ["SERVE_EXTRA", "ServeConfig", "create_app"]
+__all__ = ["SERVE_EXTRA", "ServeConfig", "create_app", "raw_prompt_note"]

@@ -97,6 +97,20 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def raw_prompt_note(guarded: GuardedModelForCausalLM) -> str | None:
+    """What the operator should know at start about ``/v1/completions``, which reads each prompt as it is: a guard
+    fitted on prompts under the chat template reads a prompt without it out of its distribution. ``None`` for a guard
+    fitted on raw prompts, or one that did not record how its prompts were given."""
+    inputs = guarded.guard.inputs
+    if inputs is None or inputs.prompt_format != "chat_template":
+        return None
+    return (
+        "note: /v1/completions reads each prompt as it is, but this guard was fitted on prompts under the chat "
+        "template and flags many benign prompts given without it: send /v1/chat/completions, or format prompts with "
+        "the template (docs/traffic.md)"
+    )
+
+
 def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI:
     """The FastAPI application serving ``guarded`` (which must carry its ``tokenizer``) under ``config``."""
     if guarded.tokenizer is None:

@@ -20,8 +20,9 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
+from hf_lsad.core.prompt_inputs import InputProfile  # noqa: E402
 from hf_lsad.generation.model import GuardedModelForCausalLM  # noqa: E402
-from hf_lsad.serving import ServeConfig, create_app  # noqa: E402
+from hf_lsad.serving import ServeConfig, create_app, raw_prompt_note  # noqa: E402
 
 KEY = "sekret"
 BENIGN, UNSAFE = PROMPTS[5], UNSAFE_PROMPTS[3]
@@ -325,3 +326,15 @@ def test_a_response_a_running_guard_stops_mid_way_ends_with_content_filter():
         else:
             assert choice["finish_reason"] in ("stop", "length")
     assert stopped >= 1
+
+
+def test_the_operator_is_told_at_start_that_raw_completions_are_out_of_a_chat_guards_distribution():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = copy.deepcopy(two_headed_guard())
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    assert raw_prompt_note(guarded) is None  # a guard that did not record how its prompts were given
+    guard.inputs = InputProfile("raw", max_prompt_tokens=64)
+    assert raw_prompt_note(guarded) is None
+    guard.inputs = InputProfile("chat_template", max_prompt_tokens=64)
+    note = raw_prompt_note(guarded)
+    assert note is not None and "/v1/completions reads each prompt as it is" in note and "chat template" in note
