@@ -47,7 +47,7 @@ class Settings:
     """Prompts per forward pass (rows are batched by length)."""
 
 
-def test_rows(pool: str, settings: Settings) -> list[PromptRow]:
+def draw_test_rows(pool: str, settings: Settings) -> list[PromptRow]:
     """A seeded draw of ``pool``'s test rows (the README's demo prompts left out), in file order."""
     rows = [p for p in load_pool(pool) if split_of(p.id) == "test" and not is_reserved(p.text)]
     drawn = sorted(
@@ -57,7 +57,7 @@ def test_rows(pool: str, settings: Settings) -> list[PromptRow]:
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    drawn = {pool: test_rows(pool, settings) for pool in settings.pools}
+    drawn = {pool: draw_test_rows(pool, settings) for pool in settings.pools}
     model, tokenizer = load_model(settings.model)
     guarded = {
         name: GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(name), tokenizer=tokenizer)
