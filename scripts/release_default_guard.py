@@ -27,7 +27,9 @@ benchmarks/run.py heads/shipped``). Both fit this configuration from the stores 
 when the configuration changes, run them first, then this script. The released guard's figures on a source found
 after the release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``) and
 on benign text in other languages from ``benchmarks/results/heads--languages.json`` (``python benchmarks/run.py
-heads/languages``); both read the bundled guard: after a release, run them, then ``--card-only``.
+heads/languages``), and on prompts read without the chat template from ``benchmarks/results/heads--raw_prompts.json``
+(``python benchmarks/run.py heads/raw_prompts``); these read the bundled guard: after a release, run them, then
+``--card-only``.
 
 Needs the activations of every pool (``hf-lsad collect --pool P --layer 12 16 20 24 28 --position prompt_last
 prompt_mean --out artifacts/smollm2/P``)::
@@ -67,12 +69,15 @@ REPORT = REPO / "benchmarks" / "results" / "heads--report.json"
 SHIPPED = REPO / "benchmarks" / "results" / "heads--shipped.json"
 UNSEEN = REPO / "benchmarks" / "results" / "heads--unseen.json"
 LANGUAGES = REPO / "benchmarks" / "results" / "heads--languages.json"
+RAW_PROMPTS = REPO / "benchmarks" / "results" / "heads--raw_prompts.json"
 
 
-def card_texts(report: dict, as_shipped: dict, unseen: dict, languages: dict) -> tuple[str, str, str]:
+def card_texts(
+    report: dict, as_shipped: dict, unseen: dict, languages: dict, raw_prompts: dict
+) -> tuple[str, str, str]:
     """The card's training-data paragraph, evaluation note and limitations, from the measured report (leave one
-    source out), the measured guard as shipped and the released guard on a source no fit, threshold or choice has
-    read."""
+    source out), the measured guard as shipped, the released guard on a source no fit, threshold or choice has
+    read, on benign text in other languages and on prompts read without the chat template."""
     methods = report["result"]["methods"]
     shipped = as_shipped["result"]["shipped"][f"anomaly share {ANOMALY_SHARE:g}"]
 
@@ -141,11 +146,23 @@ def card_texts(report: dict, as_shipped: dict, unseen: dict, languages: dict) ->
     ]
     other = languages["result"]["guards"]["default"]["other languages"]["flagged"]
     spoken = len(languages["result"]["source"]["rows"]) - 1  # English aside
+    read = raw_prompts["result"]["guards"]["default"]
+    benign = [pool for pool in raw_prompts["result"]["rows"] if pool not in raw_prompts["result"]["unsafe_pools"]]
+    raw_rates = [read["raw"][pool]["flagged"]["rate"] for pool in benign]
+
+    def chat(reading: str) -> str:
+        share = read[reading]["chat"]["flagged"]
+        return f"{share['count']} of {share['rows']}"
+
     limitations = (
         "The guard has seen English only: a prompt in another language reads as harm (finance questions translated "
         f"into Zulu, Scottish Gaelic, Albanian or Irish: {flagged('spikee-finance-translated')} flagged, the same "
         f"questions in English {flagged('spikee-finance')}; spaCy's benign example sentences in {spoken} other "
         f"languages: {other['count']} of {other['rows']}, `python benchmarks/run.py heads/languages`). "
+        "It was fitted and thresholded on prompts under the chat template: a prompt read as it is (`hf-lsad screen "
+        f"--raw`, `/v1/completions`) is out of its distribution: of test chat read raw, {chat('raw')} rows are "
+        f"flagged ({chat('template')} under the template), of every benign domain {min(raw_rates):.0%}-"
+        f"{max(raw_rates):.0%} (`python benchmarks/run.py heads/raw_prompts`). "
         "The supervised head recognises kinds of harm like those it was fitted on. Held out of its fit, mild risky "
         "questions (do-not-answer: requests for legal or medical advice, questions about a named person's private "
         "details, questions to the assistant about itself) are mostly missed; toxic text that is not a request "
@@ -178,7 +195,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     out = Path(args.out)
-    texts = card_texts(*(json.loads(path.read_text()) for path in (REPORT, SHIPPED, UNSEEN, LANGUAGES)))
+    texts = card_texts(*(json.loads(path.read_text()) for path in (REPORT, SHIPPED, UNSEEN, LANGUAGES, RAW_PROMPTS)))
     card_args = dict(zip(("data", "metrics_note", "limitations"), texts))
     if args.card_only:
         SafetyGuard.from_pretrained(out).model_card(**card_args).save(out / "README.md")
