@@ -5,8 +5,9 @@ Routes: ``POST /v1/chat/completions`` (streaming and not), ``POST /v1/completion
 (``{"prompt": report}`` for a guard that reads the prompt, ``{"response": report}`` for one that reads the
 response; :meth:`hf_lsad.guard.SafetyReport.to_json`). A prompt the guard flags is stopped before its first token
 and a response a running guard flags is stopped where it is flagged: either way the choice ends with
-``finish_reason: "content_filter"``, as Azure OpenAI's content filter does. ``/v1/moderations`` answers in the
-OpenAI moderation shape with one category per guard head.
+``finish_reason: "content_filter"``, as Azure OpenAI's content filter does. An answer that writes one of the
+request's ``stop`` sequences ends before it (:class:`StopSequences`, :class:`StopText`). ``/v1/moderations`` answers
+in the OpenAI moderation shape with one category per guard head.
 
 Concurrency: each request runs its own ``generate`` in a worker thread (one guarded model serves concurrent calls;
 reports never mix, tested), at most ``max_concurrency`` at a time so that a burst does not split the CPU into
@@ -215,13 +216,23 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
             settings.update(do_sample=True, temperature=temperature, top_p=body.top_p or 1.0)
         else:
             settings.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        answer = Answer(config.model_name, chat, reads_prompt, int(tensors["input_ids"].shape[1]), tokenizer)
+        prompt_tokens = int(tensors["input_ids"].shape[1])
+        stops = body.stop or []
+        answer = Answer(config.model_name, chat, reads_prompt, prompt_tokens, tokenizer, stops)
 
         if config.explain:
             settings.update(explain=True, explain_top_k=config.explain)
 
-        def generate(**extra: Any) -> Any:
-            return guarded.generate(**tensors, **settings, **extra, on_flag="stop", return_dict_in_generate=True)
+        def generate(*criteria: StoppingCriteria, **extra: Any) -> Any:
+            ending = [StopSequences(tokenizer, prompt_tokens, stops)] if stops else []
+            return guarded.generate(
+                **tensors,
+                **settings,
+                **extra,
+                stopping_criteria=StoppingCriteriaList([*ending, *criteria]),
+                on_flag="stop",
+                return_dict_in_generate=True,
+            )
 
         if not body.stream:
             output = await run_in_threadpool(gated, gate, generate)
@@ -237,26 +248,30 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
 
         def work() -> None:
             try:
-                criteria = StoppingCriteriaList([Cancelled(cancelled)])
-                result["output"] = gated(gate, lambda: generate(streamer=streamer, stopping_criteria=criteria))
+                result["output"] = gated(gate, lambda: generate(Cancelled(cancelled), streamer=streamer))
             except BaseException as err:  # reported in the stream: the status line is already sent
                 result["error"] = err
                 streamer.end()
 
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
+        text = StopText(answer.stops)
         try:
             yield answer.event(answer.chunk(role="assistant"))
             async for piece in iterate_in_threadpool(streamer):
-                if piece:
-                    yield answer.event(answer.chunk(content=piece))
+                sendable = text.feed(piece)
+                if sendable:
+                    yield answer.event(answer.chunk(content=sendable))
             await run_in_threadpool(worker.join)
+            rest = text.flush()
+            if rest:
+                yield answer.event(answer.chunk(content=rest))
             if "error" in result:
                 err = result["error"]
                 yield answer.event(error_body(f"{type(err).__name__}: {err}", "server_error"))
             else:
                 output = result["output"]
-                yield answer.event(answer.last_chunk(output.sequences[0], output.safety[0], max_new))
+                yield answer.event(answer.last_chunk(output.sequences[0], output.safety[0], max_new, text.found))
             yield "data: [DONE]\n\n"
         finally:
             cancelled.set()  # a client that went away stops its generation at the next token
@@ -281,19 +296,77 @@ class Cancelled(StoppingCriteria):
         return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
+class StopSequences(StoppingCriteria):
+    """Ends the row once the text of its new tokens, decoded as the answer is, holds one of ``stops``.
+
+    The text is decoded whole at every step rather than matched token by token, so a stop sequence that straddles
+    tokens, or that the tokenizer writes in pieces, is found; one request is one row of at most a few hundred tokens.
+    """
+
+    def __init__(self, tokenizer: Any, prompt_tokens: int, stops: list[str]) -> None:
+        self.tokenizer, self.prompt_tokens, self.stops = tokenizer, prompt_tokens, stops
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_tokens :], skip_special_tokens=True)
+        ended = [any(stop in text for stop in self.stops) for text in texts]
+        return torch.tensor(ended, dtype=torch.bool, device=input_ids.device)
+
+
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """``text`` up to the first of ``stops`` it holds, and whether it held one."""
+    found = [text.index(stop) for stop in stops if stop in text]
+    return (text[: min(found)], True) if found else (text, False)
+
+
+class StopText:
+    """Streamed text cut at the first stop sequence: each piece is sent as far as no stop sequence could begin in
+    it, the rest held until the next piece tells."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.pending = ""
+        self.found = False
+        """Whether a stop sequence was written (nothing is sent after it)."""
+
+    def feed(self, piece: str) -> str:
+        """What of the text so far can be sent now."""
+        if self.found:
+            return ""
+        self.pending += piece
+        text, self.found = cut_at_stop(self.pending, self.stops)
+        if self.found:
+            self.pending = ""
+            return text
+        # The longest end of the text that begins a stop sequence waits: the next piece may complete it.
+        held = max(
+            (n for stop in self.stops for n in range(1, len(stop)) if self.pending.endswith(stop[:n])), default=0
+        )
+        sendable = self.pending[: len(self.pending) - held]
+        self.pending = self.pending[len(sendable) :]
+        return sendable
+
+    def flush(self) -> str:
+        """The text held at the end (no stop sequence began in it)."""
+        rest, self.pending = ("" if self.found else self.pending), ""
+        return rest
+
+
 class Answer:
     """The OpenAI shapes of one request's answer: whole, or as stream chunks."""
 
-    def __init__(self, model: str, chat: bool, reads_prompt: bool, prompt_tokens: int, tokenizer: Any) -> None:
+    def __init__(
+        self, model: str, chat: bool, reads_prompt: bool, prompt_tokens: int, tokenizer: Any, stops: list[str]
+    ) -> None:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model, self.chat, self.reads_prompt = model, chat, reads_prompt
-        self.prompt_tokens, self.tokenizer = prompt_tokens, tokenizer
+        self.prompt_tokens, self.tokenizer, self.stops = prompt_tokens, tokenizer, stops
 
     def whole(self, sequence: torch.Tensor, report: SafetyReport, max_new: int) -> dict[str, Any]:
         new = self._new_tokens(sequence)
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self._finish(new, report, max_new)}
+        text, stopped = cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), self.stops)
+        finish = self._finish(new, report, max_new, stopped)
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
         choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
         return {
             **self._head("chat.completion" if self.chat else "text_completion"),
@@ -311,12 +384,13 @@ class Answer:
             choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": None}
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
-    def last_chunk(self, sequence: torch.Tensor, report: SafetyReport, max_new: int) -> dict[str, Any]:
+    def last_chunk(self, sequence: torch.Tensor, report: SafetyReport, max_new: int, stopped: bool) -> dict[str, Any]:
+        """The chunk that ends a stream; ``stopped``: a stop sequence was written."""
         new = self._new_tokens(sequence)
         chunk = self.chunk(content="")
         if self.chat:
             chunk["choices"][0]["delta"] = {}
-        chunk["choices"][0]["finish_reason"] = self._finish(new, report, max_new)
+        chunk["choices"][0]["finish_reason"] = self._finish(new, report, max_new, stopped)
         return {**chunk, "usage": self._usage(new), "safety": self._safety(report)}
 
     @staticmethod
@@ -332,9 +406,11 @@ class Answer:
         eos = self.tokenizer.eos_token_id
         return new[: new.index(eos) + 1] if eos is not None and eos in new else new
 
-    def _finish(self, new: list[int], report: SafetyReport, max_new: int) -> str:
+    def _finish(self, new: list[int], report: SafetyReport, max_new: int, stopped: bool) -> str:
         if report.stopped:
             return "content_filter"
+        if stopped:
+            return "stop"
         ended = bool(new) and new[-1] == self.tokenizer.eos_token_id
         return "length" if not ended and len(new) >= max_new else "stop"
 

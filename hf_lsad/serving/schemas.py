@@ -2,7 +2,7 @@
 
 Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted and ignored, so existing
 clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
-``stop``, ``seed``, penalties, ``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set, as is
+``seed``, penalties, ``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set, as is
 ``n`` above 1: an answer that silently ignored them would not be the one asked for. Sizes are checked against the
 server's limits in :mod:`hf_lsad.serving.app`. Counts, switches and sampling numbers are strict JSON types: ``true``
 is not a count of 1, ``"0.7"`` not a temperature, and NaN or infinity no number at all.
@@ -15,7 +15,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 UNSUPPORTED = (
-    "stop",
     "seed",
     "presence_penalty",
     "frequency_penalty",
@@ -31,6 +30,9 @@ UNSUPPORTED = (
     "suffix",
 )
 """Request fields that would change the answer and that the server does not implement: refused when set."""
+
+MAX_STOP_SEQUENCES = 4
+"""Stop sequences a request may give, as the OpenAI API allows."""
 
 NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, [], {})
 """Values of an :data:`UNSUPPORTED` field that leave the answer as it is (a penalty of 0, ``logprobs: false``), so
@@ -86,6 +88,22 @@ class _Sampling(BaseModel):
     """Server-sent events, one chunk per piece of text, then ``data: [DONE]``."""
     n: int = Field(default=1, ge=1, le=1, strict=True)
     """Choices per request: 1 only."""
+    stop: list[str] | None = None
+    """Up to :data:`MAX_STOP_SEQUENCES` texts (one may be given alone): the answer ends before the first of them
+    it writes, with ``finish_reason: "stop"``."""
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_sequences(cls, value: Any) -> list[str] | None:
+        if value is None:
+            return None
+        texts = text_or_texts(value)
+        stops = [texts] if isinstance(texts, str) else texts
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stops)}")
+        if not all(stops):
+            raise ValueError("a stop sequence is empty")
+        return stops or None
 
     @model_validator(mode="before")
     @classmethod

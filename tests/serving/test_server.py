@@ -23,6 +23,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from hf_lsad.core.prompt_inputs import InputProfile  # noqa: E402
 from hf_lsad.generation.model import GuardedModelForCausalLM  # noqa: E402
 from hf_lsad.serving import ServeConfig, create_app, raw_prompt_note  # noqa: E402
+from hf_lsad.serving.app import StopText  # noqa: E402
 
 KEY = "sekret"
 BENIGN, UNSAFE = PROMPTS[5], UNSAFE_PROMPTS[3]
@@ -125,6 +126,36 @@ def test_streaming_chat_ends_with_the_verdict(server, client):
         assert_same_report(chunks[-1].model_extra["safety"]["prompt"], alone(guarded, prompt))
 
 
+def test_an_answer_ends_before_the_first_stop_sequence_it_writes_streamed_or_not(server, client):
+    full = client.chat.completions.create(**chat_body(BENIGN, max_tokens=12)).choices[0].message.content
+    assert len(full) >= 6, full
+    stop = full[3:5]
+    cut = full[: full.index(stop)]
+    answer = client.chat.completions.create(**chat_body(BENIGN, max_tokens=12, stop=[stop, "never written"]))
+    assert (answer.choices[0].message.content, answer.choices[0].finish_reason) == (cut, "stop")
+    assert answer.usage.completion_tokens < 12  # generation ended at the stop sequence
+    chunks = list(client.chat.completions.create(**chat_body(BENIGN, max_tokens=12, stop=stop), stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == cut
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    unwritten = client.chat.completions.create(**chat_body(BENIGN, max_tokens=12, stop="never written"))
+    assert unwritten.choices[0].message.content == full
+
+
+@pytest.mark.parametrize(
+    ("pieces", "stops", "sent"),
+    [
+        (["ab", "c", "de"], ["cd"], ["ab", "", ""]),  # "c" waits: the next piece completes the stop
+        (["ax", "yb"], ["xyz"], ["a", "xyb"]),  # "x" waits, then goes with the piece that rules the stop out
+        (["hello wor", "ld"], ["o w", "xx"], ["hell", ""]),
+        (["text"], ["t"], [""]),
+    ],
+)
+def test_streamed_text_is_sent_as_far_as_no_stop_sequence_could_begin(pieces, stops, sent):
+    text = StopText(stops)
+    assert [text.feed(piece) for piece in pieces] == sent
+    assert text.flush() == ""
+
+
 def test_completions_and_moderations(server, client):
     port, guarded = server
     completion = client.completions.create(model="tiny-llama", prompt="once upon a time", max_tokens=4, temperature=0)
@@ -188,7 +219,9 @@ BAD_REQUESTS = [
     ("unknown role", {"body": {"messages": [{"role": "robot", "content": "hi"}]}}, 400, "role"),
     ("max_tokens above the limit", {"body": chat_body(BENIGN, max_tokens=17)}, 400, "at most 16"),
     ("several choices", {"body": chat_body(BENIGN, n=2)}, 400, "n"),
-    ("stop sequences", {"body": chat_body(BENIGN, stop=["\n"])}, 400, "not supported by hf-lsad serve: stop"),
+    ("five stop sequences", {"body": chat_body(BENIGN, stop=list("abcde"))}, 400, "at most 4 stop sequences, got 5"),
+    ("an empty stop sequence", {"body": chat_body(BENIGN, stop=["x", ""])}, 400, "stop: a stop sequence is empty"),
+    ("a stop sequence not text", {"body": chat_body(BENIGN, stop=[1])}, 400, "stop: item 0 is a number"),
     ("a seed of 0", {"body": chat_body(BENIGN, seed=0)}, 400, "not supported by hf-lsad serve: seed"),
     ("prompt beyond the context", {"body": chat_body("word " * 600)}, 400, "context"),
     (
