@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -36,7 +36,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.exceptions import HTTPException
-from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TextIteratorStreamer,
+    TopPLogitsWarper,
+)
 
 from ..capture.collect import check_prompts
 from ..capture.inputs import check_context
@@ -211,11 +219,17 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         except InputError as err:
             raise ServeError(400, str(err), param="messages" if chat else "prompt") from err
         temperature = 1.0 if body.temperature is None else body.temperature
+        top_p = body.top_p or 1.0
         settings: dict[str, Any] = dict(max_new_tokens=max_new, pad_token_id=tokenizer.pad_token_id)
-        if temperature > 0:
-            settings.update(do_sample=True, temperature=temperature, top_p=body.top_p or 1.0)
-        else:
-            settings.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        greedy = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if temperature == 0:
+            settings.update(greedy)
+        elif body.seed is None:  # the whole distribution under temperature and top_p, as the OpenAI API: no top-k
+            settings.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        else:  # the same distribution, drawn with the request's own generator and forced
+            settings.update(
+                greedy, logits_processor=LogitsProcessorList([SeededSampling(body.seed, temperature, top_p)])
+            )
         prompt_tokens = int(tensors["input_ids"].shape[1])
         stops = body.stop or []
         answer = Answer(config.model_name, chat, reads_prompt, prompt_tokens, tokenizer, stops)
@@ -294,6 +308,26 @@ class Cancelled(StoppingCriteria):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+class SeededSampling(LogitsProcessor):
+    """Draws each next token from the temperature and top-p distribution with the request's own generator, and
+    forces it (every other logit ``-inf``), so that greedy search picks it.
+
+    transformers' sampling draws from torch's global generator, which concurrent requests share: a seed set there
+    would not make one request's answer reproducible. The guard's processor runs after this one, so a stopped row's
+    forced tokens still win."""
+
+    def __init__(self, seed: int, temperature: float, top_p: float) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopPLogitsWarper(top_p)])
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        probabilities = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1).cpu()
+        tokens = torch.multinomial(probabilities, 1, generator=self.generator).squeeze(1).to(scores.device)
+        forced = torch.full_like(scores, float("-inf"))
+        forced[torch.arange(len(tokens), device=scores.device), tokens] = 0.0
+        return cast(torch.FloatTensor, forced)  # transformers' annotation; a plain Tensor
 
 
 class StopSequences(StoppingCriteria):

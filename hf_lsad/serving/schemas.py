@@ -2,7 +2,7 @@
 
 Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted and ignored, so existing
 clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
-``seed``, penalties, ``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set, as is
+penalties, ``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set, as is
 ``n`` above 1: an answer that silently ignored them would not be the one asked for. Sizes are checked against the
 server's limits in :mod:`hf_lsad.serving.app`. Counts, switches and sampling numbers are strict JSON types: ``true``
 is not a count of 1, ``"0.7"`` not a temperature, and NaN or infinity no number at all.
@@ -15,7 +15,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 UNSUPPORTED = (
-    "seed",
     "presence_penalty",
     "frequency_penalty",
     "logit_bias",
@@ -36,7 +35,7 @@ MAX_STOP_SEQUENCES = 4
 
 NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, [], {})
 """Values of an :data:`UNSUPPORTED` field that leave the answer as it is (a penalty of 0, ``logprobs: false``), so
-they are accepted. A seed changes a sampled answer whatever its value, so only its absence is neutral."""
+they are accepted."""
 
 
 class ContentPart(BaseModel):
@@ -88,6 +87,9 @@ class _Sampling(BaseModel):
     """Server-sent events, one chunk per piece of text, then ``data: [DONE]``."""
     n: int = Field(default=1, ge=1, le=1, strict=True)
     """Choices per request: 1 only."""
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64, strict=True)
+    """Sampling (``temperature`` above 0) draws with a generator of this seed, the request's own: the same request
+    gets the same answer, whatever other requests draw meanwhile."""
     stop: list[str] | None = None
     """Up to :data:`MAX_STOP_SEQUENCES` texts (one may be given alone): the answer ends before the first of them
     it writes, with ``finish_reason: "stop"``."""
@@ -109,9 +111,7 @@ class _Sampling(BaseModel):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            given = [
-                name for name in UNSUPPORTED if data.get(name) not in ((None,) if name == "seed" else NEUTRAL_VALUES)
-            ]
+            given = [name for name in UNSUPPORTED if data.get(name) not in NEUTRAL_VALUES]
             if given:
                 raise ValueError(f"not supported by hf-lsad serve: {', '.join(given)}")
         return data

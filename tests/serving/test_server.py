@@ -141,6 +141,19 @@ def test_an_answer_ends_before_the_first_stop_sequence_it_writes_streamed_or_not
     assert unwritten.choices[0].message.content == full
 
 
+def test_a_seed_gives_the_same_sampled_answer_whatever_other_requests_draw_meanwhile(server, client):
+    def sampled(seed):
+        body = chat_body(BENIGN, max_tokens=8, temperature=1.0, **({} if seed is None else {"seed": seed}))
+        return client.chat.completions.create(**body).choices[0].message.content
+
+    first = sampled(7)
+    with ThreadPoolExecutor(4) as pool:  # seeded requests beside unseeded ones drawing from torch's generator
+        answers = list(pool.map(sampled, [7, None, 7, None, 7, None, 7, None]))
+    assert answers[::2] == [first] * 4
+    assert len({sampled(seed) for seed in range(4)}) > 1  # the seed decides the draw
+    assert sampled(-(2**63)) == sampled(-(2**63))
+
+
 @pytest.mark.parametrize(
     ("pieces", "stops", "sent"),
     [
@@ -222,7 +235,9 @@ BAD_REQUESTS = [
     ("five stop sequences", {"body": chat_body(BENIGN, stop=list("abcde"))}, 400, "at most 4 stop sequences, got 5"),
     ("an empty stop sequence", {"body": chat_body(BENIGN, stop=["x", ""])}, 400, "stop: a stop sequence is empty"),
     ("a stop sequence not text", {"body": chat_body(BENIGN, stop=[1])}, 400, "stop: item 0 is a number"),
-    ("a seed of 0", {"body": chat_body(BENIGN, seed=0)}, 400, "not supported by hf-lsad serve: seed"),
+    ("a seed with a fraction", {"body": chat_body(BENIGN, seed=1.5)}, 400, "seed: Input should be a valid int"),
+    ("a seed beyond 64 bits", {"body": chat_body(BENIGN, seed=2**64)}, 400, "seed: Input should be less than"),
+    ("a penalty", {"body": chat_body(BENIGN, presence_penalty=0.5)}, 400, "not supported by hf-lsad serve"),
     ("prompt beyond the context", {"body": chat_body("word " * 600)}, 400, "context"),
     (
         "moderation beyond the context",
