@@ -27,11 +27,19 @@ from transformers import PreTrainedModel
 from ..errors import InputError, warn
 
 
+def generate_setting(model: PreTrainedModel, generate_kwargs: dict[str, Any], name: str) -> Any:
+    """The generation setting ``name`` a ``model.generate(**generate_kwargs)`` call uses, as transformers resolves
+    it: the call's keyword, else the call's ``generation_config``, else the model's (``None``: none sets it)."""
+    for source in (generate_kwargs, generate_kwargs.get("generation_config"), model.generation_config):
+        value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+        if value is not None:
+            return value
+    return None
+
+
 def _max_new_tokens(model: PreTrainedModel, kwargs: dict[str, Any]) -> int | None:
-    if kwargs.get("max_new_tokens") is not None:
-        return int(kwargs["max_new_tokens"])
-    config = kwargs.get("generation_config") or model.generation_config
-    return getattr(config, "max_new_tokens", None)
+    value = generate_setting(model, kwargs, "max_new_tokens")
+    return None if value is None else int(value)
 
 
 def check_prompt_tensors(input_ids: Any, attention_mask: Any = None) -> None:

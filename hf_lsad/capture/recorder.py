@@ -41,7 +41,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..core.hook_point import POSITIONS, decoder_layer
 from ..core.prompt_tokens import PromptTokens, fixed_openings
-from .inputs import check_prompt_tensors, check_real_tokens
+from .inputs import check_prompt_tensors, check_real_tokens, generate_setting
 
 
 class LastPositionRecorder:
@@ -144,12 +144,8 @@ def call_generate(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> An
 
 
 def eos_token_ids(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> list[int]:
-    """EOS ids generate will stop on: from the call's kwargs, else the model's generation config."""
-    eos = generate_kwargs.get("eos_token_id")
-    if eos is None and generate_kwargs.get("generation_config") is not None:
-        eos = generate_kwargs["generation_config"].eos_token_id
-    if eos is None:
-        eos = model.generation_config.eos_token_id
+    """EOS ids generate will stop on (:func:`generate_setting`)."""
+    eos = generate_setting(model, generate_kwargs, "eos_token_id")
     if eos is None:
         return []
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
@@ -157,17 +153,12 @@ def eos_token_ids(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> li
 
 def num_return_sequences(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> int:
     """Sequences ``generate`` returns per prompt: it repeats each input row this many times, consecutively."""
-    n = generate_kwargs.get("num_return_sequences")
-    if n is None:
-        config = generate_kwargs.get("generation_config") or model.generation_config
-        n = getattr(config, "num_return_sequences", None)
-    return int(n or 1)
+    return int(generate_setting(model, generate_kwargs, "num_return_sequences") or 1)
 
 
 def num_beams(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> int:
     """Beams of a ``generate`` call (1: no beam search)."""
-    config = generate_kwargs.get("generation_config") or model.generation_config
-    return int(generate_kwargs.get("num_beams") or config.num_beams or 1)
+    return int(generate_setting(model, generate_kwargs, "num_beams") or 1)
 
 
 def prefill_rows(model: PreTrainedModel, generate_kwargs: dict[str, Any], batch: int) -> Tensor | None:

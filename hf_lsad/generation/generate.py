@@ -18,6 +18,7 @@ from torch import Tensor
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
+from ..capture.inputs import generate_setting
 from ..capture.recorder import (
     call_generate,
     check_generate_kwargs,
@@ -167,9 +168,7 @@ def generate_guarded(
 def check_beam_stop(model: PreTrainedModel, kwargs: dict[str, Any], eos: Sequence[int]) -> None:
     """Refuse a stop under beam search that beam search cannot carry out: beam sampling draws twice the beams'
     continuations of each prompt, and a stopped prompt has one; without an EOS id nothing ends a stopped beam."""
-    config = kwargs.get("generation_config") or model.generation_config
-    sampling = kwargs.get("do_sample")
-    if sampling if sampling is not None else config.do_sample:
+    if generate_setting(model, kwargs, "do_sample"):
         raise ValueError(
             "on_flag='stop' under beam search needs do_sample=False: beam sampling draws 2 x num_beams "
             "continuations of each prompt, and a stopped prompt has only its forced one"
