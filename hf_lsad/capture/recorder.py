@@ -204,9 +204,60 @@ def check_generate_kwargs(
             "beam search reorders hypotheses between steps: running guards and reads of the response need "
             "num_beams=1 (a guard that reads the prompt reports, screens and stops under beam search)"
         )
-    if generate_kwargs.get("assistant_model") is not None or generate_kwargs.get("prompt_lookup_num_tokens"):
-        raise ValueError("assisted decoding is not supported by guarded generation")
+    check_decoding_loop(model, generate_kwargs)
     return input_ids
+
+
+def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> None:
+    """Refuse the decoding loops a guard cannot follow, whether the call, its ``generation_config`` or the model's
+    asks for them (:func:`generate_setting`): it reads one forward call per new token and decides in the logits
+    processor, before the token is picked.
+
+    - assisted decoding (an assistant model, prompt lookup, early exit, multi-token prediction) scores several
+      candidate tokens per forward call, and a flagged row could be given a drafted token of its own;
+    - a custom decoding loop (``custom_generate``, or a ``generate`` a repository's code put on the model) need not
+      call the guard's logits processor at all, so a flagged row would not be stopped;
+    - the modes transformers runs from a Hub repository's code (DoLa, contrastive search, group and constrained
+      beam search) are such loops.
+    """
+    assisted = [
+        name
+        for name in ("prompt_lookup_num_tokens", "assistant_early_exit")
+        if generate_setting(model, generate_kwargs, name) is not None
+    ]
+    if generate_kwargs.get("assistant_model") is not None:
+        assisted.insert(0, "assistant_model")
+    if generate_setting(model, generate_kwargs, "use_mtp"):
+        assisted.append("use_mtp")
+    if assisted:
+        raise ValueError(
+            f"assisted decoding ({', '.join(assisted)}) is not supported by guarded generation: it scores several "
+            "drafted tokens per forward pass, where the guard decides before each token is picked"
+        )
+    if generate_kwargs.get("custom_generate") is not None or "generate" in vars(model):
+        raise ValueError(
+            "a custom decoding loop (custom_generate, or a generate that a repository's code put on the model) is "
+            "not supported by guarded generation: it need not call the guard's logits processor"
+        )
+
+    def setting(name: str) -> Any:
+        return generate_setting(model, generate_kwargs, name)
+
+    moved = {
+        "DoLa decoding (dola_layers)": setting("dola_layers") is not None,
+        "contrastive search (penalty_alpha)": bool(setting("penalty_alpha"))
+        and (setting("top_k") or 0) > 1
+        and not setting("do_sample"),
+        "group beam search (num_beam_groups)": (setting("num_beam_groups") or 1) > 1,
+        "constrained beam search (constraints, force_words_ids)": setting("constraints") is not None
+        or setting("force_words_ids") is not None,
+    }
+    for mode, asked in moved.items():
+        if asked:
+            raise ValueError(
+                f"{mode} is not supported by guarded generation: transformers runs it as a custom decoding loop "
+                "from a Hub repository's code, which need not call the guard's logits processor"
+            )
 
 
 def generation_recorder(model: PreTrainedModel, layer: int, generate_kwargs: dict[str, Any]) -> LastPositionRecorder:

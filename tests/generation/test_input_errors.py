@@ -3,6 +3,8 @@ forward pass, or the right behaviour."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import warnings
 from typing import Any
 
@@ -55,6 +57,67 @@ def test_bad_generate_inputs_are_typed_errors_before_a_forward_pass(case, inputs
             guarded.generate(**inputs, max_new_tokens=2, on_flag=on_flag)
     finally:
         handle.remove()
+
+
+UNFOLLOWABLE_LOOPS = [
+    ("prompt lookup", {"prompt_lookup_num_tokens": 2}, r"assisted decoding \(prompt_lookup_num_tokens\)"),
+    ("early exit", {"assistant_early_exit": 1}, r"assisted decoding \(assistant_early_exit\)"),
+    ("multi-token prediction", {"use_mtp": True}, r"assisted decoding \(use_mtp\)"),
+    ("DoLa", {"dola_layers": "low"}, r"DoLa decoding"),
+    ("contrastive search", {"penalty_alpha": 0.6, "top_k": 4, "do_sample": False}, "contrastive search"),
+    ("group beam search", {"num_beams": 4, "num_beam_groups": 2, "do_sample": False}, "group beam search"),
+    ("constrained beam search", {"num_beams": 2, "force_words_ids": [[5]], "do_sample": False}, "constrained beam"),
+]
+
+
+@pytest.mark.parametrize("on_flag", ["report", "stop"])
+@pytest.mark.parametrize("source", ["keyword", "call's generation_config", "model's generation_config"])
+@pytest.mark.parametrize(("case", "settings", "message"), UNFOLLOWABLE_LOOPS, ids=[c[0] for c in UNFOLLOWABLE_LOOPS])
+def test_decoding_loops_the_guard_cannot_follow_are_refused_wherever_they_are_set(
+    case, settings, message, source, on_flag
+):
+    """Batch size 1, where transformers itself allows assisted decoding: a flagged row must not be given a drafted
+    token of its own, and a loop that need not call the guard's logits processor must not run unguarded."""
+    guarded = screening_model()
+    config = copy.deepcopy(guarded.model.generation_config)
+    kwargs: dict[str, Any] = {}
+    if source == "keyword":
+        kwargs = dict(settings)
+    elif source == "call's generation_config":
+        call_config = copy.deepcopy(config)
+        call_config.update(**settings)
+        kwargs = {"generation_config": call_config}
+    else:
+        guarded.model.generation_config.update(**settings)
+    handle = no_forward(guarded)
+    try:
+        with pytest.raises(ValueError, match=message):
+            guarded.generate(**GOOD, max_new_tokens=2, on_flag=on_flag, **kwargs)
+    finally:
+        handle.remove()
+        guarded.model.generation_config = config
+
+
+@pytest.mark.parametrize("how", ["custom_generate", "a generate on the model"])
+def test_a_custom_decoding_loop_is_refused_before_it_runs(how):
+    guarded = screening_model()
+    ran: list[bool] = []
+
+    def loop(model: Any, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        ran.append(True)  # a loop of its own, which never calls the logits processors it is given
+        return torch.cat([input_ids, input_ids[:, -1:]], dim=1)
+
+    kwargs: dict[str, Any] = {}
+    if how == "custom_generate":
+        kwargs["custom_generate"] = loop
+    else:  # as transformers does for a repository's custom_generate loaded with trust_remote_code
+        guarded.model.generate = functools.partial(loop, guarded.model)
+    try:
+        with pytest.raises(ValueError, match="custom decoding loop"):
+            guarded.generate(**GOOD, max_new_tokens=2, on_flag="stop", **kwargs)
+    finally:
+        vars(guarded.model).pop("generate", None)  # the tiny model is shared between tests
+    assert not ran
 
 
 @pytest.mark.parametrize(
