@@ -291,10 +291,14 @@ class GuardedModelForCausalLM(nn.Module):
                 from the thread running ``generate``: e.g. to show the verdict while streaming.
             safety_out: A list the reports are appended to, for callers that do not see the return
                 value (``pipeline``); the reports are also in the dict output's ``safety``.
-            kwargs: As ``model.generate``; ``logits_processor`` and ``stopping_criteria`` of the
-                caller are kept (the guard's are added after them), so greedy search, sampling,
-                streamers and the caller's criteria compose with stopping.
+            kwargs: As ``model.generate`` (its ``inputs`` is taken as ``input_ids``); ``logits_processor`` and
+                ``stopping_criteria`` of the caller are kept (the guard's are added after them), so greedy search,
+                sampling, streamers and the caller's criteria compose with stopping.
         """
+        if "inputs" in kwargs:  # transformers' name for the prompt tensor of a causal LM
+            if input_ids is not None or "input_ids" in kwargs:
+                raise ValueError("give the prompt ids once: as input_ids or as inputs, not both")
+            input_ids = kwargs.pop("inputs")
         if input_ids is not None:
             kwargs["input_ids"] = input_ids
         if return_dict_in_generate is not None:

@@ -82,6 +82,22 @@ def test_generate_returns_the_plain_models_sequences_and_reports():
         assert 0 <= report.cluster < 3 and report.probability is None
 
 
+def test_the_prompt_ids_may_be_given_as_transformers_names_them():
+    model, tokenizer, guard = tiny_guard()
+    guarded = GuardedModelForCausalLM(model, guard)
+    inputs = encode_prompts(tokenizer, MIXED_BATCH)
+    keyword = guarded.generate(**inputs, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    mask = inputs["attention_mask"]
+    for out in (
+        guarded.generate(inputs["input_ids"], attention_mask=mask, max_new_tokens=4, do_sample=False),
+        guarded.generate(inputs=inputs["input_ids"], attention_mask=mask, max_new_tokens=4, do_sample=False),
+    ):
+        assert torch.equal(out, keyword.sequences)
+        assert [r.score for r in guarded.last_safety] == [r.score for r in keyword.safety]
+    with pytest.raises(ValueError, match="as input_ids or as inputs, not both"):
+        guarded.generate(inputs["input_ids"], inputs=inputs["input_ids"], max_new_tokens=2)
+
+
 def test_scored_activation_equals_a_fresh_forward_pass_at_the_final_response_token():
     model, tokenizer, _ = tiny_guard()
     inputs = encode_prompts(tokenizer, MIXED_BATCH)
