@@ -221,16 +221,21 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         temperature = 1.0 if body.temperature is None else body.temperature
         top_p = body.top_p or 1.0
         settings: dict[str, Any] = dict(max_new_tokens=max_new, pad_token_id=tokenizer.pad_token_id)
+        prompt_tokens = int(tensors["input_ids"].shape[1])
+        # transformers runs these before its temperature and top-p warpers, and the guard's own after them
+        processors: list[LogitsProcessor] = []
+        if body.presence_penalty or body.frequency_penalty:
+            processors.append(AnswerPenalties(prompt_tokens, body.presence_penalty, body.frequency_penalty))
         greedy = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
         if temperature == 0:
             settings.update(greedy)
         elif body.seed is None:  # the whole distribution under temperature and top_p, as the OpenAI API: no top-k
             settings.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
         else:  # the same distribution, drawn with the request's own generator and forced
-            settings.update(
-                greedy, logits_processor=LogitsProcessorList([SeededSampling(body.seed, temperature, top_p)])
-            )
-        prompt_tokens = int(tensors["input_ids"].shape[1])
+            settings.update(greedy)
+            processors.append(SeededSampling(body.seed, temperature, top_p))
+        if processors:
+            settings["logits_processor"] = LogitsProcessorList(processors)
         stops = body.stop or []
         answer = Answer(config.model_name, chat, reads_prompt, prompt_tokens, tokenizer, stops)
 
@@ -308,6 +313,21 @@ class Cancelled(StoppingCriteria):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+class AnswerPenalties(LogitsProcessor):
+    """The OpenAI API's presence and frequency penalties: the logit of each token the answer has written is lowered by
+    ``presence`` once and by ``frequency`` for each time it was written. The prompt's tokens, the first
+    ``prompt_tokens`` of every row, do not count."""
+
+    def __init__(self, prompt_tokens: int, presence: float, frequency: float) -> None:
+        self.prompt_tokens, self.presence, self.frequency = prompt_tokens, presence, frequency
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        written = input_ids[:, self.prompt_tokens :]  # [rows, answer tokens so far]
+        counts = torch.zeros_like(scores).scatter_add_(1, written, torch.ones_like(written, dtype=scores.dtype))
+        penalty = self.frequency * counts + self.presence * (counts > 0).to(scores.dtype)  # [rows, vocabulary]
+        return cast(torch.FloatTensor, scores - penalty)  # transformers' annotation; a plain Tensor
 
 
 class SeededSampling(LogitsProcessor):

@@ -2,7 +2,7 @@
 
 Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted and ignored, so existing
 clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
-penalties, ``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set, as is
+``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set, as is
 ``n`` above 1: an answer that silently ignored them would not be the one asked for. Sizes are checked against the
 server's limits in :mod:`hf_lsad.serving.app`. Counts, switches and sampling numbers are strict JSON types: ``true``
 is not a count of 1, ``"0.7"`` not a temperature, and NaN or infinity no number at all.
@@ -15,8 +15,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 UNSUPPORTED = (
-    "presence_penalty",
-    "frequency_penalty",
     "logit_bias",
     "logprobs",
     "top_logprobs",
@@ -34,8 +32,8 @@ MAX_STOP_SEQUENCES = 4
 """Stop sequences a request may give, as the OpenAI API allows."""
 
 NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, [], {})
-"""Values of an :data:`UNSUPPORTED` field that leave the answer as it is (a penalty of 0, ``logprobs: false``), so
-they are accepted."""
+"""Values of an :data:`UNSUPPORTED` field that leave the answer as it is (``logprobs: false``, an empty
+``logit_bias``), so they are accepted."""
 
 
 class ContentPart(BaseModel):
@@ -87,6 +85,11 @@ class _Sampling(BaseModel):
     """Server-sent events, one chunk per piece of text, then ``data: [DONE]``."""
     n: int = Field(default=1, ge=1, le=1, strict=True)
     """Choices per request: 1 only."""
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, strict=True, allow_inf_nan=False)
+    """Lowers the logit of every token the answer has written by this, once (below 0: raises it), as the OpenAI API;
+    the prompt's tokens do not count."""
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, strict=True, allow_inf_nan=False)
+    """Lowers the logit of every token the answer has written by this times the times it has written it."""
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64, strict=True)
     """Sampling (``temperature`` above 0) draws with a generator of this seed, the request's own: the same request
     gets the same answer, whatever other requests draw meanwhile."""

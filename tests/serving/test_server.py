@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 from tiny import PROMPTS, RUNNING_MAX_NEW, UNSAFE_PROMPTS, tiny_guard, tiny_running_guard, two_headed_guard
 
 pytest.importorskip("fastapi")
@@ -154,6 +155,41 @@ def test_a_seed_gives_the_same_sampled_answer_whatever_other_requests_draw_meanw
     assert sampled(-(2**63)) == sampled(-(2**63))
 
 
+def penalised_greedy(guarded, prompt, max_new, presence, frequency):
+    """The greedy answer under the OpenAI API's penalties, token by token: each logit lowered by ``presence`` if the
+    answer has written its token and by ``frequency`` per time it has."""
+    tokenizer = guarded.tokenizer
+    messages = [{"role": "user", "content": prompt}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = ids["input_ids"]
+    written: list[int] = []
+    for _ in range(max_new):
+        with torch.no_grad():
+            logits = guarded.model(input_ids=ids).logits[0, -1].clone()
+        for token in set(written):
+            logits[token] -= presence + frequency * written.count(token)
+        token = int(logits.argmax())
+        written.append(token)
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+        if token == tokenizer.eos_token_id:
+            break
+    return tokenizer.decode(written, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(("presence", "frequency"), [(2.0, 0.0), (0.0, 2.0), (-2.0, -1.5)])
+def test_presence_and_frequency_penalties_act_on_the_answers_own_tokens(server, client, presence, frequency):
+    _, guarded = server
+    plain = client.chat.completions.create(**chat_body(BENIGN, max_tokens=16)).choices[0].message.content
+    body = chat_body(BENIGN, max_tokens=16, presence_penalty=presence, frequency_penalty=frequency)
+    penalised = client.chat.completions.create(**body).choices[0].message.content
+    assert penalised == penalised_greedy(guarded, BENIGN, 16, presence, frequency)
+    assert penalised != plain
+    streamed = client.chat.completions.create(**body, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == penalised
+    filtered = client.chat.completions.create(**chat_body(UNSAFE, max_tokens=16, presence_penalty=-2.0))
+    assert (filtered.choices[0].finish_reason, filtered.choices[0].message.content) == ("content_filter", "")
+
+
 @pytest.mark.parametrize(
     ("pieces", "stops", "sent"),
     [
@@ -237,7 +273,14 @@ BAD_REQUESTS = [
     ("a stop sequence not text", {"body": chat_body(BENIGN, stop=[1])}, 400, "stop: item 0 is a number"),
     ("a seed with a fraction", {"body": chat_body(BENIGN, seed=1.5)}, 400, "seed: Input should be a valid int"),
     ("a seed beyond 64 bits", {"body": chat_body(BENIGN, seed=2**64)}, 400, "seed: Input should be less than"),
-    ("a penalty", {"body": chat_body(BENIGN, presence_penalty=0.5)}, 400, "not supported by hf-lsad serve"),
+    (
+        "a logit bias",
+        {"body": chat_body(BENIGN, logit_bias={"5": 3})},
+        400,
+        "not supported by hf-lsad serve: logit_bias",
+    ),
+    ("a penalty above 2", {"body": chat_body(BENIGN, presence_penalty=2.5)}, 400, "presence_penalty: Input should be"),
+    ("a penalty as text", {"body": chat_body(BENIGN, frequency_penalty="1")}, 400, "frequency_penalty: Input should"),
     ("prompt beyond the context", {"body": chat_body("word " * 600)}, 400, "context"),
     (
         "moderation beyond the context",
