@@ -456,5 +456,6 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-max-tokens", type=int, default=128, help="max_tokens of a request naming none")
     parser.add_argument("--max-body-bytes", type=int, default=1_000_000, help="the largest request body")
     parser.add_argument("--max-concurrency", type=int, default=4, help="generations at one time (others wait)")
+    parser.add_argument("--max-choices", type=int, default=4, help="the largest n (choices) a request may ask")
     _explain_argument(parser, "name in its report's 'tokens'")
     _runtime_arguments(parser, ModelRuntime)

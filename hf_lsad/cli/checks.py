@@ -63,6 +63,7 @@ def _flag_rules() -> dict[str, tuple[type, str] | Range]:
         "default_max_tokens": POSITIVE,
         "max_body_bytes": POSITIVE,
         "max_concurrency": POSITIVE,
+        "max_choices": POSITIVE,
         "benign_per_pool": POSITIVE,
         "threshold_rows": POSITIVE,
         "rows_per_pool": POSITIVE,

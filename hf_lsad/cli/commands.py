@@ -587,6 +587,7 @@ def run_serve(args: argparse.Namespace) -> None:
         default_max_tokens=args.default_max_tokens,
         max_body_bytes=args.max_body_bytes,
         max_concurrency=args.max_concurrency,
+        max_choices=args.max_choices,
         explain=args.explain,
     )
     print(f"serving {name} with {guarded.guard.describe()}", file=sys.stderr, flush=True)

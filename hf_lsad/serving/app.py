@@ -1,9 +1,11 @@
 """An OpenAI-compatible HTTP server over a guarded model: what ``hf-lsad serve`` runs.
 
 Routes: ``POST /v1/chat/completions`` (streaming and not), ``POST /v1/completions``, ``POST /v1/moderations``,
-``GET /v1/models``, ``GET /health``. Every completion carries the guard's report in an extra field ``safety``
-(``{"prompt": report}`` for a guard that reads the prompt, ``{"response": report}`` for one that reads the
-response; :meth:`hf_lsad.guard.SafetyReport.to_json`). A prompt the guard flags is stopped before its first token
+``GET /v1/models``, ``GET /health``. Every choice of a completion carries the guard's report in an extra field
+``safety`` (``{"prompt": report}`` for a guard that reads the prompt, ``{"response": report}`` for one that reads the
+response; :meth:`hf_lsad.guard.SafetyReport.to_json`), and the completion's own ``safety`` is its first choice's.
+The ``n`` choices of a request are rows of one ``generate`` call (:class:`ChoicesStreamer` streams them). A prompt
+the guard flags is stopped before its first token
 and a response a running guard flags is stopped where it is flagged: either way the choice ends with
 ``finish_reason: "content_filter"``, as Azure OpenAI's content filter does. An answer that writes one of the
 request's ``stop`` sequences ends before it (:class:`StopSequences`, :class:`StopText`). ``/v1/moderations`` answers
@@ -23,10 +25,11 @@ generation at the next token.
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -42,13 +45,14 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
     TemperatureLogitsWarper,
-    TextIteratorStreamer,
+    TextStreamer,
     TopPLogitsWarper,
 )
+from transformers.generation.streamers import BaseStreamer
 
 from ..capture.collect import check_prompts
 from ..capture.inputs import check_context
-from ..capture.recorder import PROMPT_POSITIONS
+from ..capture.recorder import PROMPT_POSITIONS, eos_token_ids
 from ..core.prompt_tokens import check_explain_count
 from ..errors import InputError
 from ..generation.model import GuardedModelForCausalLM
@@ -75,6 +79,8 @@ class ServeConfig:
     """Generations at one time; further requests wait their turn."""
     max_moderation_inputs: int = 64
     """Inputs per ``/v1/moderations`` request."""
+    max_choices: int = 4
+    """The largest ``n`` a request may ask for (its choices are rows of one ``generate`` call)."""
     explain: int = 0
     """Prompt tokens each report names when a supervised head decided it (its ``tokens``,
     :meth:`hf_lsad.guard.SafetyReport.to_json`); 0: none."""
@@ -86,6 +92,7 @@ class ServeConfig:
             "max_body_bytes",
             "max_concurrency",
             "max_moderation_inputs",
+            "max_choices",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
@@ -213,11 +220,15 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         max_new = config.default_max_tokens if max_tokens is None else max_tokens
         if max_new > config.max_tokens_limit:
             raise ServeError(400, f"max_tokens: at most {config.max_tokens_limit}, got {max_new}", param="max_tokens")
+        if body.n > config.max_choices:
+            raise ServeError(400, f"n: at most {config.max_choices} choices, got {body.n}", param="n")
         tensors: dict[str, Any] = {name: inputs[name].to(guarded.device) for name in ("input_ids", "attention_mask")}
         try:
             check_context(guarded.model, tensors["input_ids"], tensors["attention_mask"])
         except InputError as err:
             raise ServeError(400, str(err), param="messages" if chat else "prompt") from err
+        # each choice is a row of its own: greedy search answers alike, sampling draws each row apart
+        tensors = {name: tensor.repeat(body.n, 1) for name, tensor in tensors.items()}
         temperature = 1.0 if body.temperature is None else body.temperature
         top_p = body.top_p or 1.0
         settings: dict[str, Any] = dict(max_new_tokens=max_new, pad_token_id=tokenizer.pad_token_id)
@@ -255,13 +266,15 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
 
         if not body.stream:
             output = await run_in_threadpool(gated, gate, generate)
-            return answer.whole(output.sequences[0], output.safety[0], max_new)
+            return answer.whole(output.sequences, output.safety, max_new)
         return StreamingResponse(
-            stream(answer, generate, max_new), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            stream(answer, generate, max_new, body.n),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
         )
 
-    async def stream(answer: Answer, generate: Callable[..., Any], max_new: int) -> AsyncIterator[str]:
-        streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    async def stream(answer: Answer, generate: Callable[..., Any], max_new: int, choices: int) -> AsyncIterator[str]:
+        streamer = ChoicesStreamer(tokenizer, choices, eos_token_ids(guarded.model, {}))
         cancelled = threading.Event()
         result: dict[str, Any] = {}
 
@@ -274,23 +287,27 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
 
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
-        text = StopText(answer.stops)
+        texts = [StopText(answer.stops) for _ in range(choices)]
         try:
-            yield answer.event(answer.chunk(role="assistant"))
-            async for piece in iterate_in_threadpool(streamer):
-                sendable = text.feed(piece)
+            for index in range(choices):
+                yield answer.event(answer.chunk(index, role="assistant"))
+            async for index, piece in iterate_in_threadpool(streamer):
+                sendable = texts[index].feed(piece)
                 if sendable:
-                    yield answer.event(answer.chunk(content=sendable))
+                    yield answer.event(answer.chunk(index, content=sendable))
             await run_in_threadpool(worker.join)
-            rest = text.flush()
-            if rest:
-                yield answer.event(answer.chunk(content=rest))
+            for index, text in enumerate(texts):
+                rest = text.flush()
+                if rest:
+                    yield answer.event(answer.chunk(index, content=rest))
             if "error" in result:
                 err = result["error"]
                 yield answer.event(error_body(f"{type(err).__name__}: {err}", "server_error"))
             else:
                 output = result["output"]
-                yield answer.event(answer.last_chunk(output.sequences[0], output.safety[0], max_new, text.found))
+                found = [text.found for text in texts]
+                for chunk in answer.last_chunks(output.sequences, output.safety, max_new, found):
+                    yield answer.event(chunk)
             yield "data: [DONE]\n\n"
         finally:
             cancelled.set()  # a client that went away stops its generation at the next token
@@ -366,6 +383,53 @@ class StopSequences(StoppingCriteria):
         return torch.tensor(ended, dtype=torch.bool, device=input_ids.device)
 
 
+class ChoicesStreamer(BaseStreamer):
+    """The text of each row of a ``generate`` call (one row per choice) as ``(index, text)`` pieces, in the order
+    they are written; iterate it from another thread than the one generating.
+
+    Each row is decoded by a transformers :class:`~transformers.TextStreamer` of its own (which holds a word back until
+    it is whole); a row that wrote an end-of-sequence id is fed no more, since ``generate`` pads it while the others
+    go on."""
+
+    def __init__(self, tokenizer: Any, choices: int, ends: list[int]) -> None:
+        self.pieces: queue.Queue[tuple[int, str] | None] = queue.Queue()
+        self.rows = [_RowText(tokenizer, index, self.pieces) for index in range(choices)]
+        self.ends = set(ends)
+        self.ended = [False] * choices
+        self.prompt = True
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.prompt:  # generate's first put is the prompt
+            self.prompt = False
+            return
+        tokens = value.reshape(len(self.rows), -1)[:, -1].tolist()  # [choices]: each row's newest token
+        for index, token in enumerate(tokens):
+            if not self.ended[index]:
+                self.rows[index].put(torch.tensor([token]))
+                self.ended[index] = token in self.ends
+
+    def end(self) -> None:
+        for row in self.rows:
+            row.end()
+        self.pieces.put(None)
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        while (piece := self.pieces.get()) is not None:
+            yield piece
+
+
+class _RowText(TextStreamer):
+    """One row's decoded text, put on the shared queue with the row's index."""
+
+    def __init__(self, tokenizer: Any, index: int, pieces: queue.Queue[tuple[int, str] | None]) -> None:
+        super().__init__(tokenizer, skip_prompt=False, skip_special_tokens=True)
+        self.index, self.pieces = index, pieces
+
+    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+        if text:
+            self.pieces.put((self.index, text))
+
+
 def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     """``text`` up to the first of ``stops`` it holds, and whether it held one."""
     found = [text.index(stop) for stop in stops if stop in text]
@@ -416,36 +480,51 @@ class Answer:
         self.model, self.chat, self.reads_prompt = model, chat, reads_prompt
         self.prompt_tokens, self.tokenizer, self.stops = prompt_tokens, tokenizer, stops
 
-    def whole(self, sequence: torch.Tensor, report: SafetyReport, max_new: int) -> dict[str, Any]:
-        new = self._new_tokens(sequence)
-        text, stopped = cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), self.stops)
-        finish = self._finish(new, report, max_new, stopped)
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
-        choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+    def whole(self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int) -> dict[str, Any]:
+        """The answer to a request: a choice per row of ``sequences`` ``[choices, tokens]``, each with its report."""
+        choices, written = [], 0
+        for index, (sequence, report) in enumerate(zip(sequences, reports)):
+            new = self._new_tokens(sequence)
+            written += len(new)
+            text, stopped = cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), self.stops)
+            choice: dict[str, Any] = {"index": index, "logprobs": None}
+            choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+            choice.update(finish_reason=self._finish(new, report, max_new, stopped), safety=self._safety(report))
+            choices.append(choice)
         return {
             **self._head("chat.completion" if self.chat else "text_completion"),
-            "choices": [choice],
-            "usage": self._usage(new),
-            "safety": self._safety(report),
+            "choices": choices,
+            "usage": self._usage(written),
+            "safety": self._safety(reports[0]),
         }
 
-    def chunk(self, *, role: str | None = None, content: str | None = None) -> dict[str, Any]:
+    def chunk(self, index: int, *, role: str | None = None, content: str | None = None) -> dict[str, Any]:
+        """A stream chunk of choice ``index``: its role (the first), or a piece of its text."""
         choice: dict[str, Any]
         if self.chat:
             delta = {"role": role} if role else {"content": content}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
         else:
-            choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": None}
+            choice = {"index": index, "text": content or "", "logprobs": None, "finish_reason": None}
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
-    def last_chunk(self, sequence: torch.Tensor, report: SafetyReport, max_new: int, stopped: bool) -> dict[str, Any]:
-        """The chunk that ends a stream; ``stopped``: a stop sequence was written."""
-        new = self._new_tokens(sequence)
-        chunk = self.chunk(content="")
-        if self.chat:
-            chunk["choices"][0]["delta"] = {}
-        chunk["choices"][0]["finish_reason"] = self._finish(new, report, max_new, stopped)
-        return {**chunk, "usage": self._usage(new), "safety": self._safety(report)}
+    def last_chunks(
+        self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int, stopped: list[bool]
+    ) -> list[dict[str, Any]]:
+        """The chunks that end a stream: each choice's finish reason and report, then, on the last, the usage and
+        the answer's report; ``stopped``: per choice, a stop sequence was written."""
+        chunks, written = [], 0
+        for index, (sequence, report, stop) in enumerate(zip(sequences, reports, stopped)):
+            new = self._new_tokens(sequence)
+            written += len(new)
+            chunk = self.chunk(index, content="")
+            choice = chunk["choices"][0]
+            if self.chat:
+                choice["delta"] = {}
+            choice.update(finish_reason=self._finish(new, report, max_new, stop), safety=self._safety(report))
+            chunks.append(chunk)
+        chunks[-1].update(usage=self._usage(written), safety=self._safety(reports[0]))
+        return chunks
 
     @staticmethod
     def event(payload: dict[str, Any]) -> str:
@@ -468,9 +547,10 @@ class Answer:
         ended = bool(new) and new[-1] == self.tokenizer.eos_token_id
         return "length" if not ended and len(new) >= max_new else "stop"
 
-    def _usage(self, new: list[int]) -> dict[str, int]:
-        total = self.prompt_tokens + len(new)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(new), "total_tokens": total}
+    def _usage(self, written: int) -> dict[str, int]:
+        """Token counts as the OpenAI API gives them: the prompt once, the tokens of every choice."""
+        total = self.prompt_tokens + written
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": written, "total_tokens": total}
 
     def _safety(self, report: SafetyReport) -> dict[str, Any]:
         return {"prompt" if self.reads_prompt else "response": report.to_json(self.tokenizer)}

@@ -2,8 +2,8 @@
 
 Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted and ignored, so existing
 clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
-``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set, as is
-``n`` above 1: an answer that silently ignored them would not be the one asked for. Sizes are checked against the
+``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set: an answer that silently ignored
+them would not be the one asked for. Sizes are checked against the
 server's limits in :mod:`hf_lsad.serving.app`. Counts, switches and sampling numbers are strict JSON types: ``true``
 is not a count of 1, ``"0.7"`` not a temperature, and NaN or infinity no number at all.
 """
@@ -83,8 +83,9 @@ class _Sampling(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True, allow_inf_nan=False)
     stream: bool = Field(default=False, strict=True)
     """Server-sent events, one chunk per piece of text, then ``data: [DONE]``."""
-    n: int = Field(default=1, ge=1, le=1, strict=True)
-    """Choices per request: 1 only."""
+    n: int = Field(default=1, ge=1, strict=True)
+    """Choices per request, at most the server's ``max_choices``: rows of one ``generate`` call, each with its own
+    report (greedy decoding answers alike in each; sampling draws each apart)."""
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, strict=True, allow_inf_nan=False)
     """Lowers the logit of every token the answer has written by this, once (below 0: raises it), as the OpenAI API;
     the prompt's tokens do not count."""

@@ -24,7 +24,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from hf_lsad.core.prompt_inputs import InputProfile  # noqa: E402
 from hf_lsad.generation.model import GuardedModelForCausalLM  # noqa: E402
 from hf_lsad.serving import ServeConfig, create_app, raw_prompt_note  # noqa: E402
-from hf_lsad.serving.app import StopText  # noqa: E402
+from hf_lsad.serving.app import ChoicesStreamer, StopText  # noqa: E402
 
 KEY = "sekret"
 BENIGN, UNSAFE = PROMPTS[5], UNSAFE_PROMPTS[3]
@@ -190,6 +190,59 @@ def test_presence_and_frequency_penalties_act_on_the_answers_own_tokens(server, 
     assert (filtered.choices[0].finish_reason, filtered.choices[0].message.content) == ("content_filter", "")
 
 
+def test_several_choices_are_rows_of_one_call_each_with_its_finish_and_report(server, client):
+    _, guarded = server
+    one = client.chat.completions.create(**chat_body(BENIGN, max_tokens=8))
+    greedy = client.chat.completions.create(**chat_body(BENIGN, max_tokens=8, n=3))
+    assert [c.index for c in greedy.choices] == [0, 1, 2]
+    assert {c.message.content for c in greedy.choices} == {one.choices[0].message.content}  # greedy answers alike
+    assert greedy.usage.completion_tokens == 3 * one.usage.completion_tokens
+    assert greedy.usage.prompt_tokens == one.usage.prompt_tokens
+    for choice in greedy.choices:
+        assert_same_report(choice.model_extra["safety"]["prompt"], alone(guarded, BENIGN))
+
+    sampled = chat_body(BENIGN, max_tokens=8, n=3, temperature=1.0, seed=11)
+    whole = client.chat.completions.create(**sampled)
+    texts = [c.message.content for c in whole.choices]
+    assert len(set(texts)) > 1  # each row draws apart
+    assert [c.message.content for c in client.chat.completions.create(**sampled).choices] == texts
+    chunks = list(client.chat.completions.create(**sampled, stream=True))
+    streamed = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == i) for i in range(3)]
+    assert streamed == texts
+    finishes = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason}
+    assert finishes == {c.index: c.finish_reason for c in whole.choices}
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert_same_report(chunks[-1].model_extra["safety"]["prompt"], alone(guarded, BENIGN))
+
+    stop = texts[1][2:4]  # written by the second choice: it ends there, the others as they would
+    cut = client.chat.completions.create(**{**sampled, "stop": stop})
+    assert [c.message.content for c in cut.choices] == [t[: t.index(stop)] if stop in t else t for t in texts]
+    assert cut.choices[1].finish_reason == "stop"
+
+    filtered = client.chat.completions.create(**chat_body(UNSAFE, max_tokens=8, n=2, temperature=1.0), stream=True)
+    ends = [c for c in filtered if c.choices[0].finish_reason]
+    assert [(c.choices[0].index, c.choices[0].finish_reason) for c in ends] == [
+        (0, "content_filter"),
+        (1, "content_filter"),
+    ]
+
+
+def test_the_choices_streamer_gives_each_row_its_text_up_to_its_end():
+    _, tokenizer, _ = tiny_guard("prompt_last")
+    eos = tokenizer.eos_token_id
+    words = tokenizer(" red green blue", add_special_tokens=False)["input_ids"]
+    rows = [[words[0], eos, words[1]], [words[1], words[2], words[0]]]  # row 0 ends; generate pads it (here: a word)
+    streamer = ChoicesStreamer(tokenizer, 2, [eos])
+    streamer.put(torch.tensor([[5, 6], [5, 6]]))  # the prompt
+    for step in range(3):
+        streamer.put(torch.tensor([rows[0][step], rows[1][step]]))
+    streamer.end()
+    texts = ["", ""]
+    for index, piece in streamer:
+        texts[index] += piece
+    assert texts == [tokenizer.decode(rows[0][:1]), tokenizer.decode(rows[1])]
+
+
 @pytest.mark.parametrize(
     ("pieces", "stops", "sent"),
     [
@@ -267,7 +320,8 @@ BAD_REQUESTS = [
     ("two prompts", {"path": "/v1/completions", "body": {"prompt": ["a", "b"]}}, 400, "prompt: one prompt per request"),
     ("unknown role", {"body": {"messages": [{"role": "robot", "content": "hi"}]}}, 400, "role"),
     ("max_tokens above the limit", {"body": chat_body(BENIGN, max_tokens=17)}, 400, "at most 16"),
-    ("several choices", {"body": chat_body(BENIGN, n=2)}, 400, "n"),
+    ("more choices than the limit", {"body": chat_body(BENIGN, n=5)}, 400, "n: at most 4 choices, got 5"),
+    ("no choice", {"body": chat_body(BENIGN, n=0)}, 400, "n: Input should be greater than or equal to 1"),
     ("five stop sequences", {"body": chat_body(BENIGN, stop=list("abcde"))}, 400, "at most 4 stop sequences, got 5"),
     ("an empty stop sequence", {"body": chat_body(BENIGN, stop=["x", ""])}, 400, "stop: a stop sequence is empty"),
     ("a stop sequence not text", {"body": chat_body(BENIGN, stop=[1])}, 400, "stop: item 0 is a number"),
