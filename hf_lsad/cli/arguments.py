@@ -243,6 +243,16 @@ def generate_arguments(parser: argparse.ArgumentParser) -> None:
     _guard_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length")
     parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: greedy decoding; above 0: sampling from the whole distribution at this temperature",
+    )
+    parser.add_argument(
+        "--top-p", type=float, help="with --temperature: sample from the fewest tokens holding this much probability"
+    )
+    parser.add_argument("--seed", type=int, help="with --temperature: seed of the draws (default: unseeded)")
+    parser.add_argument(
         "--on-flag",
         choices=["stop", "report"],
         help="stop: end a flagged row (a prompt_last guard screens it before its first token, a running guard stops "

@@ -52,6 +52,8 @@ def _flag_rules() -> dict[str, tuple[type, str] | Range]:
         "batch_size": POSITIVE,
         "max_batch_tokens": POSITIVE,
         "max_new_tokens": POSITIVE,
+        "temperature": NON_NEGATIVE,
+        "top_p": HALF_OPEN_UNIT,
         "top_k": POSITIVE,
         "examples": POSITIVE,
         "explain": NON_NEGATIVE,
@@ -108,6 +110,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error("argument --system: a system turn is part of the chat template, which --raw leaves out")
         if args.command == "evaluate" and not (args.benign_prompts or args.unsafe_prompts):
             parser.error("argument --system: prompt mode only; an activation store's prompts were formatted already")
+    if args.command == "generate" and args.temperature == 0:
+        given = [flag for flag, value in (("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
+        if given:
+            parser.error(
+                f"argument {given[0]}: shapes sampling, which needs --temperature above 0 (0 decodes greedily)"
+            )
     if args.command in ("generate", "explain"):
         from ..capture.collect import check_prompts
 

@@ -329,12 +329,22 @@ def run_generate(args: argparse.Namespace) -> None:
     guarded = _guarded_model(args)
     tokenizer = guarded.tokenizer
     inputs = encode_prompts(tokenizer, args.prompts, device=guarded.device, system=args.system)
-    print(f"generating up to {args.max_new_tokens} tokens for {len(args.prompts)} prompt(s) (greedy) ...\n", flush=True)
+    decoding: dict[str, Any] = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    how = "greedy"
+    if args.temperature > 0:  # the whole distribution under temperature and top-p: no top-k, as hf-lsad serve
+        top_p = 1.0 if args.top_p is None else args.top_p
+        decoding = dict(do_sample=True, temperature=args.temperature, top_p=top_p, top_k=0)
+        how = f"sampling at temperature {args.temperature}, top-p {top_p}" + (
+            f", seed {args.seed}" if args.seed is not None else ""
+        )
+        if args.seed is not None:
+            torch.manual_seed(args.seed)
+    print(f"generating up to {args.max_new_tokens} tokens for {len(args.prompts)} prompt(s) ({how}) ...\n", flush=True)
     with torch.no_grad():
         output = guarded.generate(
             **inputs,
             max_new_tokens=args.max_new_tokens,
-            do_sample=False,
+            **decoding,
             return_dict_in_generate=True,
             on_flag=args.on_flag or ("report" if guarded.guard.config.hook.position == "response_last" else "stop"),
             refusal=args.refusal or None,

@@ -197,3 +197,36 @@ def test_placement_of_a_model():
     assert placement("auto", torch.device("cuda", 1)) == {"device_map": {"": "cuda:1"}}
     assert placement("auto", torch.device("cpu")) == {}
     assert placement("auto") == ({"device_map": "auto"} if torch.cuda.is_available() else {})
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--top-p", "0.5"], "argument --top-p: shapes sampling, which needs --temperature above 0"),
+        (["--seed", "3"], "argument --seed: shapes sampling, which needs --temperature above 0"),
+        (["--temperature", "-1"], "argument --temperature: -1.0 is not a number >= 0"),
+        (["--temperature", "nan"], "argument --temperature: nan is not a number >= 0"),
+        (["--temperature", "1", "--top-p", "0"], "argument --top-p: 0.0 is not a number in (0, 1]"),
+    ],
+)
+def test_sampling_flags_that_cannot_work_fail_before_the_model_loads(capsys, monkeypatch, flags, expected):
+    assert expected in usage_error(capsys, monkeypatch, "generate", "hi", *flags)
+
+
+def test_generate_samples_at_a_temperature_and_a_seed_repeats_the_draw(model_dir, tmp_path, capsys):
+    fresh_guard("prompt_last").save_pretrained(tmp_path / "guard")
+
+    def answer(*flags: str) -> tuple[str, str]:
+        """(how the command says it decodes, the response line) of one run."""
+        argv = ["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guard"), "--max-new-tokens", "8"]
+        main([*argv, *flags, "--on-flag", "report", "hi there"])
+        lines = capsys.readouterr().out.splitlines()
+        return lines[0], next(line for line in lines if line.startswith("response:"))
+
+    greedy_header, greedy = answer()
+    assert greedy_header.endswith("(greedy) ...")
+    header, first = answer("--temperature", "1.5", "--seed", "3")
+    assert header.endswith("(sampling at temperature 1.5, top-p 1.0, seed 3) ...")
+    assert answer("--temperature", "1.5", "--seed", "3")[1] == first
+    drawn = {answer("--temperature", "1.5", "--seed", str(seed))[1] for seed in range(4)}
+    assert len(drawn | {greedy}) > 2  # the seed decides the draw
