@@ -135,6 +135,8 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
     reads_prompt = guarded.guard.config.hook.position in PROMPT_POSITIONS
+    # the ids that end an answer: the generation config's (what generate stops on) and the tokenizer's
+    ends = sorted({*eos_token_ids(guarded.model, {}), *([tokenizer.eos_token_id] if tokenizer.eos_token_id else [])})
     gate = threading.BoundedSemaphore(config.max_concurrency)
     explaining: dict[str, Any] = {"explain": True, "top_k": config.explain} if config.explain else {}
 
@@ -248,7 +250,7 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         if processors:
             settings["logits_processor"] = LogitsProcessorList(processors)
         stops = body.stop or []
-        answer = Answer(config.model_name, chat, reads_prompt, prompt_tokens, tokenizer, stops)
+        answer = Answer(config.model_name, chat, reads_prompt, prompt_tokens, tokenizer, stops, ends)
 
         if config.explain:
             settings.update(explain=True, explain_top_k=config.explain)
@@ -274,7 +276,7 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         )
 
     async def stream(answer: Answer, generate: Callable[..., Any], max_new: int, choices: int) -> AsyncIterator[str]:
-        streamer = ChoicesStreamer(tokenizer, choices, eos_token_ids(guarded.model, {}))
+        streamer = ChoicesStreamer(tokenizer, choices, ends)
         cancelled = threading.Event()
         result: dict[str, Any] = {}
 
@@ -473,12 +475,19 @@ class Answer:
     """The OpenAI shapes of one request's answer: whole, or as stream chunks."""
 
     def __init__(
-        self, model: str, chat: bool, reads_prompt: bool, prompt_tokens: int, tokenizer: Any, stops: list[str]
+        self,
+        model: str,
+        chat: bool,
+        reads_prompt: bool,
+        prompt_tokens: int,
+        tokenizer: Any,
+        stops: list[str],
+        ends: list[int],
     ) -> None:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model, self.chat, self.reads_prompt = model, chat, reads_prompt
-        self.prompt_tokens, self.tokenizer, self.stops = prompt_tokens, tokenizer, stops
+        self.prompt_tokens, self.tokenizer, self.stops, self.ends = prompt_tokens, tokenizer, stops, set(ends)
 
     def whole(self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int) -> dict[str, Any]:
         """The answer to a request: a choice per row of ``sequences`` ``[choices, tokens]``, each with its report."""
@@ -534,17 +543,22 @@ class Answer:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def _new_tokens(self, sequence: torch.Tensor) -> list[int]:
-        """The response's tokens, without the padding a batch would add after EOS."""
+        """A choice's tokens: up to its first end-of-sequence id, without the padding ``generate`` puts after a row
+        that ended (at EOS, or at a stop sequence) while other choices went on."""
         new = sequence[self.prompt_tokens :].tolist()
-        eos = self.tokenizer.eos_token_id
-        return new[: new.index(eos) + 1] if eos is not None and eos in new else new
+        end = next((i for i, token in enumerate(new) if token in self.ends), None)
+        if end is not None:
+            return new[: end + 1]
+        while new and new[-1] == self.tokenizer.pad_token_id:
+            new.pop()
+        return new
 
     def _finish(self, new: list[int], report: SafetyReport, max_new: int, stopped: bool) -> str:
         if report.stopped:
             return "content_filter"
         if stopped:
             return "stop"
-        ended = bool(new) and new[-1] == self.tokenizer.eos_token_id
+        ended = bool(new) and new[-1] in self.ends
         return "length" if not ended and len(new) >= max_new else "stop"
 
     def _usage(self, written: int) -> dict[str, int]:

@@ -23,8 +23,9 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from hf_lsad.core.prompt_inputs import InputProfile  # noqa: E402
 from hf_lsad.generation.model import GuardedModelForCausalLM  # noqa: E402
+from hf_lsad.guard.types import SafetyReport  # noqa: E402
 from hf_lsad.serving import ServeConfig, create_app, raw_prompt_note  # noqa: E402
-from hf_lsad.serving.app import ChoicesStreamer, StopText  # noqa: E402
+from hf_lsad.serving.app import Answer, ChoicesStreamer, StopText  # noqa: E402
 
 KEY = "sekret"
 BENIGN, UNSAFE = PROMPTS[5], UNSAFE_PROMPTS[3]
@@ -224,6 +225,27 @@ def test_several_choices_are_rows_of_one_call_each_with_its_finish_and_report(se
     assert [(c.choices[0].index, c.choices[0].finish_reason) for c in ends] == [
         (0, "content_filter"),
         (1, "content_filter"),
+    ]
+
+
+def test_each_choice_counts_its_own_tokens_not_the_padding_after_it_ended():
+    _, tokenizer, _ = tiny_guard("prompt_last")
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    words = tokenizer(" red green blue", add_special_tokens=False)["input_ids"]
+    assert pad not in words and eos != pad
+    prompt = [5, 6]
+    rows = [
+        [*prompt, words[0], eos, pad, pad],  # ended at EOS
+        [*prompt, words[0], words[1], pad, pad],  # ended at a stop sequence: generate pads it
+        [*prompt, words[1], words[2], words[0], words[1]],  # written to max_tokens
+    ]
+    answer = Answer("tiny", True, True, len(prompt), tokenizer, ["never"], [eos])
+    report = SafetyReport(0.0, 1.0, False, 0, None)
+    whole = answer.whole(torch.tensor(rows), [report] * 3, max_new=4)
+    assert whole["usage"]["completion_tokens"] == 2 + 2 + 4
+    assert [c["finish_reason"] for c in whole["choices"]] == ["stop", "stop", "length"]
+    assert [c["message"]["content"] for c in whole["choices"]] == [
+        tokenizer.decode(row[2:], skip_special_tokens=True) for row in rows
     ]
 
 
