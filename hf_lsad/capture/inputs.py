@@ -14,6 +14,8 @@ Decisions (docs/usage.md, "Thread safety and inputs"):
   other. For ``response_last`` a prompt that fits but leaves less room than
   ``max_new_tokens`` warns: the response may run past the context. ``screen`` applies the same
   rule (:func:`check_context`), so the two paths accept the same prompts.
+- **Decoding**: beam search only where the guard reads the prompt alone, and only the decoding loops a guard can
+  follow (:func:`check_generate_kwargs`; :func:`hf_lsad.capture.generate_call.check_decoding_loop`).
 """
 
 from __future__ import annotations
@@ -25,16 +27,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from ..errors import InputError, warn
-
-
-def generate_setting(model: PreTrainedModel, generate_kwargs: dict[str, Any], name: str) -> Any:
-    """The generation setting ``name`` a ``model.generate(**generate_kwargs)`` call uses, as transformers resolves
-    it: the call's keyword, else the call's ``generation_config``, else the model's (``None``: none sets it)."""
-    for source in (generate_kwargs, generate_kwargs.get("generation_config"), model.generation_config):
-        value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
-        if value is not None:
-            return value
-    return None
+from .generate_call import check_decoding_loop, generate_setting, num_beams
 
 
 def _max_new_tokens(model: PreTrainedModel, kwargs: dict[str, Any]) -> int | None:
@@ -121,3 +114,21 @@ def check_generate_inputs(model: PreTrainedModel, guard: Any, kwargs: dict[str, 
             f"({context}); the response, and the token the guard scores, may run past it",
             UserWarning,
         )
+
+
+def check_generate_kwargs(
+    model: PreTrainedModel, generate_kwargs: dict[str, Any], *, prompt_only: bool = False
+) -> Tensor:
+    """Refuse inputs and generation modes a guard cannot follow; return ``input_ids``. ``prompt_only``: the call
+    reads the prompt alone (a report on, or a screen of, prompt positions), which beam search leaves in place."""
+    input_ids = generate_kwargs.get("input_ids")
+    if input_ids is None:
+        raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
+    check_prompt_tensors(input_ids, generate_kwargs.get("attention_mask"))
+    if num_beams(model, generate_kwargs) != 1 and not prompt_only:
+        raise ValueError(
+            "beam search reorders hypotheses between steps: running guards and reads of the response need "
+            "num_beams=1 (a guard that reads the prompt reports, screens and stops under beam search)"
+        )
+    check_decoding_loop(model, generate_kwargs)
+    return input_ids

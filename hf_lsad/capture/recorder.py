@@ -41,7 +41,15 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..core.hook_point import POSITIONS, decoder_layer
 from ..core.prompt_tokens import PromptTokens, fixed_openings
-from .inputs import check_prompt_tensors, check_real_tokens, generate_setting
+from .generate_call import (
+    call_generate,
+    eos_token_ids,
+    num_beams,
+    num_return_sequences,
+    prefill_call_rows,
+    prefill_rows,
+)
+from .inputs import check_generate_kwargs, check_prompt_tensors, check_real_tokens
 
 
 class LastPositionRecorder:
@@ -136,50 +144,6 @@ def final_call_index(new_tokens: Tensor, eos_token_ids: Sequence[int], position:
     return first_eos.clamp(max=n_new - 1)
 
 
-def call_generate(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> Any:
-    """``model.generate(**generate_kwargs)``. ``PreTrainedModel``, the type callers hold, no longer inherits
-    ``GenerationMixin`` (transformers 5), so a type checker sees no ``generate`` on it; every causal LM has one."""
-    generate: Any = model.generate
-    return generate(**generate_kwargs)
-
-
-def eos_token_ids(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> list[int]:
-    """EOS ids generate will stop on (:func:`generate_setting`)."""
-    eos = generate_setting(model, generate_kwargs, "eos_token_id")
-    if eos is None:
-        return []
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-
-
-def num_return_sequences(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> int:
-    """Sequences ``generate`` returns per prompt: it repeats each input row this many times, consecutively."""
-    return int(generate_setting(model, generate_kwargs, "num_return_sequences") or 1)
-
-
-def num_beams(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> int:
-    """Beams of a ``generate`` call (1: no beam search)."""
-    return int(generate_setting(model, generate_kwargs, "num_beams") or 1)
-
-
-def prefill_rows(model: PreTrainedModel, generate_kwargs: dict[str, Any], batch: int) -> Tensor | None:
-    """For each sequence a ``generate`` call over ``batch`` prompts returns, the row of its prefill call that read
-    the sequence's prompt; ``None`` when they are the same rows. Sampling repeats each prompt
-    ``num_return_sequences`` times and returns them all (``None``); beam search repeats it ``num_beams`` times and
-    returns its best ``num_return_sequences``, so every returned sequence reads its prompt's first beam (the beams'
-    prompts are the same)."""
-    beams = num_beams(model, generate_kwargs)
-    if beams == 1:
-        return None
-    return torch.arange(batch).repeat_interleave(num_return_sequences(model, generate_kwargs)) * beams
-
-
-def prefill_call_rows(model: PreTrainedModel, generate_kwargs: dict[str, Any], batch: int) -> int:
-    """How many rows the prefill call of a ``generate`` call over ``batch`` prompts holds: each prompt once per beam
-    under beam search, else once per returned sequence."""
-    beams = num_beams(model, generate_kwargs)
-    return batch * (beams if beams > 1 else num_return_sequences(model, generate_kwargs))
-
-
 def check_call_rows(rows: int, expected: int) -> None:
     """Refuse a forward call of ``rows`` rows where the guard's map of the prefill expects ``expected``: the rows it
     reads would not be the prompts' own."""
@@ -188,76 +152,6 @@ def check_call_rows(rows: int, expected: int) -> None:
             f"the forward pass read has {rows} rows where {expected} were expected: the prompts "
             "were expanded otherwise than the guard maps them (the rows read would not be the prompts' own)"
         )
-
-
-def check_generate_kwargs(
-    model: PreTrainedModel, generate_kwargs: dict[str, Any], *, prompt_only: bool = False
-) -> Tensor:
-    """Refuse inputs and generation modes a guard cannot follow; return ``input_ids``. ``prompt_only``: the call
-    reads the prompt alone (a report on, or a screen of, prompt positions), which beam search leaves in place."""
-    input_ids = generate_kwargs.get("input_ids")
-    if input_ids is None:
-        raise ValueError("guarded generation needs input_ids (inputs_embeds alone are not supported)")
-    check_prompt_tensors(input_ids, generate_kwargs.get("attention_mask"))
-    if num_beams(model, generate_kwargs) != 1 and not prompt_only:
-        raise ValueError(
-            "beam search reorders hypotheses between steps: running guards and reads of the response need "
-            "num_beams=1 (a guard that reads the prompt reports, screens and stops under beam search)"
-        )
-    check_decoding_loop(model, generate_kwargs)
-    return input_ids
-
-
-def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> None:
-    """Refuse the decoding loops a guard cannot follow, whether the call, its ``generation_config`` or the model's
-    asks for them (:func:`generate_setting`): it reads one forward call per new token and decides in the logits
-    processor, before the token is picked.
-
-    - assisted decoding (an assistant model, prompt lookup, early exit, multi-token prediction) scores several
-      candidate tokens per forward call, and a flagged row could be given a drafted token of its own;
-    - a custom decoding loop (``custom_generate``, or a ``generate`` a repository's code put on the model) need not
-      call the guard's logits processor at all, so a flagged row would not be stopped;
-    - the modes transformers runs from a Hub repository's code (DoLa, contrastive search, group and constrained
-      beam search) are such loops.
-    """
-    assisted = [
-        name
-        for name in ("prompt_lookup_num_tokens", "assistant_early_exit")
-        if generate_setting(model, generate_kwargs, name) is not None
-    ]
-    if generate_kwargs.get("assistant_model") is not None:
-        assisted.insert(0, "assistant_model")
-    if generate_setting(model, generate_kwargs, "use_mtp"):
-        assisted.append("use_mtp")
-    if assisted:
-        raise ValueError(
-            f"assisted decoding ({', '.join(assisted)}) is not supported by guarded generation: it scores several "
-            "drafted tokens per forward pass, where the guard decides before each token is picked"
-        )
-    if generate_kwargs.get("custom_generate") is not None or "generate" in vars(model):
-        raise ValueError(
-            "a custom decoding loop (custom_generate, or a generate that a repository's code put on the model) is "
-            "not supported by guarded generation: it need not call the guard's logits processor"
-        )
-
-    def setting(name: str) -> Any:
-        return generate_setting(model, generate_kwargs, name)
-
-    moved = {
-        "DoLa decoding (dola_layers)": setting("dola_layers") is not None,
-        "contrastive search (penalty_alpha)": bool(setting("penalty_alpha"))
-        and (setting("top_k") or 0) > 1
-        and not setting("do_sample"),
-        "group beam search (num_beam_groups)": (setting("num_beam_groups") or 1) > 1,
-        "constrained beam search (constraints, force_words_ids)": setting("constraints") is not None
-        or setting("force_words_ids") is not None,
-    }
-    for mode, asked in moved.items():
-        if asked:
-            raise ValueError(
-                f"{mode} is not supported by guarded generation: transformers runs it as a custom decoding loop "
-                "from a Hub repository's code, which need not call the guard's logits processor"
-            )
 
 
 def generation_recorder(model: PreTrainedModel, layer: int, generate_kwargs: dict[str, Any]) -> LastPositionRecorder:

@@ -18,18 +18,16 @@ from torch import Tensor
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
-from ..capture.inputs import generate_setting
-from ..capture.recorder import (
+from ..capture.generate_call import (
     call_generate,
-    check_generate_kwargs,
     eos_token_ids,
-    generate_with_activations,
-    generation_prompt_reader,
-    generation_recorder,
+    generate_setting,
     num_beams,
     num_return_sequences,
     prefill_call_rows,
 )
+from ..capture.inputs import check_generate_kwargs
+from ..capture.recorder import generate_with_activations, generation_prompt_reader, generation_recorder
 from ..core.prompt_tokens import check_top_k
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import (

@@ -50,7 +50,8 @@ def collect_response_activations(
     from tqdm.auto import tqdm
 
     from ..capture.collect import encode_prompts
-    from ..capture.recorder import LastPositionRecorder, decoder_layer, eos_token_ids
+    from ..capture.generate_call import eos_token_ids
+    from ..capture.recorder import LastPositionRecorder, decoder_layer
 
     _, module = decoder_layer(model, layer)
     eos = torch.tensor(eos_token_ids(model, {}))

@@ -51,8 +51,9 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 from ..capture.collect import check_prompts
+from ..capture.generate_call import eos_token_ids
 from ..capture.inputs import check_context
-from ..capture.recorder import PROMPT_POSITIONS, eos_token_ids
+from ..capture.recorder import PROMPT_POSITIONS
 from ..core.prompt_tokens import check_explain_count
 from ..errors import InputError
 from ..generation.model import GuardedModelForCausalLM

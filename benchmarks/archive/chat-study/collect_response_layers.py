@@ -35,8 +35,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_lsad.capture.collect import collect_activations, encode_prompts
+from hf_lsad.capture.generate_call import eos_token_ids
 from hf_lsad.capture.pretrained import load_model
-from hf_lsad.capture.recorder import LastPositionRecorder, eos_token_ids, final_call_index
+from hf_lsad.capture.recorder import LastPositionRecorder, final_call_index
 from hf_lsad.core.hook_point import HookPoint, decoder_layer
 from hf_lsad.data import load_pool
 from hf_lsad.data.store import INDEX, save_activations
