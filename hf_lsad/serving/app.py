@@ -4,12 +4,13 @@ Routes: ``POST /v1/chat/completions`` (streaming and not), ``POST /v1/completion
 ``GET /v1/models``, ``GET /health``. Every choice of a completion carries the guard's report in an extra field
 ``safety`` (``{"prompt": report}`` for a guard that reads the prompt, ``{"response": report}`` for one that reads the
 response; :meth:`hf_lsad.guard.SafetyReport.to_json`), and the completion's own ``safety`` is its first choice's.
-The ``n`` choices of a request are rows of one ``generate`` call (:class:`ChoicesStreamer` streams them). A prompt
-the guard flags is stopped before its first token
-and a response a running guard flags is stopped where it is flagged: either way the choice ends with
-``finish_reason: "content_filter"``, as Azure OpenAI's content filter does. An answer that writes one of the
-request's ``stop`` sequences ends before it (:class:`StopSequences`, :class:`StopText`). ``/v1/moderations`` answers
-in the OpenAI moderation shape with one category per guard head.
+A prompt the guard flags is stopped before its first token and a response a running guard flags is stopped where it
+is flagged: either way the choice ends with ``finish_reason: "content_filter"``, as Azure OpenAI's content filter
+does. ``/v1/moderations`` answers in the OpenAI moderation shape with one category per guard head.
+
+This module holds the routes, the limits and the errors. How an answer is decoded (the ``n`` choices of a request are
+rows of one ``generate`` call; penalties, seeds and ``stop`` sequences) is :mod:`hf_lsad.serving.decoding`, and the
+shapes it is sent in :mod:`hf_lsad.serving.answer`.
 
 Concurrency: each request runs its own ``generate`` in a worker thread (one guarded model serves concurrent calls;
 reports never mix, tested), at most ``max_concurrency`` at a time so that a burst does not split the CPU into
@@ -24,14 +25,11 @@ generation at the next token.
 
 from __future__ import annotations
 
-import json
-import queue
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -44,11 +42,7 @@ from transformers import (
     LogitsProcessorList,
     StoppingCriteria,
     StoppingCriteriaList,
-    TemperatureLogitsWarper,
-    TextStreamer,
-    TopPLogitsWarper,
 )
-from transformers.generation.streamers import BaseStreamer
 
 from ..capture.collect import check_prompts
 from ..capture.generate_call import eos_token_ids
@@ -57,8 +51,9 @@ from ..capture.recorder import PROMPT_POSITIONS
 from ..core.prompt_tokens import check_explain_count
 from ..errors import InputError
 from ..generation.model import GuardedModelForCausalLM
-from ..guard.types import SafetyReport
 from ..version import __version__
+from .answer import Answer, moderation_result
+from .decoding import AnswerPenalties, Cancelled, ChoicesStreamer, SeededSampling, StopSequences, StopText
 from .schemas import ChatCompletionRequest, CompletionRequest, ModerationRequest
 
 
@@ -216,7 +211,7 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         return {
             "id": f"modr-{uuid.uuid4().hex}",
             "model": config.model_name,
-            "results": [_moderation(report, tokenizer) for report in reports],
+            "results": [moderation_result(report, tokenizer) for report in reports],
         }
 
     async def complete(inputs: dict[str, torch.Tensor], body: Any, max_tokens: int | None, *, chat: bool) -> Any:
@@ -325,267 +320,8 @@ def gated(gate: threading.BoundedSemaphore, work: Callable[[], Any]) -> Any:
         return work()
 
 
-class Cancelled(StoppingCriteria):
-    """Stops every row once ``event`` is set."""
-
-    def __init__(self, event: threading.Event) -> None:
-        self.event = event
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
-
-
-class AnswerPenalties(LogitsProcessor):
-    """The OpenAI API's presence and frequency penalties: the logit of each token the answer has written is lowered by
-    ``presence`` once and by ``frequency`` for each time it was written. The prompt's tokens, the first
-    ``prompt_tokens`` of every row, do not count."""
-
-    def __init__(self, prompt_tokens: int, presence: float, frequency: float) -> None:
-        self.prompt_tokens, self.presence, self.frequency = prompt_tokens, presence, frequency
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        written = input_ids[:, self.prompt_tokens :]  # [rows, answer tokens so far]
-        counts = torch.zeros_like(scores).scatter_add_(1, written, torch.ones_like(written, dtype=scores.dtype))
-        penalty = self.frequency * counts + self.presence * (counts > 0).to(scores.dtype)  # [rows, vocabulary]
-        return cast(torch.FloatTensor, scores - penalty)  # transformers' annotation; a plain Tensor
-
-
-class SeededSampling(LogitsProcessor):
-    """Draws each next token from the temperature and top-p distribution with the request's own generator, and
-    forces it (every other logit ``-inf``), so that greedy search picks it.
-
-    transformers' sampling draws from torch's global generator, which concurrent requests share: a seed set there
-    would not make one request's answer reproducible. The guard's processor runs after this one, so a stopped row's
-    forced tokens still win."""
-
-    def __init__(self, seed: int, temperature: float, top_p: float) -> None:
-        self.generator = torch.Generator().manual_seed(seed)
-        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopPLogitsWarper(top_p)])
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        probabilities = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1).cpu()
-        tokens = torch.multinomial(probabilities, 1, generator=self.generator).squeeze(1).to(scores.device)
-        forced = torch.full_like(scores, float("-inf"))
-        forced[torch.arange(len(tokens), device=scores.device), tokens] = 0.0
-        return cast(torch.FloatTensor, forced)  # transformers' annotation; a plain Tensor
-
-
-class StopSequences(StoppingCriteria):
-    """Ends the row once the text of its new tokens, decoded as the answer is, holds one of ``stops``.
-
-    The text is decoded whole at every step rather than matched token by token, so a stop sequence that straddles
-    tokens, or that the tokenizer writes in pieces, is found; one request is one row of at most a few hundred tokens.
-    """
-
-    def __init__(self, tokenizer: Any, prompt_tokens: int, stops: list[str]) -> None:
-        self.tokenizer, self.prompt_tokens, self.stops = tokenizer, prompt_tokens, stops
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_tokens :], skip_special_tokens=True)
-        ended = [any(stop in text for stop in self.stops) for text in texts]
-        return torch.tensor(ended, dtype=torch.bool, device=input_ids.device)
-
-
-class ChoicesStreamer(BaseStreamer):
-    """The text of each row of a ``generate`` call (one row per choice) as ``(index, text)`` pieces, in the order
-    they are written; iterate it from another thread than the one generating.
-
-    Each row is decoded by a transformers :class:`~transformers.TextStreamer` of its own (which holds a word back until
-    it is whole); a row that wrote an end-of-sequence id is fed no more, since ``generate`` pads it while the others
-    go on."""
-
-    def __init__(self, tokenizer: Any, choices: int, ends: list[int]) -> None:
-        self.pieces: queue.Queue[tuple[int, str] | None] = queue.Queue()
-        self.rows = [_RowText(tokenizer, index, self.pieces) for index in range(choices)]
-        self.ends = set(ends)
-        self.ended = [False] * choices
-        self.prompt = True
-
-    def put(self, value: torch.Tensor) -> None:
-        if self.prompt:  # generate's first put is the prompt
-            self.prompt = False
-            return
-        tokens = value.reshape(len(self.rows), -1)[:, -1].tolist()  # [choices]: each row's newest token
-        for index, token in enumerate(tokens):
-            if not self.ended[index]:
-                self.rows[index].put(torch.tensor([token]))
-                self.ended[index] = token in self.ends
-
-    def end(self) -> None:
-        for row in self.rows:
-            row.end()
-        self.pieces.put(None)
-
-    def __iter__(self) -> Iterator[tuple[int, str]]:
-        while (piece := self.pieces.get()) is not None:
-            yield piece
-
-
-class _RowText(TextStreamer):
-    """One row's decoded text, put on the shared queue with the row's index."""
-
-    def __init__(self, tokenizer: Any, index: int, pieces: queue.Queue[tuple[int, str] | None]) -> None:
-        super().__init__(tokenizer, skip_prompt=False, skip_special_tokens=True)
-        self.index, self.pieces = index, pieces
-
-    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
-        if text:
-            self.pieces.put((self.index, text))
-
-
-def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    """``text`` up to the first of ``stops`` it holds, and whether it held one."""
-    found = [text.index(stop) for stop in stops if stop in text]
-    return (text[: min(found)], True) if found else (text, False)
-
-
-class StopText:
-    """Streamed text cut at the first stop sequence: each piece is sent as far as no stop sequence could begin in
-    it, the rest held until the next piece tells."""
-
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = stops
-        self.pending = ""
-        self.found = False
-        """Whether a stop sequence was written (nothing is sent after it)."""
-
-    def feed(self, piece: str) -> str:
-        """What of the text so far can be sent now."""
-        if self.found:
-            return ""
-        self.pending += piece
-        text, self.found = cut_at_stop(self.pending, self.stops)
-        if self.found:
-            self.pending = ""
-            return text
-        # The longest end of the text that begins a stop sequence waits: the next piece may complete it.
-        held = max(
-            (n for stop in self.stops for n in range(1, len(stop)) if self.pending.endswith(stop[:n])), default=0
-        )
-        sendable = self.pending[: len(self.pending) - held]
-        self.pending = self.pending[len(sendable) :]
-        return sendable
-
-    def flush(self) -> str:
-        """The text held at the end (no stop sequence began in it)."""
-        rest, self.pending = ("" if self.found else self.pending), ""
-        return rest
-
-
-class Answer:
-    """The OpenAI shapes of one request's answer: whole, or as stream chunks."""
-
-    def __init__(
-        self,
-        model: str,
-        chat: bool,
-        reads_prompt: bool,
-        prompt_tokens: int,
-        tokenizer: Any,
-        stops: list[str],
-        ends: list[int],
-    ) -> None:
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model, self.chat, self.reads_prompt = model, chat, reads_prompt
-        self.prompt_tokens, self.tokenizer, self.stops, self.ends = prompt_tokens, tokenizer, stops, set(ends)
-
-    def whole(self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int) -> dict[str, Any]:
-        """The answer to a request: a choice per row of ``sequences`` ``[choices, tokens]``, each with its report."""
-        choices, written = [], 0
-        for index, (sequence, report) in enumerate(zip(sequences, reports)):
-            new = self._new_tokens(sequence)
-            written += len(new)
-            text, stopped = cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), self.stops)
-            choice: dict[str, Any] = {"index": index, "logprobs": None}
-            choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
-            choice.update(finish_reason=self._finish(new, report, max_new, stopped), safety=self._safety(report))
-            choices.append(choice)
-        return {
-            **self._head("chat.completion" if self.chat else "text_completion"),
-            "choices": choices,
-            "usage": self._usage(written),
-            "safety": self._safety(reports[0]),
-        }
-
-    def chunk(self, index: int, *, role: str | None = None, content: str | None = None) -> dict[str, Any]:
-        """A stream chunk of choice ``index``: its role (the first), or a piece of its text."""
-        choice: dict[str, Any]
-        if self.chat:
-            delta = {"role": role} if role else {"content": content}
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        else:
-            choice = {"index": index, "text": content or "", "logprobs": None, "finish_reason": None}
-        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
-
-    def last_chunks(
-        self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int, stopped: list[bool]
-    ) -> list[dict[str, Any]]:
-        """The chunks that end a stream: each choice's finish reason and report, then, on the last, the usage and
-        the answer's report; ``stopped``: per choice, a stop sequence was written."""
-        chunks, written = [], 0
-        for index, (sequence, report, stop) in enumerate(zip(sequences, reports, stopped)):
-            new = self._new_tokens(sequence)
-            written += len(new)
-            chunk = self.chunk(index, content="")
-            choice = chunk["choices"][0]
-            if self.chat:
-                choice["delta"] = {}
-            choice.update(finish_reason=self._finish(new, report, max_new, stop), safety=self._safety(report))
-            chunks.append(chunk)
-        chunks[-1].update(usage=self._usage(written), safety=self._safety(reports[0]))
-        return chunks
-
-    @staticmethod
-    def event(payload: dict[str, Any]) -> str:
-        return f"data: {json.dumps(payload)}\n\n"
-
-    def _head(self, kind: str) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-
-    def _new_tokens(self, sequence: torch.Tensor) -> list[int]:
-        """A choice's tokens: up to its first end-of-sequence id, without the padding ``generate`` puts after a row
-        that ended (at EOS, or at a stop sequence) while other choices went on."""
-        new = sequence[self.prompt_tokens :].tolist()
-        end = next((i for i, token in enumerate(new) if token in self.ends), None)
-        if end is not None:
-            return new[: end + 1]
-        while new and new[-1] == self.tokenizer.pad_token_id:
-            new.pop()
-        return new
-
-    def _finish(self, new: list[int], report: SafetyReport, max_new: int, stopped: bool) -> str:
-        if report.stopped:
-            return "content_filter"
-        if stopped:
-            return "stop"
-        ended = bool(new) and new[-1] in self.ends
-        return "length" if not ended and len(new) >= max_new else "stop"
-
-    def _usage(self, written: int) -> dict[str, int]:
-        """Token counts as the OpenAI API gives them: the prompt once, the tokens of every choice."""
-        total = self.prompt_tokens + written
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": written, "total_tokens": total}
-
-    def _safety(self, report: SafetyReport) -> dict[str, Any]:
-        return {"prompt" if self.reads_prompt else "response": report.to_json(self.tokenizer)}
-
-
 def _role(role: str) -> str:
     return "system" if role == "developer" else role  # the OpenAI API's newer name for the system turn
-
-
-def _moderation(report: SafetyReport, tokenizer: Any) -> dict[str, Any]:
-    """One result of ``/v1/moderations``: a category per head; a row that failed closed is flagged in every one."""
-    verdicts = report.head_verdicts()
-    failed = report.error is not None
-    return {
-        "flagged": bool(report.flagged),
-        "categories": {v.name: bool(v.flagged or failed) for v in verdicts},
-        "category_scores": {v.name: 1.0 if failed else float(v.score) for v in verdicts},
-        "category_applied_input_types": {v.name: ["text"] for v in verdicts},
-        "hf_lsad": report.to_json(tokenizer),
-    }
 
 
 class BodyLimit:

@@ -25,7 +25,8 @@ from hf_lsad.core.prompt_inputs import InputProfile  # noqa: E402
 from hf_lsad.generation.model import GuardedModelForCausalLM  # noqa: E402
 from hf_lsad.guard.types import SafetyReport  # noqa: E402
 from hf_lsad.serving import ServeConfig, create_app, raw_prompt_note  # noqa: E402
-from hf_lsad.serving.app import Answer, ChoicesStreamer, StopText  # noqa: E402
+from hf_lsad.serving.answer import Answer  # noqa: E402
+from hf_lsad.serving.decoding import ChoicesStreamer, StopText  # noqa: E402
 
 KEY = "sekret"
 BENIGN, UNSAFE = PROMPTS[5], UNSAFE_PROMPTS[3]

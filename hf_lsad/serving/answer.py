@@ -1,0 +1,126 @@
+"""The OpenAI shapes of the server's answers: a completion whole or as stream chunks (:class:`Answer`), a moderation
+result (:func:`moderation_result`)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from ..guard.types import SafetyReport
+from .decoding import cut_at_stop
+
+
+class Answer:
+    """The OpenAI shapes of one request's answer: whole, or as stream chunks."""
+
+    def __init__(
+        self,
+        model: str,
+        chat: bool,
+        reads_prompt: bool,
+        prompt_tokens: int,
+        tokenizer: Any,
+        stops: list[str],
+        ends: list[int],
+    ) -> None:
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model, self.chat, self.reads_prompt = model, chat, reads_prompt
+        self.prompt_tokens, self.tokenizer, self.stops, self.ends = prompt_tokens, tokenizer, stops, set(ends)
+
+    def whole(self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int) -> dict[str, Any]:
+        """The answer to a request: a choice per row of ``sequences`` ``[choices, tokens]``, each with its report."""
+        choices, written = [], 0
+        for index, (sequence, report) in enumerate(zip(sequences, reports)):
+            new = self._new_tokens(sequence)
+            written += len(new)
+            text, stopped = cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), self.stops)
+            choice: dict[str, Any] = {"index": index, "logprobs": None}
+            choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+            choice.update(finish_reason=self._finish(new, report, max_new, stopped), safety=self._safety(report))
+            choices.append(choice)
+        return {
+            **self._head("chat.completion" if self.chat else "text_completion"),
+            "choices": choices,
+            "usage": self._usage(written),
+            "safety": self._safety(reports[0]),
+        }
+
+    def chunk(self, index: int, *, role: str | None = None, content: str | None = None) -> dict[str, Any]:
+        """A stream chunk of choice ``index``: its role (the first), or a piece of its text."""
+        choice: dict[str, Any]
+        if self.chat:
+            delta = {"role": role} if role else {"content": content}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        else:
+            choice = {"index": index, "text": content or "", "logprobs": None, "finish_reason": None}
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+
+    def last_chunks(
+        self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int, stopped: list[bool]
+    ) -> list[dict[str, Any]]:
+        """The chunks that end a stream: each choice's finish reason and report, then, on the last, the usage and
+        the answer's report; ``stopped``: per choice, a stop sequence was written."""
+        chunks, written = [], 0
+        for index, (sequence, report, stop) in enumerate(zip(sequences, reports, stopped)):
+            new = self._new_tokens(sequence)
+            written += len(new)
+            chunk = self.chunk(index, content="")
+            choice = chunk["choices"][0]
+            if self.chat:
+                choice["delta"] = {}
+            choice.update(finish_reason=self._finish(new, report, max_new, stop), safety=self._safety(report))
+            chunks.append(chunk)
+        chunks[-1].update(usage=self._usage(written), safety=self._safety(reports[0]))
+        return chunks
+
+    @staticmethod
+    def event(payload: dict[str, Any]) -> str:
+        return f"data: {json.dumps(payload)}\n\n"
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _new_tokens(self, sequence: torch.Tensor) -> list[int]:
+        """A choice's tokens: up to its first end-of-sequence id, without the padding ``generate`` puts after a row
+        that ended (at EOS, or at a stop sequence) while other choices went on."""
+        new = sequence[self.prompt_tokens :].tolist()
+        end = next((i for i, token in enumerate(new) if token in self.ends), None)
+        if end is not None:
+            return new[: end + 1]
+        while new and new[-1] == self.tokenizer.pad_token_id:
+            new.pop()
+        return new
+
+    def _finish(self, new: list[int], report: SafetyReport, max_new: int, stopped: bool) -> str:
+        if report.stopped:
+            return "content_filter"
+        if stopped:
+            return "stop"
+        ended = bool(new) and new[-1] in self.ends
+        return "length" if not ended and len(new) >= max_new else "stop"
+
+    def _usage(self, written: int) -> dict[str, int]:
+        """Token counts as the OpenAI API gives them: the prompt once, the tokens of every choice."""
+        total = self.prompt_tokens + written
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": written, "total_tokens": total}
+
+    def _safety(self, report: SafetyReport) -> dict[str, Any]:
+        return {"prompt" if self.reads_prompt else "response": report.to_json(self.tokenizer)}
+
+
+def moderation_result(report: SafetyReport, tokenizer: Any) -> dict[str, Any]:
+    """One result of ``/v1/moderations``: a category per head; a row that failed closed is flagged in every one."""
+    verdicts = report.head_verdicts()
+    failed = report.error is not None
+    return {
+        "flagged": bool(report.flagged),
+        "categories": {v.name: bool(v.flagged or failed) for v in verdicts},
+        "category_scores": {v.name: 1.0 if failed else float(v.score) for v in verdicts},
+        "category_applied_input_types": {v.name: ["text"] for v in verdicts},
+        "hf_lsad": report.to_json(tokenizer),
+    }
