@@ -36,6 +36,7 @@ prompt_mean --out artifacts/smollm2/P``)::
 
     python scripts/release_default_guard.py [--folder artifacts/smollm2]
     python scripts/release_default_guard.py --card-only   # the card alone, from the report
+    python scripts/release_default_guard.py --paper-card  # the paper guard's card, from heads/raw_prompts and languages
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from pathlib import Path
 import torch
 
 from hf_lsad.data import GUARD_POOLS
+from hf_lsad.data.pools import DOMAINS
 from hf_lsad.evaluation.sources import load_source_rows
 from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
 from hf_lsad.guard.files import PAPER_GUARD
@@ -184,6 +186,53 @@ def card_texts(
     return data, "\n".join(lines), limitations
 
 
+PAPER_DATA = (
+    "Fitted on the fit split (60%) of every benign domain bundled: task prompts (`safe` pool), chat (`chat` pool: "
+    "ShareGPT first turns, vauban harmless, MT-Bench, WritingBench) and benign-OOD (sarcasm headlines, wikiHow goals, "
+    "sports, chit-chat); per-cluster affine calibration from 1% labelled validation rows; probability threshold at 5% "
+    "FPR on validation chat rows."
+)
+
+
+def paper_card_texts(languages: dict, raw_prompts: dict) -> dict:
+    """The paper guard's card: its training data, and what it flags on test rows of every bundled pool under the chat
+    template, in other languages and on prompts read without the template, all measured on the guard as released."""
+    read = raw_prompts["result"]["guards"]["paper"]
+    unsafe_pools = raw_prompts["result"]["unsafe_pools"]
+
+    def share(reading: str, pool: str) -> str:
+        flagged = read[reading][pool]["flagged"]
+        return f"{flagged['count']} of {flagged['rows']}"
+
+    metrics = {
+        f"{pool} ({', '.join(DOMAINS[pool])}; {'unsafe' if pool in unsafe_pools else 'benign'})": {
+            "flagged": read["template"][pool]["flagged"]["rate"]
+        }
+        for pool in raw_prompts["result"]["rows"]
+    }
+    note = (
+        "Test rows of every bundled pool (never fitted, labelled or used to set a threshold; a seeded draw of up to "
+        "300 rows a pool, the README's demo prompts left out), screened as user turns of the chat template through "
+        "the path `hf-lsad screen` takes: `python benchmarks/run.py heads/raw_prompts`. `flagged`: the share flagged "
+        "by the released guard."
+    )
+    other = languages["result"]["guards"]["paper"]["other languages"]["flagged"]
+    spoken = len(languages["result"]["source"]["rows"]) - 1  # English aside
+    limitations = (
+        "This guard is the paper's method alone, for reproduction; its detector saw benign prompts only, and at "
+        "135M parameters that score does not separate harm from benign chat. On the test rows above it flags "
+        f"{share('template', 'harmful')} AdvBench and HarmBench rows and {share('template', 'jailbreak')} jailbreak "
+        f"templates, while flagging {share('template', 'chat')} chat rows and {share('template', 'statements')} plain "
+        "statements; the README's bomb tutorial passes it. For harm it was not fitted on, use the default guard, "
+        "which adds a supervised head. It has seen English only: spaCy's benign example sentences in "
+        f"{spoken} other languages are flagged {other['count']} of {other['rows']} (`python benchmarks/run.py "
+        "heads/languages`). It was fitted and thresholded on prompts under the chat template: a prompt read as it "
+        f"is (`hf-lsad screen --raw`, `/v1/completions`) is out of its distribution ({share('raw', 'chat')} test "
+        f"chat rows flagged read raw, {share('template', 'chat')} under the template)."
+    )
+    return dict(data=PAPER_DATA, metrics=metrics, metrics_note=note, limitations=limitations)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -193,7 +242,15 @@ def main() -> None:
     parser.add_argument(
         "--card-only", action="store_true", help="rewrite the model card of the guard at --out; fit nothing"
     )
+    parser.add_argument(
+        "--paper-card", action="store_true", help="rewrite the model card of the bundled paper guard; fit nothing"
+    )
     args = parser.parse_args()
+    if args.paper_card:
+        paper_args = paper_card_texts(*(json.loads(path.read_text()) for path in (LANGUAGES, RAW_PROMPTS)))
+        SafetyGuard.from_pretrained(PAPER_GUARD).model_card(**paper_args).save(PAPER_GUARD / "README.md")
+        print(f"wrote {PAPER_GUARD / 'README.md'}")
+        return
     out = Path(args.out)
     texts = card_texts(*(json.loads(path.read_text()) for path in (REPORT, SHIPPED, UNSEEN, LANGUAGES, RAW_PROMPTS)))
     card_args = dict(zip(("data", "metrics_note", "limitations"), texts))
