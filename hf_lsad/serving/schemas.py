@@ -3,16 +3,16 @@
 Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted and ignored, so existing
 clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
 ``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set: an answer that silently ignored
-them would not be the one asked for. Sizes are checked against the
-server's limits in :mod:`hf_lsad.serving.app`. Counts, switches and sampling numbers are strict JSON types: ``true``
-is not a count of 1, ``"0.7"`` not a temperature, and NaN or infinity no number at all.
+them would not be the one asked for. Sizes are checked against the server's limits in :mod:`hf_lsad.serving.app`.
+Counts, switches and sampling numbers are strict JSON types: ``true`` is not a count of 1, ``"0.7"`` not a
+temperature, and NaN or infinity no number at all; ``null`` is the default, as the OpenAI API reads it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 UNSUPPORTED = (
     "logit_bias",
@@ -97,6 +97,12 @@ class _Sampling(BaseModel):
     stop: list[str] | None = None
     """Up to :data:`MAX_STOP_SEQUENCES` texts (one may be given alone): the answer ends before the first of them
     it writes, with ``finish_reason: "stop"``."""
+
+    @field_validator("stream", "n", "presence_penalty", "frequency_penalty", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
+        # clients send null for a setting they leave alone; the OpenAI API reads it as the default
+        return cls.model_fields[str(info.field_name)].default if value is None else value
 
     @field_validator("stop", mode="before")
     @classmethod

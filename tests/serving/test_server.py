@@ -192,6 +192,15 @@ def test_presence_and_frequency_penalties_act_on_the_answers_own_tokens(server, 
     assert (filtered.choices[0].finish_reason, filtered.choices[0].message.content) == ("content_filter", "")
 
 
+def test_null_settings_are_the_defaults(server):
+    port, _ = server
+    nulls = {"n": None, "stream": None, "presence_penalty": None, "frequency_penalty": None, "max_tokens": None}
+    status, body = request(port, "POST", "/v1/chat/completions", chat_body(BENIGN, **nulls))
+    assert status == 200 and len(body["choices"]) == 1, body
+    _, plain = request(port, "POST", "/v1/chat/completions", chat_body(BENIGN))
+    assert body["choices"][0]["message"] == plain["choices"][0]["message"]
+
+
 def test_several_choices_are_rows_of_one_call_each_with_its_finish_and_report(server, client):
     _, guarded = server
     one = client.chat.completions.create(**chat_body(BENIGN, max_tokens=8))
