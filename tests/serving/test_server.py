@@ -488,6 +488,17 @@ def test_a_response_a_running_guard_stops_mid_way_ends_with_content_filter():
     want = {p: alone(p) for p in prompts}
     with serving(guarded, ServeConfig(model_name="tiny-llama", default_max_tokens=RUNNING_MAX_NEW)) as port:
         answers = {p: request(port, "POST", "/v1/chat/completions", chat_body(p), key=None)[1] for p in prompts}
+        pairs = {p: request(port, "POST", "/v1/chat/completions", chat_body(p, n=2), key=None)[1] for p in prompts}
+    for prompt, answer in pairs.items():  # each choice is a row the running guard reads on its own
+        expected = want[prompt]
+        for choice in answer["choices"]:
+            report = choice["safety"]["response"]
+            assert (report["flagged"], report["step"], report["stopped"]) == (
+                expected.flagged,
+                expected.step,
+                expected.stopped,
+            )
+            assert (choice["finish_reason"] == "content_filter") == expected.stopped
     stopped = 0
     for prompt, answer in answers.items():
         report, choice = answer["safety"]["response"], answer["choices"][0]
