@@ -98,10 +98,16 @@ def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any])
             f"assisted decoding ({', '.join(assisted)}) is not supported by guarded generation: it scores several "
             "drafted tokens per forward pass, where the guard decides before each token is picked"
         )
-    if generate_kwargs.get("custom_generate") is not None or "generate" in vars(model):
+    if generate_kwargs.get("custom_generate") is not None:
         raise ValueError(
-            "a custom decoding loop (custom_generate, or a generate that a repository's code put on the model) is "
-            "not supported by guarded generation: it need not call the guard's logits processor"
+            "a custom decoding loop (custom_generate) is not supported by guarded generation: it need not call the "
+            "guard's logits processor"
+        )
+    if "generate" in vars(model):
+        raise ValueError(
+            "the model carries a generate of its own (as transformers puts a repository's custom_generate on a model "
+            "loaded with trust_remote_code), a custom decoding loop that need not call the guard's logits processor; "
+            "guarded generation runs the model class's own (`del model.generate` restores it)"
         )
 
     def setting(name: str) -> Any:
