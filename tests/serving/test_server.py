@@ -295,6 +295,15 @@ def test_completions_and_moderations(server, client):
     completion = client.completions.create(model="tiny-llama", prompt="once upon a time", max_tokens=4, temperature=0)
     assert completion.choices[0].finish_reason in ("stop", "length", "content_filter")
     assert "prompt" in completion.model_extra["safety"]
+    turn = [{"role": "user", "content": BENIGN}]  # the prompt formatted as the guard reads prompts: not flagged
+    formatted = guarded.tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    settings = dict(model="tiny-llama", prompt=formatted, max_tokens=6, temperature=1.0, seed=5, n=2)
+    pair = client.completions.create(**settings)
+    assert [c.index for c in pair.choices] == [0, 1] and pair.choices[0].text != pair.choices[1].text
+    streamed = ["", ""]
+    for chunk in client.completions.create(**settings, stream=True):
+        streamed[chunk.choices[0].index] += chunk.choices[0].text
+    assert streamed == [c.text for c in pair.choices]
     moderation = client.moderations.create(model="tiny-llama", input=[BENIGN, UNSAFE])
     assert [r.flagged for r in moderation.results] == [alone(guarded, p)["flagged"] for p in (BENIGN, UNSAFE)]
     status, body = request(port, "POST", "/v1/moderations", {"input": UNSAFE})
