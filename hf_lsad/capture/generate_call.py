@@ -107,7 +107,7 @@ def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any])
         raise ValueError(
             "the model carries a generate of its own (as transformers puts a repository's custom_generate on a model "
             "loaded with trust_remote_code), a custom decoding loop that need not call the guard's logits processor; "
-            "guarded generation runs the model class's own (`del model.generate` restores it)"
+            "guarded generation needs the model class's own (`del model.generate` restores it)"
         )
 
     def setting(name: str) -> Any:
