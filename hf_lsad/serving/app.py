@@ -45,7 +45,6 @@ from transformers import (
 )
 
 from ..capture.collect import check_prompts
-from ..capture.generate_call import eos_token_ids
 from ..capture.inputs import check_context
 from ..capture.recorder import PROMPT_POSITIONS
 from ..core.prompt_tokens import check_explain_count
@@ -53,7 +52,15 @@ from ..errors import InputError
 from ..generation.model import GuardedModelForCausalLM
 from ..version import __version__
 from .answer import Answer, moderation_result
-from .decoding import AnswerPenalties, Cancelled, ChoicesStreamer, SeededSampling, StopSequences, StopText
+from .decoding import (
+    AnswerPenalties,
+    Cancelled,
+    ChoicesStreamer,
+    SeededSampling,
+    StopSequences,
+    StopText,
+    answer_ends,
+)
 from .schemas import ChatCompletionRequest, CompletionRequest, ModerationRequest
 
 
@@ -131,8 +138,7 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
     reads_prompt = guarded.guard.config.hook.position in PROMPT_POSITIONS
-    # the ids that end an answer: the generation config's (what generate stops on) and the tokenizer's
-    ends = sorted({*eos_token_ids(guarded.model, {}), *([tokenizer.eos_token_id] if tokenizer.eos_token_id else [])})
+    ends = answer_ends(guarded.model, tokenizer)
     gate = threading.BoundedSemaphore(config.max_concurrency)
     explaining: dict[str, Any] = {"explain": True, "top_k": config.explain} if config.explain else {}
 

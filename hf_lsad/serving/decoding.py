@@ -1,7 +1,8 @@
 """How the server decodes one request's answer, beside what guarded ``generate`` does: the OpenAI API's sampling
 settings as logits processors (:class:`AnswerPenalties`, :class:`SeededSampling`), its stop sequences
 (:class:`StopSequences` ends a row, :func:`cut_at_stop` and :class:`StopText` cut the text, whole or streamed), the
-text of each choice as it is written (:class:`ChoicesStreamer`) and a client that went away (:class:`Cancelled`).
+text of each choice as it is written (:class:`ChoicesStreamer`), where each ends (:func:`answer_ends`) and a client that
+went away (:class:`Cancelled`).
 
 The guard's own logits processor and stopping criterion are added after these by guarded ``generate``, so a row the
 guard stops is stopped whatever they ask.
@@ -18,12 +19,22 @@ import torch
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
+    PreTrainedModel,
     StoppingCriteria,
     TemperatureLogitsWarper,
     TextStreamer,
     TopPLogitsWarper,
 )
 from transformers.generation.streamers import BaseStreamer
+
+from ..capture.generate_call import eos_token_ids
+
+
+def answer_ends(model: PreTrainedModel, tokenizer: Any) -> list[int]:
+    """The ids that end an answer: the generation config's (what ``generate`` stops on) and the tokenizer's EOS
+    (an id may be 0, as Pythia's is)."""
+    tokenizer_eos = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    return sorted({*eos_token_ids(model, {}), *tokenizer_eos})
 
 
 class Cancelled(StoppingCriteria):

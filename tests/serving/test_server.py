@@ -12,10 +12,12 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 import torch
 from tiny import PROMPTS, RUNNING_MAX_NEW, UNSAFE_PROMPTS, tiny_guard, tiny_running_guard, two_headed_guard
+from transformers import GenerationConfig
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -26,7 +28,7 @@ from hf_lsad.generation.model import GuardedModelForCausalLM  # noqa: E402
 from hf_lsad.guard.types import SafetyReport  # noqa: E402
 from hf_lsad.serving import ServeConfig, create_app, raw_prompt_note  # noqa: E402
 from hf_lsad.serving.answer import Answer  # noqa: E402
-from hf_lsad.serving.decoding import ChoicesStreamer, StopText  # noqa: E402
+from hf_lsad.serving.decoding import ChoicesStreamer, StopText, answer_ends  # noqa: E402
 
 KEY = "sekret"
 BENIGN, UNSAFE = PROMPTS[5], UNSAFE_PROMPTS[3]
@@ -257,6 +259,15 @@ def test_each_choice_counts_its_own_tokens_not_the_padding_after_it_ended():
     assert [c["message"]["content"] for c in whole["choices"]] == [
         tokenizer.decode(row[2:], skip_special_tokens=True) for row in rows
     ]
+
+
+@pytest.mark.parametrize(
+    ("config_eos", "tokenizer_eos", "ends"),
+    [(None, 0, [0]), ([2, 7], 7, [2, 7]), (5, None, [5]), (None, None, [])],
+)
+def test_an_answer_ends_at_the_generation_configs_eos_and_the_tokenizers(config_eos, tokenizer_eos, ends):
+    model = SimpleNamespace(generation_config=GenerationConfig(eos_token_id=config_eos))
+    assert answer_ends(model, SimpleNamespace(eos_token_id=tokenizer_eos)) == ends  # 0 is an id, not "none"
 
 
 def test_the_choices_streamer_gives_each_row_its_text_up_to_its_end():
