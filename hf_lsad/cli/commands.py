@@ -325,15 +325,14 @@ def run_generate(args: argparse.Namespace) -> None:
     import torch
 
     from ..capture.collect import encode_prompts
+    from ..generation.generate import decoding_settings
 
     guarded = _guarded_model(args)
     tokenizer = guarded.tokenizer
     inputs = encode_prompts(tokenizer, args.prompts, device=guarded.device, system=args.system)
-    decoding: dict[str, Any] = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    top_p = 1.0 if args.top_p is None else args.top_p
     how = "greedy"
-    if args.temperature > 0:  # the whole distribution under temperature and top-p: no top-k, as hf-lsad serve
-        top_p = 1.0 if args.top_p is None else args.top_p
-        decoding = dict(do_sample=True, temperature=args.temperature, top_p=top_p, top_k=0)
+    if args.temperature > 0:  # sampled as hf-lsad serve samples (decoding_settings)
         how = f"sampling at temperature {args.temperature}, top-p {top_p}" + (
             f", seed {args.seed}" if args.seed is not None else ""
         )
@@ -344,7 +343,7 @@ def run_generate(args: argparse.Namespace) -> None:
         output = guarded.generate(
             **inputs,
             max_new_tokens=args.max_new_tokens,
-            **decoding,
+            **decoding_settings(args.temperature, top_p),
             return_dict_in_generate=True,
             on_flag=args.on_flag or ("report" if guarded.guard.config.hook.position == "response_last" else "stop"),
             refusal=args.refusal or None,

@@ -163,6 +163,15 @@ def generate_guarded(
     return output, state.reports(explain=explain, top_k=top_k, opening=opening)
 
 
+def decoding_settings(temperature: float, top_p: float = 1.0) -> dict[str, Any]:
+    """``generate`` settings for a temperature and a top-p as the OpenAI API reads them: 0 decodes greedily (the
+    model's own sampling settings cleared), above 0 samples from the whole distribution under them (no top-k, which
+    transformers would otherwise take as 50)."""
+    if temperature == 0:
+        return dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    return dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+
+
 def check_beam_stop(model: PreTrainedModel, kwargs: dict[str, Any], eos: Sequence[int]) -> None:
     """Refuse a stop under beam search that beam search cannot carry out: beam sampling draws twice the beams'
     continuations of each prompt, and a stopped prompt has one; without an EOS id nothing ends a stopped beam."""

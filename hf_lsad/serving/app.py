@@ -49,6 +49,7 @@ from ..capture.inputs import check_context
 from ..capture.recorder import PROMPT_POSITIONS
 from ..core.prompt_tokens import check_explain_count
 from ..errors import InputError
+from ..generation.generate import decoding_settings
 from ..generation.model import GuardedModelForCausalLM
 from ..version import __version__
 from .answer import Answer, moderation_result
@@ -241,13 +242,10 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         processors: list[LogitsProcessor] = []
         if body.presence_penalty or body.frequency_penalty:
             processors.append(AnswerPenalties(prompt_tokens, body.presence_penalty, body.frequency_penalty))
-        greedy = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if temperature == 0:
-            settings.update(greedy)
-        elif body.seed is None:  # the whole distribution under temperature and top_p, as the OpenAI API: no top-k
-            settings.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-        else:  # the same distribution, drawn with the request's own generator and forced
-            settings.update(greedy)
+        if temperature == 0 or body.seed is None:
+            settings.update(decoding_settings(temperature, top_p))
+        else:  # the same distribution, drawn with the request's own generator and forced (greedy picks it)
+            settings.update(decoding_settings(0))
             processors.append(SeededSampling(body.seed, temperature, top_p))
         if processors:
             settings["logits_processor"] = LogitsProcessorList(processors)
