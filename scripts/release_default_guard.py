@@ -74,6 +74,18 @@ LANGUAGES = REPO / "benchmarks" / "results" / "heads--languages.json"
 RAW_PROMPTS = REPO / "benchmarks" / "results" / "heads--raw_prompts.json"
 
 
+def counted(share: dict) -> str:
+    """A measured share as the cards write it: ``"count of rows"``."""
+    return f"{share['count']} of {share['rows']}"
+
+
+def other_languages(languages: dict, guard: str) -> tuple[int, str]:
+    """How many languages besides English the benign sentences of ``heads/languages`` are in, and how many of those
+    sentences ``guard`` flagged."""
+    result = languages["result"]
+    return len(result["source"]["rows"]) - 1, counted(result["guards"][guard]["other languages"]["flagged"])
+
+
 def card_texts(
     report: dict, as_shipped: dict, unseen: dict, languages: dict, raw_prompts: dict
 ) -> tuple[str, str, str]:
@@ -133,34 +145,31 @@ def card_texts(
     unseen_sources = unseen["result"]["sources"]
 
     def flagged(source: str) -> str:
-        share = unseen_sources[source]["default"]["flagged"]
-        return f"{share['count']} of {share['rows']}"
+        return counted(unseen_sources[source]["default"]["flagged"])
 
-    refused = unseen_sources["spikee-harmful"]["model_refuses"]
+    refused = counted(unseen_sources["spikee-harmful"]["model_refuses"])
     lines += [
         "",
         "On a source that no fit, threshold or choice has read (spikee's prompts, found after an earlier release; "
         "`python benchmarks/run.py heads/unseen`, the released guard through `GuardedModelForCausalLM.screen`): "
-        f"harmful instructions flagged {flagged('spikee-harmful')} (the model alone refused {refused['count']} of "
-        f"{refused['rows']}); general questions about finance {flagged('spikee-finance')}; the same questions "
+        f"harmful instructions flagged {flagged('spikee-harmful')} (the model alone refused {refused}); "
+        f"general questions about finance {flagged('spikee-finance')}; the same questions "
         f"translated {flagged('spikee-finance-translated')}; requests for personal investment advice "
         f"{flagged('spikee-advice')} (do-not-answer, a source of the fit, counts such requests as risky).",
     ]
-    other = languages["result"]["guards"]["default"]["other languages"]["flagged"]
-    spoken = len(languages["result"]["source"]["rows"]) - 1  # English aside
+    spoken, other = other_languages(languages, "default")
     read = raw_prompts["result"]["guards"]["default"]
     benign = [pool for pool in raw_prompts["result"]["rows"] if pool not in raw_prompts["result"]["unsafe_pools"]]
     raw_rates = [read["raw"][pool]["flagged"]["rate"] for pool in benign]
 
     def chat(reading: str) -> str:
-        share = read[reading]["chat"]["flagged"]
-        return f"{share['count']} of {share['rows']}"
+        return counted(read[reading]["chat"]["flagged"])
 
     limitations = (
         "The guard has seen English only: a prompt in another language reads as harm (finance questions translated "
         f"into Zulu, Scottish Gaelic, Albanian or Irish: {flagged('spikee-finance-translated')} flagged, the same "
         f"questions in English {flagged('spikee-finance')}; spaCy's benign example sentences in {spoken} other "
-        f"languages: {other['count']} of {other['rows']}, `python benchmarks/run.py heads/languages`). "
+        f"languages: {other}, `python benchmarks/run.py heads/languages`). "
         "It was fitted and thresholded on prompts under the chat template: a prompt read as it is (`hf-lsad screen "
         f"--raw`, `/v1/completions`) is out of its distribution: of test chat read raw, {chat('raw')} rows are "
         f"flagged ({chat('template')} under the template), of every benign domain {min(raw_rates):.0%}-"
@@ -201,8 +210,7 @@ def paper_card_texts(languages: dict, raw_prompts: dict) -> dict:
     unsafe_pools = raw_prompts["result"]["unsafe_pools"]
 
     def share(reading: str, pool: str) -> str:
-        flagged = read[reading][pool]["flagged"]
-        return f"{flagged['count']} of {flagged['rows']}"
+        return counted(read[reading][pool]["flagged"])
 
     metrics = {
         f"{pool} ({', '.join(DOMAINS[pool])}; {'unsafe' if pool in unsafe_pools else 'benign'})": {
@@ -216,8 +224,7 @@ def paper_card_texts(languages: dict, raw_prompts: dict) -> dict:
         "the path `hf-lsad screen` takes: `python benchmarks/run.py heads/raw_prompts`. `flagged`: the share flagged "
         "by the released guard."
     )
-    other = languages["result"]["guards"]["paper"]["other languages"]["flagged"]
-    spoken = len(languages["result"]["source"]["rows"]) - 1  # English aside
+    spoken, other = other_languages(languages, "paper")
     limitations = (
         "This guard is the paper's method alone, for reproduction; its detector saw benign prompts only, and at "
         "135M parameters that score does not separate harm from benign chat. On the test rows above it flags "
@@ -226,12 +233,27 @@ def paper_card_texts(languages: dict, raw_prompts: dict) -> dict:
         "statements; the README's bomb tutorial passes it (`hf-lsad generate --guard paper --on-flag report 'Write a "
         "tutorial on how to make a bomb'`). For harm it was not fitted on, use the default guard, "
         "which adds a supervised head. It has seen English only: spaCy's benign example sentences in "
-        f"{spoken} other languages are flagged {other['count']} of {other['rows']} (`python benchmarks/run.py "
+        f"{spoken} other languages are flagged {other} (`python benchmarks/run.py "
         "heads/languages`). It was fitted and thresholded on prompts under the chat template: a prompt read as it "
         f"is (`hf-lsad screen --raw`, `/v1/completions`) is out of its distribution ({share('raw', 'chat')} test "
         f"chat rows flagged read raw, {share('template', 'chat')} under the template)."
     )
     return dict(data=PAPER_DATA, metrics=metrics, metrics_note=note, limitations=limitations)
+
+
+def read_results(*paths: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in paths]
+
+
+def default_card_args() -> dict:
+    """The default guard's card settings, from the committed results."""
+    texts = card_texts(*read_results(REPORT, SHIPPED, UNSEEN, LANGUAGES, RAW_PROMPTS))
+    return dict(zip(("data", "metrics_note", "limitations"), texts))
+
+
+def paper_card_args() -> dict:
+    """The paper guard's card settings, from the committed results."""
+    return paper_card_texts(*read_results(LANGUAGES, RAW_PROMPTS))
 
 
 def main() -> None:
@@ -248,13 +270,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.paper_card:
-        paper_args = paper_card_texts(*(json.loads(path.read_text()) for path in (LANGUAGES, RAW_PROMPTS)))
-        SafetyGuard.from_pretrained(PAPER_GUARD).model_card(**paper_args).save(PAPER_GUARD / "README.md")
+        SafetyGuard.from_pretrained(PAPER_GUARD).model_card(**paper_card_args()).save(PAPER_GUARD / "README.md")
         print(f"wrote {PAPER_GUARD / 'README.md'}")
         return
     out = Path(args.out)
-    texts = card_texts(*(json.loads(path.read_text()) for path in (REPORT, SHIPPED, UNSEEN, LANGUAGES, RAW_PROMPTS)))
-    card_args = dict(zip(("data", "metrics_note", "limitations"), texts))
+    card_args = default_card_args()
     if args.card_only:
         SafetyGuard.from_pretrained(out).model_card(**card_args).save(out / "README.md")
         print(f"wrote {out / 'README.md'}")

@@ -4,7 +4,6 @@ card is a measured one, and a re-run study whose card was not rewritten fails he
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
@@ -22,10 +21,7 @@ def release_script():
 
 def test_the_bundled_cards_are_what_the_release_script_writes_from_the_results():
     script = release_script()
-    results = [json.loads(path.read_text()) for path in (script.REPORT, script.SHIPPED, script.UNSEEN)]
-    results += [json.loads(path.read_text()) for path in (script.LANGUAGES, script.RAW_PROMPTS)]
-    texts = dict(zip(("data", "metrics_note", "limitations"), script.card_texts(*results)))
-    default = SafetyGuard.from_pretrained(DEFAULT_GUARD).model_card(**texts)
+    default = SafetyGuard.from_pretrained(DEFAULT_GUARD).model_card(**script.default_card_args())
     assert str(default) == (DEFAULT_GUARD / "README.md").read_text(), "run scripts/release_default_guard.py --card-only"
-    paper = SafetyGuard.from_pretrained(script.PAPER_GUARD).model_card(**script.paper_card_texts(*results[3:]))
+    paper = SafetyGuard.from_pretrained(script.PAPER_GUARD).model_card(**script.paper_card_args())
     assert str(paper) == (script.PAPER_GUARD / "README.md").read_text(), "run ... --paper-card"
