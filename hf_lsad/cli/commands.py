@@ -359,7 +359,21 @@ def run_generate(args: argparse.Namespace) -> None:
         if report.tokens:  # --explain: the words behind a supervised head's verdict
             words = ", ".join(f"{t.text(tokenizer)!r} {t.contribution:+.3f}" for t in report.tokens)
             why = f"why:      {report.explained_head}: {words} (what each adds to its logit)\n"
-        print(f"prompt:   {prompt}\nresponse: {response.strip()}\nsafety:   {report.describe()}\n{why}")
+        print(f"prompt:   {shown_prompt(prompt)}\nresponse: {response.strip()}\nsafety:   {report.describe()}\n{why}")
+
+
+SHOWN_PROMPT_CHARACTERS = 300
+
+
+def shown_prompt(prompt: str) -> str:
+    """The prompt as ``hf-lsad generate`` echoes it: a long one cut to its start, saying how long it is.
+
+    The echo only says which prompt a response belongs to; an 8,000-token prompt printed whole would bury the
+    verdicts.
+    """
+    if len(prompt) <= SHOWN_PROMPT_CHARACTERS:
+        return prompt
+    return f"{prompt[:SHOWN_PROMPT_CHARACTERS]} ... [{len(prompt):,} characters]"
 
 
 def run_explain(args: argparse.Namespace) -> None:

@@ -230,3 +230,12 @@ def test_generate_samples_at_a_temperature_and_a_seed_repeats_the_draw(model_dir
     assert answer("--temperature", "1.5", "--seed", "3")[1] == first
     drawn = {answer("--temperature", "1.5", "--seed", str(seed))[1] for seed in range(4)}
     assert len(drawn | {greedy}) > 2  # the seed decides the draw
+
+
+def test_generate_echoes_a_long_prompt_cut_to_its_start(model_dir, tmp_path, capsys):
+    fresh_guard("prompt_last").save_pretrained(tmp_path / "guard")
+    long_prompt = "Tell me about bread. " * 20  # 420 characters, within the tiny model's context
+    argv = ["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guard"), "--max-new-tokens", "2"]
+    main([*argv, "--on-flag", "report", "hi there", long_prompt])
+    prompts = [line for line in capsys.readouterr().out.splitlines() if line.startswith("prompt:")]
+    assert prompts == ["prompt:   hi there", f"prompt:   {long_prompt[:300]} ... [420 characters]"]
