@@ -40,6 +40,7 @@ from starlette.exceptions import HTTPException
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
+    SequenceBiasLogitsProcessor,
     StoppingCriteria,
     StoppingCriteriaList,
 )
@@ -140,6 +141,7 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
     reads_prompt = guarded.guard.config.hook.position in PROMPT_POSITIONS
     ends = answer_ends(guarded.model, tokenizer)
+    vocabulary = int(guarded.model.get_output_embeddings().weight.shape[0])  # the width of the logits a bias adds to
     gate = threading.BoundedSemaphore(config.max_concurrency)
     explaining: dict[str, Any] = {"explain": True, "top_k": config.explain} if config.explain else {}
 
@@ -240,6 +242,13 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         prompt_tokens = int(tensors["input_ids"].shape[1])
         # transformers runs these before its temperature and top-p warpers, and the guard's own after them
         processors: list[LogitsProcessor] = []
+        if body.logit_bias:
+            beyond = sorted(token for token in body.logit_bias if token >= vocabulary)
+            if beyond:
+                known = f"ids 0 to {vocabulary - 1}"
+                message = f"logit_bias: token ids {beyond} are beyond the model's vocabulary ({known})"
+                raise ServeError(400, message, param="logit_bias")
+            processors.append(SequenceBiasLogitsProcessor([[[token], bias] for token, bias in body.logit_bias.items()]))
         if body.presence_penalty or body.frequency_penalty:
             processors.append(AnswerPenalties(prompt_tokens, body.presence_penalty, body.frequency_penalty))
         if temperature == 0 or body.seed is None:

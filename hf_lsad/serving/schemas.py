@@ -2,7 +2,7 @@
 
 Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted and ignored, so existing
 clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
-``logit_bias``, ``logprobs``, tools, ``response_format``) are refused when set: an answer that silently ignored
+``logprobs``, tools, ``response_format``) are refused when set: an answer that silently ignored
 them would not be the one asked for. Sizes are checked against the server's limits in :mod:`hf_lsad.serving.app`.
 Counts, switches and sampling numbers are strict JSON types: ``true`` is not a count of 1, ``"0.7"`` not a
 temperature, and NaN or infinity no number at all; ``null`` is the default, as the OpenAI API reads it.
@@ -15,7 +15,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 UNSUPPORTED = (
-    "logit_bias",
     "logprobs",
     "top_logprobs",
     "tools",
@@ -32,8 +31,12 @@ MAX_STOP_SEQUENCES = 4
 """Stop sequences a request may give, as the OpenAI API allows."""
 
 NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, [], {})
-"""Values of an :data:`UNSUPPORTED` field that leave the answer as it is (``logprobs: false``, an empty
-``logit_bias``), so they are accepted."""
+"""Values of an :data:`UNSUPPORTED` field that leave the answer as it is (``logprobs: false``, an empty list of
+tools), so they are accepted."""
+
+MAX_LOGIT_BIAS = 100.0
+"""The largest bias a token may be given either way, as the OpenAI API allows: -100 bans a token, 100 all but forces
+it."""
 
 
 class ContentPart(BaseModel):
@@ -94,6 +97,10 @@ class _Sampling(BaseModel):
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64, strict=True)
     """Sampling (``temperature`` above 0) draws with a generator of this seed, the request's own: the same request
     gets the same answer, whatever other requests draw meanwhile."""
+    logit_bias: dict[int, float] | None = None
+    """Token id (written as a string, as JSON keys are) to a number from -100 to 100 added to the token's logit before
+    sampling and the penalties, as the OpenAI API; ids beyond the model's vocabulary are refused
+    (:mod:`hf_lsad.serving.app`)."""
     stop: list[str] | None = None
     """Up to :data:`MAX_STOP_SEQUENCES` texts (one may be given alone): the answer ends before the first of them
     it writes, with ``finish_reason: "stop"``."""
@@ -116,6 +123,24 @@ class _Sampling(BaseModel):
         if not all(stops):
             raise ValueError("a stop sequence is empty")
         return stops or None
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _token_biases(cls, value: Any) -> dict[int, float] | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError(f"an object of token ids to biases, got {json_type(value)}")
+        biases: dict[int, float] = {}
+        for key, bias in value.items():
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"{key!r} is not a token id (a whole number, written as a string)")
+            number = isinstance(bias, int | float) and not isinstance(bias, bool)
+            if not (number and abs(bias) <= MAX_LOGIT_BIAS):  # NaN fails the comparison too
+                shown = repr(bias) if number else json_type(bias)
+                raise ValueError(f"token {key}: the bias is {shown}, not a number from -100 to 100")
+            biases[int(key)] = float(bias)
+        return biases or None
 
     @model_validator(mode="before")
     @classmethod

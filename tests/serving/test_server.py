@@ -159,9 +159,10 @@ def test_a_seed_gives_the_same_sampled_answer_whatever_other_requests_draw_meanw
     assert sampled(-(2**63)) == sampled(-(2**63))
 
 
-def penalised_greedy(guarded, prompt, max_new, presence, frequency):
-    """The greedy answer under the OpenAI API's penalties, token by token: each logit lowered by ``presence`` if the
-    answer has written its token and by ``frequency`` per time it has."""
+def penalised_greedy(guarded, prompt, max_new, presence, frequency, bias=None):
+    """The greedy answer under the OpenAI API's logit bias and penalties, token by token: each logit raised by its
+    token's ``bias``, lowered by ``presence`` if the answer has written its token and by ``frequency`` per time it
+    has."""
     tokenizer = guarded.tokenizer
     messages = [{"role": "user", "content": prompt}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -170,6 +171,8 @@ def penalised_greedy(guarded, prompt, max_new, presence, frequency):
     for _ in range(max_new):
         with torch.no_grad():
             logits = guarded.model(input_ids=ids).logits[0, -1].clone()
+        for token, raised in (bias or {}).items():
+            logits[token] += raised
         for token in set(written):
             logits[token] -= presence + frequency * written.count(token)
         token = int(logits.argmax())
@@ -192,6 +195,25 @@ def test_presence_and_frequency_penalties_act_on_the_answers_own_tokens(server, 
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == penalised
     filtered = client.chat.completions.create(**chat_body(UNSAFE, max_tokens=16, presence_penalty=-2.0))
     assert (filtered.choices[0].finish_reason, filtered.choices[0].message.content) == ("content_filter", "")
+
+
+def test_a_logit_bias_moves_the_answers_tokens_but_not_the_guards_stop(server, client):
+    _, guarded = server
+    tokenizer = guarded.tokenizer
+    plain = client.chat.completions.create(**chat_body(BENIGN, max_tokens=8)).choices[0].message.content
+    first = tokenizer(plain, add_special_tokens=False)["input_ids"][0]
+    favoured = tokenizer(" bread", add_special_tokens=False)["input_ids"][-1]
+    for bias in ({first: -100}, {favoured: 100, tokenizer.eos_token_id: -100}, {first: -3.5, favoured: 2}):
+        body = chat_body(BENIGN, max_tokens=8, logit_bias={str(token): value for token, value in bias.items()})
+        biased = client.chat.completions.create(**body).choices[0].message.content
+        assert biased == penalised_greedy(guarded, BENIGN, 8, 0.0, 0.0, bias)
+        assert biased != plain
+        streamed = client.chat.completions.create(**body, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed) == biased
+    # the guard's processor runs after the bias: a token raised by 100 does not get past a stopped row
+    body = chat_body(UNSAFE, max_tokens=8, logit_bias={str(favoured): 100, str(tokenizer.eos_token_id): -100})
+    filtered = client.chat.completions.create(**body).choices[0]
+    assert (filtered.finish_reason, filtered.message.content) == ("content_filter", "")
 
 
 def test_null_settings_are_the_defaults(server):
@@ -379,11 +401,19 @@ BAD_REQUESTS = [
     ("a stop sequence not text", {"body": chat_body(BENIGN, stop=[1])}, 400, "stop: item 0 is a number"),
     ("a seed with a fraction", {"body": chat_body(BENIGN, seed=1.5)}, 400, "seed: Input should be a valid int"),
     ("a seed beyond 64 bits", {"body": chat_body(BENIGN, seed=2**64)}, 400, "seed: Input should be less than"),
+    ("log probabilities", {"body": chat_body(BENIGN, logprobs=True)}, 400, "not supported by hf-lsad serve: logprobs"),
+    ("a logit bias list", {"body": chat_body(BENIGN, logit_bias=[5])}, 400, "logit_bias: an object of token ids"),
+    ("a bias of a word", {"body": chat_body(BENIGN, logit_bias={"bread": 3})}, 400, "'bread' is not a token id"),
+    ("a negative token id", {"body": chat_body(BENIGN, logit_bias={"-5": 3})}, 400, "'-5' is not a token id"),
+    ("a bias above 100", {"body": chat_body(BENIGN, logit_bias={"5": 101})}, 400, "token 5: the bias is 101, not"),
+    ("a bias as a switch", {"body": chat_body(BENIGN, logit_bias={"5": True})}, 400, "the bias is a boolean, not"),
+    ("a bias as text", {"body": chat_body(BENIGN, logit_bias={"5": "3"})}, 400, "the bias is a string, not"),
+    ("a NaN bias", {"raw": HI[:-1] + b', "logit_bias": {"5": NaN}}'}, 400, "the bias is nan, not"),
     (
-        "a logit bias",
-        {"body": chat_body(BENIGN, logit_bias={"5": 3})},
+        "a token beyond the vocabulary",
+        {"body": chat_body(BENIGN, logit_bias={"5": 1, "100000": -100})},
         400,
-        "not supported by hf-lsad serve: logit_bias",
+        "logit_bias: token ids [100000] are beyond the model's vocabulary (ids 0 to",
     ),
     ("a penalty above 2", {"body": chat_body(BENIGN, presence_penalty=2.5)}, 400, "presence_penalty: Input should be"),
     ("a penalty as text", {"body": chat_body(BENIGN, frequency_penalty="1")}, 400, "frequency_penalty: Input should"),
