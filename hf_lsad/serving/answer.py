@@ -3,15 +3,19 @@ result (:func:`moderation_result`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from tokenizers import decoders
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from ..guard.types import SafetyReport
-from .decoding import cut_at_stop
+from .decoding import TokenLogprobs, cut_at_stop
 
 
 class Answer:
@@ -26,11 +30,15 @@ class Answer:
         tokenizer: Any,
         stops: list[str],
         ends: list[int],
+        logprobs: TokenLogprobs | None = None,
     ) -> None:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model, self.chat, self.reads_prompt = model, chat, reads_prompt
         self.prompt_tokens, self.tokenizer, self.stops, self.ends = prompt_tokens, tokenizer, stops, set(ends)
+        self.logprobs = logprobs
+        """The tokens' log-probabilities, recorded during ``generate``; ``None``: not asked for."""
+        self.token_bytes = token_bytes(tokenizer)
 
     def whole(self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int) -> dict[str, Any]:
         """The answer to a request: a choice per row of ``sequences`` ``[choices, tokens]``, each with its report."""
@@ -39,7 +47,7 @@ class Answer:
             new = self._new_tokens(sequence)
             written += len(new)
             text, stopped = cut_at_stop(self.tokenizer.decode(new, skip_special_tokens=True), self.stops)
-            choice: dict[str, Any] = {"index": index, "logprobs": None}
+            choice: dict[str, Any] = {"index": index, "logprobs": self._logprobs(index, new, text, stopped)}
             choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
             choice.update(finish_reason=self._finish(new, report, max_new, stopped), safety=self._safety(report))
             choices.append(choice)
@@ -61,19 +69,24 @@ class Answer:
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
     def last_chunks(
-        self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int, stopped: list[bool]
+        self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int, texts: list[tuple[str, bool]]
     ) -> list[dict[str, Any]]:
-        """The chunks that end a stream: each choice's finish reason and report, then, on the last, the usage and
-        the answer's report; ``stopped``: per choice, a stop sequence was written."""
+        """The chunks that end a stream: each choice's finish reason, report and the log-probabilities of its tokens
+        (when asked for: every token's, in this one chunk), then, on the last, the usage and the answer's report;
+        ``texts``: per choice, the text sent and whether a stop sequence ended it."""
         chunks, written = [], 0
-        for index, (sequence, report, stop) in enumerate(zip(sequences, reports, stopped)):
+        for index, (sequence, report, (text, stop)) in enumerate(zip(sequences, reports, texts)):
             new = self._new_tokens(sequence)
             written += len(new)
             chunk = self.chunk(index, content="")
             choice = chunk["choices"][0]
             if self.chat:
                 choice["delta"] = {}
-            choice.update(finish_reason=self._finish(new, report, max_new, stop), safety=self._safety(report))
+            choice.update(
+                logprobs=self._logprobs(index, new, text, stop),
+                finish_reason=self._finish(new, report, max_new, stop),
+                safety=self._safety(report),
+            )
             chunks.append(chunk)
         chunks[-1].update(usage=self._usage(written), safety=self._safety(reports[0]))
         return chunks
@@ -95,6 +108,39 @@ class Answer:
         while new and new[-1] == self.tokenizer.pad_token_id:
             new.pop()
         return new
+
+    def _logprobs(self, index: int, new: list[int], text: str, stopped: bool) -> dict[str, Any] | None:
+        """Choice ``index``'s tokens with their log-probabilities in the OpenAI shape (chat; or the legacy
+        completions shape), ``None`` when not asked for. The tokens are those of ``text``: a special token (an
+        end-of-sequence id; any the text leaves out) is not listed, nor a token that begins after a stop sequence cut
+        the text."""
+        if self.logprobs is None:
+            return None
+        steps = self.logprobs.row(index, len(new))
+        unwritten = self.ends | set(self.tokenizer.all_special_ids)  # what skip_special_tokens leaves out of text
+        listed = [step for step, token in enumerate(new) if token not in unwritten]
+        if stopped:  # the tokens that begin before the cut
+            decode = self.tokenizer.decode
+            listed = [step for step in listed if len(decode(new[:step], skip_special_tokens=True)) < len(text)]
+        if self.chat:
+            content = [
+                {**self._token(new[step], logprob), "top_logprobs": [self._token(*top) for top in most_likely]}
+                for step in listed
+                for logprob, most_likely in [steps[step]]
+            ]
+            return {"content": content, "refusal": None}
+        tokens = [self.tokenizer.decode([new[step]]) for step in listed]
+        offsets = list(itertools.accumulate((len(token) for token in tokens[:-1]), initial=0)) if tokens else []
+        return {
+            "tokens": tokens,
+            "token_logprobs": [steps[step][0] for step in listed],
+            "top_logprobs": [{self.tokenizer.decode([t]): p for t, p in steps[step][1]} for step in listed],
+            "text_offset": offsets,
+        }
+
+    def _token(self, token: int, logprob: float) -> dict[str, Any]:
+        """One token of a chat answer's ``logprobs``: its text, log-probability and UTF-8 bytes."""
+        return {"token": self.tokenizer.decode([token]), "logprob": logprob, "bytes": list(self.token_bytes(token))}
 
     def _finish(self, new: list[int], report: SafetyReport, max_new: int, stopped: bool) -> str:
         if report.stopped:
@@ -124,3 +170,21 @@ def moderation_result(report: SafetyReport, tokenizer: Any) -> dict[str, Any]:
         "category_applied_input_types": {v.name: ["text"] for v in verdicts},
         "hf_lsad": report.to_json(tokenizer),
     }
+
+
+def token_bytes(tokenizer: Any) -> Callable[[int], bytes]:
+    """The UTF-8 bytes of one token, as the OpenAI API gives them so that a client can join tokens that each hold part
+    of a character. A byte-level BPE tokenizer (GPT-2's, SmolLM2's) writes each byte as a character of its own, which is
+    mapped back; any other, the token's decoded text."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and isinstance(backend.decoder, decoders.ByteLevel):
+        byte_of = {character: byte for byte, character in bytes_to_unicode().items()}
+
+        def from_byte_level(token: int) -> bytes:
+            piece = tokenizer.convert_ids_to_tokens(token)
+            if all(character in byte_of for character in piece):
+                return bytes(byte_of[character] for character in piece)
+            return tokenizer.decode([token]).encode()  # an added token, written as itself
+
+        return from_byte_level
+    return lambda token: tokenizer.decode([token]).encode()

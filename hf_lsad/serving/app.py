@@ -61,6 +61,7 @@ from .decoding import (
     SeededSampling,
     StopSequences,
     StopText,
+    TokenLogprobs,
     answer_ends,
 )
 from .schemas import ChatCompletionRequest, CompletionRequest, ModerationRequest
@@ -242,6 +243,10 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         prompt_tokens = int(tensors["input_ids"].shape[1])
         # transformers runs these before its temperature and top-p warpers, and the guard's own after them
         processors: list[LogitsProcessor] = []
+        top_logprobs = body.token_logprobs()
+        logprobs = None if top_logprobs is None else TokenLogprobs(top_logprobs)
+        if logprobs is not None:  # first: it reads the model's own logits
+            processors.append(logprobs)
         if body.logit_bias:
             beyond = sorted(token for token in body.logit_bias if token >= vocabulary)
             if beyond:
@@ -259,14 +264,14 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         if processors:
             settings["logits_processor"] = LogitsProcessorList(processors)
         stops = body.stop or []
-        answer = Answer(config.model_name, chat, reads_prompt, prompt_tokens, tokenizer, stops, ends)
+        answer = Answer(config.model_name, chat, reads_prompt, prompt_tokens, tokenizer, stops, ends, logprobs)
 
         if config.explain:
             settings.update(explain=True, explain_top_k=config.explain)
 
         def generate(*criteria: StoppingCriteria, **extra: Any) -> Any:
             ending = [StopSequences(tokenizer, prompt_tokens, stops)] if stops else []
-            return guarded.generate(
+            output = guarded.generate(
                 **tensors,
                 **settings,
                 **extra,
@@ -274,6 +279,9 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
                 on_flag="stop",
                 return_dict_in_generate=True,
             )
+            if logprobs is not None:
+                logprobs.finish(output.sequences)
+            return output
 
         if not body.stream:
             output = await run_in_threadpool(gated, gate, generate)
@@ -299,25 +307,28 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
         texts = [StopText(answer.stops) for _ in range(choices)]
+        sent = [""] * choices
         try:
             for index in range(choices):
                 yield answer.event(answer.chunk(index, role="assistant"))
             async for index, piece in iterate_in_threadpool(streamer):
                 sendable = texts[index].feed(piece)
                 if sendable:
+                    sent[index] += sendable
                     yield answer.event(answer.chunk(index, content=sendable))
             await run_in_threadpool(worker.join)
             for index, text in enumerate(texts):
                 rest = text.flush()
                 if rest:
+                    sent[index] += rest
                     yield answer.event(answer.chunk(index, content=rest))
             if "error" in result:
                 err = result["error"]
                 yield answer.event(error_body(f"{type(err).__name__}: {err}", "server_error"))
             else:
                 output = result["output"]
-                found = [text.found for text in texts]
-                for chunk in answer.last_chunks(output.sequences, output.safety, max_new, found):
+                ended = [(whole, text.found) for whole, text in zip(sent, texts)]
+                for chunk in answer.last_chunks(output.sequences, output.safety, max_new, ended):
                     yield answer.event(chunk)
             yield "data: [DONE]\n\n"
         finally:

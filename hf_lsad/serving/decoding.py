@@ -1,5 +1,6 @@
 """How the server decodes one request's answer, beside what guarded ``generate`` does: the OpenAI API's sampling
-settings as logits processors (:class:`AnswerPenalties`, :class:`SeededSampling`), its stop sequences
+settings as logits processors (:class:`AnswerPenalties`, :class:`SeededSampling`), the tokens' log-probabilities
+(:class:`TokenLogprobs`), its stop sequences
 (:class:`StopSequences` ends a row, :func:`cut_at_stop` and :class:`StopText` cut the text, whole or streamed), the
 text of each choice as it is written (:class:`ChoicesStreamer`), where each ends (:func:`answer_ends`) and a client that
 went away (:class:`Cancelled`).
@@ -60,6 +61,49 @@ class AnswerPenalties(LogitsProcessor):
         counts = torch.zeros_like(scores).scatter_add_(1, written, torch.ones_like(written, dtype=scores.dtype))
         penalty = self.frequency * counts + self.presence * (counts > 0).to(scores.dtype)  # [rows, vocabulary]
         return cast(torch.FloatTensor, scores - penalty)  # transformers' annotation; a plain Tensor
+
+
+class TokenLogprobs(LogitsProcessor):
+    """Records, at each step, each row's log-probabilities: the ``top`` most likely tokens, and the log-probability of
+    the token the row then wrote (read from ``input_ids`` at the next step, or from the final sequences by
+    :meth:`finish`).
+
+    Put first among the request's processors, it is given the model's own next-token logits, before the request's
+    ``logit_bias``, penalties, temperature and top-p: what the OpenAI API's ``logprobs`` report. Only the last step's
+    full distribution is kept, until the token drawn from it is known."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.top_tokens: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """Per step: the ids ``[rows, top]`` of the most likely tokens and their log-probabilities."""
+        self.written: list[torch.Tensor] = []
+        """Per step: the log-probability ``[rows]`` of the token each row wrote."""
+        self.last: torch.Tensor | None = None
+        """The last step's log-probabilities ``[rows, vocabulary]``, until its tokens are known."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._read_written(input_ids[:, -1])  # the tokens drawn at the step before
+        self.last = torch.log_softmax(scores.float(), dim=-1)  # [rows, vocabulary]
+        values, ids = self.last.topk(self.top, dim=-1)  # [rows, top]
+        self.top_tokens.append((ids.cpu(), values.cpu()))
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> None:
+        """Reads the last step's tokens from the sequences ``generate`` returned."""
+        self._read_written(sequences[:, -1])
+
+    def _read_written(self, tokens: torch.Tensor) -> None:
+        if self.last is not None:
+            self.written.append(self.last.gather(1, tokens[:, None].to(self.last.device)).squeeze(1).cpu())
+            self.last = None
+
+    def row(self, index: int, steps: int) -> list[tuple[float, list[tuple[int, float]]]]:
+        """Row ``index``'s first ``steps`` positions: the written token's log-probability, and the most likely tokens
+        with theirs, most likely first."""
+        return [
+            (float(self.written[step][index]), list(zip(ids[index].tolist(), values[index].tolist())))
+            for step, (ids, values) in enumerate(self.top_tokens[:steps])
+        ]
 
 
 class SeededSampling(LogitsProcessor):

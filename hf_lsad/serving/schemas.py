@@ -2,7 +2,7 @@
 
 Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted and ignored, so existing
 clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
-``logprobs``, tools, ``response_format``) are refused when set: an answer that silently ignored
+tools, ``response_format``) are refused when set: an answer that silently ignored
 them would not be the one asked for. Sizes are checked against the server's limits in :mod:`hf_lsad.serving.app`.
 Counts, switches and sampling numbers are strict JSON types: ``true`` is not a count of 1, ``"0.7"`` not a
 temperature, and NaN or infinity no number at all; ``null`` is the default, as the OpenAI API reads it.
@@ -15,8 +15,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 UNSUPPORTED = (
-    "logprobs",
-    "top_logprobs",
     "tools",
     "tool_choice",
     "functions",
@@ -31,8 +29,8 @@ MAX_STOP_SEQUENCES = 4
 """Stop sequences a request may give, as the OpenAI API allows."""
 
 NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, [], {})
-"""Values of an :data:`UNSUPPORTED` field that leave the answer as it is (``logprobs: false``, an empty list of
-tools), so they are accepted."""
+"""Values of an :data:`UNSUPPORTED` field that leave the answer as it is (an empty list of tools, ``echo: false``),
+so they are accepted."""
 
 MAX_LOGIT_BIAS = 100.0
 """The largest bias a token may be given either way, as the OpenAI API allows: -100 bans a token, 100 all but forces
@@ -152,18 +150,48 @@ class _Sampling(BaseModel):
         return data
 
 
+MAX_TOP_LOGPROBS = 20
+"""The most likely tokens a chat answer may list at each position, as the OpenAI API allows (5 for a completion)."""
+
+
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     """The newer name of ``max_tokens``; wins when both are given."""
+    logprobs: bool = Field(default=False, strict=True)
+    """Give each token of the answer with its log-probability (:class:`hf_lsad.serving.decoding.TokenLogprobs`)."""
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
+    """With ``logprobs``: the most likely tokens at each position too, this many."""
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _null_is_false(cls, value: Any) -> Any:
+        return False if value is None else value
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs: true")
+        return self
+
+    def token_logprobs(self) -> int | None:
+        """How many most likely tokens to list at each position; ``None``: no log-probabilities asked for."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``: the prompt is read as it is, without the chat template."""
 
     prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=5, strict=True)
+    """Give each token of the answer with its log-probability and this many most likely tokens at each position (the
+    legacy API's shape)."""
+
+    def token_logprobs(self) -> int | None:
+        """How many most likely tokens to list at each position; ``None``: no log-probabilities asked for."""
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod

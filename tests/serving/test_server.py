@@ -216,6 +216,136 @@ def test_a_logit_bias_moves_the_answers_tokens_but_not_the_guards_stop(server, c
     assert (filtered.finish_reason, filtered.message.content) == ("content_filter", "")
 
 
+def greedy_logprobs(guarded, prompt, max_new, top, bias=None):
+    """The greedy answer's tokens, token by token: each token's id, its log-probability under the model's own logits
+    and the ``top`` most likely (id, log-probability) pairs, the ids drawn under ``bias``."""
+    tokenizer = guarded.tokenizer
+    messages = [{"role": "user", "content": prompt}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = ids["input_ids"]
+    steps = []
+    for _ in range(max_new):
+        with torch.no_grad():
+            logprobs = torch.log_softmax(guarded.model(input_ids=ids).logits[0, -1].float(), dim=-1)
+        biased = logprobs.clone()
+        for token, raised in (bias or {}).items():
+            biased[token] += raised
+        token = int(biased.argmax())
+        if token == tokenizer.eos_token_id:
+            break
+        values, most_likely = logprobs.topk(top)
+        steps.append((token, float(logprobs[token]), list(zip(most_likely.tolist(), values.tolist()))))
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return steps
+
+
+def assert_chat_logprobs(content, steps, tokenizer):
+    assert [entry["token"] for entry in content] == [tokenizer.decode([token]) for token, _, _ in steps]
+    for entry, (token, logprob, top) in zip(content, steps):
+        assert entry["logprob"] == pytest.approx(logprob, abs=1e-4)
+        assert bytes(entry["bytes"]) == tokenizer.decode([token]).encode()
+        assert [t["token"] for t in entry["top_logprobs"]] == [tokenizer.decode([t]) for t, _ in top]
+        assert [t["logprob"] for t in entry["top_logprobs"]] == pytest.approx([p for _, p in top], abs=1e-4)
+
+
+def test_log_probabilities_are_the_models_own_for_each_token_of_the_answer(server, client):
+    port, guarded = server
+    tokenizer = guarded.tokenizer
+    steps = greedy_logprobs(guarded, BENIGN, 8, 3)
+    body = chat_body(BENIGN, max_tokens=8, logprobs=True, top_logprobs=3)
+    whole = client.chat.completions.create(**body).choices[0]
+    content = whole.model_dump()["logprobs"]["content"]
+    assert len(content) == len(steps) >= 1
+    assert_chat_logprobs(content, steps, tokenizer)
+    assert whole.message.content == tokenizer.decode([token for token, _, _ in steps])
+    # streamed, every token comes in the choice's last chunk, as it would whole; each of n choices has its own
+    chunks = list(client.chat.completions.create(**body, stream=True, n=2))
+    last = {c.choices[0].index: c.choices[0] for c in chunks if c.choices[0].finish_reason is not None}
+    assert sum(c.choices[0].logprobs is not None for c in chunks) == 2
+    for index in (0, 1):
+        assert_chat_logprobs(last[index].model_dump()["logprobs"]["content"], steps, tokenizer)
+    # sampled choices differ, and each lists its own tokens: a token among its position's most likely has their value
+    body = chat_body(BENIGN, max_tokens=8, logprobs=True, top_logprobs=20, temperature=1.5, seed=1, n=2)
+    choices = client.chat.completions.create(**body).choices
+    assert choices[0].message.content != choices[1].message.content
+    for choice in choices:
+        content = choice.model_dump()["logprobs"]["content"]
+        assert (
+            tokenizer.decode(tokenizer.convert_tokens_to_ids([e["token"] for e in content])) == choice.message.content
+        )
+        for entry in content:
+            top = {t["token"]: t["logprob"] for t in entry["top_logprobs"]}
+            assert top.get(entry["token"], entry["logprob"]) == pytest.approx(entry["logprob"], abs=1e-5)
+    # before the request's bias: a token the bias chose has the model's own (lower) log-probability
+    first = steps[0][0]
+    biased = greedy_logprobs(guarded, BENIGN, 8, 2, bias={first: -100})
+    body = chat_body(BENIGN, max_tokens=8, logprobs=True, top_logprobs=2, logit_bias={str(first): -100})
+    content = client.chat.completions.create(**body).choices[0].model_dump()["logprobs"]["content"]
+    assert_chat_logprobs(content, biased, tokenizer)
+    assert content[0]["logprob"] < content[0]["top_logprobs"][0]["logprob"]
+    # without top_logprobs, none are listed; a stopped prompt lists no token
+    plain = client.chat.completions.create(**chat_body(BENIGN, max_tokens=8, logprobs=True)).choices[0]
+    assert [entry["top_logprobs"] for entry in plain.model_dump()["logprobs"]["content"]] == [[]] * len(steps)
+    filtered = client.chat.completions.create(**chat_body(UNSAFE, max_tokens=8, logprobs=True)).choices[0]
+    assert filtered.finish_reason == "content_filter" and filtered.model_dump()["logprobs"]["content"] == []
+    # a completion gives them in the legacy shape
+    turn = [{"role": "user", "content": BENIGN}]  # formatted as the guard reads prompts: not flagged
+    formatted = tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    status, answer = request(
+        port, "POST", "/v1/completions", {"prompt": formatted, "temperature": 0, "max_tokens": 8, "logprobs": 2}
+    )
+    assert status == 200 and answer["choices"][0]["finish_reason"] != "content_filter"
+    legacy = answer["choices"][0]["logprobs"]
+    tokens = [tokenizer.decode([token]) for token, _, _ in steps]  # the same ids as the chat answer's
+    assert legacy["tokens"] == tokens
+    assert legacy["token_logprobs"] == pytest.approx([logprob for _, logprob, _ in steps], abs=1e-4)
+    assert [list(top) for top in legacy["top_logprobs"]] == [
+        [tokenizer.decode([t]) for t, _ in top[:2]] for *_, top in steps
+    ]
+    assert legacy["text_offset"] == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+
+
+def test_log_probabilities_end_with_the_text_a_stop_sequence_cut(server, client):
+    _, guarded = server
+    tokenizer = guarded.tokenizer
+    steps = greedy_logprobs(guarded, BENIGN, 12, 1)
+    full = tokenizer.decode([token for token, _, _ in steps])
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    for stream in (False, True):
+        body = chat_body(BENIGN, max_tokens=12, logprobs=True, stop=[stop])
+        if stream:
+            chunks = list(client.chat.completions.create(**body, stream=True))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            content = chunks[-1].choices[0].model_dump()["logprobs"]["content"]
+        else:
+            choice = client.chat.completions.create(**body).choices[0]
+            text, content = choice.message.content, choice.model_dump()["logprobs"]["content"]
+        assert text == full[: full.index(stop)]
+        listed = [entry["token"] for entry in content]
+        kept = [tokenizer.decode([token]) for token, _, _ in steps][: len(listed)]
+        assert listed == kept and len(listed) < len(steps)
+        assert len(tokenizer.decode([token for token, _, _ in steps[: len(listed) - 1]])) < len(text)
+        assert len(tokenizer.decode([token for token, _, _ in steps[: len(listed)]])) >= len(text)
+
+
+def test_a_byte_level_tokens_bytes_are_its_own_not_its_decoded_text():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_lsad.serving.answer import token_bytes
+
+    backend = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    text = "héllo 😀"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text.encode())  # one token per byte: the emoji's four bytes are four tokens
+    read = token_bytes(tokenizer)
+    assert b"".join(read(token) for token in ids) == text.encode()
+    assert tokenizer.decode(ids[-1:]) == "\ufffd" and read(ids[-1]) == "😀".encode()[-1:]
+
+
 def test_null_settings_are_the_defaults(server):
     port, _ = server
     nulls = {"n": None, "stream": None, "presence_penalty": None, "frequency_penalty": None, "max_tokens": None}
@@ -401,7 +531,16 @@ BAD_REQUESTS = [
     ("a stop sequence not text", {"body": chat_body(BENIGN, stop=[1])}, 400, "stop: item 0 is a number"),
     ("a seed with a fraction", {"body": chat_body(BENIGN, seed=1.5)}, 400, "seed: Input should be a valid int"),
     ("a seed beyond 64 bits", {"body": chat_body(BENIGN, seed=2**64)}, 400, "seed: Input should be less than"),
-    ("log probabilities", {"body": chat_body(BENIGN, logprobs=True)}, 400, "not supported by hf-lsad serve: logprobs"),
+    ("an echo", {"path": "/v1/completions", "body": {"prompt": "a", "echo": True}}, 400, "not supported by hf-lsad"),
+    ("top log-probabilities alone", {"body": chat_body(BENIGN, top_logprobs=2)}, 400, "needs logprobs: true"),
+    ("too many top tokens", {"body": chat_body(BENIGN, logprobs=True, top_logprobs=21)}, 400, "top_logprobs: Input"),
+    ("log-probabilities as text", {"body": chat_body(BENIGN, logprobs="yes")}, 400, "logprobs: Input should be"),
+    (
+        "a completion's top tokens above 5",
+        {"path": "/v1/completions", "body": {"prompt": "a", "logprobs": 6}},
+        400,
+        "logprobs: Input should be less than or equal to 5",
+    ),
     ("a logit bias list", {"body": chat_body(BENIGN, logit_bias=[5])}, 400, "logit_bias: an object of token ids"),
     ("a bias of a word", {"body": chat_body(BENIGN, logit_bias={"bread": 3})}, 400, "'bread' is not a token id"),
     ("a negative token id", {"body": chat_body(BENIGN, logit_bias={"-5": 3})}, 400, "'-5' is not a token id"),
