@@ -123,11 +123,11 @@ class Answer:
             decode = self.tokenizer.decode
             listed = [step for step in listed if len(decode(new[:step], skip_special_tokens=True)) < len(text)]
         if self.chat:
-            content = [
-                {**self._token(new[step], logprob), "top_logprobs": [self._token(*top) for top in most_likely]}
-                for step in listed
-                for logprob, most_likely in [steps[step]]
-            ]
+            content = []
+            for step in listed:
+                logprob, most_likely = steps[step]
+                top = [self._token(token, value) for token, value in most_likely]
+                content.append({**self._token(new[step], logprob), "top_logprobs": top})
             return {"content": content, "refusal": None}
         tokens = [self.tokenizer.decode([new[step]]) for step in listed]
         offsets = list(itertools.accumulate((len(token) for token in tokens[:-1]), initial=0)) if tokens else []

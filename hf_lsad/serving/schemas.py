@@ -2,8 +2,8 @@
 
 Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted and ignored, so existing
 clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
-tools, ``response_format``) are refused when set: an answer that silently ignored
-them would not be the one asked for. Sizes are checked against the server's limits in :mod:`hf_lsad.serving.app`.
+tools, ``response_format``, ``echo``) are refused when set: an answer that silently ignored them would not be the one
+asked for. Sizes are checked against the server's limits in :mod:`hf_lsad.serving.app`.
 Counts, switches and sampling numbers are strict JSON types: ``true`` is not a count of 1, ``"0.7"`` not a
 temperature, and NaN or infinity no number at all; ``null`` is the default, as the OpenAI API reads it.
 """
