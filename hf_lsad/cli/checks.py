@@ -331,7 +331,7 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if not Path(path).is_file():
             parser.error(f"argument --{flag}: no file {path!r}")
         try:
-            prompts[flag] = read_prompt_file(path)
+            prompts[flag] = read_prompt_file(path, args.column)
         except (ValueError, UnicodeDecodeError) as err:
             parser.error(f"argument --{flag}: {_one_line(err)}")
         if not prompts[flag]:
@@ -364,7 +364,7 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if not Path(args.benign).is_file():
         parser.error(f"argument --benign: no file {args.benign!r}")
     try:
-        prompts = read_prompt_file(args.benign)
+        prompts = read_prompt_file(args.benign, args.column)
     except (ValueError, UnicodeDecodeError) as err:
         parser.error(f"argument --benign: {_one_line(err)}")
     if not prompts:

@@ -259,8 +259,8 @@ def _evaluate_prompts(args: argparse.Namespace) -> None:
 
 
 def _prompt_table(source: str, **kwargs: Any) -> list[Any]:
-    """:func:`~hf_lsad.data.tables.read_prompt_table` of ``source`` for ``screen`` and ``evaluate``, whose missing
-    column names the flag that chooses it."""
+    """:func:`~hf_lsad.data.tables.read_prompt_table` of ``source`` for every command that reads tables of prompts,
+    whose missing column names the flag that chooses it."""
     from ..data.tables import MissingColumnError, read_prompt_table
 
     try:
@@ -382,18 +382,17 @@ def run_explain(args: argparse.Namespace) -> None:
     explain_command(args)
 
 
-def read_prompt_file(path: str) -> list[str]:
-    """Prompts of a table (:data:`~hf_lsad.data.tables.TABLE_SUFFIXES`: a ``text`` column, read by
-    :func:`hf_lsad.data.tables.read_prompt_table`; a row without a prompt is an error) or of a UTF-8 text file (one
-    per non-empty line; a byte order mark is not part of the first)."""
-    from ..data.tables import TABLE_SUFFIXES, MissingColumnError, read_prompt_table, text_lines
+def read_prompt_file(path: str, column: str = "prompt") -> list[str]:
+    """Prompts of a table (:data:`~hf_lsad.data.tables.TABLE_SUFFIXES`, read as ``hf-lsad screen`` reads them:
+    ``column``, by default ``prompt`` or, without one, the last user turn of ``messages``; a row without a prompt is an
+    error) or of a UTF-8 text file (one per non-empty line; a byte order mark is not part of the first)."""
+    from ..data.tables import DEFAULT_COLUMN, TABLE_SUFFIXES, text_lines
 
     if not path.lower().endswith(TABLE_SUFFIXES):
+        if column != DEFAULT_COLUMN:
+            raise ValueError(f"{path}: a text file holds one prompt per line and has no column {column!r} to choose")
         return text_lines(Path(path))
-    try:
-        rows = read_prompt_table(path, column="text")
-    except MissingColumnError as err:
-        raise ValueError(f"{err}: a table of prompts for this command holds them in a 'text' column") from None
+    rows = _prompt_table(path, column=column)
     bad = next((row for row in rows if row.error is not None), None)
     if bad is not None:
         raise ValueError(f"{path}: row {bad.id}: {bad.error}")
@@ -411,7 +410,8 @@ def run_add_head(args: argparse.Namespace) -> None:
 
     runtime = _runtime(args, ModelRuntime)
     guard = _guard(args)
-    unsafe, safe = read_prompt_file(args.unsafe), read_prompt_file(args.safe) if args.safe else []
+    unsafe = read_prompt_file(args.unsafe, args.column)
+    safe = read_prompt_file(args.safe, args.column) if args.safe else []
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
     budget = add_head(
@@ -452,7 +452,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
 
     runtime = _runtime(args, ModelRuntime)
     guard = _guard(args)
-    prompts = read_prompt_file(args.benign)
+    prompts = read_prompt_file(args.benign, args.column)
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
     before = guard.budget
@@ -492,7 +492,7 @@ def run_teach(args: argparse.Namespace) -> None:
 
     runtime = _runtime(args, ModelRuntime)
     guard = _guard(args)
-    prompts = read_prompt_file(args.benign)
+    prompts = read_prompt_file(args.benign, args.column)
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
     with warnings.catch_warnings():

@@ -107,7 +107,7 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "add a supervised head for your own category of prompts to a guard",
         arguments.add_head_arguments,
         commands.run_add_head,
-        "Fits a logistic head on the --unsafe prompts (one per line, or a table with a 'text' column; about 100) "
+        "Fits a logistic head on the --unsafe prompts (one per line, or a table's --column; about 100) "
         "against --safe (optional) and the fit rows of the bundled benign pools, then sets every head's threshold "
         "again on validation chat so that together they keep the guard's false-positive budget, the new head "
         "taking --share of it (hf_lsad.guard.heads.training.add_head). With --system, every prompt is formatted "
@@ -117,7 +117,7 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "set every head's threshold on a sample of your own benign traffic",
         arguments.set_budget_arguments,
         commands.run_set_budget,
-        "Screens the --benign prompts (one per line, or a table with a 'text' column; a sample of your traffic "
+        "Screens the --benign prompts (one per line, or a table's --column; a sample of your traffic "
         "that no head was fitted on) and sets every head's threshold so that together they flag at most "
         "--target-fpr of them, each head keeping its share of the budget and the budget its confidence unless "
         "--confidence says otherwise (hf_lsad.guard.heads.training.fit_budget_on_prompts). For traffic the heads "
@@ -129,7 +129,7 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "teach a supervised head a sample of your own benign traffic, and set the thresholds on the rest",
         arguments.teach_arguments,
         commands.run_teach,
-        "Cuts the --benign prompts (one per line, or a table with a 'text' column; a sample of your traffic that no "
+        "Cuts the --benign prompts (one per line, or a table's --column; a sample of your traffic that no "
         "head was fitted on) by a seeded permutation: --fit-fraction of them join --head's fit as one more benign "
         "source beside the bundled pools' fit rows (the head keeps its reads and settings), the rest set every "
         "head's threshold as set-budget does (hf_lsad.guard.heads.training.teach_traffic). Costs less of the harm "

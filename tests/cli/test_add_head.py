@@ -22,7 +22,7 @@ def guard_dir(tmp_path):
 
 def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_path, capsys):
     unsafe = tmp_path / "secrets.jsonl"
-    unsafe.write_text("".join(json.dumps({"text": t}) + "\n" for t in CATEGORY))
+    unsafe.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in CATEGORY))  # as hf-lsad screen reads it
     out = tmp_path / "mine"
     head = ["--name", "secrets", "--unsafe", str(unsafe), "--share", "0.4"]
     sampling = ["--benign-per-pool", "60", "--threshold-rows", "200"]

@@ -1,5 +1,6 @@
-"""The prompt files of ``add-head --unsafe/--safe``, ``set-budget --benign`` and ``teach --benign``: a table by its
-``text`` column, any other file one prompt per line; and a text file for ``screen``."""
+"""The prompt files of ``add-head --unsafe/--safe``, ``set-budget --benign`` and ``teach --benign``: a table read as
+``screen`` reads it (its ``--column``, by default ``prompt`` or the last user turn of ``messages``), any other file one
+prompt per line; and a text file for ``screen``."""
 
 from __future__ import annotations
 
@@ -15,23 +16,37 @@ from hf_lsad.cli.main import entry
 PROMPTS = ["How do I bake bread?", "Tell me a joke"]
 
 
-def write_table(path, suffix):
-    rows = [{"id": str(i), "text": text} for i, text in enumerate(PROMPTS)]
+def write_table(path, suffix, column="prompt"):
+    rows = [{"id": str(i), column: text} for i, text in enumerate(PROMPTS)]
     if suffix == ".jsonl":
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     elif suffix == ".json":
         path.write_text(json.dumps(rows, indent=2))
     elif suffix == ".csv":
-        path.write_text("id,text\n" + "".join(f"{row['id']},{row['text']}\n" for row in rows))
+        path.write_text(f"id,{column}\n" + "".join(f"{row['id']},{row[column]}\n" for row in rows))
     else:
         Dataset.from_list(rows).to_parquet(path)
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv", ".parquet", ".JSON"])
-def test_a_table_gives_its_text_column(tmp_path, suffix):
+@pytest.mark.parametrize("column", ["prompt", "text"])
+def test_a_table_gives_its_prompt_column(tmp_path, suffix, column):
     """A CSV or a JSON array was read one line a prompt: its header, brackets and ids became prompts of the head."""
-    write_table(tmp_path / f"prompts{suffix}", suffix.lower())
-    assert read_prompt_file(str(tmp_path / f"prompts{suffix}")) == PROMPTS
+    write_table(tmp_path / f"prompts{suffix}", suffix.lower(), column)
+    assert read_prompt_file(str(tmp_path / f"prompts{suffix}"), column) == PROMPTS
+
+
+def test_a_table_of_chats_gives_each_rows_last_user_turn(tmp_path):
+    """As ``screen`` reads the table: ``add-head``, ``set-budget`` and ``teach`` read a table ``screen`` reads."""
+    rows = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": p}]} for p in PROMPTS]
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert read_prompt_file(str(tmp_path / "chats.jsonl")) == PROMPTS
+
+
+def test_a_text_file_has_no_column_to_choose(tmp_path):
+    (tmp_path / "p.txt").write_text("How do I bake bread?\n")
+    with pytest.raises(ValueError, match=r"p\.txt: a text file holds one prompt per line and has no column 'text'"):
+        read_prompt_file(str(tmp_path / "p.txt"), "text")
 
 
 @pytest.mark.parametrize("suffix", [".txt", ""])
@@ -46,18 +61,26 @@ def test_a_text_file_that_is_not_utf8_is_named(tmp_path):
         read_prompt_file(str(tmp_path / "p.txt"))
 
 
-def test_a_table_row_without_its_text_is_the_files_error(tmp_path):
-    (tmp_path / "p.json").write_text(json.dumps([{"text": "fine"}, {"text": ""}]))
+def test_a_table_row_without_its_prompt_is_the_files_error(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps([{"prompt": "fine"}, {"prompt": ""}]))
     with pytest.raises(ValueError, match=r"p\.json: row 1: empty prompt"):
         read_prompt_file(str(tmp_path / "p.json"))
 
 
-def test_a_table_without_a_text_column_says_where_the_prompts_go(tmp_path):
-    """It said "choose one with --column", a flag these commands do not have."""
-    (tmp_path / "p.csv").write_text("id,prompt\n1,hello\n")
-    with pytest.raises(ValueError, match=r"no column 'text' \(columns: \['id', 'prompt'\]\): a table of") as e:
-        read_prompt_file(str(tmp_path / "p.csv"))
-    assert "--column" not in str(e.value)
+@pytest.mark.parametrize("command", ["add-head", "set-budget", "teach"])
+def test_a_table_without_the_prompt_column_names_the_flag_that_chooses_it(tmp_path, capsys, command):
+    """``screen`` read a table's ``prompt`` column, these commands its ``text`` column: the sample ``screen`` had
+    read, ``teach`` refused."""
+    (tmp_path / "p.csv").write_text("id,text\n1,hello\n")
+    flag = "--unsafe" if command == "add-head" else "--benign"
+    argv = [command, "--guard", "default", flag, str(tmp_path / "p.csv"), "--out", str(tmp_path / "g")]
+    with pytest.raises(SystemExit) as exit_info:  # read before any model
+        entry([*argv, *(["--name", "mine"] if command == "add-head" else [])])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert (
+        f"argument {flag}: {tmp_path / 'p.csv'}: no column 'prompt' (columns: ['id', 'text']); choose one with" in err
+    )
 
 
 @pytest.mark.parametrize(

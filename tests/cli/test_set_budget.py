@@ -34,14 +34,13 @@ def guard_dir(tmp_path):
 
 def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, guard_dir, tmp_path, capsys):
     sample = tmp_path / "traffic.jsonl"
-    sample.write_text("".join(json.dumps({"text": t}) + "\n" for t in SAMPLE))
+    sample.write_text("".join(json.dumps({"text": t}) + "\n" for t in SAMPLE))  # read with --column text
     out = tmp_path / "mine"
     before = SafetyGuard.from_pretrained(guard_dir)
     assert flag_rate(before, HELD_OUT) == 1.0  # the traffic the heads never saw: all of it flagged
 
-    entry(
-        ["set-budget", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), "--out", str(out)]
-    )
+    argv = ["set-budget", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample)]
+    entry([*argv, "--column", "text", "--out", str(out)])
     printed = capsys.readouterr().out
     assert (
         "thresholds set on 100 prompts" in printed and "harm: share 0.50, threshold" in printed and "(was " in printed

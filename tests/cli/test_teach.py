@@ -61,7 +61,9 @@ def guard_dir(tmp_path):
 
 def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir, tmp_path, capsys):
     sample = tmp_path / "traffic.jsonl"
-    sample.write_text("".join(json.dumps({"text": t}) + "\n" for t in SAMPLE))
+    # a chat log, as hf-lsad screen reads one: the last user turn of each row's messages
+    turns = ({"messages": [{"role": "user", "content": "hello"}, {"role": "user", "content": t}]} for t in SAMPLE)
+    sample.write_text("".join(json.dumps(row) + "\n" for row in turns))
     out = tmp_path / "mine"
     before = SafetyGuard.from_pretrained(guard_dir)
     assert flag_rate(before, HELD_OUT) == 1.0  # the traffic the heads never saw: all of it flagged
