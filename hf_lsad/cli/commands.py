@@ -365,15 +365,15 @@ def run_generate(args: argparse.Namespace) -> None:
 SHOWN_PROMPT_CHARACTERS = 300
 
 
-def shown_prompt(prompt: str) -> str:
-    """The prompt as ``hf-lsad generate`` echoes it: a long one cut to its start, saying how long it is.
+def shown_prompt(prompt: str, *, quoted: bool = False) -> str:
+    """The prompt as ``hf-lsad generate`` and ``explain`` echo it (``quoted``: as a Python string literal): a long one
+    cut to its start, saying how long it is.
 
-    The echo only says which prompt a response belongs to; an 8,000-token prompt printed whole would bury the
-    verdicts.
+    The echo only says which prompt a verdict belongs to; an 8,000-token prompt printed whole would bury it.
     """
-    if len(prompt) <= SHOWN_PROMPT_CHARACTERS:
-        return prompt
-    return f"{prompt[:SHOWN_PROMPT_CHARACTERS]} ... [{len(prompt):,} characters]"
+    start = prompt[:SHOWN_PROMPT_CHARACTERS]
+    shown = repr(start) if quoted else start
+    return shown if len(prompt) <= SHOWN_PROMPT_CHARACTERS else f"{shown} ... [{len(prompt):,} characters]"
 
 
 def run_explain(args: argparse.Namespace) -> None:

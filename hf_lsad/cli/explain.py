@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from ..guard.explain import store_texts, top_activating
 from ..guard.types import ANOMALY_HEAD, FeatureContribution, SafetyReport
+from .commands import shown_prompt
 
 FEATURE_HEADER = f"{'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}"
 """The columns of a feature's line (:func:`_feature_row`)."""
@@ -77,7 +78,7 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
         rows = [r for values in examples.values() for _, r in values]
         text_of = dict(zip(rows, texts))
     for prompt, report in zip(args.prompts, reports):
-        print(f"prompt: {prompt!r}", file=out)
+        print(f"prompt: {shown_prompt(prompt, quoted=True)}", file=out)
         print(f"  {report.describe()}", file=out)
         if report.features is None:  # not scored (fail closed): describe() said why
             continue

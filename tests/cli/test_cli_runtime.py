@@ -232,10 +232,12 @@ def test_generate_samples_at_a_temperature_and_a_seed_repeats_the_draw(model_dir
     assert len(drawn | {greedy}) > 2  # the seed decides the draw
 
 
-def test_generate_echoes_a_long_prompt_cut_to_its_start(model_dir, tmp_path, capsys):
+@pytest.mark.parametrize(("command", "shown"), [("generate", str), ("explain", repr)])
+def test_a_long_prompt_is_echoed_cut_to_its_start(model_dir, tmp_path, capsys, command, shown):
     fresh_guard("prompt_last").save_pretrained(tmp_path / "guard")
     long_prompt = "Tell me about bread. " * 20  # 420 characters, within the tiny model's context
-    argv = ["generate", "--model", str(model_dir), "--guard", str(tmp_path / "guard"), "--max-new-tokens", "2"]
-    main([*argv, "--on-flag", "report", "hi there", long_prompt])
-    prompts = [line for line in capsys.readouterr().out.splitlines() if line.startswith("prompt:")]
-    assert prompts == ["prompt:   hi there", f"prompt:   {long_prompt[:300]} ... [420 characters]"]
+    argv = [command, "--model", str(model_dir), "--guard", str(tmp_path / "guard")]
+    argv += ["--max-new-tokens", "2", "--on-flag", "report"] if command == "generate" else []
+    main([*argv, "hi there", long_prompt])
+    prompts = [line.split(maxsplit=1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("prompt:")]
+    assert prompts == [shown("hi there"), f"{shown(long_prompt[:300])} ... [420 characters]"]
