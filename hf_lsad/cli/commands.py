@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import arguments
+from .echo import shown_prompt
 
 
 def run_collect(args: argparse.Namespace) -> None:
@@ -360,20 +361,6 @@ def run_generate(args: argparse.Namespace) -> None:
             words = ", ".join(f"{t.text(tokenizer)!r} {t.contribution:+.3f}" for t in report.tokens)
             why = f"why:      {report.explained_head}: {words} (what each adds to its logit)\n"
         print(f"prompt:   {shown_prompt(prompt)}\nresponse: {response.strip()}\nsafety:   {report.describe()}\n{why}")
-
-
-SHOWN_PROMPT_CHARACTERS = 300
-
-
-def shown_prompt(prompt: str, *, quoted: bool = False) -> str:
-    """The prompt as ``hf-lsad generate`` and ``explain`` echo it (``quoted``: as a Python string literal): a long one
-    cut to its start, saying how long it is.
-
-    The echo only says which prompt a verdict belongs to; an 8,000-token prompt printed whole would bury it.
-    """
-    start = prompt[:SHOWN_PROMPT_CHARACTERS]
-    shown = repr(start) if quoted else start
-    return shown if len(prompt) <= SHOWN_PROMPT_CHARACTERS else f"{shown} ... [{len(prompt):,} characters]"
 
 
 def run_explain(args: argparse.Namespace) -> None:

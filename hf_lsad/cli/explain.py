@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from ..guard.explain import store_texts, top_activating
 from ..guard.types import ANOMALY_HEAD, FeatureContribution, SafetyReport
-from .commands import shown_prompt
+from .echo import shown_prompt
 
 FEATURE_HEADER = f"{'feature':>8} {'activation':>10} {'typical':>8} {'contribution':>12}"
 """The columns of a feature's line (:func:`_feature_row`)."""
