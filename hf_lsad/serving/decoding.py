@@ -68,9 +68,11 @@ class TokenLogprobs(LogitsProcessor):
     the token the row then wrote (read from ``input_ids`` at the next step, or from the final sequences by
     :meth:`finish`).
 
-    Put first among the request's processors, it is given the model's own next-token logits, before the request's
-    ``logit_bias``, penalties, temperature and top-p: what the OpenAI API's ``logprobs`` report. Only the last step's
-    full distribution is kept, until the token drawn from it is known."""
+    Put first among the request's processors, it is given the model's next-token logits before the request's
+    ``logit_bias``, penalties, temperature and top-p: what the OpenAI API's ``logprobs`` report. transformers runs the
+    processors the model's own generation config asks for (a repetition penalty, say; SmolLM2's asks for none) before
+    any a call passes, so those are in. Only the last step's full distribution is kept, until the token drawn from it
+    is known."""
 
     def __init__(self, top: int) -> None:
         self.top = top
