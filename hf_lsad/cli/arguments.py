@@ -14,12 +14,13 @@ from typing import Any
 
 from ..core.hook_point import POSITIONS
 from ..core.runtime import FitRuntime, GuardFitRuntime, ModelRuntime
+from ..data.tables import DEFAULT_COLUMN
 
 RUNTIME = "runtime"
 """Destination group of the ``--device`` / ``--dtype`` flags (:func:`hf_lsad.core.settings.settings_from_args`)."""
 PROMPT_FILE = "a text file (one prompt per line), or a .jsonl, .json, .csv or .parquet table (its --column)"
 """A prompt file of ``add-head``, ``set-budget`` and ``teach`` (:func:`hf_lsad.cli.commands.read_prompt_file`)."""
-PROMPT_COLUMN_HELP = "the prompt column of a table (default 'prompt'; else the last user turn of 'messages')"
+PROMPT_COLUMN_HELP = f"the prompt column of a table (default {DEFAULT_COLUMN!r}; else the last user turn of 'messages')"
 """``--column`` of every command that reads tables of prompts, which all read them alike."""
 
 
@@ -226,7 +227,7 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--unsafe-prompts", nargs="+", metavar="NAME=SOURCE", help="prompt mode: unsafe prompt tables, one per source"
     )
-    parser.add_argument("--column", default="prompt", help="prompt mode: the prompt column of every table")
+    parser.add_argument("--column", default=DEFAULT_COLUMN, help=f"prompt mode: {PROMPT_COLUMN_HELP}, in every table")
     parser.add_argument("--limit", type=int, help="prompt mode: the first LIMIT rows of each table")
     model_argument(parser, "prompt mode: ")
     parser.add_argument("--batch-size", type=int, default=16, help="prompt mode: prompts per forward pass")
@@ -290,7 +291,7 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--safe", help=f"your own benign prompts, fitted on beside the bundled benign pools: {PROMPT_FILE}"
     )
-    parser.add_argument("--column", default="prompt", help=PROMPT_COLUMN_HELP)
+    parser.add_argument("--column", default=DEFAULT_COLUMN, help=PROMPT_COLUMN_HELP)
     parser.add_argument("--share", type=float, help="the new head's share of the FPR budget (default: an equal share)")
     parser.add_argument(
         "--out", help="where to write the guard with its new head (default: --guard itself, a local folder)"
@@ -327,7 +328,7 @@ def _budget_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help=f"a sample of your own benign traffic, fitted on by no head: {PROMPT_FILE}",
     )
-    parser.add_argument("--column", default="prompt", help=PROMPT_COLUMN_HELP)
+    parser.add_argument("--column", default=DEFAULT_COLUMN, help=PROMPT_COLUMN_HELP)
     parser.add_argument(
         "--target-fpr", type=float, help="the heads' combined flag rate on those prompts (default: the guard's)"
     )
@@ -440,7 +441,7 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
         "dataset folder, or a dataset name datasets can load",
     )
     parser.add_argument("--out", required=True, help="JSON-lines file of verdicts; an existing one is resumed")
-    parser.add_argument("--column", default="prompt", help=PROMPT_COLUMN_HELP)
+    parser.add_argument("--column", default=DEFAULT_COLUMN, help=PROMPT_COLUMN_HELP)
     parser.add_argument("--id-column", help="the column of unique row ids (default: the row's position)")
     parser.add_argument("--limit", type=int, help="screen only the first LIMIT rows")
     parser.add_argument("--split", default="train", help="the split of a datasets dataset")

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..data.tables import DEFAULT_COLUMN
 from . import arguments
 from .echo import shown_prompt
 
@@ -369,11 +370,11 @@ def run_explain(args: argparse.Namespace) -> None:
     explain_command(args)
 
 
-def read_prompt_file(path: str, column: str = "prompt") -> list[str]:
+def read_prompt_file(path: str, column: str = DEFAULT_COLUMN) -> list[str]:
     """Prompts of a table (:data:`~hf_lsad.data.tables.TABLE_SUFFIXES`, read as ``hf-lsad screen`` reads them:
     ``column``, by default ``prompt`` or, without one, the last user turn of ``messages``; a row without a prompt is an
     error) or of a UTF-8 text file (one per non-empty line; a byte order mark is not part of the first)."""
-    from ..data.tables import DEFAULT_COLUMN, TABLE_SUFFIXES, text_lines
+    from ..data.tables import TABLE_SUFFIXES, text_lines
 
     if not path.lower().endswith(TABLE_SUFFIXES):
         if column != DEFAULT_COLUMN:
