@@ -159,28 +159,37 @@ def test_a_seed_gives_the_same_sampled_answer_whatever_other_requests_draw_meanw
     assert sampled(-(2**63)) == sampled(-(2**63))
 
 
-def penalised_greedy(guarded, prompt, max_new, presence, frequency, bias=None):
-    """The greedy answer under the OpenAI API's logit bias and penalties, token by token: each logit raised by its
-    token's ``bias``, lowered by ``presence`` if the answer has written its token and by ``frequency`` per time it
-    has."""
+def greedy_steps(guarded, prompt, max_new, *, presence=0.0, frequency=0.0, bias=None, top=0):
+    """The greedy answer under the OpenAI API's logit bias and penalties, computed token by token: each logit raised by
+    its token's ``bias``, lowered by ``presence`` if the answer has written its token and by ``frequency`` per time it
+    has. Per token written (the end-of-sequence id aside): its id, its log-probability under the model's own logits,
+    and the ``top`` most likely (id, log-probability) pairs."""
     tokenizer = guarded.tokenizer
     messages = [{"role": "user", "content": prompt}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     ids = ids["input_ids"]
+    steps: list[tuple[int, float, list[tuple[int, float]]]] = []
     written: list[int] = []
     for _ in range(max_new):
         with torch.no_grad():
-            logits = guarded.model(input_ids=ids).logits[0, -1].clone()
+            logprobs = torch.log_softmax(guarded.model(input_ids=ids).logits[0, -1].float(), dim=-1)
+        logits = logprobs.clone()  # a shift of every logit leaves the argmax where it is
         for token, raised in (bias or {}).items():
             logits[token] += raised
         for token in set(written):
             logits[token] -= presence + frequency * written.count(token)
         token = int(logits.argmax())
-        written.append(token)
-        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
         if token == tokenizer.eos_token_id:
             break
-    return tokenizer.decode(written, skip_special_tokens=True)
+        values, most_likely = logprobs.topk(top)
+        steps.append((token, float(logprobs[token]), list(zip(most_likely.tolist(), values.tolist()))))
+        written.append(token)
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return steps
+
+
+def answer_text(guarded, steps):
+    return guarded.tokenizer.decode([token for token, _, _ in steps], skip_special_tokens=True)
 
 
 @pytest.mark.parametrize(("presence", "frequency"), [(2.0, 0.0), (0.0, 2.0), (-2.0, -1.5)])
@@ -189,7 +198,7 @@ def test_presence_and_frequency_penalties_act_on_the_answers_own_tokens(server, 
     plain = client.chat.completions.create(**chat_body(BENIGN, max_tokens=16)).choices[0].message.content
     body = chat_body(BENIGN, max_tokens=16, presence_penalty=presence, frequency_penalty=frequency)
     penalised = client.chat.completions.create(**body).choices[0].message.content
-    assert penalised == penalised_greedy(guarded, BENIGN, 16, presence, frequency)
+    assert penalised == answer_text(guarded, greedy_steps(guarded, BENIGN, 16, presence=presence, frequency=frequency))
     assert penalised != plain
     streamed = client.chat.completions.create(**body, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == penalised
@@ -206,7 +215,7 @@ def test_a_logit_bias_moves_the_answers_tokens_but_not_the_guards_stop(server, c
     for bias in ({first: -100}, {favoured: 100, tokenizer.eos_token_id: -100}, {first: -3.5, favoured: 2}):
         body = chat_body(BENIGN, max_tokens=8, logit_bias={str(token): value for token, value in bias.items()})
         biased = client.chat.completions.create(**body).choices[0].message.content
-        assert biased == penalised_greedy(guarded, BENIGN, 8, 0.0, 0.0, bias)
+        assert biased == answer_text(guarded, greedy_steps(guarded, BENIGN, 8, bias=bias))
         assert biased != plain
         streamed = client.chat.completions.create(**body, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in streamed) == biased
@@ -214,29 +223,6 @@ def test_a_logit_bias_moves_the_answers_tokens_but_not_the_guards_stop(server, c
     body = chat_body(UNSAFE, max_tokens=8, logit_bias={str(favoured): 100, str(tokenizer.eos_token_id): -100})
     filtered = client.chat.completions.create(**body).choices[0]
     assert (filtered.finish_reason, filtered.message.content) == ("content_filter", "")
-
-
-def greedy_logprobs(guarded, prompt, max_new, top, bias=None):
-    """The greedy answer's tokens, token by token: each token's id, its log-probability under the model's own logits
-    and the ``top`` most likely (id, log-probability) pairs, the ids drawn under ``bias``."""
-    tokenizer = guarded.tokenizer
-    messages = [{"role": "user", "content": prompt}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    ids = ids["input_ids"]
-    steps = []
-    for _ in range(max_new):
-        with torch.no_grad():
-            logprobs = torch.log_softmax(guarded.model(input_ids=ids).logits[0, -1].float(), dim=-1)
-        biased = logprobs.clone()
-        for token, raised in (bias or {}).items():
-            biased[token] += raised
-        token = int(biased.argmax())
-        if token == tokenizer.eos_token_id:
-            break
-        values, most_likely = logprobs.topk(top)
-        steps.append((token, float(logprobs[token]), list(zip(most_likely.tolist(), values.tolist()))))
-        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-    return steps
 
 
 def assert_chat_logprobs(content, steps, tokenizer):
@@ -251,13 +237,13 @@ def assert_chat_logprobs(content, steps, tokenizer):
 def test_log_probabilities_are_the_models_own_for_each_token_of_the_answer(server, client):
     port, guarded = server
     tokenizer = guarded.tokenizer
-    steps = greedy_logprobs(guarded, BENIGN, 8, 3)
+    steps = greedy_steps(guarded, BENIGN, 8, top=3)
     body = chat_body(BENIGN, max_tokens=8, logprobs=True, top_logprobs=3)
     whole = client.chat.completions.create(**body).choices[0]
     content = whole.model_dump()["logprobs"]["content"]
     assert len(content) == len(steps) >= 1
     assert_chat_logprobs(content, steps, tokenizer)
-    assert whole.message.content == tokenizer.decode([token for token, _, _ in steps])
+    assert whole.message.content == answer_text(guarded, steps)
     # streamed, every token comes in the choice's last chunk, as it would whole; each of n choices has its own
     chunks = list(client.chat.completions.create(**body, stream=True, n=2))
     last = {c.choices[0].index: c.choices[0] for c in chunks if c.choices[0].finish_reason is not None}
@@ -278,7 +264,7 @@ def test_log_probabilities_are_the_models_own_for_each_token_of_the_answer(serve
             assert top.get(entry["token"], entry["logprob"]) == pytest.approx(entry["logprob"], abs=1e-5)
     # before the request's bias: a token the bias chose has the model's own (lower) log-probability
     first = steps[0][0]
-    biased = greedy_logprobs(guarded, BENIGN, 8, 2, bias={first: -100})
+    biased = greedy_steps(guarded, BENIGN, 8, top=2, bias={first: -100})
     body = chat_body(BENIGN, max_tokens=8, logprobs=True, top_logprobs=2, logit_bias={str(first): -100})
     content = client.chat.completions.create(**body).choices[0].model_dump()["logprobs"]["content"]
     assert_chat_logprobs(content, biased, tokenizer)
@@ -308,8 +294,8 @@ def test_log_probabilities_are_the_models_own_for_each_token_of_the_answer(serve
 def test_log_probabilities_end_with_the_text_a_stop_sequence_cut(server, client):
     _, guarded = server
     tokenizer = guarded.tokenizer
-    steps = greedy_logprobs(guarded, BENIGN, 12, 1)
-    full = tokenizer.decode([token for token, _, _ in steps])
+    steps = greedy_steps(guarded, BENIGN, 12, top=1)
+    full = answer_text(guarded, steps)
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     for stream in (False, True):
         body = chat_body(BENIGN, max_tokens=12, logprobs=True, stop=[stop])
