@@ -6,6 +6,10 @@ p50, requests ended by the guard (``content_filter``), server errors, and **mixe
 differs from the one the same prompt gets alone (``screen``, after the load: flag, deciding heads, every head's
 score within 1e-4). Requests are not micro-batched (:mod:`hf_lsad.serving.app` says why); ``max_concurrency`` is
 how many generate at once.
+
+With ``top_logprobs`` the clients may also ask for each token's log-probabilities: each setting is a load run of its
+own, the runs interleaved and repeated, and the summary gives each setting's median requests/s over the repeats and
+its ratio to the run without log-probabilities.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ class Settings:
     """The server's generations at once, one load run each."""
     seed: int = 0
     """Seed of the prompts: half chat, half harmful and toxic requests."""
+    top_logprobs: list[int | None] = field(default_factory=lambda: [None])
+    """Per load run, what the clients ask for: ``None``, no log-probabilities; ``k``, ``logprobs`` with the ``k`` most
+    likely tokens at each position."""
+    repeats: int = 1
+    """Load runs of each setting, interleaved (the summary takes medians over them)."""
 
 
 def run(settings: Settings) -> dict[str, Any]:
@@ -53,14 +62,29 @@ def run(settings: Settings) -> dict[str, Any]:
     prompts += [p.text for p in load_pool("toxic", limit=settings.requests - len(prompts), seed=settings.seed)]
     with torch.no_grad():
         alone = {p: guarded.screen([p])[0].to_json() for p in prompts}
-    results = {}
-    for concurrency in settings.max_concurrency:
-        results[f"max_concurrency_{concurrency}"] = _load(guarded, prompts, alone, concurrency, settings)
-        print(concurrency, results[f"max_concurrency_{concurrency}"])
-    return {"environment": environment(torch.device("cpu")), "prompts": len(prompts), "runs": results}
+    results: dict[str, Any] = {}
+    rates: dict[tuple[int, int | None], list[float]] = {}
+    for repeat in range(settings.repeats):
+        for concurrency in settings.max_concurrency:
+            for top in settings.top_logprobs:
+                name = f"max_concurrency_{concurrency}" + ("" if top is None else f"_top_logprobs_{top}")
+                name += f"_repeat_{repeat}" if settings.repeats > 1 else ""
+                results[name] = _load(guarded, prompts, alone, concurrency, top, settings)
+                rates.setdefault((concurrency, top), []).append(results[name]["requests_per_second"])
+                print(name, results[name], flush=True)
+    summary = {}
+    for (concurrency, top), values in rates.items():
+        median = statistics.median(values)
+        plain = rates.get((concurrency, None))
+        summary[f"max_concurrency_{concurrency}" + ("" if top is None else f"_top_logprobs_{top}")] = {
+            "requests_per_second_median": median,
+            "ratio_to_no_logprobs": median / statistics.median(plain) if plain else None,
+        }
+    environment_now = environment(torch.device("cpu"))
+    return {"environment": environment_now, "prompts": len(prompts), "runs": results, "summary": summary}
 
 
-def _load(guarded, prompts, alone, concurrency: int, settings: Settings) -> dict[str, Any]:
+def _load(guarded, prompts, alone, concurrency: int, top: int | None, settings: Settings) -> dict[str, Any]:
     config = ServeConfig(model_name="SmolLM2-135M-Instruct", max_concurrency=concurrency)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -82,17 +106,20 @@ def _load(guarded, prompts, alone, concurrency: int, settings: Settings) -> dict
                 max_tokens=settings.max_tokens,
                 temperature=0,
                 stream=True,
+                **({} if top is None else {"logprobs": True, "top_logprobs": top}),
             )
             last = None
             for chunk in stream:
                 first = first if first is not None else time.perf_counter() - start
                 last = chunk
+            logprobs = last.choices[0].logprobs
             return {
                 "prompt": prompt,
                 "seconds": time.perf_counter() - start,
                 "first_chunk": first,
                 "finish": last.choices[0].finish_reason,
                 "report": last.model_extra["safety"]["prompt"],
+                "tokens_listed": None if logprobs is None else len(logprobs.content),
             }
         except Exception as err:  # counted, not raised: the load goes on
             return {"prompt": prompt, "error": f"{type(err).__name__}: {err}"}
@@ -115,6 +142,7 @@ def _load(guarded, prompts, alone, concurrency: int, settings: Settings) -> dict
         "latency_p95": latencies[int(0.95 * (len(latencies) - 1))] if latencies else None,
         "first_chunk_p50": statistics.median(a["first_chunk"] for a in ok) if ok else None,
         "content_filter": sum(a["finish"] == "content_filter" for a in ok),
+        "tokens_listed": None if top is None else sum(a["tokens_listed"] or 0 for a in ok),
         "errors": [a["error"] for a in answers if "error" in a],
         "mixed_reports": len(mixed),
         "mixed_examples": mixed[:3],
