@@ -63,25 +63,35 @@ def run(settings: Settings) -> dict[str, Any]:
     with torch.no_grad():
         alone = {p: guarded.screen([p])[0].to_json() for p in prompts}
     results: dict[str, Any] = {}
-    rates: dict[tuple[int, int | None], list[float]] = {}
+    rates: dict[str, list[float]] = {}
     for repeat in range(settings.repeats):
         for concurrency in settings.max_concurrency:
             for top in settings.top_logprobs:
-                name = f"max_concurrency_{concurrency}" + ("" if top is None else f"_top_logprobs_{top}")
-                name += f"_repeat_{repeat}" if settings.repeats > 1 else ""
+                setting = _setting(concurrency, top)
+                name = f"{setting}_repeat_{repeat}" if settings.repeats > 1 else setting
                 results[name] = _load(guarded, prompts, alone, concurrency, top, settings)
-                rates.setdefault((concurrency, top), []).append(results[name]["requests_per_second"])
+                rates.setdefault(setting, []).append(results[name]["requests_per_second"])
                 print(name, results[name], flush=True)
     summary = {}
-    for (concurrency, top), values in rates.items():
-        median = statistics.median(values)
-        plain = rates.get((concurrency, None))
-        summary[f"max_concurrency_{concurrency}" + ("" if top is None else f"_top_logprobs_{top}")] = {
-            "requests_per_second_median": median,
-            "ratio_to_no_logprobs": median / statistics.median(plain) if plain else None,
-        }
-    environment_now = environment(torch.device("cpu"))
-    return {"environment": environment_now, "prompts": len(prompts), "runs": results, "summary": summary}
+    for concurrency in settings.max_concurrency:
+        plain = rates.get(_setting(concurrency, None))
+        for top in settings.top_logprobs:
+            median = statistics.median(rates[_setting(concurrency, top)])
+            summary[_setting(concurrency, top)] = {
+                "requests_per_second_median": median,
+                "ratio_to_no_logprobs": median / statistics.median(plain) if plain else None,
+            }
+    return {
+        "environment": environment(torch.device("cpu")),
+        "prompts": len(prompts),
+        "runs": results,
+        "summary": summary,
+    }
+
+
+def _setting(concurrency: int, top: int | None) -> str:
+    """A setting's name: its ``max_concurrency`` and, when the clients ask for log-probabilities, how many tokens."""
+    return f"max_concurrency_{concurrency}" + ("" if top is None else f"_top_logprobs_{top}")
 
 
 def _load(guarded, prompts, alone, concurrency: int, top: int | None, settings: Settings) -> dict[str, Any]:
