@@ -84,14 +84,14 @@ def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any])
     - the modes transformers runs from a Hub repository's code (DoLa, contrastive search, group and constrained
       beam search) are such loops.
     """
-    assisted = [
-        name
-        for name in ("prompt_lookup_num_tokens", "assistant_early_exit")
-        if generate_setting(model, generate_kwargs, name) is not None
-    ]
+
+    def setting(name: str) -> Any:
+        return generate_setting(model, generate_kwargs, name)
+
+    assisted = [name for name in ("prompt_lookup_num_tokens", "assistant_early_exit") if setting(name) is not None]
     if generate_kwargs.get("assistant_model") is not None:
         assisted.insert(0, "assistant_model")
-    if generate_setting(model, generate_kwargs, "use_mtp"):
+    if setting("use_mtp"):
         assisted.append("use_mtp")
     if assisted:
         raise ValueError(
@@ -109,9 +109,6 @@ def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any])
             "loaded with trust_remote_code), a custom decoding loop that need not call the guard's logits processor; "
             "guarded generation needs the model class's own (`del model.generate` restores it)"
         )
-
-    def setting(name: str) -> Any:
-        return generate_setting(model, generate_kwargs, name)
 
     moved = {
         "DoLa decoding (dola_layers)": setting("dola_layers") is not None,

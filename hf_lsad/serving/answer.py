@@ -119,9 +119,10 @@ class Answer:
         steps = self.logprobs.row(index, len(new))
         unwritten = self.ends | set(self.tokenizer.all_special_ids)  # what skip_special_tokens leaves out of text
         listed = [step for step, token in enumerate(new) if token not in unwritten]
-        if stopped:  # the tokens that begin before the cut
-            decode = self.tokenizer.decode
-            listed = [step for step in listed if len(decode(new[:step], skip_special_tokens=True)) < len(text)]
+        # the tokens that begin before the cut: the row ended as it wrote the stop sequence, so they are all but a few
+        decode = self.tokenizer.decode
+        while stopped and listed and len(decode(new[: listed[-1]], skip_special_tokens=True)) >= len(text):
+            listed.pop()
         if self.chat:
             content = []
             for step in listed:

@@ -307,27 +307,24 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
         texts = [StopText(answer.stops) for _ in range(choices)]
-        sent = [""] * choices
         try:
             for index in range(choices):
                 yield answer.event(answer.chunk(index, role="assistant"))
             async for index, piece in iterate_in_threadpool(streamer):
                 sendable = texts[index].feed(piece)
                 if sendable:
-                    sent[index] += sendable
                     yield answer.event(answer.chunk(index, content=sendable))
             await run_in_threadpool(worker.join)
             for index, text in enumerate(texts):
                 rest = text.flush()
                 if rest:
-                    sent[index] += rest
                     yield answer.event(answer.chunk(index, content=rest))
             if "error" in result:
                 err = result["error"]
                 yield answer.event(error_body(f"{type(err).__name__}: {err}", "server_error"))
             else:
                 output = result["output"]
-                ended = [(whole, text.found) for whole, text in zip(sent, texts)]
+                ended = [(text.sent, text.found) for text in texts]
                 for chunk in answer.last_chunks(output.sequences, output.safety, max_new, ended):
                     yield answer.event(chunk)
             yield "data: [DONE]\n\n"

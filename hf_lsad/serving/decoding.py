@@ -204,6 +204,8 @@ class StopText:
     def __init__(self, stops: list[str]) -> None:
         self.stops = stops
         self.pending = ""
+        self.sent = ""
+        """The text sent so far: the answer's, once flushed."""
         self.found = False
         """Whether a stop sequence was written (nothing is sent after it)."""
 
@@ -215,16 +217,20 @@ class StopText:
         text, self.found = cut_at_stop(self.pending, self.stops)
         if self.found:
             self.pending = ""
-            return text
+            return self._send(text)
         # The longest end of the text that begins a stop sequence waits: the next piece may complete it.
         held = max(
             (n for stop in self.stops for n in range(1, len(stop)) if self.pending.endswith(stop[:n])), default=0
         )
         sendable = self.pending[: len(self.pending) - held]
         self.pending = self.pending[len(sendable) :]
-        return sendable
+        return self._send(sendable)
 
     def flush(self) -> str:
         """The text held at the end (no stop sequence began in it)."""
         rest, self.pending = ("" if self.found else self.pending), ""
-        return rest
+        return self._send(rest)
+
+    def _send(self, text: str) -> str:
+        self.sent += text
+        return text

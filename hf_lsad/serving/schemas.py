@@ -160,15 +160,11 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     """The newer name of ``max_tokens``; wins when both are given."""
-    logprobs: bool = Field(default=False, strict=True)
-    """Give each token of the answer with its log-probability (:class:`hf_lsad.serving.decoding.TokenLogprobs`)."""
+    logprobs: bool | None = Field(default=None, strict=True)
+    """Give each token of the answer with its log-probability (:class:`hf_lsad.serving.decoding.TokenLogprobs`);
+    ``null`` is ``false``."""
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
     """With ``logprobs``: the most likely tokens at each position too, this many."""
-
-    @field_validator("logprobs", mode="before")
-    @classmethod
-    def _null_is_false(cls, value: Any) -> Any:
-        return False if value is None else value
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:
