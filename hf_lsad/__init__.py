@@ -16,6 +16,7 @@ from .version import __version__
 
 _EXPORTS = {
     "ActivationStore": "data.store",
+    "AdapterWarning": "errors",
     "DETECTORS": "detectors",
     "Detector": "detectors",
     "FreqMaskConfig": "detectors",
@@ -56,6 +57,7 @@ _EXPORTS = {
 __all__ = [
     "DETECTORS",
     "ActivationStore",
+    "AdapterWarning",
     "DegenerateFitWarning",
     "Detector",
     "FreqMaskConfig",
@@ -109,6 +111,7 @@ if TYPE_CHECKING:
     from .data.store import ActivationStore
     from .detectors import DETECTORS, Detector, FreqMaskConfig, FreqMaskKM, register_detector
     from .errors import (
+        AdapterWarning,
         DegenerateFitWarning,
         GuardFormatError,
         GuardMismatchError,

@@ -68,6 +68,11 @@ class SmallSampleWarning(UserWarning):
     give another guard (the message gives the count and what to bring)."""
 
 
+class AdapterWarning(UserWarning):
+    """A guarded model runs other peft adapters than the guard's thresholds were set through
+    (:func:`hf_lsad.capture.adapters.check_adapter`)."""
+
+
 _PASSED_THROUGH = ("hf_lsad", "torch", "transformers")
 """Packages whose frames lie between a user's call and a warning raised for it (``no_grad`` wrappers, ``generate``
 calling a logits processor, ``nn.Module.__call__``)."""
@@ -84,6 +89,7 @@ def warn(message: str, category: type[Warning]) -> None:
 
 
 __all__ = [
+    "AdapterWarning",
     "DegenerateFitWarning",
     "GuardFormatError",
     "GuardMismatchError",

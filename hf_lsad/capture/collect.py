@@ -20,6 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.batching import length_batches
 from ..core.prompt_inputs import InputProfile, chat_turns, check_system_turn
+from .adapters import adapter_digest
 from .recorder import PROMPT_POSITIONS, PromptPrefix, generate_with_activations, prompt_features, read_after_prefix
 
 
@@ -239,7 +240,9 @@ def collect_activations(
             activations[i] = acts[row].float().cpu()
             responses[i] = texts[row]
     return Collected(
-        torch.stack(activations), responses, InputProfile(prompt_format(tokenizer, chat_template), longest)
+        torch.stack(activations),
+        responses,
+        InputProfile(prompt_format(tokenizer, chat_template), longest, adapter=adapter_digest(model)),
     )
 
 
@@ -312,4 +315,4 @@ def collect_prompt_features(
             out[read][index] = values
         if on_batch is not None:
             on_batch(batch, features, batch_longest)
-    return out, InputProfile(prompt_format(tokenizer, chat_template), max(longest, 1), system)
+    return out, InputProfile(prompt_format(tokenizer, chat_template), max(longest, 1), system, adapter_digest(model))

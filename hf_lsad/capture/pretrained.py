@@ -11,6 +11,7 @@ transformers is imported by :func:`load_model` only, so naming these costs nothi
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,9 +66,16 @@ def model_location(name_or_path: str, **kwargs: Any) -> tuple[str, dict[str, Any
 def load_tokenizer(name_or_path: str = "default", *, gguf_cache: bool = True, **kwargs: Any) -> PreTrainedTokenizerBase:
     """The tokenizer of :func:`load_model`'s model alone (no weights loaded), with a pad token; ``kwargs`` go to
     ``AutoTokenizer.from_pretrained``. A GGUF model's comes from its conversion when the cache holds one
-    (:mod:`hf_lsad.capture.gguf`), else from the GGUF file (no conversion: that loads the weights)."""
+    (:mod:`hf_lsad.capture.gguf`), else from the GGUF file (no conversion: that loads the weights). A peft
+    adapter's is its own when it has one, else its base model's."""
     from .gguf import cached_conversion
 
+    base = adapter_base(name_or_path, **kwargs)
+    if base is not None:
+        location = {k: v for k, v in kwargs.items() if k in ADAPTER_LOCATION_KWARGS}
+        if _has_tokenizer(name_or_path, location):
+            return _tokenizer(str(name_or_path), location)
+        return load_tokenizer(base, gguf_cache=gguf_cache, **_base_location(location))
     folder, kwargs = model_location(name_or_path, **kwargs)
     gguf = _local_gguf(folder, kwargs)
     if gguf_cache and gguf is not None:
@@ -113,13 +121,23 @@ def load_model(
 
     A GGUF file on disk is converted on its first load and read from the conversion after
     (:mod:`hf_lsad.capture.gguf`: the same weights and tokenizer; 0.4 s instead of 16 s for the bundled model);
-    ``gguf_cache=False`` reads the GGUF file every time."""
+    ``gguf_cache=False`` reads the GGUF file every time.
+
+    A peft adapter (a folder or Hub repo with an ``adapter_config.json``) is loaded onto its base model, itself
+    loaded by this function (so an adapter of SmolLM2-135M-Instruct runs on the bundled model), with transformers'
+    ``load_adapter``; the tokenizer is the adapter's when it has one, else the base model's. ``revision`` and the
+    other location arguments say where the adapter is; the other ``model_kwargs`` go to the base model's load. The
+    model is named by its base model, as guards record it; a guard knows the adapter by its weights
+    (:mod:`hf_lsad.capture.adapters`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from .gguf import convert_gguf
 
     dtype = dtype or torch.float32
+    base = adapter_base(name_or_path, **model_kwargs)
+    if base is not None:
+        return _load_adapter(name_or_path, base, dtype=dtype, gguf_cache=gguf_cache, **model_kwargs)
     folder, kwargs = model_location(name_or_path, **model_kwargs)
     gguf = _local_gguf(folder, kwargs)
     if gguf_cache and gguf is not None:
@@ -129,12 +147,75 @@ def load_model(
     tokenizer = _tokenizer(folder, kwargs)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
     # name the model by what loads it again (the bundled one by its Hub id, a GGUF model by its file), not by the
-    # folder transformers read, so that guards record it and match it
+    # folder transformers read, so that guards record it and match it, and so do peft adapters (their base model is
+    # the model's own name_or_path, which transformers copies from the config once)
     if name_or_path in DEFAULT_MODEL_ALIASES:
-        model.config.name_or_path = DEFAULT_MODEL
+        model.config.name_or_path = model.name_or_path = DEFAULT_MODEL
     elif is_gguf_path(name_or_path):
-        model.config.name_or_path = str(Path(name_or_path).expanduser())
+        model.config.name_or_path = model.name_or_path = str(Path(name_or_path).expanduser())
     return model, tokenizer
+
+
+ADAPTER_LOCATION_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
+"""``from_pretrained`` arguments that say where a peft adapter is (:func:`adapter_base`); all but ``revision`` also
+say where its base model is."""
+
+
+def _base_location(location: dict[str, Any]) -> dict[str, Any]:
+    """The adapter's location arguments that hold for its base model too: all but its ``revision``."""
+    return {k: v for k, v in location.items() if k != "revision"}
+
+
+def adapter_base(name_or_path: str, **kwargs: Any) -> str | None:
+    """The base model a peft adapter names (``base_model_name_or_path`` of its ``adapter_config.json``), ``None``
+    when ``name_or_path`` (a folder or Hub repo; ``kwargs`` as :func:`load_model` takes them) is not an adapter."""
+    if name_or_path in DEFAULT_MODEL_ALIASES or is_gguf_path(name_or_path) or "gguf_file" in kwargs:
+        return None
+    from transformers.utils import find_adapter_config_file
+
+    location = {k: v for k, v in kwargs.items() if k in ADAPTER_LOCATION_KWARGS}
+    found = find_adapter_config_file(str(name_or_path), **location)
+    if found is None:
+        return None
+    try:
+        config = json.loads(Path(found).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{found} is not JSON: {err}") from None
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(base, str) or not base:
+        raise ValueError(
+            f"{found} names no base model (base_model_name_or_path); load the base and the adapter yourself"
+        )
+    return base
+
+
+def _load_adapter(
+    name_or_path: str, base: str, *, dtype: torch.dtype, gguf_cache: bool, **model_kwargs: Any
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """:func:`load_model` of a peft adapter: its base model, the adapter loaded onto it, the adapter's tokenizer or
+    the base's."""
+    location = {k: v for k, v in model_kwargs.items() if k in ADAPTER_LOCATION_KWARGS}
+    base_kwargs = {k: v for k, v in model_kwargs.items() if k not in ADAPTER_LOCATION_KWARGS}
+    model, tokenizer = load_model(base, dtype=dtype, gguf_cache=gguf_cache, **base_kwargs, **_base_location(location))
+    model.load_adapter(str(name_or_path), adapter_kwargs=location)
+    model.eval()
+    if _has_tokenizer(name_or_path, location):
+        tokenizer = _tokenizer(str(name_or_path), location)
+    return model, tokenizer
+
+
+def _has_tokenizer(name_or_path: str, location: dict[str, Any]) -> bool:
+    """Whether a peft adapter's folder or repo holds a tokenizer of its own (``tokenizer_config.json``)."""
+    from transformers.utils import cached_file
+
+    found = cached_file(
+        str(name_or_path),
+        "tokenizer_config.json",
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+        **location,
+    )
+    return found is not None
 
 
 def placement(device: str, process_device: torch.device | None = None) -> dict[str, Any]:

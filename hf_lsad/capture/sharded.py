@@ -112,17 +112,17 @@ def finish(state: PartialState, out: str | os.PathLike, shard: Shard, n_prompts:
 
 
 def _merged_inputs(profiles: list[InputProfile | None]) -> InputProfile | None:
-    """The input profile of the whole store: the parts' format and system turn (they must agree) and their longest
-    prompt."""
+    """The input profile of the whole store: the parts' format, system turn and adapter (they must agree) and their
+    longest prompt."""
     known = [profile for profile in profiles if profile is not None]
     if len(known) < len(profiles):
         return None
-    formats = {(profile.prompt_format, profile.system) for profile in known}
+    formats = {(profile.prompt_format, profile.system, profile.adapter) for profile in known}
     if len(formats) != 1:
         seen = sorted(formats, key=str)
-        raise RuntimeError(f"the processes formatted their prompts differently (format, system turn): {seen}")
-    prompt_format, system = formats.pop()
-    return InputProfile(prompt_format, max(profile.max_prompt_tokens for profile in known), system)
+        raise RuntimeError(f"the processes read their prompts differently (format, system turn, adapter): {seen}")
+    prompt_format, system, adapter = formats.pop()
+    return InputProfile(prompt_format, max(profile.max_prompt_tokens for profile in known), system, adapter)
 
 
 def _part(out: str | os.PathLike, rank: int) -> Path:

@@ -87,7 +87,10 @@ def _explain_argument(parser: argparse.ArgumentParser, does: str) -> None:
 def model_argument(parser: argparse.ArgumentParser, mode: str = "") -> None:
     """``--model``: what :func:`hf_lsad.capture.pretrained.load_model` takes."""
     parser.add_argument(
-        "--model", default="default", help=f"{mode}Hub id, model folder or .gguf file, or 'default' (bundled SmolLM2)"
+        "--model",
+        default="default",
+        help=f"{mode}Hub id, model folder, .gguf file or peft adapter (on its base model), or 'default' (bundled "
+        "SmolLM2)",
     )
 
 

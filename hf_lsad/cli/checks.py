@@ -249,10 +249,19 @@ def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> 
 
 def _check_layers(parser: argparse.ArgumentParser, model: str, layers: Sequence[int]) -> None:
     """The layers against the model's config, for a local model folder or GGUF file (the bundled model has 30
-    layers). The depth is read once: for a GGUF file from its conversion if the cache holds one, else its header."""
-    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, is_gguf_path, model_location
+    layers), or a local peft adapter's base model. The depth is read once: for a GGUF file from its conversion if
+    the cache holds one, else its header."""
+    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, adapter_base, is_gguf_path, model_location
 
     path = Path(model).expanduser()
+    if (path / "adapter_config.json").is_file():
+        try:
+            base = adapter_base(str(path))
+        except ValueError as err:
+            parser.error(f"argument --model: {_one_line(err)}")
+        if base is not None:
+            _check_layers(parser, base, layers)
+            return
     if model in DEFAULT_MODEL_ALIASES:
         n_layers: int = 30  # SmolLM2-135M-Instruct
     elif (path / "config.json").is_file() or (is_gguf_path(model) and path.is_file()):
@@ -266,7 +275,10 @@ def _check_layers(parser: argparse.ArgumentParser, model: str, layers: Sequence[
             folder, location = str(converted), {}
         n_layers = AutoConfig.from_pretrained(folder, **location).get_text_config().num_hidden_layers
     elif path.exists() or model.startswith(("/", "./", "../", "~")):
-        parser.error(f"argument --model: {model!r} is not a model folder (no config.json in it) or a .gguf file")
+        parser.error(
+            f"argument --model: {model!r} is not a model folder (no config.json in it), a peft adapter folder (no "
+            "adapter_config.json) or a .gguf file"
+        )
     else:
         return  # a Hub id: checked when it is downloaded
     for layer in layers:

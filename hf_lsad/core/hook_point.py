@@ -9,6 +9,7 @@ stack (nor torch, until a model is inspected). Models are only touched through
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,13 +36,23 @@ _LAYER_PATHS = (
 )
 
 
+def unwrap_peft(model: PreTrainedModel) -> PreTrainedModel:
+    """The transformers model inside a peft ``PeftModel`` (its adapters stay in it and run in its forward pass), or
+    ``model`` itself: block names are the transformers model's whichever of the two a guard meets."""
+    peft = sys.modules.get("peft")  # a PeftModel exists only once peft is imported; this module imports nothing heavy
+    if peft is not None and isinstance(model, peft.PeftModel):
+        return model.get_base_model()
+    return model
+
+
 def decoder_layers(model: PreTrainedModel) -> tuple[str, nn.ModuleList]:
-    """The dotted path and ``ModuleList`` of the model's decoder blocks."""
+    """The dotted path and ``ModuleList`` of the model's decoder blocks (of the transformers model a peft
+    ``PeftModel`` wraps: :func:`unwrap_peft`)."""
     from torch import nn  # a model exists, so torch is loaded; this module itself imports nothing heavy
 
     expected = model.config.get_text_config().num_hidden_layers
     for path in _LAYER_PATHS:
-        module: Any = model
+        module: Any = unwrap_peft(model)
         for part in path.split("."):
             module = getattr(module, part, None)
         if isinstance(module, nn.ModuleList) and len(module) == expected:

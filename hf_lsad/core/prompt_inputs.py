@@ -61,6 +61,11 @@ def chat_turns(user: str, system: str | None = None) -> list[dict[str, str]]:
     return [*opening, {"role": "user", "content": user}]
 
 
+def _is_digest(value: object) -> bool:
+    digits = value.removeprefix("sha256:") if isinstance(value, str) and value.startswith("sha256:") else ""
+    return len(digits) == 64 and all(c in "0123456789abcdef" for c in digits)
+
+
 @dataclass
 class InputProfile:
     """The prompts a guard was fitted on (saved in its ``config.json`` under ``inputs``)."""
@@ -74,6 +79,10 @@ class InputProfile:
     """The system turn before each prompt's user turn, the one the guard's thresholds were set under (``None``: none
     given, so the chat template's own default if it has one). ``hf-lsad set-budget --system`` records it; folders and
     stores written before this field existed load as ``None``."""
+    adapter: str | None = None
+    """The peft adapters the model ran the prompts through (``sha256:...``:
+    :func:`hf_lsad.capture.adapters.adapter_digest`), ``None`` for none: the guard's thresholds hold for the model
+    with those adapters. Folders and stores written before this field existed load as ``None``."""
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
@@ -83,12 +92,15 @@ class InputProfile:
         check_system_turn(self.system)
         if self.system is not None and self.prompt_format != "chat_template":
             raise ValueError("a system turn needs prompt_format 'chat_template'")
+        if self.adapter is not None and not _is_digest(self.adapter):
+            raise ValueError(f"adapter must be None or 'sha256:' and 64 hex digits, got {self.adapter!r}")
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str) -> InputProfile:
         """The profile saved as ``data`` (a guard's ``config.json`` or a store's index: ``source`` names it in
-        errors); one written before :attr:`system` existed was collected without a system turn."""
-        written = {"system": None, **data} if isinstance(data, dict) else data
+        errors); one written before :attr:`system` (:attr:`adapter`) existed was collected without a system turn
+        (an adapter)."""
+        written = {"system": None, "adapter": None, **data} if isinstance(data, dict) else data
         return config_from_dict(cls, written, source=source)
 
 

@@ -82,16 +82,18 @@ def load_guarded_model(
 def load_base_model(
     name_or_path: str, model_kwargs: dict[str, Any], revision: str | None = None
 ) -> tuple[PreTrainedModel, Any]:
-    """The model a guarded model's name loads, with ``model_kwargs``: the bundled SmolLM2 (``default``,
-    ``smollm2`` or its Hub id) or a ``.gguf`` file as :func:`hf_lsad.capture.pretrained.load_model` loads them,
-    with their tokenizer; anything else with ``AutoModelForCausalLM.from_pretrained`` (at ``revision`` unless
-    ``model_kwargs`` name one) and no tokenizer."""
-    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, is_gguf_path, load_model
+    """The model a guarded model's name loads, with ``model_kwargs`` (and at ``revision`` unless they name one): the
+    bundled SmolLM2 (``default``, ``smollm2`` or its Hub id), a ``.gguf`` file or a peft adapter as
+    :func:`hf_lsad.capture.pretrained.load_model` loads them, with their tokenizer; anything else with
+    ``AutoModelForCausalLM.from_pretrained`` and no tokenizer."""
+    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, adapter_base, is_gguf_path, load_model
 
     if name_or_path in DEFAULT_MODEL_ALIASES or is_gguf_path(name_or_path):
         return load_model(name_or_path, **model_kwargs)
     if revision is not None and "revision" not in model_kwargs:
         model_kwargs = {**model_kwargs, "revision": revision}
+    if adapter_base(name_or_path, **model_kwargs) is not None:
+        return load_model(name_or_path, **model_kwargs)
     return AutoModelForCausalLM.from_pretrained(name_or_path, **model_kwargs), None
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
+from ..capture.adapters import check_adapter
 from ..capture.collect import encode_prompts
 from ..capture.inputs import check_context, check_generate_inputs
 from ..capture.recorder import PROMPT_POSITIONS, read_prompts
@@ -84,6 +85,10 @@ class GuardedModelForCausalLM(nn.Module):
     Hub ids, or the last two components of a local path). A base-model mismatch is refused
     unless ``allow_base_model_mismatch=True``, which warns instead.
 
+    A model running peft adapters (a ``PeftModel``, or adapters loaded by transformers' ``load_adapter``) is read
+    with its adapters. The guard warns (:class:`~hf_lsad.errors.AdapterWarning`) unless its thresholds were set
+    through the same adapters (:func:`hf_lsad.capture.adapters.check_adapter`).
+
     ``tokenizer`` (optional) lets :meth:`screen` take prompt strings and ``refusal`` be text.
     """
 
@@ -97,6 +102,7 @@ class GuardedModelForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         guard.config.hook.check_model(model, allow_base_model_mismatch=allow_base_model_mismatch)
+        check_adapter(model, guard.inputs)
         self.model = model
         self.guard = guard.to(model.device)
         self.tokenizer = tokenizer
@@ -144,9 +150,10 @@ class GuardedModelForCausalLM(nn.Module):
         ``local_files_only``, ``force_download``) then say where to read that folder.
 
         With ``guard``, load the model with ``AutoModelForCausalLM.from_pretrained(..., **model_kwargs)``
-        (the bundled SmolLM2, ``"default"``, and a ``.gguf`` file as :func:`~hf_lsad.capture.pretrained.load_model`
-        loads them, with their tokenizer) and the guard: a :class:`SafetyGuard`, a guard folder or a Hub repo id;
-        ``guard_kwargs`` go to :meth:`SafetyGuard.from_pretrained`, e.g.::
+        (the bundled SmolLM2, ``"default"``, a ``.gguf`` file and a peft adapter as
+        :func:`~hf_lsad.capture.pretrained.load_model` loads them, with their tokenizer) and the guard: a
+        :class:`SafetyGuard`, a guard folder or a Hub repo id; ``guard_kwargs`` go to
+        :meth:`SafetyGuard.from_pretrained`, e.g.::
 
             GuardedModelForCausalLM.from_pretrained("default")  # = guard="default"
             GuardedModelForCausalLM.from_pretrained(

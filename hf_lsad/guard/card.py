@@ -286,6 +286,7 @@ def guard_model_card(
         heads_rows=_heads_rows(guard),
         budget=guard.budget,
         limitations=limitations,
+        adapter=guard.inputs.adapter if guard.inputs is not None else None,
     )
 
 

@@ -69,6 +69,7 @@ def test_the_first_load_converts_and_later_loads_read_the_conversion(gguf: Path)
     for loaded in (first, later):
         assert_same_model(loaded, reference)
         assert loaded[0].config.name_or_path == str(gguf)  # what a guard records and matches, as before
+        assert loaded[0].name_or_path == str(gguf)  # what a peft adapter records as its base (it was the cache's)
     tokenizer = load_tokenizer(str(gguf))
     assert tokenizer.name_or_path == str(folder) and tokenizer(TEXTS[0]).input_ids == reference[1](TEXTS[0]).input_ids
 
@@ -153,3 +154,18 @@ def test_a_gguf_file_in_a_hub_repo_loads_as_transformers_reads_it(gguf: Path, hu
     assert load_tokenizer(repo_id, gguf_file=gguf.name, cache_dir=hub_cache)(TEXTS[0]).input_ids == (
         loaded[1](TEXTS[0]).input_ids
     )
+
+
+def test_an_adapter_of_a_gguf_model_names_the_file_and_loads_onto_its_conversion(gguf: Path, tmp_path: Path):
+    from peft import LoraConfig, get_peft_model
+
+    from hf_lsad.capture.adapters import adapter_digest
+
+    model, _ = load_model(str(gguf))
+    adapted = get_peft_model(model, LoraConfig(target_modules=["q_proj"], r=2, init_lora_weights=False))
+    adapted.save_pretrained(tmp_path / "adapter")
+    assert adapted.peft_config["default"].base_model_name_or_path == str(gguf)  # not the conversion's folder
+    loaded, tokenizer = load_model(str(tmp_path / "adapter"))
+    assert not read_from_gguf(loaded) and loaded.config.name_or_path == str(gguf)
+    assert adapter_digest(loaded) == adapter_digest(adapted) is not None
+    assert tokenizer.name_or_path == str(cached_conversion(gguf))

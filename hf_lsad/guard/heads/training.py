@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ...capture.adapters import adapter_digest, adapter_label
 from ...capture.collect import check_prompts, collect_prompt_features, prompt_format
 from ...core.batching import BATCH_TOKENS
 from ...core.hook_point import HookPoint
@@ -244,7 +245,9 @@ def fit_budget_on_prompts(
 
     Args:
         model, tokenizer: The guard's base model and its tokenizer (prompts are encoded as user turns of the chat
-            template, as the heads read them).
+            template, as the heads read them). A model running peft adapters (a ``PeftModel``, or adapters loaded by
+            transformers) sets the thresholds for the adapted model, and the guard records which adapters
+            (:attr:`~hf_lsad.core.prompt_inputs.InputProfile.adapter`).
         guard: A :class:`~hf_lsad.guard.SafetyGuard` whose heads all read the prompt.
         prompts: The benign prompts. With a ``confidence``, at least as many as it needs
             (:func:`~hf_lsad.guard.threshold.allowed_flags`: 59 at 5% and 0.95); checked before the forward pass.
@@ -283,10 +286,15 @@ def fit_budget_on_prompts(
     )
     if system is not None:
         rows = f"{rows}, under the system turn {system!r}"
+    if profile.adapter is not None:
+        rows = f"{rows}, read through {adapter_label(profile.adapter)}"
     budget = guard.fit_budget(benign, target_fpr=target_fpr, shares=shares, rows=rows, confidence=confidence)
-    # the thresholds, and so the verdicts, now hold for this system turn; a guard without a profile takes the one
-    # of the prompts its thresholds were set on
-    guard.inputs = dataclasses.replace(guard.inputs, system=system) if guard.inputs is not None else profile
+    # the thresholds, and so the verdicts, now hold for this system turn and the adapters the model runs; a guard
+    # without a profile takes the one of the prompts its thresholds were set on
+    if guard.inputs is not None:
+        guard.inputs = dataclasses.replace(guard.inputs, system=system, adapter=profile.adapter)
+    else:
+        guard.inputs = profile
     return budget
 
 
@@ -632,7 +640,7 @@ class _PartialCollection:
         staging = self.folder / f".staging-{uuid.uuid4().hex[:8]}"
         staging.mkdir(parents=True)
         records = [self.records[i] for i in self._positions]
-        inputs = InputProfile(self.prompt_format, self._batch_longest, self.system)
+        inputs = InputProfile(self.prompt_format, self._batch_longest, self.system, adapter_digest(self.model))
         for read in self.reads:
             values, hook = torch.cat(self._features[read]), HookPoint.from_model(self.model, *read)
             save_activations(staging / read_folder(read), values, records, hook, inputs=inputs)
@@ -672,12 +680,19 @@ def _cached_read(
 
 def _checked_store(model: PreTrainedModel, folder: Path, read: Read, system: str | None) -> ActivationSet:
     """The store in ``folder``, checked to hold ``model``'s activations at ``read`` of prompts under the system turn
-    ``system`` (a store without an input profile was collected under the template's default)."""
+    ``system``, through the peft adapters ``model`` runs (a store without an input profile was collected under the
+    template's default, without an adapter)."""
     store = load_activations(folder)
     if (store.hook.layer, store.hook.position) != tuple(read):
         raise ValueError(f"{folder} holds activations of layer {store.hook.layer} {store.hook.position}, not {read}")
     store.hook.check_model(model)
     _check_turn(folder, store.inputs, system)
+    stored, running = store.inputs.adapter if store.inputs is not None else None, adapter_digest(model)
+    if stored != running:
+        raise ValueError(
+            f"{folder} holds the bundled prompts read through {adapter_label(stored)}, and the model runs "
+            f"{adapter_label(running)}: pass another cache folder (one per adapter), or delete this one"
+        )
     return store
 
 
