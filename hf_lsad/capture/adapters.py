@@ -66,8 +66,8 @@ def adapter_digest(model: PreTrainedModel) -> str | None:
 
 
 def adapter_label(digest: str | None) -> str:
-    """A digest as messages name it: its first hex digits, or "no adapter"."""
-    return "no adapter" if digest is None else f"the adapter {digest[:19]}"
+    """A digest as messages name it: by its first hex digits, or "no adapter"."""
+    return "no adapter" if digest is None else f"the peft adapter {digest[:19]}"
 
 
 def check_adapter(model: PreTrainedModel, inputs: InputProfile | None) -> None:
@@ -79,11 +79,11 @@ def check_adapter(model: PreTrainedModel, inputs: InputProfile | None) -> None:
     if running == fitted:
         return
     if fitted is None:
-        what = "the model runs a peft adapter; the guard's thresholds were set on the model without it"
+        what = f"the model runs {adapter_label(running)}; the guard's thresholds were set on the model without it"
     elif running is None:
-        what = f"the guard's thresholds were set through a peft adapter ({fitted[:19]}) this model does not run"
+        what = f"the guard's thresholds were set through {adapter_label(fitted)}, which this model does not run"
     else:
-        what = f"the model runs another peft adapter ({running[:19]}) than the guard's thresholds were set through"
+        what = f"the model runs {adapter_label(running)}; the guard's thresholds were set through another"
     warn(
         f"{what}. An adapter changes the residual stream the heads read, so the guard may flag more or less of your "
         "traffic than its card says. Set the thresholds through the model you serve, on your own benign traffic "

@@ -72,9 +72,13 @@ def test_thresholds_set_through_an_adapter_record_it_and_silence_the_warning(tmp
     digest = adapter_digest(model)
     assert digest is not None and guard.inputs.adapter == digest and digest[:19] in budget.rows
     guarded_reports(model, guard, tokenizer, expect_warning=False)
-    with pytest.warns(AdapterWarning, match="set through a peft adapter .* this model does not run"):
+    with pytest.warns(
+        AdapterWarning, match=r"set through the peft adapter sha256:\w{12}, which this model does not run"
+    ):
         GuardedModelForCausalLM(tiny_model("llama", seed=0)[0], guard)
-    with pytest.warns(AdapterWarning, match="runs another peft adapter"):
+    with pytest.warns(
+        AdapterWarning, match="runs the peft adapter sha256:.*; the guard's thresholds were set through another"
+    ):
         GuardedModelForCausalLM(adapted(2), guard)
     guard.save_pretrained(tmp_path / "guard")
     loaded = SafetyGuard.from_pretrained(tmp_path / "guard")
@@ -125,7 +129,7 @@ def test_a_cache_of_the_bundled_rows_read_through_another_adapter_is_refused(tmp
     prompts, reads = fit_prompts()[:8], sorted(two_headed_guard().heads["harm"].reads)
     kwargs = dict(batch_size=4, progress=False, cache_dir=tmp_path / "cache")
     bundled_features(tiny_model("llama", seed=0)[0], tokenizer, prompts, reads, **kwargs)
-    with pytest.raises(ValueError, match="read through no adapter, and the model runs the adapter sha256:"):
+    with pytest.raises(ValueError, match="read through no adapter, and the model runs the peft adapter sha256:"):
         bundled_features(adapted(1), tokenizer, prompts, reads, **kwargs)
 
 
@@ -146,8 +150,8 @@ def test_the_command_takes_an_adapter_folder_as_its_model(model_dir, tmp_path, c
     entry(["generate", *common, "--max-new-tokens", "2", "hi there"])
     captured = capsys.readouterr()
     assert captured.out.count("safety:") == 1
-    warning = "warning: AdapterWarning: the model runs a peft adapter; the guard's thresholds were set on the model"
-    assert warning in captured.err
+    warning = "warning: AdapterWarning: the model runs the peft adapter sha256:"
+    assert warning in captured.err and "; the guard's thresholds were set on the model without it" in captured.err
     collect = ["collect", "--pool", "harmful", "--layer", "9", "--out", str(tmp_path / "acts")]
     with pytest.raises(SystemExit):  # the base model's depth, read before any model loads
         entry([*collect, "--model", str(tmp_path / "adapter")])
