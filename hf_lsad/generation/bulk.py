@@ -114,7 +114,7 @@ def screen_to_jsonl(
     if len(set(ids)) != len(ids):
         raise ValueError("row ids must be unique: they are what a resumed run skips")
     path = Path(out)
-    done = _finished_ids(path)
+    done = _finished_ids(path, guarded.guard.head_thresholds())
     pending = [row for row in rows if row.id not in done]
     resumed = len(rows) - len(pending)
 
@@ -144,8 +144,10 @@ def screen_to_jsonl(
     return _summary(path, ids, resumed, seconds, len(pending))
 
 
-def _finished_ids(path: Path) -> set[str]:
-    """Ids already in ``path``; a last line without its newline (a kill mid-write) is cut off first."""
+def _finished_ids(path: Path, thresholds: dict[str, float]) -> set[str]:
+    """Ids already in ``path``; a last line without its newline (a kill mid-write) is cut off first. A screened line
+    whose heads have other ``thresholds`` than the guard's (another guard, or the same after ``set-budget``) is an
+    error: resuming would leave its verdicts beside the new guard's, and skip its rows."""
     if not path.exists():
         return set()
     data = path.read_bytes()
@@ -156,12 +158,24 @@ def _finished_ids(path: Path) -> set[str]:
     done = set()
     for number, line in enumerate(complete.decode("utf-8").splitlines(), 1):
         try:
-            done.add(str(json.loads(line)["id"]))
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            record = json.loads(line)
+            done.add(str(record["id"]))
+            written = {name: head["threshold"] for name, head in record.get("heads", {}).items()}
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(
                 f"{path}:{number}: not a verdict line of hf-lsad screen ({err}); choose another --out"
             ) from err
+        if written and written != thresholds:  # an error line (a row that could not be screened) has no heads
+            raise ValueError(
+                f"{path}:{number} was screened at other thresholds ({_thresholds(written)}) than this guard's "
+                f"({_thresholds(thresholds)}): resuming would mix two guards' verdicts and skip these rows. "
+                "Choose another --out, or delete this one to screen every row again"
+            )
     return done
+
+
+def _thresholds(thresholds: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.6g}" for name, value in thresholds.items())
 
 
 class PromptBatch(NamedTuple):

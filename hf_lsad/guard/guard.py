@@ -205,6 +205,15 @@ class SafetyGuard(nn.Module):
             return self.budget.thresholds[0]
         return self.calibration.threshold if self.calibration is not None else self.config.threshold
 
+    def head_thresholds(self) -> dict[str, float]:
+        """Each head's threshold by name, as reports carry them (:meth:`SafetyReport.head_verdicts`): the budget's,
+        else the anomaly head's alone (:attr:`threshold`)."""
+        if self.budget is not None:
+            return dict(zip(self.budget.heads, self.budget.thresholds))
+        if self.heads:
+            raise ValueError("the guard has no thresholds yet: set them with fit_budget")
+        return {ANOMALY_HEAD: self.threshold}
+
     def describe(self) -> str:
         """One line naming each head, what it reads and how the guard flags: ``anomaly (freqmask-km on
         model.layers.12 (prompt_last)); harm (mlp 256 x 3 fits on layer 16 prompt_mean, ...). A row is flagged when

@@ -123,6 +123,27 @@ def test_a_resumed_run_finishes_what_an_interrupted_one_left(tmp_path):
     assert_same_verdicts(by_id(cut), by_id(tmp_path / "whole.jsonl"))
 
 
+def test_a_run_on_an_output_another_guard_wrote_is_refused_rather_than_mixed(tmp_path):
+    """Screening with a guard re-set by set-budget into the output of the first screen skipped every row and said
+    "42 of 42 rows have a verdict (42 from an earlier run)": the old guard's verdicts, read as the new one's."""
+    model = guarded()
+    rows = [PromptRow(str(i), text) for i, text in enumerate(TEXTS)]
+    out = tmp_path / "out.jsonl"
+    screen_to_jsonl(model, rows[:10], out, batch_size=4, progress=False)
+    assert screen_to_jsonl(model, rows, out, batch_size=4, progress=False).resumed == 10  # the same guard resumes
+    written = out.read_bytes()
+    model.guard.budget.thresholds[1] = 0.5
+    with pytest.raises(ValueError, match=r"out\.jsonl:1 was screened at other thresholds \(anomaly .*, harm .*\) than"):
+        screen_to_jsonl(model, rows, out, batch_size=4, progress=False)
+    assert out.read_bytes() == written  # nothing appended
+    base, tokenizer, anomaly_only = tiny_guard("prompt_last")
+    single = GuardedModelForCausalLM(base, anomaly_only, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="screened at other thresholds"):  # a guard of other heads
+        screen_to_jsonl(single, rows, out, batch_size=4, progress=False)
+    screen_to_jsonl(single, rows[:5], tmp_path / "single.jsonl", batch_size=4, progress=False)
+    assert screen_to_jsonl(single, rows, tmp_path / "single.jsonl", progress=False).resumed == 5
+
+
 def test_an_output_that_is_not_ours_is_refused(tmp_path):
     (tmp_path / "out.jsonl").write_text('{"something": "else"}\n')
     with pytest.raises(ValueError, match="not a verdict line"):
