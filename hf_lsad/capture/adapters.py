@@ -5,7 +5,10 @@ the base model still runs on the adapted model (the blocks are the same modules:
 unwrap_peft`), but its flag rates are the base model's only as far as the adapter leaves the stream alone.
 :func:`adapter_digest` names what a model runs; collection records it in the
 :class:`~hf_lsad.core.prompt_inputs.InputProfile` of the rows it reads, so a guard's profile says which adapter its
-thresholds were set through, and :func:`check_adapter` warns when a guarded model runs another.
+thresholds were set through, and :func:`check_adapter` refuses a guarded model that runs another (or warns, when
+allowed). Refused, because the shift is large and fails open: a LoRA fine-tune of SmolLM2 at the released thresholds
+caught 0.43 of do-not-answer where the base model catches 0.97, and thresholds re-set through it gave the base
+model's operating point back (``python benchmarks/run.py heads/adapter_shift``).
 
 The digest covers the weights and the numbers (rank, scaling) of every *active* adapter of every tuner layer, keyed
 by the layer's name in the transformers model: the same adapter gives the same digest whether it was loaded by
@@ -24,7 +27,7 @@ import torch
 from torch import nn
 
 from ..core.hook_point import unwrap_peft
-from ..errors import AdapterWarning, warn
+from ..errors import AdapterWarning, ModelMismatchError, warn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -70,10 +73,10 @@ def adapter_label(digest: str | None) -> str:
     return "no adapter" if digest is None else f"the peft adapter {digest[:19]}"
 
 
-def check_adapter(model: PreTrainedModel, inputs: InputProfile | None) -> None:
-    """Warn (:class:`~hf_lsad.errors.AdapterWarning`) when ``model`` runs other peft adapters than those the guard's
-    thresholds were set through (``inputs``: the guard's profile; ``None``, a guard without one, counts as set on the
-    model without adapters)."""
+def check_adapter(model: PreTrainedModel, inputs: InputProfile | None, *, allow_mismatch: bool = False) -> None:
+    """Refuse (:class:`~hf_lsad.errors.ModelMismatchError`) a ``model`` that runs other peft adapters than those the
+    guard's thresholds were set through (``inputs``: the guard's profile; ``None``, a guard without one, counts as set
+    on the model without adapters); with ``allow_mismatch``, warn (:class:`~hf_lsad.errors.AdapterWarning`)."""
     running = adapter_digest(model)
     fitted = inputs.adapter if inputs is not None else None
     if running == fitted:
@@ -84,10 +87,13 @@ def check_adapter(model: PreTrainedModel, inputs: InputProfile | None) -> None:
         what = f"the guard's thresholds were set through {adapter_label(fitted)}, which this model does not run"
     else:
         what = f"the model runs {adapter_label(running)}; the guard's thresholds were set through another"
-    warn(
+    message = (
         f"{what}. An adapter changes the residual stream the heads read, so the guard may flag more or less of your "
-        "traffic than its card says. Set the thresholds through the model you serve, on your own benign traffic "
-        "(hf_lsad.fit_budget_on_prompts(model, ...), or `hf-lsad set-budget --model ADAPTER`); the guard then "
-        "records the adapter and this warning stops.",
-        AdapterWarning,
+        "traffic than its card says (two LoRA fine-tunes measured here let half of one source's harm through). "
+        "Re-set the thresholds through the model you serve: `hf-lsad set-budget --model ADAPTER --guard GUARD --out "
+        "NEW` (on the bundled validation chat, or --benign your own traffic), or "
+        "hf_lsad.fit_budget_on_prompts(model, tokenizer, guard); the guard then records the adapter"
     )
+    if not allow_mismatch:
+        raise ModelMismatchError(f"{message}. To guard it as it is, pass allow_adapter_mismatch=True.")
+    warn(f"{message}; guarding it anyway (allow_adapter_mismatch=True).", AdapterWarning)

@@ -94,6 +94,18 @@ def model_argument(parser: argparse.ArgumentParser, mode: str = "") -> None:
     )
 
 
+def adapter_mismatch_argument(parser: argparse.ArgumentParser) -> None:
+    """``--allow-adapter-mismatch``: guard a model running other peft adapters than the guard's thresholds were set
+    through (:func:`hf_lsad.capture.adapters.check_adapter`)."""
+    parser.add_argument(
+        "--allow-adapter-mismatch",
+        action="store_true",
+        help="guard a model that runs another peft adapter than the guard's thresholds were set through (or none "
+        "where they were set through one), with a warning; refused otherwise, since an adapter moves the scores: "
+        "re-set the thresholds through it with set-budget",
+    )
+
+
 def collect_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import POOLS
 
@@ -233,6 +245,7 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--column", default=DEFAULT_COLUMN, help=f"prompt mode: {PROMPT_COLUMN_HELP}, in every table")
     parser.add_argument("--limit", type=int, help="prompt mode: the first LIMIT rows of each table")
     model_argument(parser, "prompt mode: ")
+    adapter_mismatch_argument(parser)
     parser.add_argument("--batch-size", type=int, default=16, help="prompt mode: prompts per forward pass")
     system_argument(parser, "prompt mode: ")
     parser.add_argument(
@@ -246,6 +259,7 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 def generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", help="prompts, each sent as a user turn of the chat template")
     model_argument(parser)
+    adapter_mismatch_argument(parser)
     _guard_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length")
     parser.add_argument(
@@ -280,6 +294,7 @@ def explain_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: none, the features alone)",
     )
     model_argument(parser)
+    adapter_mismatch_argument(parser)
     parser.add_argument("--top-k", type=int, default=10, help="features or tokens listed per prompt")
     parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")
@@ -311,7 +326,7 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
-    _budget_arguments(parser)
+    _budget_arguments(parser, benign_required=False)
     system_argument(parser)
 
 
@@ -324,13 +339,12 @@ def system_argument(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     )
 
 
-def _budget_arguments(parser: argparse.ArgumentParser) -> None:
+def _budget_arguments(parser: argparse.ArgumentParser, *, benign_required: bool) -> None:
     _guard_arguments(parser)
-    parser.add_argument(
-        "--benign",
-        required=True,
-        help=f"a sample of your own benign traffic, fitted on by no head: {PROMPT_FILE}",
-    )
+    own = f"a sample of your own benign traffic, fitted on by no head: {PROMPT_FILE}"
+    bundled = " (default: the bundled validation chat the released thresholds were set on, for a model that reads "
+    bundled += "prompts otherwise, e.g. under a peft adapter)"
+    parser.add_argument("--benign", required=benign_required, help=own if benign_required else own + bundled)
     parser.add_argument("--column", default=DEFAULT_COLUMN, help=PROMPT_COLUMN_HELP)
     parser.add_argument(
         "--target-fpr", type=float, help="the heads' combined flag rate on those prompts (default: the guard's)"
@@ -364,7 +378,7 @@ def _budget_batch_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def teach_arguments(parser: argparse.ArgumentParser) -> None:
-    _budget_arguments(parser)
+    _budget_arguments(parser, benign_required=True)
     parser.add_argument("--head", default="harm", help="the supervised head to fit again (default: harm)")
     parser.add_argument(
         "--fit-fraction",
@@ -452,6 +466,7 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
     system_argument(parser)
     _explain_argument(parser, "write in a line's 'tokens'")
     model_argument(parser)
+    adapter_mismatch_argument(parser)
     _guard_arguments(parser)
     _budget_batch_arguments(parser)
     _runtime_arguments(parser, ModelRuntime)
@@ -459,6 +474,7 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve_arguments(parser: argparse.ArgumentParser) -> None:
     model_argument(parser)
+    adapter_mismatch_argument(parser)
     _guard_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")

@@ -366,21 +366,30 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The prompt file (readable, not empty, enough rows for the confidence: for ``teach``, in the part held back for
-    the thresholds), the head ``teach`` fits again, and where the guard goes."""
+    the thresholds; ``set-budget`` without one takes the bundled validation chat), the head ``teach`` fits again, and
+    where the guard goes."""
     from ..guard.guard import SafetyGuard
     from ..guard.heads.training import budget_rule, check_reads_prompt, cut_traffic, small_sample_warning
     from ..guard.threshold import allowed_flags
     from .arguments import guard_location
     from .commands import read_prompt_file
 
-    if not Path(args.benign).is_file():
-        parser.error(f"argument --benign: no file {args.benign!r}")
-    try:
-        prompts = read_prompt_file(args.benign, args.column)
-    except (ValueError, UnicodeDecodeError) as err:
-        parser.error(f"argument --benign: {_one_line(err)}")
-    if not prompts:
-        parser.error(f"argument --benign: {args.benign!r} holds no prompts")
+    if args.benign is None:  # set-budget on the bundled rows the released thresholds were set on
+        from ..data.tables import DEFAULT_COLUMN
+        from ..guard.heads.training import THRESHOLD_POOL, release_rows
+
+        if args.column != DEFAULT_COLUMN:
+            parser.error("argument --column: names the column of --benign's table; no --benign was given")
+        prompts = [p.text for p in release_rows(THRESHOLD_POOL, "validation")]
+    else:
+        if not Path(args.benign).is_file():
+            parser.error(f"argument --benign: no file {args.benign!r}")
+        try:
+            prompts = read_prompt_file(args.benign, args.column)
+        except (ValueError, UnicodeDecodeError) as err:
+            parser.error(f"argument --benign: {_one_line(err)}")
+        if not prompts:
+            parser.error(f"argument --benign: {args.benign!r} holds no prompts")
     brought = len(prompts)
     if args.out is None and (args.guard in ("default", "paper") or not Path(args.guard).is_dir()):
         parser.error(

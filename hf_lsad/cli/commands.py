@@ -320,7 +320,9 @@ def _guarded_model(args: argparse.Namespace) -> Any:
     print(f"loading {model_name} ({runtime.dtype}) and {guard_name} ...", file=sys.stderr, flush=True)
     guard = _guard(args)  # a guard that is missing or corrupt fails before the model is loaded
     model, tokenizer = _load_model(args, runtime)
-    return GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    return GuardedModelForCausalLM(
+        model, guard, tokenizer=tokenizer, allow_adapter_mismatch=getattr(args, "allow_adapter_mismatch", False)
+    )
 
 
 def run_generate(args: argparse.Namespace) -> None:
@@ -387,9 +389,14 @@ def read_prompt_file(path: str, column: str = DEFAULT_COLUMN) -> list[str]:
     return [row.text for row in rows if row.text is not None]  # every row has its text: none has an error
 
 
-def _under_turn(args: argparse.Namespace) -> str:
-    """What a card's data line adds for ``--system``: the turn every prompt was formatted under ("" for none)."""
-    return "" if args.system is None else f", every prompt under the system turn {args.system!r}"
+def _how_read(args: argparse.Namespace, guard: Any) -> str:
+    """What a card's data line adds for ``--system`` and for a model with peft adapters: the turn every prompt was
+    formatted under, the adapter it was read through ("" for neither)."""
+    from ..capture.adapters import adapter_label
+
+    turn = "" if args.system is None else f", every prompt under the system turn {args.system!r}"
+    adapter = guard.inputs.adapter if guard.inputs is not None else None
+    return turn + ("" if adapter is None else f", every prompt read through {adapter_label(adapter)}")
 
 
 def run_add_head(args: argparse.Namespace) -> None:
@@ -422,7 +429,7 @@ def run_add_head(args: argparse.Namespace) -> None:
     data = (
         f"head {args.name!r} added with `hf-lsad add-head` from {len(unsafe)} prompts of its category"
         f" and {len(safe)} of the user's own safe prompts, against the fit rows of the bundled benign pools"
-    ) + _under_turn(args)
+    ) + _how_read(args, guard)
     guard.save_pretrained(out, data=data)
     print(f"added head {args.name!r} ({len(unsafe)} unsafe, {len(safe)} own safe prompts); wrote {out}")
     for name, share, threshold in zip(budget.heads, budget.shares, budget.thresholds):
@@ -440,7 +447,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
 
     runtime = _runtime(args, ModelRuntime)
     guard = _guard(args)
-    prompts = read_prompt_file(args.benign, args.column)
+    prompts = read_prompt_file(args.benign, args.column) if args.benign else None  # None: the bundled rows
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
     before = guard.budget
@@ -451,17 +458,17 @@ def run_set_budget(args: argparse.Namespace) -> None:
         prompts,
         target_fpr=args.target_fpr,
         confidence=args.confidence,
-        rows=f"the user's own benign prompts, {Path(args.benign).name}",
+        rows=f"the user's own benign prompts, {Path(args.benign).name}" if args.benign else None,
         batch_size=args.batch_size,
         max_batch_tokens=args.max_batch_tokens,
         system=args.system,
     )
     out = args.out or args.guard
     # a new card: the old card's figures were measured at the old thresholds
-    data = f"thresholds set with `hf-lsad set-budget` on {len(prompts)} of the user's own benign prompts"
-    data += _under_turn(args)
+    rows = f"{budget.n_rows} of the user's own benign prompts" if args.benign else f"{budget.n_rows} {budget.rows} rows"
+    data = f"thresholds set with `hf-lsad set-budget` on {rows}" + _how_read(args, guard)
     guard.save_pretrained(out, data=data)
-    print(f"thresholds set on {len(prompts)} prompts of {args.benign}; wrote {out}")
+    print(f"thresholds set on {budget.n_rows} prompts of {args.benign or 'the bundled validation chat'}; wrote {out}")
     old_thresholds = before.thresholds if before is not None and before.heads == budget.heads else None
     for i, (name, share, threshold) in enumerate(zip(budget.heads, budget.shares, budget.thresholds)):
         was = f" (was {old_thresholds[i]:.4g})" if old_thresholds is not None else ""
@@ -506,9 +513,9 @@ def run_teach(args: argparse.Namespace) -> None:
     out = args.out or args.guard
     taught = len(prompts) - budget.n_rows
     data = (
-        f"head `{args.head}` fitted again with `hf-lsad teach` on {taught} of the user's own benign prompts beside the "
-        f"bundled pools' fit rows; thresholds set on the other {budget.n_rows}"
-    ) + _under_turn(args)
+        f"head `{args.head}` fitted again with `hf-lsad teach` on {taught} of the user's own benign prompts beside "
+        f"the bundled pools' fit rows; thresholds set on the other {budget.n_rows}"
+    ) + _how_read(args, guard)
     guard.save_pretrained(out, data=data)
     print(f"head {args.head!r} taught {taught} prompts of {args.benign}; thresholds set on the other {budget.n_rows}")
     print(f"wrote {out}")

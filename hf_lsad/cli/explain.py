@@ -48,7 +48,9 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
     model, tokenizer = load_model(
         getattr(args, "model", None) or "default", dtype=torch_dtype(runtime.dtype), **placement(runtime.device)
     )
-    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    guarded = GuardedModelForCausalLM(
+        model, guard, tokenizer=tokenizer, allow_adapter_mismatch=getattr(args, "allow_adapter_mismatch", False)
+    )
     top_k = getattr(args, "top_k", None) or 10
     system = getattr(args, "system", None)
     if guard.config.hook.position == "prompt_last":

@@ -27,7 +27,7 @@ Use a guard:
 
 Fit it to your traffic and share it:
     hf-lsad add-head  --guard default --name dosage --unsafe dosage.txt [--safe ok.txt] --out my-guard
-    hf-lsad set-budget --guard default --benign my-traffic.txt --out my-guard
+    hf-lsad set-budget --guard default --benign my-traffic.txt --out my-guard [--model my-lora-adapter]
     hf-lsad teach     --guard default --benign my-traffic.txt --out my-guard [--system "You are ..."] [--cache DIR]
     hf-lsad push      my-guard org/my-guard [--private] [--revision BRANCH]
     hf-lsad pull      org/my-guard my-guard-copy [--revision SHA]
@@ -123,7 +123,9 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "--confidence says otherwise (hf_lsad.guard.heads.training.fit_budget_on_prompts). For traffic the heads "
         "flag more often than chat: they were not fitted on its kind. Passes more of the harm the guard catches than "
         "teach, which also teaches a head part of the sample (docs/heads.md, 'Your own traffic'). Too few prompts for "
-        "the confidence are refused (59 at 5% and 0.95). The guard must read the prompt.",
+        "the confidence are refused (59 at 5% and 0.95). The guard must read the prompt. Without --benign, the "
+        "bundled validation chat the released thresholds were set on: the released operating point again for a "
+        "model that reads prompts otherwise, e.g. --model a peft adapter (refused by the guard until then).",
     ),
     "teach": (
         "teach a supervised head a sample of your own benign traffic, and set the thresholds on the rest",

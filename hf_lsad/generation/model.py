@@ -86,8 +86,9 @@ class GuardedModelForCausalLM(nn.Module):
     unless ``allow_base_model_mismatch=True``, which warns instead.
 
     A model running peft adapters (a ``PeftModel``, or adapters loaded by transformers' ``load_adapter``) is read
-    with its adapters. The guard warns (:class:`~hf_lsad.errors.AdapterWarning`) unless its thresholds were set
-    through the same adapters (:func:`hf_lsad.capture.adapters.check_adapter`).
+    with its adapters, if the guard's thresholds were set through the same adapters; another adapter, or none where
+    the thresholds were set through one, is refused unless ``allow_adapter_mismatch=True``, which warns instead
+    (:func:`hf_lsad.capture.adapters.check_adapter`).
 
     ``tokenizer`` (optional) lets :meth:`screen` take prompt strings and ``refusal`` be text.
     """
@@ -99,10 +100,11 @@ class GuardedModelForCausalLM(nn.Module):
         *,
         tokenizer: Any = None,
         allow_base_model_mismatch: bool = False,
+        allow_adapter_mismatch: bool = False,
     ) -> None:
         super().__init__()
         guard.config.hook.check_model(model, allow_base_model_mismatch=allow_base_model_mismatch)
-        check_adapter(model, guard.inputs)
+        check_adapter(model, guard.inputs, allow_mismatch=allow_adapter_mismatch)
         self.model = model
         self.guard = guard.to(model.device)
         self.tokenizer = tokenizer
@@ -137,6 +139,7 @@ class GuardedModelForCausalLM(nn.Module):
         guard: str | os.PathLike | SafetyGuard | None = None,
         guard_kwargs: dict[str, Any] | None = None,
         allow_base_model_mismatch: bool = False,
+        allow_adapter_mismatch: bool = False,
         **model_kwargs: Any,
     ) -> GuardedModelForCausalLM:
         """Load a guarded model.
@@ -160,10 +163,16 @@ class GuardedModelForCausalLM(nn.Module):
                 "Qwen/Qwen2.5-0.5B-Instruct", guard="org/qwen-lsad", guard_kwargs={"revision": "v1"}
             )
 
-        ``allow_base_model_mismatch`` as in the class docstring.
+        ``allow_base_model_mismatch`` and ``allow_adapter_mismatch`` as in the class docstring.
         """
         model, guard, tokenizer = load_guarded_model(pretrained_model_name_or_path, guard, guard_kwargs, model_kwargs)
-        return cls(model, guard, tokenizer=tokenizer, allow_base_model_mismatch=allow_base_model_mismatch)
+        return cls(
+            model,
+            guard,
+            tokenizer=tokenizer,
+            allow_base_model_mismatch=allow_base_model_mismatch,
+            allow_adapter_mismatch=allow_adapter_mismatch,
+        )
 
     def save_pretrained(
         self,

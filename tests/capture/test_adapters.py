@@ -13,7 +13,14 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 from transformers.utils import find_adapter_config_file
 
-from hf_lsad import AdapterWarning, GuardedModelForCausalLM, SafetyGuard, encode_prompts, fit_budget_on_prompts
+from hf_lsad import (
+    AdapterWarning,
+    GuardedModelForCausalLM,
+    ModelMismatchError,
+    SafetyGuard,
+    encode_prompts,
+    fit_budget_on_prompts,
+)
 from hf_lsad.capture.adapters import adapter_digest
 from hf_lsad.capture.pretrained import load_model, load_tokenizer
 from hf_lsad.cli.main import entry
@@ -34,11 +41,16 @@ def adapted(seed: int, *, identity: bool = False, name: str = "default") -> Peft
     return get_peft_model(model, config, adapter_name=name).eval()
 
 
-def guarded_reports(model, guard, tokenizer, *, expect_warning: bool) -> list:
+def guarded_reports(model, guard, tokenizer, *, mismatch: bool) -> list:
+    """The reports of a stopping ``generate`` through ``model``; with a ``mismatch`` of adapters, refused unless
+    allowed, and then with a warning."""
+    if mismatch:
+        with pytest.raises(ModelMismatchError, match="pass allow_adapter_mismatch=True"):
+            GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
-    assert any(issubclass(w.category, AdapterWarning) for w in caught) == expect_warning
+        guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer, allow_adapter_mismatch=mismatch)
+    assert any(issubclass(w.category, AdapterWarning) for w in caught) == mismatch
     inputs = encode_prompts(tokenizer, MIXED_BATCH)
     out = guarded.generate(**inputs, max_new_tokens=3, do_sample=False, return_dict_in_generate=True, on_flag="stop")
     return out.safety
@@ -48,36 +60,36 @@ def head_scores(reports) -> torch.Tensor:
     return torch.tensor([[head.score for head in report.heads] for report in reports])
 
 
-def test_a_peft_model_is_read_through_its_adapter_and_the_guard_warns():
+def test_a_peft_model_is_read_through_its_adapter_and_refused_at_thresholds_set_without_it():
     """A ``PeftModel`` was refused ("cannot locate the decoder layers of PeftModel"); a model with adapters loaded
     by transformers was guarded silently, at thresholds set on the model without them."""
     base, tokenizer = tiny_model("llama", seed=0)
     guard = two_headed_guard()
-    plain = guarded_reports(base, guard, tokenizer, expect_warning=False)
-    identity = guarded_reports(adapted(0, identity=True), guard, tokenizer, expect_warning=True)
+    plain = guarded_reports(base, guard, tokenizer, mismatch=False)
+    identity = guarded_reports(adapted(0, identity=True), guard, tokenizer, mismatch=True)
     assert torch.allclose(head_scores(identity), head_scores(plain), atol=1e-6)  # the same blocks, read alike
-    changed = guarded_reports(adapted(1), guard, tokenizer, expect_warning=True)
+    changed = guarded_reports(adapted(1), guard, tokenizer, mismatch=True)
     assert not torch.allclose(head_scores(changed), head_scores(plain), atol=1e-3)  # the adapter's residual stream
     model = adapted(1)
     with model.disable_adapter():
         assert adapter_digest(model) is None
-        disabled = guarded_reports(model, guard, tokenizer, expect_warning=False)
+        disabled = guarded_reports(model, guard, tokenizer, mismatch=False)
         assert torch.allclose(head_scores(disabled), head_scores(plain))
 
 
-def test_thresholds_set_through_an_adapter_record_it_and_silence_the_warning(tmp_path):
+def test_thresholds_set_through_an_adapter_record_it_and_guard_that_model_alone(tmp_path):
     _, tokenizer = tiny_model("llama", seed=0)
     model, guard = adapted(1), two_headed_guard()
     budget = fit_budget_on_prompts(model, tokenizer, guard, PROMPTS, target_fpr=0.25, confidence=None, progress=False)
     digest = adapter_digest(model)
     assert digest is not None and guard.inputs.adapter == digest and digest[:19] in budget.rows
-    guarded_reports(model, guard, tokenizer, expect_warning=False)
-    with pytest.warns(
-        AdapterWarning, match=r"set through the peft adapter sha256:\w{12}, which this model does not run"
+    guarded_reports(model, guard, tokenizer, mismatch=False)
+    with pytest.raises(
+        ModelMismatchError, match=r"set through the peft adapter sha256:\w{12}, which this model does not run"
     ):
         GuardedModelForCausalLM(tiny_model("llama", seed=0)[0], guard)
-    with pytest.warns(
-        AdapterWarning, match="runs the peft adapter sha256:.*; the guard's thresholds were set through another"
+    with pytest.raises(
+        ModelMismatchError, match=r"runs the peft adapter sha256:.*; the guard's thresholds were set through another"
     ):
         GuardedModelForCausalLM(adapted(2), guard)
     guard.save_pretrained(tmp_path / "guard")
@@ -147,11 +159,30 @@ def test_the_command_takes_an_adapter_folder_as_its_model(model_dir, tmp_path, c
     guard = two_headed_guard()
     guard.save_pretrained(tmp_path / "guard")
     common = ["--model", str(tmp_path / "adapter"), "--guard", str(tmp_path / "guard")]
-    entry(["generate", *common, "--max-new-tokens", "2", "hi there"])
+    generate = ["generate", *common, "--max-new-tokens", "2", "hi there"]
+    with pytest.raises(SystemExit) as exit_info:
+        entry(generate)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "error: ModelMismatchError: the model runs the peft adapter sha256:" in err
+    assert "`hf-lsad set-budget --model ADAPTER --guard GUARD --out NEW`" in err
+    entry([*generate, "--allow-adapter-mismatch"])
     captured = capsys.readouterr()
     assert captured.out.count("safety:") == 1
-    warning = "warning: AdapterWarning: the model runs the peft adapter sha256:"
-    assert warning in captured.err and "; the guard's thresholds were set on the model without it" in captured.err
+    assert "warning: AdapterWarning: the model runs the peft adapter sha256:" in captured.err
+    assert "guarding it anyway (allow_adapter_mismatch=True)" in captured.err
+
+    # the released operating point again, through the adapter: thresholds on the bundled validation chat
+    entry(["set-budget", *common, "--out", str(tmp_path / "through"), "--target-fpr", "0.25", "--confidence", "none"])
+    printed = capsys.readouterr().out
+    assert "thresholds set on 1338 prompts of the bundled validation chat" in printed
+    through = SafetyGuard.from_pretrained(tmp_path / "through")
+    assert through.budget.rows.startswith("validation chat, read through the peft adapter sha256:")
+    assert through.inputs.adapter is not None and through.budget.n_rows == 1338
+    entry(["generate", "--model", str(tmp_path / "adapter"), "--guard", str(tmp_path / "through"), "hi there"])
+    assert "warning" not in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        entry(["set-budget", *common, "--out", str(tmp_path / "x"), "--column", "text"])
+    assert "argument --column: names the column of --benign's table; no --benign was given" in capsys.readouterr().err
     collect = ["collect", "--pool", "harmful", "--layer", "9", "--out", str(tmp_path / "acts")]
     with pytest.raises(SystemExit):  # the base model's depth, read before any model loads
         entry([*collect, "--model", str(tmp_path / "adapter")])

@@ -228,12 +228,12 @@ def fit_budget_on_prompts(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     guard: Any,
-    prompts: Sequence[str],
+    prompts: Sequence[str] | None = None,
     *,
     target_fpr: float | None = None,
     shares: Sequence[float] | None = None,
     confidence: float | Literal["keep"] | None = "keep",
-    rows: str = "the user's own benign prompts",
+    rows: str | None = None,
     batch_size: int = 16,
     max_batch_tokens: int | None = BATCH_TOKENS,
     progress: bool = True,
@@ -251,11 +251,15 @@ def fit_budget_on_prompts(
         guard: A :class:`~hf_lsad.guard.SafetyGuard` whose heads all read the prompt.
         prompts: The benign prompts. With a ``confidence``, at least as many as it needs
             (:func:`~hf_lsad.guard.threshold.allowed_flags`: 59 at 5% and 0.95); checked before the forward pass.
+            ``None``: the bundled chat pool's validation rows (:func:`release_rows`), what the released thresholds
+            were set on: the released operating point again, for a model that reads prompts otherwise (a peft
+            adapter, a system turn of your own).
         target_fpr: The combined flag rate (default: the guard's budget's, else its ``config.target_fpr``).
         shares: Each head's share of the budget (default: the guard's budget's, else equal shares).
         confidence: ``"keep"`` (default): the guard's budget's; a float: bound the rate on fresh prompts of the same
             kind with that probability; ``None``: the plain quantile.
-        rows: What the prompts are, recorded in the budget and on the card.
+        rows: What the prompts are, recorded in the budget and on the card (default: "the user's own benign
+            prompts", or "validation chat" for the bundled rows).
         batch_size, progress: Forward-pass batch size and progress bar.
         max_batch_tokens: Padded tokens a forward pass holds at most (``None``: ``batch_size`` prompts whatever
             their length).
@@ -267,6 +271,10 @@ def fit_budget_on_prompts(
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
     """
+    if prompts is None:
+        prompts = [p.text for p in release_rows(THRESHOLD_POOL, "validation")]
+        rows = rows or f"validation {THRESHOLD_POOL}"
+    rows = rows or "the user's own benign prompts"
     check_prompts(prompts)
     check_reads_prompt(guard)
     target_fpr, confidence = budget_rule(guard, target_fpr, confidence)
