@@ -376,11 +376,11 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
     if args.benign is None:  # set-budget on the bundled rows the released thresholds were set on
         from ..data.tables import DEFAULT_COLUMN
-        from ..guard.heads.training import THRESHOLD_POOL, release_rows
+        from ..guard.heads.training import released_threshold_prompts
 
         if args.column != DEFAULT_COLUMN:
             parser.error("argument --column: names the column of --benign's table; no --benign was given")
-        prompts = [p.text for p in release_rows(THRESHOLD_POOL, "validation")]
+        prompts = released_threshold_prompts()
     else:
         if not Path(args.benign).is_file():
             parser.error(f"argument --benign: no file {args.benign!r}")

@@ -272,7 +272,7 @@ def fit_budget_on_prompts(
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
     """
     if prompts is None:
-        prompts = [p.text for p in release_rows(THRESHOLD_POOL, "validation")]
+        prompts = released_threshold_prompts()
         rows = rows or f"validation {THRESHOLD_POOL}"
     rows = rows or "the user's own benign prompts"
     check_prompts(prompts)
@@ -761,6 +761,12 @@ def budget_rule(
     if confidence == "keep":
         confidence = budget.confidence if budget is not None else None
     return target_fpr, confidence
+
+
+def released_threshold_prompts() -> list[str]:
+    """The bundled rows the released guard's thresholds were set on (the validation rows of :data:`THRESHOLD_POOL`),
+    as texts: where :func:`fit_budget_on_prompts` sets them without prompts of the user's."""
+    return [p.text for p in release_rows(THRESHOLD_POOL, "validation")]
 
 
 def release_rows(pool: str, split: Literal["fit", "validation", "test"]) -> list[Prompt]:
