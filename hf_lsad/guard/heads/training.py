@@ -501,8 +501,9 @@ def bundled_features(
     if cache_dir is not None:
         _drop_finished_parts(Path(cache_dir))
     folders = {read: None if cache_dir is None else Path(cache_dir) / read_folder(read) for read in reads}
+    adapter = adapter_digest(model)  # what every store read or written here is checked against and records
     features = {
-        read: _cached_read(model, folder, read, ids, digests, system)
+        read: _cached_read(model, folder, read, ids, digests, system, adapter)
         for read, folder in folders.items()
         if folder is not None and (folder / INDEX).exists()
     }
@@ -513,7 +514,7 @@ def bundled_features(
     partial = None
     if cache_dir is not None:
         inputs_format = prompt_format(tokenizer)
-        partial = _PartialCollection(Path(cache_dir) / PARTIAL, model, missing, records, inputs_format, system)
+        partial = _PartialCollection(Path(cache_dir) / PARTIAL, model, missing, records, inputs_format, system, adapter)
     done = partial.resume(ids, digests) if partial is not None else {}
     if done and progress:
         print(f"resuming: {len(done)} of {len(ids)} bundled prompts collected before", file=sys.stderr, flush=True)
@@ -575,12 +576,15 @@ class _PartialCollection:
         records: list[dict[str, Any]],
         inputs: str,
         system: str | None,
+        adapter: str | None,
     ) -> None:
         self.folder, self.model, self.reads, self.records = folder, model, reads, records
         self.prompt_format = inputs
         """How the prompts reach the model (``InputProfile.prompt_format``), recorded in each part."""
         self.system = system
         """The system turn before each prompt (``InputProfile.system``), recorded in each part."""
+        self.adapter = adapter
+        """The peft adapters the model runs (``InputProfile.adapter``), recorded in each part."""
         self.values: dict[Read, Tensor] = {}
         """Per read, ``[rows, hidden]``: every row the parts hold, in part order (:meth:`resume`)."""
         self.longest = 0
@@ -604,7 +608,8 @@ class _PartialCollection:
                     "folder, or delete this one"
                 )
             stores = {
-                read: _checked_store(self.model, part / read_folder(read), read, self.system) for read in self.reads
+                read: _checked_store(self.model, part / read_folder(read), read, self.system, self.adapter)
+                for read in self.reads
             }
             part_ids = [record["id"] for record in stores[self.reads[0]].records]
             for read, store in stores.items():
@@ -648,7 +653,7 @@ class _PartialCollection:
         staging = self.folder / f".staging-{uuid.uuid4().hex[:8]}"
         staging.mkdir(parents=True)
         records = [self.records[i] for i in self._positions]
-        inputs = InputProfile(self.prompt_format, self._batch_longest, self.system, adapter_digest(self.model))
+        inputs = InputProfile(self.prompt_format, self._batch_longest, self.system, self.adapter)
         for read in self.reads:
             values, hook = torch.cat(self._features[read]), HookPoint.from_model(self.model, *read)
             save_activations(staging / read_folder(read), values, records, hook, inputs=inputs)
@@ -665,11 +670,17 @@ def _digest(text: str) -> str:
 
 
 def _cached_read(
-    model: PreTrainedModel, folder: Path, read: Read, ids: list[str], digests: list[str], system: str | None
+    model: PreTrainedModel,
+    folder: Path,
+    read: Read,
+    ids: list[str],
+    digests: list[str],
+    system: str | None,
+    adapter: str | None,
 ) -> Tensor:
     """The rows of ``ids`` from the cache store in ``folder``, checked to be ``model``'s activations at ``read`` of
-    prompts with these text ``digests`` under the system turn ``system``."""
-    store = _checked_store(model, folder, read, system)
+    prompts with these text ``digests`` under the system turn ``system``, through the peft ``adapter``."""
+    store = _checked_store(model, folder, read, system, adapter)
     row_of = {record["id"]: row for row, record in enumerate(store.records)}
     absent = [i for i in ids if i not in row_of]
     if absent:
@@ -686,20 +697,22 @@ def _cached_read(
     return store.activations[torch.tensor([row_of[i] for i in ids])]
 
 
-def _checked_store(model: PreTrainedModel, folder: Path, read: Read, system: str | None) -> ActivationSet:
+def _checked_store(
+    model: PreTrainedModel, folder: Path, read: Read, system: str | None, adapter: str | None
+) -> ActivationSet:
     """The store in ``folder``, checked to hold ``model``'s activations at ``read`` of prompts under the system turn
-    ``system``, through the peft adapters ``model`` runs (a store without an input profile was collected under the
-    template's default, without an adapter)."""
+    ``system``, through the peft ``adapter`` the model runs (:func:`~hf_lsad.capture.adapters.adapter_digest`; a
+    store without an input profile was collected under the template's default, without an adapter)."""
     store = load_activations(folder)
     if (store.hook.layer, store.hook.position) != tuple(read):
         raise ValueError(f"{folder} holds activations of layer {store.hook.layer} {store.hook.position}, not {read}")
     store.hook.check_model(model)
     _check_turn(folder, store.inputs, system)
-    stored, running = store.inputs.adapter if store.inputs is not None else None, adapter_digest(model)
-    if stored != running:
+    stored = store.inputs.adapter if store.inputs is not None else None
+    if stored != adapter:
         raise ValueError(
             f"{folder} holds the bundled prompts read through {adapter_label(stored)}, and the model runs "
-            f"{adapter_label(running)}: pass another cache folder (one per adapter), or delete this one"
+            f"{adapter_label(adapter)}: pass another cache folder (one per adapter), or delete this one"
         )
     return store
 
