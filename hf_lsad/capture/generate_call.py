@@ -82,7 +82,11 @@ def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any])
     - a custom decoding loop (``custom_generate``, or a ``generate`` a repository's code put on the model) need not
       call the guard's logits processor at all, so a flagged row would not be stopped;
     - the modes transformers runs from a Hub repository's code (DoLa, contrastive search, group and constrained
-      beam search) are such loops.
+      beam search) are such loops;
+    - token healing rewrites the end of the prompt before the prefill (it drops the prompt's last tokens and
+      constrains the first new ones to extend them), so the guard would read another prompt than the one given;
+    - chunked prefill reads the prompt in several forward calls, where the guard reads it from one (it was caught
+      at the first new token, after the prompt had run).
     """
 
     def setting(name: str) -> Any:
@@ -108,6 +112,17 @@ def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any])
             "the model carries a generate of its own (as transformers puts a repository's custom_generate on a model "
             "loaded with trust_remote_code), a custom decoding loop that need not call the guard's logits processor; "
             "guarded generation needs the model class's own (`del model.generate` restores it)"
+        )
+
+    if setting("token_healing"):
+        raise ValueError(
+            "token healing (token_healing) is not supported by guarded generation: it rewrites the end of the prompt "
+            "before the forward pass the guard reads the prompt from"
+        )
+    if setting("prefill_chunk_size"):
+        raise ValueError(
+            "chunked prefill (prefill_chunk_size) is not supported by guarded generation: it reads the prompt in "
+            "several forward calls, where the guard reads it from one"
         )
 
     moved = {

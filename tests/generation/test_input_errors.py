@@ -67,6 +67,8 @@ UNFOLLOWABLE_LOOPS = [
     ("contrastive search", {"penalty_alpha": 0.6, "top_k": 4, "do_sample": False}, "contrastive search"),
     ("group beam search", {"num_beams": 4, "num_beam_groups": 2, "do_sample": False}, "group beam search"),
     ("constrained beam search", {"num_beams": 2, "force_words_ids": [[5]], "do_sample": False}, "constrained beam"),
+    ("token healing", {"token_healing": True}, r"token healing \(token_healing\)"),
+    ("chunked prefill", {"prefill_chunk_size": 8}, r"chunked prefill \(prefill_chunk_size\)"),
 ]
 
 
