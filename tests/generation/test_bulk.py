@@ -153,7 +153,7 @@ def test_an_output_that_is_not_ours_is_refused(tmp_path):
 def test_killed_mid_run_and_started_again_nothing_lost_nothing_twice(model_dir, tmp_path):
     guard_dir = tmp_path / "guard"
     two_headed_guard().save_pretrained(guard_dir)
-    n = 600
+    n = 200
     table = tmp_path / "prompts.jsonl"
     table.write_text("".join(json.dumps({"prompt": f"{TEXTS[i % len(TEXTS)]} ({i})"}) + "\n" for i in range(n)))
     out = tmp_path / "verdicts.jsonl"
