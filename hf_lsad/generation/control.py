@@ -93,7 +93,6 @@ class GuardedGenerationState:
     batch_size: int
     """Rows the logits processor sees: the prompts times the returned sequences, or times the beams under beam
     search."""
-    prompt_length: int
     eos_token_ids: list[int]
     stop: bool = False
     """Whether flagged rows are ended (``on_flag="stop"``)."""

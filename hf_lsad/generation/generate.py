@@ -140,7 +140,6 @@ def generate_guarded(
     state = GuardedGenerationState(
         guard=guard,
         batch_size=prefill_call_rows(model, kwargs, input_ids.shape[0]),  # generate repeats each row
-        prompt_length=input_ids.shape[1],
         eos_token_ids=eos,
         stop=on_flag == "stop",
         forced_tokens=refusal_token_ids(refusal, tokenizer, vocabulary_size(model)) + eos[:1],
