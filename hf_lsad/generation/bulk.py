@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, cast
 import torch
 from tqdm.auto import tqdm
 
+from ..capture.adapters import adapter_digest, adapter_label
 from ..capture.collect import prompt_texts
 from ..capture.recorder import PROMPT_POSITIONS
 from ..core.batching import BATCH_TOKENS, check_batching, length_batches
@@ -85,9 +86,11 @@ def screen_to_jsonl(
     """Screen ``rows`` with ``guarded`` (:meth:`GuardedModelForCausalLM.screen`: a forward pass cut after the
     deepest block the guard reads, no decoding) and append one JSON line per row to ``out``.
 
-    A line is ``{"id": ..., **report.to_json()}`` for a screened row (:meth:`hf_lsad.guard.SafetyReport.to_json`)
-    and ``{"id": ..., "flagged": null, "error": ...}`` for a row that could not be screened. Rows whose id is
-    already in ``out`` are skipped: run it again on the same ``out`` to finish an interrupted run.
+    A line is ``{"id": ..., **report.to_json(), "read": ...}`` for a screened row
+    (:meth:`hf_lsad.guard.SafetyReport.to_json`) and ``{"id": ..., "flagged": null, "error": ..., "read": ...}`` for
+    a row that could not be screened; ``read`` says how the run read its prompts (:func:`read_by`). Rows whose id is
+    already in ``out`` are skipped: run it again on the same ``out`` to finish an interrupted run. An ``out`` whose
+    lines were screened otherwise (at other thresholds, or read otherwise) is refused rather than resumed.
 
     Args:
         guarded: A guarded model with its ``tokenizer``, whose guard reads the prompt.
@@ -114,7 +117,8 @@ def screen_to_jsonl(
     if len(set(ids)) != len(ids):
         raise ValueError("row ids must be unique: they are what a resumed run skips")
     path = Path(out)
-    done = _finished_ids(path, guarded.guard.head_thresholds())
+    read = read_by(guarded, chat_template=chat_template, system=system)
+    done = _finished_ids(path, guarded.guard.head_thresholds(), read)
     pending = [row for row in rows if row.id not in done]
     resumed = len(rows) - len(pending)
 
@@ -125,7 +129,7 @@ def screen_to_jsonl(
     ):
 
         def write(records: list[dict[str, Any]]) -> None:
-            handle.write("".join(json.dumps(record) + "\n" for record in records))
+            handle.write("".join(json.dumps({**record, "read": read}) + "\n" for record in records))
             handle.flush()  # a kill loses at most the batch in flight
             bar.update(len(records))
 
@@ -144,10 +148,28 @@ def screen_to_jsonl(
     return _summary(path, ids, resumed, seconds, len(pending))
 
 
-def _finished_ids(path: Path, thresholds: dict[str, float]) -> set[str]:
+def read_by(guarded: GuardedModelForCausalLM, *, chat_template: bool, system: str | None) -> dict[str, Any]:
+    """How a screening run reads its prompts, written on each of its lines: the model's name (``None``: unnamed),
+    the digest of the peft adapters it runs (:func:`hf_lsad.capture.adapters.adapter_digest`, ``None`` for none),
+    the system turn (``None``: the template's default) and whether prompts are read as user turns of the chat
+    template. Each moves every score, so lines read otherwise are not one run's verdicts."""
+    model = guarded.model
+    return {
+        "model": str(model.config.name_or_path) or None,
+        "adapter": adapter_digest(model),
+        "system": system,
+        "chat_template": chat_template,
+    }
+
+
+READ_NAMES = {"model": "model", "adapter": "adapters", "system": "system turn", "chat_template": "chat template"}
+
+
+def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]) -> set[str]:
     """Ids already in ``path``; a last line without its newline (a kill mid-write) is cut off first. A screened line
-    whose heads have other ``thresholds`` than the guard's (another guard, or the same after ``set-budget``) is an
-    error: resuming would leave its verdicts beside the new guard's, and skip its rows."""
+    whose heads have other ``thresholds`` than the guard's (another guard, or the same after ``set-budget``), or a
+    line read otherwise than this run reads (:func:`read_by`; lines written before lines said so are not checked),
+    is an error: resuming would leave its verdicts beside this run's, and skip its rows."""
     if not path.exists():
         return set()
     data = path.read_bytes()
@@ -161,6 +183,8 @@ def _finished_ids(path: Path, thresholds: dict[str, float]) -> set[str]:
             record = json.loads(line)
             done.add(str(record["id"]))
             written = {name: head["threshold"] for name, head in record.get("heads", {}).items()}
+            written_read = record.get("read")
+            differs = [key for key in read if written_read is not None and written_read.get(key) != read[key]]
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(
                 f"{path}:{number}: not a verdict line of hf-lsad screen ({err}); choose another --out"
@@ -171,7 +195,26 @@ def _finished_ids(path: Path, thresholds: dict[str, float]) -> set[str]:
                 f"({_thresholds(thresholds)}): resuming would mix two guards' verdicts and skip these rows. "
                 "Choose another --out, or delete this one to screen every row again"
             )
+        if differs:
+            changes = "; ".join(
+                f"{READ_NAMES[key]} {_read_value(key, written_read.get(key))} here, "
+                f"{_read_value(key, read[key])} in this run"
+                for key in differs
+            )
+            raise ValueError(
+                f"{path}:{number} was read otherwise than this run reads its prompts ({changes}): resuming would mix "
+                "verdicts of two readings and skip these rows. Choose another --out, or delete this one to screen "
+                "every row again"
+            )
     return done
+
+
+def _read_value(key: str, value: Any) -> str:
+    if key == "adapter":
+        return adapter_label(value)
+    if key == "system" and value is None:
+        return "the template's default"
+    return repr(value)
 
 
 def _thresholds(thresholds: dict[str, float]) -> str:

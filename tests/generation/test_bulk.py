@@ -79,7 +79,9 @@ def test_every_row_gets_the_verdict_it_gets_alone_and_bad_rows_their_error(tmp_p
     for row in rows[: len(TEXTS)]:
         alone = model.screen([row.text])[0].to_json()
         assert_same_verdicts({row.id: got[row.id]}, {row.id: {"id": row.id, **alone}})
-    assert got["empty"] == {"id": "empty", "flagged": None, "error": "empty prompt"}
+    read = {"model": None, "adapter": None, "system": None, "chat_template": True}
+    assert got["empty"] == {"id": "empty", "flagged": None, "error": "empty prompt", "read": read}
+    assert all(record["read"] == read for record in got.values())
     assert got["long"]["flagged"] is None and "longer than the model's context" in got["long"]["error"]
     assert summary.rows == summary.written == len(rows) and summary.errors == 2 and summary.resumed == 0
     assert summary.flagged_by_head == {
@@ -142,6 +144,61 @@ def test_a_run_on_an_output_another_guard_wrote_is_refused_rather_than_mixed(tmp
         screen_to_jsonl(single, rows, out, batch_size=4, progress=False)
     screen_to_jsonl(single, rows[:5], tmp_path / "single.jsonl", batch_size=4, progress=False)
     assert screen_to_jsonl(single, rows, tmp_path / "single.jsonl", progress=False).resumed == 5
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"system": "You are a support bot."}, "system turn the template's default here, 'You are a support bot.' in"),
+        ({"chat_template": False}, "chat template True here, False in this run"),
+        ("model", "model None here, 'another/model' in this run"),
+        ("adapter", r"adapters no adapter here, the peft adapter sha256:[0-9a-f]{12} in this run"),
+    ],
+)
+def test_a_run_that_reads_its_prompts_otherwise_is_refused_rather_than_mixed(tmp_path, change, message):
+    """The same guard's thresholds on another model, adapter, system turn or without the chat template: every score
+    moves, and resuming would have kept the first reading's verdicts as this one's."""
+    import peft
+
+    from hf_lsad.errors import AdapterWarning
+
+    model = guarded()
+    rows = [PromptRow(str(i), text) for i, text in enumerate(TEXTS)]
+    out = tmp_path / "out.jsonl"
+    screen_to_jsonl(model, rows[:10], out, batch_size=4, progress=False)
+    written = out.read_bytes()
+    settings = change if isinstance(change, dict) else {}
+    name = model.model.config.name_or_path
+    try:
+        if change == "model":
+            model.model.config.name_or_path = "another/model"
+        if change == "adapter":
+            adapted = peft.get_peft_model(model.model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+            with pytest.warns(AdapterWarning):
+                model = GuardedModelForCausalLM(
+                    adapted, model.guard, tokenizer=model.tokenizer, allow_adapter_mismatch=True
+                )
+        with pytest.raises(
+            ValueError, match=rf"out\.jsonl:1 was read otherwise than this run reads its prompts \({message}"
+        ):
+            screen_to_jsonl(model, rows, out, batch_size=4, progress=False, **settings)
+    finally:  # the tiny model is shared between tests
+        model.model.config.name_or_path = name
+        if change == "adapter":
+            adapted.unload()
+    assert out.read_bytes() == written  # nothing appended
+
+
+def test_lines_written_before_lines_said_how_they_were_read_resume(tmp_path):
+    model = guarded()
+    rows = [PromptRow(str(i), text) for i, text in enumerate(TEXTS)]
+    out = tmp_path / "out.jsonl"
+    screen_to_jsonl(model, rows[:10], out, batch_size=4, progress=False)
+    older = [{k: v for k, v in record.items() if k != "read"} for record in lines(out)]
+    out.write_text("".join(json.dumps(record) + "\n" for record in older))
+    assert (
+        screen_to_jsonl(model, rows, out, batch_size=4, system="You are a support bot.", progress=False).resumed == 10
+    )
 
 
 def test_an_output_that_is_not_ours_is_refused(tmp_path):
