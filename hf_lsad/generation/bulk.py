@@ -151,18 +151,25 @@ def screen_to_jsonl(
 def read_by(guarded: GuardedModelForCausalLM, *, chat_template: bool, system: str | None) -> dict[str, Any]:
     """How a screening run reads its prompts, written on each of its lines: the model's name (``None``: unnamed),
     the digest of the peft adapters it runs (:func:`hf_lsad.capture.adapters.adapter_digest`, ``None`` for none),
-    the system turn (``None``: the template's default) and whether prompts are read as user turns of the chat
-    template. Each moves every score, so lines read otherwise are not one run's verdicts."""
+    the dtype of its weights, the system turn (``None``: the template's default) and whether prompts are read as user
+    turns of the chat template. Each moves the scores, so lines read otherwise are not one run's verdicts."""
     model = guarded.model
     return {
         "model": str(model.config.name_or_path) or None,
         "adapter": adapter_digest(model),
+        "dtype": str(model.dtype).removeprefix("torch."),
         "system": system,
         "chat_template": chat_template,
     }
 
 
-READ_NAMES = {"model": "model", "adapter": "adapters", "system": "system turn", "chat_template": "chat template"}
+_READ_NAMES = {
+    "model": "model",
+    "adapter": "adapters",
+    "dtype": "dtype",
+    "system": "system turn",
+    "chat_template": "chat template",
+}
 
 
 def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]) -> set[str]:
@@ -197,7 +204,7 @@ def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]
             )
         if differs:
             changes = "; ".join(
-                f"{READ_NAMES[key]} {_read_value(key, written_read.get(key))} here, "
+                f"{_READ_NAMES[key]} {_read_value(key, written_read.get(key))} here, "
                 f"{_read_value(key, read[key])} in this run"
                 for key in differs
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 from tiny import PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
 
 from hf_lsad.data.tables import PromptRow, read_prompt_table
@@ -79,7 +81,7 @@ def test_every_row_gets_the_verdict_it_gets_alone_and_bad_rows_their_error(tmp_p
     for row in rows[: len(TEXTS)]:
         alone = model.screen([row.text])[0].to_json()
         assert_same_verdicts({row.id: got[row.id]}, {row.id: {"id": row.id, **alone}})
-    read = {"model": None, "adapter": None, "system": None, "chat_template": True}
+    read = {"model": None, "adapter": None, "dtype": "float32", "system": None, "chat_template": True}
     assert got["empty"] == {"id": "empty", "flagged": None, "error": "empty prompt", "read": read}
     assert all(record["read"] == read for record in got.values())
     assert got["long"]["flagged"] is None and "longer than the model's context" in got["long"]["error"]
@@ -152,6 +154,7 @@ def test_a_run_on_an_output_another_guard_wrote_is_refused_rather_than_mixed(tmp
         ({"system": "You are a support bot."}, "system turn the template's default here, 'You are a support bot.' in"),
         ({"chat_template": False}, "chat template True here, False in this run"),
         ("model", "model None here, 'another/model' in this run"),
+        ("dtype", "dtype 'float32' here, 'bfloat16' in this run"),
         ("adapter", r"adapters no adapter here, the peft adapter sha256:[0-9a-f]{12} in this run"),
     ],
 )
@@ -172,6 +175,10 @@ def test_a_run_that_reads_its_prompts_otherwise_is_refused_rather_than_mixed(tmp
     try:
         if change == "model":
             model.model.config.name_or_path = "another/model"
+        if change == "dtype":  # a copy: casting the shared tiny model there and back would round its weights
+            model = GuardedModelForCausalLM(
+                copy.deepcopy(model.model).to(torch.bfloat16), model.guard, tokenizer=model.tokenizer
+            )
         if change == "adapter":
             adapted = peft.get_peft_model(model.model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
             with pytest.warns(AdapterWarning):
