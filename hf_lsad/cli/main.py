@@ -148,7 +148,9 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         commands.run_screen,
         "One verdict per row (id, flagged, the heads that decided, each head's score, probability, p-value, error), "
         "written as it goes, batched by length, no decoding: a forward pass cut after the deepest block the guard "
-        "reads. Run it again on the same --out to finish an interrupted run: rows already there are skipped. Bad "
+        "reads; each line also says how its prompt was read (model, adapters, dtype, system turn, chat template). "
+        "Run it again on the same --out to finish an interrupted run: rows already there are skipped (an --out "
+        "written at other thresholds or read otherwise is refused). Bad "
         "rows (empty, not text, without the prompt column or an id, longer than the context) become per-row errors "
         "(hf_lsad.generation.bulk).",
     ),
