@@ -159,8 +159,8 @@ def test_a_run_on_an_output_another_guard_wrote_is_refused_rather_than_mixed(tmp
     ],
 )
 def test_a_run_that_reads_its_prompts_otherwise_is_refused_rather_than_mixed(tmp_path, change, message):
-    """The same guard's thresholds on another model, adapter, system turn or without the chat template: every score
-    moves, and resuming would have kept the first reading's verdicts as this one's."""
+    """The same guard's thresholds on another model, adapter, dtype, system turn or without the chat template: every
+    score moves, and resuming would have kept the first reading's verdicts as this one's."""
     import peft
 
     from hf_lsad.errors import AdapterWarning
