@@ -2,35 +2,35 @@
 
 Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted and ignored, so existing
 clients work unchanged; fields that would change it and that this server does not implement (:data:`UNSUPPORTED`:
-tools, ``response_format``, ``echo``) are refused when set: an answer that silently ignored them would not be the one
-asked for. Sizes are checked against the server's limits in :mod:`hf_lsad.serving.app`.
-Counts, switches and sampling numbers are strict JSON types: ``true`` is not a count of 1, ``"0.7"`` not a
-temperature, and NaN or infinity no number at all; ``null`` is the default, as the OpenAI API reads it.
+tools, ``response_format``, ``echo``) are refused when set to anything but their defaults: an answer that silently
+ignored them would not be the one asked for. Sizes are checked against the server's limits in
+:mod:`hf_lsad.serving.app`. Counts, switches and sampling numbers are strict JSON types: ``true`` is not a count
+of 1, ``"0.7"`` not a temperature, and NaN or infinity no number at all; ``null`` is the default, as the OpenAI API
+reads it.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-UNSUPPORTED = (
-    "tools",
-    "tool_choice",
-    "functions",
-    "response_format",
-    "best_of",
-    "echo",
-    "suffix",
-)
-"""Request fields that would change the answer and that the server does not implement: refused when set."""
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "response_format": ({"type": "text"}, {}),
+    "best_of": (1,),
+    "echo": (False,),
+    "suffix": ("",),
+}
+"""Request fields that would change the answer and that the server does not implement, each with the values that
+leave the answer as it is (an empty list of tools, plain text, one candidate, ``echo: false``): refused when set to
+anything else. ``null`` is the default, as for every field."""
 
 MAX_STOP_SEQUENCES = 4
 """Stop sequences a request may give, as the OpenAI API allows."""
-
-NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, [], {})
-"""Values of an :data:`UNSUPPORTED` field that leave the answer as it is (an empty list of tools, ``echo: false``),
-so they are accepted."""
 
 MAX_LOGIT_BIAS = 100.0
 """The largest bias a token may be given either way, as the OpenAI API allows: -100 bans a token, 100 all but forces
@@ -144,10 +144,19 @@ class _Sampling(BaseModel):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            given = [name for name in UNSUPPORTED if data.get(name) not in NEUTRAL_VALUES]
+            given = [
+                f"{name} (it takes only {' or '.join(json.dumps(option) for option in neutral)} or null)"
+                for name, neutral in UNSUPPORTED.items()
+                if not _neutral(data.get(name), neutral)
+            ]
             if given:
-                raise ValueError(f"not supported by hf-lsad serve: {', '.join(given)}")
+                raise ValueError(f"not supported by hf-lsad serve: {'; '.join(given)}")
         return data
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """Whether ``value`` is ``null`` or one of the ``neutral`` values, of its JSON type (``true`` is not 1)."""
+    return value is None or any(type(value) is type(option) and value == option for option in neutral)
 
 
 MAX_TOP_LOGPROBS = 20

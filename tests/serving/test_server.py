@@ -341,6 +341,20 @@ def test_null_settings_are_the_defaults(server):
     assert body["choices"][0]["message"] == plain["choices"][0]["message"]
 
 
+def test_unsupported_fields_at_their_defaults_leave_the_answer_as_it_is(server, client):
+    """Clients that spell out a default (plain text, no tools, one candidate, no echo) get the plain answer."""
+    port, _ = server
+    plain = client.chat.completions.create(**chat_body(BENIGN, max_tokens=4))
+    spelt = client.chat.completions.create(
+        **chat_body(BENIGN, max_tokens=4), response_format={"type": "text"}, tools=[], tool_choice="none"
+    )
+    assert spelt.choices[0].message.content == plain.choices[0].message.content
+    completion = {"prompt": BENIGN, "max_tokens": 4}
+    _, alone = request(port, "POST", "/v1/completions", completion)
+    status, body = request(port, "POST", "/v1/completions", {**completion, "best_of": 1, "echo": False, "suffix": ""})
+    assert status == 200 and body["choices"][0]["text"] == alone["choices"][0]["text"], body
+
+
 def test_several_choices_are_rows_of_one_call_each_with_its_finish_and_report(server, client):
     _, guarded = server
     one = client.chat.completions.create(**chat_body(BENIGN, max_tokens=8))
@@ -517,7 +531,28 @@ BAD_REQUESTS = [
     ("a stop sequence not text", {"body": chat_body(BENIGN, stop=[1])}, 400, "stop: item 0 is a number"),
     ("a seed with a fraction", {"body": chat_body(BENIGN, seed=1.5)}, 400, "seed: Input should be a valid int"),
     ("a seed beyond 64 bits", {"body": chat_body(BENIGN, seed=2**64)}, 400, "seed: Input should be less than"),
-    ("an echo", {"path": "/v1/completions", "body": {"prompt": "a", "echo": True}}, 400, "not supported by hf-lsad"),
+    (
+        "an echo",
+        {"path": "/v1/completions", "body": {"prompt": "a", "echo": True}},
+        400,
+        "not supported by hf-lsad serve: echo (it takes only false or null)",
+    ),
+    (
+        "a JSON answer",
+        {"body": chat_body(BENIGN, response_format={"type": "json_object"})},
+        400,
+        'response_format (it takes only {"type": "text"} or {} or null)',
+    ),
+    ("tools", {"body": chat_body(BENIGN, tools=[{"type": "function", "function": {"name": "f"}}])}, 400, "tools ("),
+    ("a tool choice", {"body": chat_body(BENIGN, tool_choice="auto")}, 400, 'tool_choice (it takes only "none" or'),
+    ("best of two", {"path": "/v1/completions", "body": {"prompt": "a", "best_of": 2}}, 400, "best_of (it takes"),
+    ("best of true", {"path": "/v1/completions", "body": {"prompt": "a", "best_of": True}}, 400, "best_of (it takes"),
+    (
+        "a suffix",
+        {"path": "/v1/completions", "body": {"prompt": "a", "suffix": "end"}},
+        400,
+        'suffix (it takes only ""',
+    ),
     ("top log-probabilities alone", {"body": chat_body(BENIGN, top_logprobs=2)}, 400, "needs logprobs: true"),
     ("too many top tokens", {"body": chat_body(BENIGN, logprobs=True, top_logprobs=21)}, 400, "top_logprobs: Input"),
     ("log-probabilities as text", {"body": chat_body(BENIGN, logprobs="yes")}, 400, "logprobs: Input should be"),
