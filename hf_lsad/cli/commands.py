@@ -465,8 +465,9 @@ def run_set_budget(args: argparse.Namespace) -> None:
     )
     out = args.out or args.guard
     # a new card: the old card's figures were measured at the old thresholds
-    rows = f"{budget.n_rows} of the user's own benign prompts" if args.benign else f"{budget.n_rows} {budget.rows} rows"
-    data = f"thresholds set with `hf-lsad set-budget` on {rows}" + _how_read(args, guard)
+    # budget.rows also names the system turn and the adapter, which _how_read says once for every command
+    rows = "of the user's own benign prompts" if args.benign else "bundled validation chat rows"
+    data = f"thresholds set with `hf-lsad set-budget` on {budget.n_rows} {rows}" + _how_read(args, guard)
     guard.save_pretrained(out, data=data)
     print(f"thresholds set on {budget.n_rows} prompts of {args.benign or 'the bundled validation chat'}; wrote {out}")
     old_thresholds = before.thresholds if before is not None and before.heads == budget.heads else None
