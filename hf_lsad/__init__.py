@@ -27,6 +27,7 @@ _EXPORTS = {
     "InputError": "errors",
     "MissingColumnError": "errors",
     "ModelMismatchError": "errors",
+    "ScoreShiftWarning": "errors",
     "UnsafeGuardFileError": "errors",
     "DegenerateFitWarning": "errors",
     "GuardedGenerateBeamDecoderOnlyOutput": "generation.model",
@@ -77,6 +78,7 @@ __all__ = [
     "SAETrainConfig",
     "SafetyGuard",
     "SafetyReport",
+    "ScoreShiftWarning",
     "SmallSampleWarning",
     "SparseAutoencoder",
     "SupervisedHead",
@@ -117,6 +119,7 @@ if TYPE_CHECKING:
         GuardMismatchError,
         InputError,
         ModelMismatchError,
+        ScoreShiftWarning,
         SmallSampleWarning,
         UnsafeGuardFileError,
     )

@@ -17,11 +17,13 @@ All are ``ValueError`` subclasses, so code that caught ``ValueError`` before kee
   (e.g. a prompt longer than the model's context).
 - :class:`MissingColumnError`: a table of prompts without the prompt or id column asked for.
 
-And two warning categories: :class:`DegenerateFitWarning`, for fits that finish but should
-not be trusted (an SAE that explains little variance, clusters too small for their masks
-or covariances); filter it to an error with ``warnings.simplefilter("error", DegenerateFitWarning)``.
-:class:`SmallSampleWarning`, for a guard taught a sample of the user's traffic too small for
-the guard to be steady (``teach``: fewer than a thousand prompts).
+And four warning categories: :class:`DegenerateFitWarning`, for fits that finish but should not be trusted (an SAE
+that explains little variance, clusters too small for their masks or covariances); filter it to an error with
+``warnings.simplefilter("error", DegenerateFitWarning)``. :class:`SmallSampleWarning`, for a guard taught a sample of
+the user's traffic too small for the guard to be steady (``teach``: fewer than a thousand prompts).
+:class:`AdapterWarning` and :class:`ScoreShiftWarning`, for a model guarded, as the user allowed, although it runs
+other peft adapters, or scores the guard's probe prompts otherwise, than the model the guard's thresholds were set
+through.
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ class AdapterWarning(UserWarning):
     (:func:`hf_lsad.capture.adapters.check_adapter`)."""
 
 
+class ScoreShiftWarning(UserWarning):
+    """A guarded model scores the guard's probe prompts otherwise than the model its thresholds were set through
+    (:func:`hf_lsad.guard.fingerprint.check_fingerprint`)."""
+
+
 _PASSED_THROUGH = ("hf_lsad", "torch", "transformers")
 """Packages whose frames lie between a user's call and a warning raised for it (``no_grad`` wrappers, ``generate``
 calling a logits processor, ``nn.Module.__call__``)."""
@@ -95,5 +102,6 @@ __all__ = [
     "GuardMismatchError",
     "InputError",
     "ModelMismatchError",
+    "ScoreShiftWarning",
     "UnsafeGuardFileError",
 ]

@@ -17,7 +17,9 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
   ``heads/two_heads_persona``), each source weighing alike;
 - **budget**: 5% of chat, 0.05 of it to the anomaly head (``heads/two_heads_persona``), set on validation chat with
   confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
-  with probability 0.95 (``heads/chat_rate_persona`` measures both rules on chat that is neither validation nor test).
+  with probability 0.95 (``heads/chat_rate_persona`` measures both rules on chat that is neither validation nor test);
+- **fingerprint**: both heads' scores on the probe prompts through the bundled model, whose activations the stores
+  hold (:mod:`hf_lsad.guard.fingerprint`): a model whose weights differ is refused.
 
 The README's demo prompts are never fitted, labelled or threshold rows (``RESERVED_PROMPTS`` of
 :mod:`hf_lsad.data.pools`).
@@ -37,6 +39,7 @@ prompt_mean --out artifacts/smollm2/P``)::
     python scripts/release_default_guard.py [--folder artifacts/smollm2]
     python scripts/release_default_guard.py --card-only   # the card alone, from the report
     python scripts/release_default_guard.py --paper-card  # the paper guard's card, from heads/raw_prompts and languages
+    python scripts/release_default_guard.py --fingerprint-only  # both guards' fingerprints of the bundled model
 """
 
 from __future__ import annotations
@@ -48,11 +51,13 @@ from pathlib import Path
 
 import torch
 
+from hf_lsad import load_model
 from hf_lsad.data import GUARD_POOLS
 from hf_lsad.data.pools import DOMAINS
 from hf_lsad.evaluation.sources import load_source_rows
 from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
 from hf_lsad.guard.files import PAPER_GUARD
+from hf_lsad.guard.fingerprint import record_fingerprint
 from hf_lsad.guard.heads import ProbeConfig
 from hf_lsad.guard.heads.training import fit_head
 
@@ -268,7 +273,21 @@ def main() -> None:
     parser.add_argument(
         "--paper-card", action="store_true", help="rewrite the model card of the bundled paper guard; fit nothing"
     )
+    parser.add_argument(
+        "--fingerprint-only",
+        action="store_true",
+        help="record the bundled model's fingerprint in both bundled guards and rewrite their cards; fit nothing",
+    )
     args = parser.parse_args()
+    if args.fingerprint_only:
+        model, tokenizer = load_model("default")
+        for folder, card_args in ((PAPER_GUARD, paper_card_args()), (DEFAULT_GUARD, default_card_args())):
+            guard = SafetyGuard.from_pretrained(folder)
+            record_fingerprint(model, tokenizer, guard)
+            guard.save_pretrained(folder)
+            guard.model_card(**card_args).save(folder / "README.md")
+            print(f"wrote {folder}")
+        return
     if args.paper_card:
         SafetyGuard.from_pretrained(PAPER_GUARD).model_card(**paper_card_args()).save(PAPER_GUARD / "README.md")
         print(f"wrote {PAPER_GUARD / 'README.md'}")
@@ -297,6 +316,8 @@ def main() -> None:
         confidence=CONFIDENCE,
     )
     print(budget)
+    model, tokenizer = load_model("default")  # the model the thresholds hold for: a model that differs is refused
+    record_fingerprint(model, tokenizer, guard)
 
     if out.exists():
         shutil.rmtree(out)

@@ -14,7 +14,8 @@ The digest covers the weights and the numbers (rank, scaling) of every *active* 
 by the layer's name in the transformers model: the same adapter gives the same digest whether it was loaded by
 ``peft.PeftModel.from_pretrained`` or by transformers' ``model.load_adapter``, and whatever name it was loaded under.
 An adapter merged into the base weights and unloaded (``merge_and_unload``) leaves no tuner layer: nothing tells
-that model from the base model by its modules.
+that model from the base model by its modules. What tells it is how the guard's heads score fixed prompts through it
+(:mod:`hf_lsad.guard.fingerprint`).
 """
 
 from __future__ import annotations
@@ -73,14 +74,15 @@ def adapter_label(digest: str | None) -> str:
     return "no adapter" if digest is None else f"the peft adapter {digest[:19]}"
 
 
-def check_adapter(model: PreTrainedModel, inputs: InputProfile | None, *, allow_mismatch: bool = False) -> None:
+def check_adapter(model: PreTrainedModel, inputs: InputProfile | None, *, allow_mismatch: bool = False) -> bool:
     """Refuse (:class:`~hf_lsad.errors.ModelMismatchError`) a ``model`` that runs other peft adapters than those the
     guard's thresholds were set through (``inputs``: the guard's profile; ``None``, a guard without one, counts as set
-    on the model without adapters); with ``allow_mismatch``, warn (:class:`~hf_lsad.errors.AdapterWarning`)."""
+    on the model without adapters); with ``allow_mismatch``, warn (:class:`~hf_lsad.errors.AdapterWarning`). Returns
+    whether the model runs the guard's adapters (``False`` after the warning)."""
     running = adapter_digest(model)
     fitted = inputs.adapter if inputs is not None else None
     if running == fitted:
-        return
+        return True
     if fitted is None:
         what = f"the model runs {adapter_label(running)}; the guard's thresholds were set on the model without it"
     elif running is None:
@@ -97,3 +99,4 @@ def check_adapter(model: PreTrainedModel, inputs: InputProfile | None, *, allow_
     if not allow_mismatch:
         raise ModelMismatchError(f"{message}. To guard it as it is, pass allow_adapter_mismatch=True.")
     warn(f"{message}; guarding it anyway (allow_adapter_mismatch=True).", AdapterWarning)
+    return False

@@ -94,15 +94,23 @@ def model_argument(parser: argparse.ArgumentParser, mode: str = "") -> None:
     )
 
 
-def adapter_mismatch_argument(parser: argparse.ArgumentParser) -> None:
-    """``--allow-adapter-mismatch``: guard a model running other peft adapters than the guard's thresholds were set
-    through (:func:`hf_lsad.capture.adapters.check_adapter`)."""
+def model_mismatch_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--allow-adapter-mismatch`` and ``--allow-score-shift``: guard a model that differs from the one the guard's
+    thresholds were set through (:func:`hf_lsad.capture.adapters.check_adapter`,
+    :func:`hf_lsad.guard.fingerprint.check_fingerprint`)."""
     parser.add_argument(
         "--allow-adapter-mismatch",
         action="store_true",
         help="guard a model that runs another peft adapter than the guard's thresholds were set through (or none "
         "where they were set through one), with a warning; refused otherwise, since an adapter moves the scores: "
         "re-set the thresholds through it with set-budget",
+    )
+    parser.add_argument(
+        "--allow-score-shift",
+        action="store_true",
+        help="guard a model on which the guard's heads score its probe prompts otherwise than on the model its "
+        "thresholds were set through (a fine-tune, a merged adapter), with a warning; refused otherwise: re-set the "
+        "thresholds through it with set-budget",
     )
 
 
@@ -245,7 +253,7 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--column", default=DEFAULT_COLUMN, help=f"prompt mode: {PROMPT_COLUMN_HELP}, in every table")
     parser.add_argument("--limit", type=int, help="prompt mode: the first LIMIT rows of each table")
     model_argument(parser, "prompt mode: ")
-    adapter_mismatch_argument(parser)
+    model_mismatch_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=16, help="prompt mode: prompts per forward pass")
     system_argument(parser, "prompt mode: ")
     parser.add_argument(
@@ -259,7 +267,7 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 def generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", help="prompts, each sent as a user turn of the chat template")
     model_argument(parser)
-    adapter_mismatch_argument(parser)
+    model_mismatch_arguments(parser)
     _guard_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length")
     parser.add_argument(
@@ -294,7 +302,7 @@ def explain_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: none, the features alone)",
     )
     model_argument(parser)
-    adapter_mismatch_argument(parser)
+    model_mismatch_arguments(parser)
     parser.add_argument("--top-k", type=int, default=10, help="features or tokens listed per prompt")
     parser.add_argument("--examples", type=int, default=3, help="store prompts shown per feature")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="for guards that read the response")
@@ -466,7 +474,7 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
     system_argument(parser)
     _explain_argument(parser, "write in a line's 'tokens'")
     model_argument(parser)
-    adapter_mismatch_argument(parser)
+    model_mismatch_arguments(parser)
     _guard_arguments(parser)
     _budget_batch_arguments(parser)
     _runtime_arguments(parser, ModelRuntime)
@@ -474,7 +482,7 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve_arguments(parser: argparse.ArgumentParser) -> None:
     model_argument(parser)
-    adapter_mismatch_argument(parser)
+    model_mismatch_arguments(parser)
     _guard_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")

@@ -321,7 +321,11 @@ def _guarded_model(args: argparse.Namespace) -> Any:
     guard = _guard(args)  # a guard that is missing or corrupt fails before the model is loaded
     model, tokenizer = _load_model(args, runtime)
     return GuardedModelForCausalLM(
-        model, guard, tokenizer=tokenizer, allow_adapter_mismatch=getattr(args, "allow_adapter_mismatch", False)
+        model,
+        guard,
+        tokenizer=tokenizer,
+        allow_adapter_mismatch=getattr(args, "allow_adapter_mismatch", False),
+        allow_score_shift=getattr(args, "allow_score_shift", False),
     )
 
 

@@ -49,7 +49,11 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
         getattr(args, "model", None) or "default", dtype=torch_dtype(runtime.dtype), **placement(runtime.device)
     )
     guarded = GuardedModelForCausalLM(
-        model, guard, tokenizer=tokenizer, allow_adapter_mismatch=getattr(args, "allow_adapter_mismatch", False)
+        model,
+        guard,
+        tokenizer=tokenizer,
+        allow_adapter_mismatch=getattr(args, "allow_adapter_mismatch", False),
+        allow_score_shift=getattr(args, "allow_score_shift", False),
     )
     top_k = getattr(args, "top_k", None) or 10
     system = getattr(args, "system", None)

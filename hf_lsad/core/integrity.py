@@ -62,7 +62,8 @@ def settings_record(config: dict[str, Any], sae_config: dict[str, Any] | None) -
     ``sae/config.json`` (``None`` without an SAE). Everything that changes a score or a
     verdict is in it: the hook point (model, layer, position), method, threshold, target
     FPR and split, every detector setting (score metric, mask, k-means), the SAE's shape,
-    the calibration, the prompt format (``inputs``) and any supervised heads with their budget.
+    the calibration, the prompt format (``inputs``), any supervised heads with their budget, and the heads the
+    fingerprint was recorded for (its scores are in a tensor file, whose SHA-256 the record holds).
     """
     return {
         "guard": config.get("guard"),
@@ -71,7 +72,7 @@ def settings_record(config: dict[str, Any], sae_config: dict[str, Any] | None) -
         "sae": sae_config,
         "calibration": config.get("calibration"),
         # only guards that record their inputs (or have supervised heads) fingerprint them: older records stay valid
-        **{key: config[key] for key in ("inputs", "heads", "budget") if key in config},
+        **{key: config[key] for key in ("inputs", "heads", "budget", "fingerprint") if key in config},
     }
 
 

@@ -212,7 +212,7 @@ def check_guard_header(raw: dict[str, Any], *, source: str, format_version: int)
     require_keys(
         raw,
         {"format_version", "versions", "guard", "detector", "d_sae"},
-        {"calibration", "integrity", "running", "inputs", "heads", "budget"},
+        {"calibration", "integrity", "running", "inputs", "heads", "budget", "fingerprint"},
         source=source,
     )
     versions = require_object(raw["versions"], source=f"{source}:versions")

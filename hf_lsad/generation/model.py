@@ -28,6 +28,7 @@ from ..capture.inputs import check_context, check_generate_inputs
 from ..capture.recorder import PROMPT_POSITIONS, read_prompts
 from ..core.prompt_inputs import InputWarner
 from ..core.prompt_tokens import check_top_k
+from ..guard.fingerprint import check_fingerprint
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import OnFlag, StepVerdict
 from .files import GUARD_SUBFOLDER, GUARDED_CONFIG, load_guarded_model, upload_guarded_folder, write_guarded_folder
@@ -90,6 +91,12 @@ class GuardedModelForCausalLM(nn.Module):
     the thresholds were set through one, is refused unless ``allow_adapter_mismatch=True``, which warns instead
     (:func:`hf_lsad.capture.adapters.check_adapter`).
 
+    A model whose weights differ from those of the model the guard's thresholds were set through (a full fine-tune, an
+    adapter merged into the weights), which no name or module tells apart, is found by reading the guard's probe
+    prompts through it (one short forward pass): when its heads score them otherwise than the recorded fingerprint,
+    the model is refused unless ``allow_score_shift=True``, which warns instead
+    (:func:`hf_lsad.guard.fingerprint.check_fingerprint`; guards without a fingerprint are not checked).
+
     ``tokenizer`` (optional) lets :meth:`screen` take prompt strings and ``refusal`` be text.
     """
 
@@ -101,12 +108,16 @@ class GuardedModelForCausalLM(nn.Module):
         tokenizer: Any = None,
         allow_base_model_mismatch: bool = False,
         allow_adapter_mismatch: bool = False,
+        allow_score_shift: bool = False,
     ) -> None:
         super().__init__()
         guard.config.hook.check_model(model, allow_base_model_mismatch=allow_base_model_mismatch)
-        check_adapter(model, guard.inputs, allow_mismatch=allow_adapter_mismatch)
+        same_adapters = check_adapter(model, guard.inputs, allow_mismatch=allow_adapter_mismatch)
+        guard = guard.to(model.device)
+        if same_adapters:  # other adapters, allowed, move the scores anyway: the user was warned of that
+            check_fingerprint(model, guard, allow_shift=allow_score_shift)
         self.model = model
-        self.guard = guard.to(model.device)
+        self.guard = guard
         self.tokenizer = tokenizer
         self._per_thread = threading.local()
         self._input_warner = InputWarner()
@@ -140,6 +151,7 @@ class GuardedModelForCausalLM(nn.Module):
         guard_kwargs: dict[str, Any] | None = None,
         allow_base_model_mismatch: bool = False,
         allow_adapter_mismatch: bool = False,
+        allow_score_shift: bool = False,
         **model_kwargs: Any,
     ) -> GuardedModelForCausalLM:
         """Load a guarded model.
@@ -163,7 +175,8 @@ class GuardedModelForCausalLM(nn.Module):
                 "Qwen/Qwen2.5-0.5B-Instruct", guard="org/qwen-lsad", guard_kwargs={"revision": "v1"}
             )
 
-        ``allow_base_model_mismatch`` and ``allow_adapter_mismatch`` as in the class docstring.
+        ``allow_base_model_mismatch``, ``allow_adapter_mismatch`` and ``allow_score_shift`` as in the class
+        docstring.
         """
         model, guard, tokenizer = load_guarded_model(pretrained_model_name_or_path, guard, guard_kwargs, model_kwargs)
         return cls(
@@ -172,6 +185,7 @@ class GuardedModelForCausalLM(nn.Module):
             tokenizer=tokenizer,
             allow_base_model_mismatch=allow_base_model_mismatch,
             allow_adapter_mismatch=allow_adapter_mismatch,
+            allow_score_shift=allow_score_shift,
         )
 
     def save_pretrained(

@@ -287,6 +287,7 @@ def guard_model_card(
         budget=guard.budget,
         limitations=limitations,
         adapter=guard.inputs.adapter if guard.inputs is not None else None,
+        fingerprint=guard.fingerprint.input_ids.shape[0] if guard.fingerprint is not None else None,
     )
 
 

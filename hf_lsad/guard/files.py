@@ -14,6 +14,9 @@ A guard folder (locally or in a Hub repo, optionally under a subfolder)::
     heads/<name>.safetensors  each supervised head's tensors (its config is in config.json's
                            ``heads`` list, beside the ``budget`` that sets every head's threshold;
                            absent in single-head guards)
+    fingerprint.safetensors  every head's scores on fixed probe prompts through the model the
+                           thresholds were set through, and the prompts' token ids (config.json's
+                           ``fingerprint`` names the heads; absent where none was recorded)
     README.md              model card (:mod:`hf_lsad.guard.card`; always on the Hub, optional locally)
 
 Loading is strict (see :mod:`hf_lsad.core.serialization`, :mod:`hf_lsad.core.validation`):
@@ -57,7 +60,7 @@ from ..version import library_versions
 from .calibration import AffineCalibration
 from .heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig
 from .running import RunningConfig
-from .types import BudgetConfig, GuardConfig
+from .types import BudgetConfig, GuardConfig, ModelFingerprint
 
 if TYPE_CHECKING:
     from huggingface_hub import CommitInfo, ModelCard
@@ -66,6 +69,8 @@ GUARD_CONFIG = "config.json"
 MODEL_CARD = "README.md"
 DETECTOR_WEIGHTS = "detector.safetensors"
 THRESHOLD_SCORES = "threshold.safetensors"
+FINGERPRINT = "fingerprint.safetensors"
+"""Every head's scores on the probe prompts, and the prompts' token ids (:mod:`hf_lsad.guard.fingerprint`)."""
 
 DEFAULT_GUARD = Path(__file__).parent.parent / "guards" / "smollm2-135m-instruct"
 """The bundled two-headed guard for SmolLM2-135M-Instruct; ``SafetyGuard.from_pretrained("default")`` loads it."""
@@ -94,6 +99,9 @@ class GuardParts(NamedTuple):
     """Supervised heads, in order (empty for a single-head guard)."""
     budget: BudgetConfig | None = None
     """Every head's threshold and share of the false-positive budget (``None`` without supervised heads)."""
+    fingerprint: ModelFingerprint | None = None
+    """Every head's scores on the probe prompts through the model the thresholds were set through (``None``: none
+    recorded)."""
 
 
 def save_guard_files(guard: GuardParts, path: Path) -> None:
@@ -130,6 +138,11 @@ def save_guard_files(guard: GuardParts, path: Path) -> None:
             save_module(head.probe, path / head_weights(head.name))
         config["heads"] = [config_to_dict(head.config) for head in guard.heads]
         config["budget"] = config_to_dict(guard.budget)
+    if guard.fingerprint is not None:
+        fingerprint = guard.fingerprint
+        tensors = {"input_ids": fingerprint.input_ids, "attention_mask": fingerprint.attention_mask}
+        save_file({**tensors, "scores": fingerprint.scores}, str(path / FINGERPRINT))
+        config["fingerprint"] = {"heads": list(fingerprint.heads)}
     # Round-trip through JSON so the record holds exactly what a loader will read back.
     config = json.loads(canonical_json(config))
     settings = settings_record(config, config_to_dict(guard.sae.config) if guard.sae is not None else None)
@@ -160,6 +173,7 @@ def _remove_stale_files(path: Path, guard: GuardParts, *, same_guard: bool) -> N
     kept = set(guard_tensor_files(guard))
     written = [
         path / THRESHOLD_SCORES,
+        path / FINGERPRINT,
         path / SAE_SUBFOLDER / SAE_WEIGHTS,
         *(path / HEADS_SUBFOLDER).glob("*.safetensors"),
     ]
@@ -243,6 +257,7 @@ def load_guard_folder(path: Path) -> tuple[GuardParts, dict[str, Any]]:
     if heads:  # a budget written before ``confidence`` existed was set by the plain quantile rule
         written = raw["budget"] if not isinstance(raw["budget"], dict) else {"confidence": None, **raw["budget"]}
         budget = config_from_dict(BudgetConfig, written, source=f"{source}:budget")
+    fingerprint = read_fingerprint(path, raw["fingerprint"], source) if "fingerprint" in raw else None
     parts = GuardParts(
         config,
         detector.eval(),
@@ -253,8 +268,33 @@ def load_guard_folder(path: Path) -> tuple[GuardParts, dict[str, Any]]:
         inputs,
         heads,
         budget,
+        fingerprint,
     )
     return parts, raw
+
+
+def read_fingerprint(path: Path, raw: Any, source: str) -> ModelFingerprint:
+    """The fingerprint of ``fingerprint.safetensors`` under ``path``, for the heads its ``config.json`` entry ``raw``
+    names (whether they are the guard's is checked when the guard is assembled)."""
+    if not isinstance(raw, dict) or set(raw) != {"heads"}:
+        raise GuardFormatError(f"{source}:fingerprint: expected an object with the one key 'heads', got {raw!r}")
+    heads = raw["heads"]
+    if not isinstance(heads, list) or not all(isinstance(name, str) for name in heads):
+        raise GuardFormatError(f"{source}:fingerprint: key 'heads' must be a list of head names, got {heads!r}")
+    file = path / FINGERPRINT
+    try:
+        tensors = load_file(str(file))
+    except (SafetensorError, OSError) as err:
+        raise GuardFormatError(f"{source}: the fingerprint's {file} is missing or unreadable ({err})") from err
+    expected = {"input_ids", "attention_mask", "scores"}
+    if set(tensors) != expected:
+        raise GuardFormatError(f"{file}: expected tensors {sorted(expected)}, found {sorted(tensors)}")
+    fingerprint = ModelFingerprint(tuple(heads), tensors["input_ids"], tensors["attention_mask"], tensors["scores"])
+    try:
+        fingerprint.check(heads)
+    except ValueError as err:
+        raise GuardFormatError(f"{file}: {err}") from err
+    return fingerprint
 
 
 def head_weights(name: str) -> str:
@@ -297,6 +337,7 @@ def guard_tensor_files(guard: GuardParts) -> list[str]:
     """The tensor files of a guard's folder, relative to it."""
     files = [DETECTOR_WEIGHTS] + ([f"{SAE_SUBFOLDER}/{SAE_WEIGHTS}"] if guard.sae is not None else [])
     files += [head_weights(head.name) for head in guard.heads]
+    files += [FINGERPRINT] if guard.fingerprint is not None else []
     return files + ([THRESHOLD_SCORES] if guard.holdout_scores is not None else [])
 
 

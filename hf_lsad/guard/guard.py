@@ -46,7 +46,16 @@ from .files import (
 from .heads import SupervisedHead
 from .running import RunningConfig
 from .threshold import budget_thresholds, conformal_p_values, sorted_holdout, union_flag_rate
-from .types import ANOMALY_HEAD, BudgetConfig, FeatureContribution, GuardConfig, GuardOutput, HeadVerdict, SafetyReport
+from .types import (
+    ANOMALY_HEAD,
+    BudgetConfig,
+    FeatureContribution,
+    GuardConfig,
+    GuardOutput,
+    HeadVerdict,
+    ModelFingerprint,
+    SafetyReport,
+)
 
 Read = tuple[int, str]
 """A decoder block (0-based) and a position read there."""
@@ -85,6 +94,11 @@ class SafetyGuard(nn.Module):
         """Supervised heads (:class:`~hf_lsad.guard.heads.SupervisedHead`) by name, in order (:meth:`add_head`)."""
         self.budget: BudgetConfig | None = None
         """With supervised heads: every head's threshold and share of the false-positive budget (:meth:`fit_budget`)."""
+        self.fingerprint: ModelFingerprint | None = None
+        """Every head's scores on fixed probe prompts through the model the thresholds were set through
+        (:mod:`hf_lsad.guard.fingerprint`): a model given to the guard that scores them otherwise is refused.
+        ``None`` for guards whose thresholds were set from stored activations; dropped when a head or a
+        calibration is added."""
 
     @property
     def head_names(self) -> list[str]:
@@ -127,6 +141,7 @@ class SafetyGuard(nn.Module):
             )
         self.heads[head.name] = head.to(self._device())
         self.budget = None
+        self.fingerprint = None
 
     def set_budget(self, budget: BudgetConfig | None) -> None:
         """Set (or, for a guard without supervised heads, remove) the heads' thresholds and shares."""
@@ -195,6 +210,15 @@ class SafetyGuard(nn.Module):
                     f"calibration has {calibration.n_clusters} clusters, the {self.config.method} detector {n_clusters}"
                 )
         self.calibration = calibration
+        self.fingerprint = None  # the anomaly head now scores otherwise
+
+    def set_fingerprint(self, fingerprint: ModelFingerprint | None) -> None:
+        """Set (``None``: remove) the scores a model given to the guard is checked against
+        (:func:`hf_lsad.guard.fingerprint.record_fingerprint` records them); they must be recorded for this guard's
+        heads."""
+        if fingerprint is not None:
+            fingerprint.check(self.head_names)
+        self.fingerprint = fingerprint
 
     @property
     def threshold(self) -> float:
@@ -279,6 +303,15 @@ class SafetyGuard(nn.Module):
         deciding = {ANOMALY_HEAD: scores if probabilities is None else probabilities}
         deciding.update({name: head(reads) for name, head in self.heads.items()})
         return (scores, clusters, probabilities), deciding
+
+    @torch.no_grad()
+    def raw_head_scores(self, activations: Activations) -> dict[str, Tensor]:
+        """Each head's ``[batch]`` score before any map to a probability, by name: the anomaly head's detector score
+        (uncalibrated), a supervised head's log-odds (``activations`` as :meth:`forward`'s; rows that are not finite
+        give scores that are not finite)."""
+        reads = self._check_reads(activations, finite=False)
+        scores, _ = self.detector(reads[self.reads[0]], self.sae)
+        return {ANOMALY_HEAD: scores, **{head.name: head.logit(reads) for head in self._supervised_heads()}}
 
     @torch.no_grad()
     def _score(self, reads: dict[Read, Tensor]) -> tuple[GuardOutput, Tensor | None]:
@@ -554,6 +587,7 @@ class SafetyGuard(nn.Module):
                 guard.add_head(head)
             if parts.heads:
                 guard.set_budget(parts.budget)
+            guard.set_fingerprint(parts.fingerprint)
         except ValueError as err:
             raise GuardFormatError(f"{source}: {err}") from err
         return guard
@@ -570,6 +604,7 @@ class SafetyGuard(nn.Module):
             self.inputs,
             tuple(self._supervised_heads()),
             self.budget,
+            self.fingerprint,
         )
 
 

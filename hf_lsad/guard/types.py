@@ -1,8 +1,8 @@
 """A guard's plain records: :class:`GuardConfig` (``config.json``'s ``guard`` block), :class:`BudgetConfig` (how a
 guard with several heads split its false-positive budget), :class:`GuardOutput` (what
 :meth:`hf_lsad.guard.SafetyGuard.forward` returns), :class:`HeadVerdict` (one head's part in a verdict),
-:class:`FeatureContribution` and :class:`TokenContribution` (explanations) and :class:`SafetyReport` (the verdict on one
-sequence)."""
+:class:`FeatureContribution` and :class:`TokenContribution` (explanations), :class:`SafetyReport` (the verdict on one
+sequence) and :class:`ModelFingerprint` (what the model the thresholds were set through made of fixed prompts)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 
 from ..core.hook_point import HookPoint
@@ -144,6 +145,40 @@ class GuardOutput(NamedTuple):
     """``[batch]`` bool: flagged by any head (a single-head guard: ``scores > threshold``)."""
     head_scores: dict[str, Tensor] | None = None
     """A guard with supervised heads: each head's ``[batch]`` scores (the anomaly head's deciding quantity)."""
+
+
+class ModelFingerprint(NamedTuple):
+    """Every head's scores on the probe prompts as the model the guard's thresholds were set through read them
+    (:mod:`hf_lsad.guard.fingerprint`); saved in the guard folder's ``fingerprint.safetensors``."""
+
+    heads: tuple[str, ...]
+    """The guard's heads when it was recorded, in order (the rows of :attr:`scores`)."""
+    input_ids: Tensor
+    """``[probes, tokens]`` int64: the probe prompts as the model read them (template and system turn included),
+    left-padded."""
+    attention_mask: Tensor
+    """``[probes, tokens]`` int64: 1 at real tokens, 0 at the padding."""
+    scores: Tensor
+    """``[heads, probes]`` float64: each head's score on each probe before any map to a probability
+    (:meth:`hf_lsad.guard.SafetyGuard.raw_head_scores`)."""
+
+    def check(self, head_names: list[str]) -> None:
+        """Raise ``ValueError`` unless the fingerprint is well-formed and recorded for the heads ``head_names``."""
+        if list(self.heads) != list(head_names):
+            raise ValueError(f"the fingerprint was recorded for heads {list(self.heads)}, the guard has {head_names}")
+        ids, mask, scores = self.input_ids, self.attention_mask, self.scores
+        if ids.dtype != torch.int64 or ids.ndim != 2 or ids.shape[0] < 2 or ids.shape[1] < 1:
+            got = f"{ids.dtype} {tuple(ids.shape)}"
+            raise ValueError(f"fingerprint input_ids must be int64 [probes >= 2, tokens], got {got}")
+        if mask.dtype != torch.int64 or mask.shape != ids.shape or not ((mask == 0) | (mask == 1)).all():
+            raise ValueError(f"fingerprint attention_mask must be int64 0/1 of shape {tuple(ids.shape)}")
+        if not mask[:, -1].all() or (ids < 0).any():
+            raise ValueError("fingerprint rows must be left-padded token ids (>= 0) ending at a real token")
+        if scores.dtype != torch.float64 or scores.shape != (len(self.heads), ids.shape[0]):
+            expected = (len(self.heads), ids.shape[0])
+            raise ValueError(f"fingerprint scores must be float64 {expected}, got {scores.dtype} {tuple(scores.shape)}")
+        if not torch.isfinite(scores).all() or not (scores.std(dim=1) > 0).all():
+            raise ValueError("fingerprint scores must be finite and spread over the probes for every head")
 
 
 class HeadVerdict(NamedTuple):

@@ -426,11 +426,12 @@ def test_the_bundled_guards_load_with_their_integrity_records(name, folder, head
     guard = SafetyGuard.from_pretrained(name)
     config = json.loads((folder / "config.json").read_text())
     assert sorted(config["integrity"]["files"]) == sorted(
-        ["detector.safetensors", "sae/sae.safetensors", "threshold.safetensors"]
+        ["detector.safetensors", "sae/sae.safetensors", "threshold.safetensors", "fingerprint.safetensors"]
         + [f"heads/{head}.safetensors" for head in heads]
     )
     assert guard.config.hook.position == "prompt_last" and math.isfinite(guard.threshold)
     assert list(guard.heads) == heads and (guard.budget is not None) == bool(heads)
+    assert guard.fingerprint is not None and list(guard.fingerprint.heads) == ["anomaly", *heads]
 
 
 def test_exceptions_are_public_and_value_errors():

@@ -333,6 +333,11 @@ class SupervisedHead(nn.Module):
         return self.probe(self.probe.features(reads))
 
     @torch.no_grad()
+    def logit(self, reads: dict[Read, Tensor]) -> Tensor:
+        """``[batch]`` log-odds of the rows of ``reads``: what :meth:`forward` passes through a sigmoid."""
+        return self.probe.logit(self.probe.standardise(self.probe.features(reads)))
+
+    @torch.no_grad()
     def explain(self, reads: dict[Read, Tensor], *, top_k: int | None = 10) -> list[tuple[FeatureContribution, ...]]:
         """Per row, the feature dimensions that push its logit up most, largest first.
 

@@ -41,6 +41,7 @@ from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_reserved, is_unsafe_pool, load_pool
 from ...data.store import INDEX, ActivationSet, ActivationStore, load_activations, save_activations
 from ...errors import SmallSampleWarning, warn
+from ..fingerprint import record_fingerprint
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
 from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
@@ -241,7 +242,9 @@ def fit_budget_on_prompts(
 ) -> BudgetConfig:
     """Set every head's threshold on benign ``prompts`` (a sample of the traffic the guard will see, fitted on by no
     head), so that together the heads flag at most ``target_fpr`` of them
-    (:meth:`~hf_lsad.guard.SafetyGuard.fit_budget`; the guard is changed in place).
+    (:meth:`~hf_lsad.guard.SafetyGuard.fit_budget`; the guard is changed in place). The guard also records its
+    fingerprint of ``model`` (:func:`hf_lsad.guard.fingerprint.record_fingerprint`), so that a model whose weights
+    differ is refused.
 
     Args:
         model, tokenizer: The guard's base model and its tokenizer (prompts are encoded as user turns of the chat
@@ -303,6 +306,7 @@ def fit_budget_on_prompts(
         guard.inputs = dataclasses.replace(guard.inputs, system=system, adapter=profile.adapter)
     else:
         guard.inputs = profile
+    record_fingerprint(model, tokenizer, guard, system=system)  # a model that scores otherwise is then refused
     return budget
 
 
