@@ -15,7 +15,8 @@ refuses a model on which some head's scores moved by more than ``SHIFT_TOLERANCE
   ``heads/dtype_shift`` draws them) is screened through it at the released thresholds, the guard allowed the shift.
 
 So each checkpoint says whether the check refuses the model, and what the released thresholds would do on it: chat
-flagged, harm caught, verdicts changed against the base model. It fits no head and chooses nothing; the tolerance was
+flagged, harm caught, verdicts changed against the base model, and how far the harm head's logit moved on the rows
+(median of the absolute change; mean of the signed one). It fits no head and chooses nothing; the tolerance was
 set before this run, on scratch measurements of a lighter fine-tune and of weight noise (the claim says which).
 """
 
@@ -67,24 +68,33 @@ class Settings:
     """Seed of the draws, the adapters' initialisation and the order of training."""
 
 
-def _screened(model: Any, tokenizer: Any, guard: SafetyGuard, texts: list[str], screen: ScreenSettings) -> list[bool]:
-    """The released thresholds' verdicts on ``texts`` through ``model``, the guard allowed whatever shift it has."""
+def _screened(
+    model: Any, tokenizer: Any, guard: SafetyGuard, texts: list[str], screen: ScreenSettings
+) -> tuple[list[bool], torch.Tensor]:
+    """The released thresholds' verdicts on ``texts`` through ``model`` (the guard allowed whatever shift it has) and
+    the harm head's logit on each."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the ScoreShiftWarning the refusal below is measured by instead
         guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer, allow_score_shift=True)
     reports, _ = _screen(guarded, tokenizer, texts, "", screen)
-    return [bool(report.flagged) for report in reports]
+    harm = torch.tensor([next(h.score for h in r.heads if h.name == "harm") for r in reports], dtype=torch.float64)
+    return [bool(report.flagged) for report in reports], torch.logit(harm.clamp(1e-12, 1 - 1e-12))
 
 
 def _measure(
-    model: Any, tokenizer: Any, guard: SafetyGuard, rows: list, base: list[bool], screen: ScreenSettings
+    model: Any, tokenizer: Any, guard: SafetyGuard, rows: list, base: tuple[list[bool], torch.Tensor], screen: Any
 ) -> dict[str, Any]:
     shift = score_shift(model, guard)
-    flagged = _screened(model, tokenizer, guard, [text for _, _, text in rows], screen)
+    flagged, harm = _screened(model, tokenizer, guard, [text for _, _, text in rows], screen)
     groups = [group for _, group, _ in rows]
-    counts = {group: sum(f for f, g in zip(flagged, groups) if g == group) for group in dict.fromkeys(groups)}
-    changed = sum(a != b for a, b in zip(flagged, base))
-    return {"shift": shift, "refused": max(shift.values()) > SHIFT_TOLERANCE, "flagged": counts, "changed": changed}
+    return {
+        "shift": shift,
+        "refused": max(shift.values()) > SHIFT_TOLERANCE,
+        "flagged": {group: sum(f for f, g in zip(flagged, groups) if g == group) for group in dict.fromkeys(groups)},
+        "verdicts_changed": sum(a != b for a, b in zip(flagged, base[0])),
+        "harm_logit_moved_median": float((harm - base[1]).abs().median()),
+        "harm_logit_moved_mean": float((harm - base[1]).mean()),
+    }
 
 
 def run(settings: Settings) -> dict[str, Any]:
@@ -97,12 +107,13 @@ def run(settings: Settings) -> dict[str, Any]:
     texts = [text for _, _, text in rows]
     base = _screened(model, tokenizer, guard, texts, screen)
     groups = [group for _, group, _ in rows]
+    results_groups = list(dict.fromkeys(groups))
     results: dict[str, Any] = {
         "tolerance": SHIFT_TOLERANCE,
         "rows": {group: groups.count(group) for group in dict.fromkeys(groups)},
         "base": {
             "shift": score_shift(model, guard),
-            "flagged": {group: sum(f for f, g in zip(base, groups) if g == group) for group in dict.fromkeys(groups)},
+            "flagged": {group: sum(f for f, g in zip(base[0], groups) if g == group) for group in results_groups},
         },
         "dtypes": {},
         "fine_tunes": [],
@@ -138,7 +149,7 @@ def run(settings: Settings) -> dict[str, Any]:
                 del merged
         results["fine_tunes"].append(entry)
     results["summary"] = {
-        "dtypes_largest_shift": max(max(d["shift"].values()) for d in results["dtypes"].values()),
+        "dtypes_largest_shift": max((max(d["shift"].values()) for d in results["dtypes"].values()), default=None),
         "first_refused_step": [
             min((s for s, c in e["checkpoints"].items() if c["refused"]), default=None) for e in results["fine_tunes"]
         ],
