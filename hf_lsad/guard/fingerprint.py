@@ -86,7 +86,7 @@ def record_fingerprint(
     """Read :data:`PROBE_PROMPTS` through ``model`` as ``guard`` reads prompts (the chat template of ``tokenizer``
     when its profile says so, after the system turn ``system``), set the guard's :attr:`fingerprint` from every
     head's scores, and return it. Call it where the thresholds are set through ``model``, once the heads are final:
-    adding a head or a calibration drops the fingerprint."""
+    adding a head drops the fingerprint."""
     chat_template = guard.inputs is None or guard.inputs.prompt_format == "chat_template"
     encoded = encode_prompts(tokenizer, list(PROBE_PROMPTS), chat_template=chat_template, system=system)
     input_ids, attention_mask = encoded["input_ids"], encoded["attention_mask"]

@@ -97,8 +97,8 @@ class SafetyGuard(nn.Module):
         self.fingerprint: ModelFingerprint | None = None
         """Every head's scores on fixed probe prompts through the model the thresholds were set through
         (:mod:`hf_lsad.guard.fingerprint`): a model given to the guard that scores them otherwise is refused.
-        ``None`` for guards whose thresholds were set from stored activations; dropped when a head or a
-        calibration is added."""
+        ``None`` for guards whose thresholds were set from stored activations; dropped when a head is added (the
+        anomaly head's scores are compared before any calibration, which leaves it)."""
 
     @property
     def head_names(self) -> list[str]:
@@ -210,7 +210,6 @@ class SafetyGuard(nn.Module):
                     f"calibration has {calibration.n_clusters} clusters, the {self.config.method} detector {n_clusters}"
                 )
         self.calibration = calibration
-        self.fingerprint = None  # the anomaly head now scores otherwise
 
     def set_fingerprint(self, fingerprint: ModelFingerprint | None) -> None:
         """Set (``None``: remove) the scores a model given to the guard is checked against

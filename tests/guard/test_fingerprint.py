@@ -17,6 +17,7 @@ from hf_lsad import GuardedModelForCausalLM, ScoreShiftWarning
 from hf_lsad.cli.main import entry
 from hf_lsad.errors import AdapterWarning, GuardFormatError, GuardMismatchError, ModelMismatchError
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.calibration import AffineCalibration
 from hf_lsad.guard.fingerprint import PROBE_PROMPTS, SHIFT_TOLERANCE, record_fingerprint, score_shift
 from hf_lsad.guard.heads.training import fit_budget_on_prompts
 from hf_lsad.testing import tiny_model
@@ -116,13 +117,18 @@ def test_thresholds_set_through_a_model_record_its_fingerprint():
         GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
 
 
-def test_a_new_head_or_calibration_drops_the_fingerprint():
-    _, _, guard = fingerprinted()
-    guard.set_calibration(None)
-    assert guard.fingerprint is None
-    _, _, guard = fingerprinted("anomaly head alone")
+def test_a_new_head_drops_the_fingerprint_and_a_calibration_keeps_it():
+    model, _, guard = fingerprinted("anomaly head alone")
+    recorded = guard.fingerprint
+    guard.add_head(copy.deepcopy(two_headed_guard().heads["harm"]))
+    assert guard.fingerprint is None  # the new head's scores were never recorded
     with pytest.raises(ValueError, match=r"recorded for heads \['anomaly'\], the guard has \['anomaly', 'harm'\]"):
-        two_headed_guard().set_fingerprint(guard.fingerprint)
+        guard.set_fingerprint(recorded)
+    _, _, guard = fingerprinted("anomaly head alone")
+    calibration = AffineCalibration(slopes=[0.1, 0.2, 0.3], intercepts=[-1.0, 0.0, 1.0], anchor=[0.1, 0.0], lam=1.0)
+    guard.set_calibration(calibration)  # the anomaly head is compared before any calibration
+    assert torch.equal(guard.fingerprint.scores, recorded.scores)
+    assert score_shift(model, guard) == {"anomaly": 0.0}
 
 
 def test_the_fingerprint_round_trips_through_the_folder_bit_exact(tmp_path):
