@@ -24,7 +24,7 @@ fine-tunes.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
@@ -34,6 +34,9 @@ from ..capture.collect import encode_prompts
 from ..capture.recorder import read_prompts
 from ..errors import ModelMismatchError, ScoreShiftWarning, warn
 from .types import ModelFingerprint
+
+if TYPE_CHECKING:
+    from .guard import SafetyGuard
 
 PROBE_PROMPTS: tuple[str, ...] = (
     "What is the capital of Australia?",
@@ -61,7 +64,7 @@ SHIFT_TOLERANCE = 0.15
 Measured by ``heads/score_shift``: float16 and bfloat16 stay far below it, merged LoRA fine-tunes far above."""
 
 
-def fingerprint_scores(guard: Any, reads: dict[tuple[int, str], Tensor]) -> Tensor:
+def fingerprint_scores(guard: SafetyGuard, reads: dict[tuple[int, str], Tensor]) -> Tensor:
     """``[heads, rows]`` float64: what the fingerprint compares for each head of ``guard`` (in
     :attr:`~hf_lsad.guard.SafetyGuard.head_names` order) on the rows of ``reads`` (every read of the guard, ``[rows,
     hidden]``): :meth:`~hf_lsad.guard.SafetyGuard.raw_head_scores`."""
@@ -70,7 +73,7 @@ def fingerprint_scores(guard: Any, reads: dict[tuple[int, str], Tensor]) -> Tens
 
 
 @torch.no_grad()
-def _read_probes(model: PreTrainedModel, guard: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def _read_probes(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """The fingerprint scores of the probe rows ``input_ids`` read through ``model``."""
     device = model.device
     reader = read_prompts(model, guard.reads, input_ids.to(device), attention_mask.to(device))
@@ -81,7 +84,7 @@ def _read_probes(model: PreTrainedModel, guard: Any, input_ids: Tensor, attentio
 
 
 def record_fingerprint(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, guard: Any, *, system: str | None = None
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, guard: SafetyGuard, *, system: str | None = None
 ) -> ModelFingerprint:
     """Read :data:`PROBE_PROMPTS` through ``model`` as ``guard`` reads prompts (the chat template of ``tokenizer``
     when its profile says so, after the system turn ``system``), set the guard's :attr:`fingerprint` from every
@@ -98,7 +101,7 @@ def record_fingerprint(
     return fingerprint
 
 
-def score_shift(model: PreTrainedModel, guard: Any) -> dict[str, float]:
+def score_shift(model: PreTrainedModel, guard: SafetyGuard) -> dict[str, float]:
     """Each head's shift on ``model`` against the guard's fingerprint: the median over the probes of how far its
     score moved, in units of the spread of its recorded scores (``nan``: a score that is not finite). Raises
     :class:`~hf_lsad.errors.ModelMismatchError` when the model cannot read the probes' token ids (another
@@ -120,7 +123,7 @@ def score_shift(model: PreTrainedModel, guard: Any) -> dict[str, float]:
     return dict(zip(fingerprint.heads, shift.tolist()))
 
 
-def check_fingerprint(model: PreTrainedModel, guard: Any, *, allow_shift: bool = False) -> None:
+def check_fingerprint(model: PreTrainedModel, guard: SafetyGuard, *, allow_shift: bool = False) -> None:
     """Refuse (:class:`~hf_lsad.errors.ModelMismatchError`) a ``model`` on which some head of ``guard`` shifts by
     more than :data:`SHIFT_TOLERANCE` (:func:`score_shift`), or gives a score that is not finite; with
     ``allow_shift``, warn (:class:`~hf_lsad.errors.ScoreShiftWarning`). A guard without a fingerprint (thresholds
