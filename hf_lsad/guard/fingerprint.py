@@ -61,7 +61,8 @@ that every head spreads them apart. Not evaluation rows: they decide no verdict 
 
 SHIFT_TOLERANCE = 0.15
 """The largest shift (:func:`score_shift`) a model may give any head and still be guarded at the recorded thresholds.
-Measured by ``heads/score_shift``: float16 and bfloat16 stay far below it, merged LoRA fine-tunes far above."""
+Measured by ``heads/score_shift`` on the bundled guard: float16 and bfloat16 shift it by 0.003 and 0.025; two LoRA
+fine-tunes merged into the weights are refused from their 8th and their 1st optimiser step of 60."""
 
 
 def fingerprint_scores(guard: SafetyGuard, reads: dict[tuple[int, str], Tensor]) -> Tensor:
