@@ -18,8 +18,8 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
 - **budget**: 5% of chat, 0.05 of it to the anomaly head (``heads/two_heads_persona``), set on validation chat with
   confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
   with probability 0.95 (``heads/chat_rate_persona`` measures both rules on chat that is neither validation nor test);
-- **fingerprint**: both heads' scores on the probe prompts through the bundled model, whose activations the stores
-  hold (:mod:`hf_lsad.guard.fingerprint`): a model whose weights differ is refused.
+- **fingerprint**: both heads' scores on the probe prompts through the bundled model, the one the stores were
+  collected from (:mod:`hf_lsad.guard.fingerprint`): a model whose weights differ is refused.
 
 The README's demo prompts are never fitted, labelled or threshold rows (``RESERVED_PROMPTS`` of
 :mod:`hf_lsad.data.pools`).

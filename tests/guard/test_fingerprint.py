@@ -84,7 +84,7 @@ def test_a_model_that_gives_nan_is_refused():
         GuardedModelForCausalLM(broken, guard, tokenizer=tokenizer)
 
 
-def test_a_model_with_a_smaller_vocabulary_is_refused_by_name():
+def test_a_model_with_a_smaller_vocabulary_is_refused_before_reading_the_probes():
     model, tokenizer, guard = fingerprinted()
     smaller = copy.deepcopy(model)
     smaller.resize_token_embeddings(10)
