@@ -114,6 +114,15 @@ def model_mismatch_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def mismatch_allowances(args: argparse.Namespace) -> dict[str, bool]:
+    """The ``allow_*`` keywords of :class:`~hf_lsad.generation.model.GuardedModelForCausalLM` that
+    :func:`model_mismatch_arguments` set (``False`` for a command without them)."""
+    return {
+        "allow_adapter_mismatch": getattr(args, "allow_adapter_mismatch", False),
+        "allow_score_shift": getattr(args, "allow_score_shift", False),
+    }
+
+
 def collect_arguments(parser: argparse.ArgumentParser) -> None:
     from ..data import POOLS
 

@@ -320,13 +320,7 @@ def _guarded_model(args: argparse.Namespace) -> Any:
     print(f"loading {model_name} ({runtime.dtype}) and {guard_name} ...", file=sys.stderr, flush=True)
     guard = _guard(args)  # a guard that is missing or corrupt fails before the model is loaded
     model, tokenizer = _load_model(args, runtime)
-    return GuardedModelForCausalLM(
-        model,
-        guard,
-        tokenizer=tokenizer,
-        allow_adapter_mismatch=getattr(args, "allow_adapter_mismatch", False),
-        allow_score_shift=getattr(args, "allow_score_shift", False),
-    )
+    return GuardedModelForCausalLM(model, guard, tokenizer=tokenizer, **arguments.mismatch_allowances(args))
 
 
 def run_generate(args: argparse.Namespace) -> None:

@@ -40,7 +40,7 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
     from ..data.store import ActivationStore
     from ..generation.model import GuardedModelForCausalLM
     from ..guard.guard import SafetyGuard
-    from .arguments import guard_location, runtime_config
+    from .arguments import guard_location, mismatch_allowances, runtime_config
 
     out = out or sys.stdout
     runtime = runtime_config(args, ModelRuntime)
@@ -48,13 +48,7 @@ def explain_command(args: argparse.Namespace, out: TextIO | None = None) -> None
     model, tokenizer = load_model(
         getattr(args, "model", None) or "default", dtype=torch_dtype(runtime.dtype), **placement(runtime.device)
     )
-    guarded = GuardedModelForCausalLM(
-        model,
-        guard,
-        tokenizer=tokenizer,
-        allow_adapter_mismatch=getattr(args, "allow_adapter_mismatch", False),
-        allow_score_shift=getattr(args, "allow_score_shift", False),
-    )
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer, **mismatch_allowances(args))
     top_k = getattr(args, "top_k", None) or 10
     system = getattr(args, "system", None)
     if guard.config.hook.position == "prompt_last":

@@ -65,23 +65,17 @@ Measured by ``heads/score_shift`` on the bundled guard: float16 and bfloat16 shi
 fine-tunes merged into the weights are refused from their 8th and their 1st optimiser step of 60."""
 
 
-def fingerprint_scores(guard: SafetyGuard, reads: dict[tuple[int, str], Tensor]) -> Tensor:
-    """``[heads, rows]`` float64: what the fingerprint compares for each head of ``guard`` (in
-    :attr:`~hf_lsad.guard.SafetyGuard.head_names` order) on the rows of ``reads`` (every read of the guard, ``[rows,
-    hidden]``): :meth:`~hf_lsad.guard.SafetyGuard.raw_head_scores`."""
-    raw = guard.raw_head_scores(reads if guard.heads else reads[guard.reads[0]])
-    return torch.stack([raw[name].to(torch.float64) for name in guard.head_names]).cpu()
-
-
 @torch.no_grad()
 def _read_probes(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """The fingerprint scores of the probe rows ``input_ids`` read through ``model``."""
+    """``[heads, probes]`` float64: each head's :meth:`~hf_lsad.guard.SafetyGuard.raw_head_scores` on the probe rows
+    ``input_ids`` read through ``model``, in :attr:`~hf_lsad.guard.SafetyGuard.head_names` order (``nan`` when the
+    model's reads are not finite)."""
     device = model.device
-    reader = read_prompts(model, guard.reads, input_ids.to(device), attention_mask.to(device))
-    reads = reader.features(guard.reads)
+    reads = read_prompts(model, guard.reads, input_ids.to(device), attention_mask.to(device)).features(guard.reads)
     if not all(torch.isfinite(tensor).all() for tensor in reads.values()):  # a model that overflows
         return torch.full((len(guard.head_names), input_ids.shape[0]), torch.nan, dtype=torch.float64)
-    return fingerprint_scores(guard, reads)
+    raw = guard.raw_head_scores(reads if guard.heads else reads[guard.reads[0]])
+    return torch.stack([raw[name].to(torch.float64) for name in guard.head_names]).cpu()
 
 
 def record_fingerprint(
@@ -95,10 +89,8 @@ def record_fingerprint(
     encoded = encode_prompts(tokenizer, list(PROBE_PROMPTS), chat_template=chat_template, system=system)
     input_ids, attention_mask = encoded["input_ids"], encoded["attention_mask"]
     scores = _read_probes(model, guard, input_ids, attention_mask)
-    if not torch.isfinite(scores).all():
-        raise ValueError("the guard's heads gave a score that is not finite on the probe prompts; nothing recorded")
     fingerprint = ModelFingerprint(tuple(guard.head_names), input_ids.cpu(), attention_mask.cpu(), scores)
-    guard.set_fingerprint(fingerprint)
+    guard.set_fingerprint(fingerprint)  # refuses scores that are not finite: nothing is recorded
     return fingerprint
 
 
@@ -118,10 +110,8 @@ def score_shift(model: PreTrainedModel, guard: SafetyGuard) -> dict[str, float]:
             "it tokenises text otherwise than the model the guard's thresholds were set through"
         )
     scores = _read_probes(model, guard, fingerprint.input_ids, fingerprint.attention_mask)  # [heads, probes]
-    moved = (scores - fingerprint.scores).abs().median(dim=1).values
-    spread = fingerprint.scores.std(dim=1)
-    shift = torch.where(torch.isfinite(scores).all(dim=1), moved / spread, torch.nan)
-    return dict(zip(fingerprint.heads, shift.tolist()))
+    moved = (scores - fingerprint.scores).abs().median(dim=1).values  # nan when a score is nan
+    return dict(zip(fingerprint.heads, (moved / fingerprint.scores.std(dim=1)).tolist()))
 
 
 def check_fingerprint(model: PreTrainedModel, guard: SafetyGuard, *, allow_shift: bool = False) -> None:
@@ -153,7 +143,6 @@ __all__ = [
     "PROBE_PROMPTS",
     "SHIFT_TOLERANCE",
     "check_fingerprint",
-    "fingerprint_scores",
     "record_fingerprint",
     "score_shift",
 ]
