@@ -44,6 +44,14 @@ os.environ.update(
 for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_LSAD_CACHE"):  # converted GGUF models go under HF_HOME
     os.environ.pop(_name, None)
 
+# pytest-xdist runs the suite in several processes (pyproject's addopts); each takes its share of the cores for torch's
+# threads, set before torch is imported, or their thread pools contend for every core (the suite ran slower on two
+# processes than on one)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _CORES // _WORKERS)))
+
 
 @pytest.fixture(scope="session")
 def hub_server(tmp_path_factory: pytest.TempPathFactory):
