@@ -19,7 +19,8 @@ probes of ``|score - recorded score|``, in units of the standard deviation of it
 (its own scale: the probes hold benign and harmful requests, which every head spreads apart). A model is refused when
 some head shifts by more than :data:`SHIFT_TOLERANCE`. ``python benchmarks/run.py heads/score_shift`` measures the
 shift of the released guard's heads under changes that keep the weights (float16, bfloat16) and under merged LoRA
-fine-tunes.
+fine-tunes; ``heads/quant_shift`` under other quantisations of the bundled model and copies as far from it as the
+float weights it was quantised from (refused, with one exception: Q8_0, which passes and moves a few verdicts).
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ that every head spreads them apart. Not evaluation rows: they decide no verdict 
 SHIFT_TOLERANCE = 0.15
 """The largest shift (:func:`score_shift`) a model may give any head and still be guarded at the recorded thresholds.
 Measured by ``heads/score_shift`` on the bundled guard: float16 and bfloat16 shift it by 0.003 and 0.025; two LoRA
-fine-tunes merged into the weights are refused from their 8th and their 1st optimiser step of 60."""
+fine-tunes merged into the weights are refused from their 8th and their 1st optimiser step of 60. ``heads/quant_shift``:
+the bundled Q4_1 weights quantised again in Q5_1, Q5_0 and Q4_0, and copies as far from them as the float weights,
+are refused (0.27-1.42); in Q8_0 they shift it by 0.07 and pass, with 6 of 270 test verdicts changed."""
 
 
 @torch.no_grad()
@@ -129,8 +132,9 @@ def check_fingerprint(model: PreTrainedModel, guard: SafetyGuard, *, allow_shift
     message = (
         f"the guard's heads score its probe prompts otherwise through this model than through the model its "
         f"thresholds were set through (shift {named}; at most {SHIFT_TOLERANCE} is the same model): its weights "
-        "differ, as after a fine-tune or a merged adapter, so the guard may flag more or less of your traffic than its "
-        "card says (merged LoRA fine-tunes measured here let harm through). Re-set the thresholds through the model "
+        "differ (a fine-tune, a merged adapter, another quantisation of the model or the float weights it was "
+        "quantised from), so the guard may flag more or less of your traffic than its card says (merged fine-tunes and "
+        "other quantisations measured here let harm through). Re-set the thresholds through the model "
         "you serve: `hf-lsad set-budget --model MODEL --guard GUARD --out NEW`, or "
         "hf_lsad.fit_budget_on_prompts(model, tokenizer, guard)"
     )
