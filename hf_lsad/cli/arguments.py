@@ -109,8 +109,8 @@ def model_mismatch_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-score-shift",
         action="store_true",
         help="guard a model on which the guard's heads score its probe prompts otherwise than on the model its "
-        "thresholds were set through (a fine-tune, a merged adapter), with a warning; refused otherwise: re-set the "
-        "thresholds through it with set-budget",
+        "thresholds were set through (a fine-tune, a merged adapter, another quantisation), with a warning; refused "
+        "otherwise: re-set the thresholds through it with set-budget",
     )
 
 
