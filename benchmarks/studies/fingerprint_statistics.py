@@ -38,7 +38,7 @@ from hf_lsad.data.pools import is_reserved
 from hf_lsad.evaluation.sources import EVAL_SOURCES
 from hf_lsad.guard.fingerprint import _read_probes
 
-from .quant_shift import _float_like, _quantised_weights, _requantised
+from .quant_shift import _float_like_copy, _quantised_weights, _requantised_copy
 from .score_shift import _screened
 from .system_prompt import Settings as ScreenSettings
 
@@ -111,25 +111,11 @@ def _copies(model: Any, settings: Settings) -> list[tuple[str, Any]]:
                 weight.add_(torch.randn(weight.shape, generator=generator) * weight.std() * level)
         return copied
 
-    def requantised(kind: str) -> Any:
-        copied = copy.deepcopy(model)
-        with torch.no_grad():
-            for _, weight, stored_as in _quantised_weights(copied):
-                weight.copy_(_requantised(weight, kind if stored_as == "Q4_1" else "Q8_0"))
-        return copied
-
-    def float_like(seed: int) -> Any:
-        copied, generator = copy.deepcopy(model), torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for _, weight, stored_as in _quantised_weights(copied):
-                weight.copy_(_float_like(weight, stored_as, generator))
-        return copied
-
     return [
         *[(dtype, lambda d=dtype: rounded(d)) for dtype in settings.dtypes],
         *[(f"noise {level:g}", lambda v=level: noisy(v)) for level in settings.noise_levels],
-        *[(f"requantised {kind}", lambda k=kind: requantised(k)) for kind in settings.quant_types],
-        *[(f"float-like seed {seed}", lambda s=seed: float_like(s)) for seed in settings.float_like_seeds],
+        *[(f"requantised {kind}", lambda k=kind: _requantised_copy(model, k)) for kind in settings.quant_types],
+        *[(f"float-like seed {seed}", lambda s=seed: _float_like_copy(model, s)) for seed in settings.float_like_seeds],
     ]
 
 

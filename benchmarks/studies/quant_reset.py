@@ -13,17 +13,14 @@ again: only the thresholds (and the fingerprint) move.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 from hf_lsad import SafetyGuard, load_model
 from hf_lsad.guard.heads.training import fit_budget_on_prompts
 
 from .dtype_shift import Settings as DrawSettings, _draw
-from .quant_shift import _float_like, _quantised_weights
+from .quant_shift import _float_like_copy
 from .score_shift import _measure, _screened
 from .system_prompt import Settings as ScreenSettings
 
@@ -63,11 +60,7 @@ def run(settings: Settings) -> dict[str, Any]:
         "copies": {},
     }
     for seed in settings.float_like_seeds:
-        copied = copy.deepcopy(model)
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for _, weight, stored_as in _quantised_weights(copied):
-                weight.copy_(_float_like(weight, stored_as, generator))
+        copied = _float_like_copy(model, seed)
         guard = SafetyGuard.from_pretrained(settings.guard)
         budget = fit_budget_on_prompts(copied, tokenizer, guard, None)
         entry = {

@@ -96,6 +96,25 @@ def _float_like(weight: torch.Tensor, stored_as: str, generator: torch.Generator
     return torch.where(exact, blocks, blocks + noise).reshape(weight.shape)
 
 
+def _requantised_copy(model: Any, kind: str) -> Any:
+    """A copy of ``model`` with its Q4_1 matrices quantised again in ``kind``, its embedding again in Q8_0."""
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for _, weight, stored_as in _quantised_weights(copied):
+            weight.copy_(_requantised(weight, kind if stored_as == "Q4_1" else "Q8_0"))
+    return copied
+
+
+def _float_like_copy(model: Any, seed: int) -> Any:
+    """A copy of ``model`` with every quantised weight moved within its rounding interval (:func:`_float_like`)."""
+    copied, generator = copy.deepcopy(model), torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, weight, stored_as in _quantised_weights(copied):
+            weight.copy_(_float_like(weight, stored_as, generator))
+    return copied
+
+
+@torch.no_grad()
 def _relative_change(model: Any, base: Any) -> float:
     """Mean absolute change of the quantised matrices' weights, over their mean magnitude."""
     changed = {name: p for name, p, _ in _quantised_weights(model)}
@@ -123,17 +142,12 @@ def run(settings: Settings) -> dict[str, Any]:
         },
         "copies": {},
     }
-    copies: list[tuple[str, Any]] = [(f"requantised {kind}", kind) for kind in settings.quant_types]
-    copies += [(f"float-like seed {seed}", seed) for seed in settings.float_like_seeds]
-    for label, how in copies:
-        copied = copy.deepcopy(model)
-        generator = torch.Generator().manual_seed(how) if isinstance(how, int) else None
-        with torch.no_grad():
-            for _, weight, stored_as in _quantised_weights(copied):
-                if generator is None:
-                    weight.copy_(_requantised(weight, how if stored_as == "Q4_1" else "Q8_0"))
-                else:
-                    weight.copy_(_float_like(weight, stored_as, generator))
+    copies = [(f"requantised {kind}", lambda k=kind: _requantised_copy(model, k)) for kind in settings.quant_types]
+    copies += [
+        (f"float-like seed {seed}", lambda s=seed: _float_like_copy(model, s)) for seed in settings.float_like_seeds
+    ]
+    for label, make in copies:
+        copied = make()
         entry = {
             "weights_moved": _relative_change(copied, model),
             **_measure(copied, tokenizer, guard, rows, base, screen),
