@@ -60,7 +60,7 @@ from ..version import library_versions
 from .calibration import AffineCalibration
 from .heads import ProbeConfig, SupervisedHead, SupervisedHeadConfig
 from .running import RunningConfig
-from .types import BudgetConfig, GuardConfig, ModelFingerprint
+from .types import BoundaryRows, BudgetConfig, GuardConfig, ModelFingerprint
 
 if TYPE_CHECKING:
     from huggingface_hub import CommitInfo, ModelCard
@@ -141,8 +141,21 @@ def save_guard_files(guard: GuardParts, path: Path) -> None:
     if guard.fingerprint is not None:
         fingerprint = guard.fingerprint
         tensors = {"input_ids": fingerprint.input_ids, "attention_mask": fingerprint.attention_mask}
+        entry: dict[str, Any] = {"heads": list(fingerprint.heads)}
+        if fingerprint.boundary is not None:
+            boundary = fingerprint.boundary
+            tensors |= {
+                "boundary_input_ids": boundary.input_ids,
+                "boundary_attention_mask": boundary.attention_mask,
+                "boundary_flagged": boundary.flagged,
+            }
+            entry["boundary"] = {
+                "n_rows": boundary.n_rows,
+                "flagged_rows": boundary.flagged_rows,
+                "rows": boundary.rows,
+            }
         save_file({**tensors, "scores": fingerprint.scores}, str(path / FINGERPRINT))
-        config["fingerprint"] = {"heads": list(fingerprint.heads)}
+        config["fingerprint"] = entry
     # Round-trip through JSON so the record holds exactly what a loader will read back.
     config = json.loads(canonical_json(config))
     settings = settings_record(config, config_to_dict(guard.sae.config) if guard.sae is not None else None)
@@ -276,20 +289,47 @@ def load_guard_folder(path: Path) -> tuple[GuardParts, dict[str, Any]]:
 def read_fingerprint(path: Path, raw: Any, source: str) -> ModelFingerprint:
     """The fingerprint of ``fingerprint.safetensors`` under ``path``, for the heads its ``config.json`` entry ``raw``
     names (whether they are the guard's is checked when the guard is assembled)."""
-    if not isinstance(raw, dict) or set(raw) != {"heads"}:
-        raise GuardFormatError(f"{source}:fingerprint: expected an object with the one key 'heads', got {raw!r}")
+    if not isinstance(raw, dict) or "heads" not in raw or not set(raw) <= {"heads", "boundary"}:
+        raise GuardFormatError(
+            f"{source}:fingerprint: expected an object with the key 'heads' (and 'boundary'), got {raw!r}"
+        )
     heads = raw["heads"]
     if not isinstance(heads, list) or not all(isinstance(name, str) for name in heads):
         raise GuardFormatError(f"{source}:fingerprint: key 'heads' must be a list of head names, got {heads!r}")
+    counts = raw.get("boundary")
+    if counts is not None and not (
+        isinstance(counts, dict)
+        and set(counts) == {"n_rows", "flagged_rows", "rows"}
+        and all(type(counts[key]) is int for key in ("n_rows", "flagged_rows"))
+        and isinstance(counts["rows"], str)
+    ):
+        raise GuardFormatError(
+            f"{source}:fingerprint: 'boundary' must be an object of the integers 'n_rows' and 'flagged_rows' and the "
+            f"text 'rows', got {counts!r}"
+        )
     file = path / FINGERPRINT
     try:
         tensors = load_file(str(file))
     except (SafetensorError, OSError) as err:
         raise GuardFormatError(f"{source}: the fingerprint's {file} is missing or unreadable ({err})") from err
     expected = {"input_ids", "attention_mask", "scores"}
+    if counts is not None:
+        expected |= {"boundary_input_ids", "boundary_attention_mask", "boundary_flagged"}
     if set(tensors) != expected:
         raise GuardFormatError(f"{file}: expected tensors {sorted(expected)}, found {sorted(tensors)}")
-    fingerprint = ModelFingerprint(tuple(heads), tensors["input_ids"], tensors["attention_mask"], tensors["scores"])
+    boundary = None
+    if counts is not None:
+        boundary = BoundaryRows(
+            tensors["boundary_input_ids"],
+            tensors["boundary_attention_mask"],
+            tensors["boundary_flagged"],
+            counts["n_rows"],
+            counts["flagged_rows"],
+            counts["rows"],
+        )
+    fingerprint = ModelFingerprint(
+        tuple(heads), tensors["input_ids"], tensors["attention_mask"], tensors["scores"], boundary
+    )
     try:
         fingerprint.check(heads)
     except ValueError as err:

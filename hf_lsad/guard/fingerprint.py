@@ -25,16 +25,17 @@ float weights it was quantised from (refused, with one exception: Q8_0, which pa
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..capture.collect import encode_prompts
+from ..capture.collect import collect_prompt_features, encode_prompts, prompt_token_ids
 from ..capture.recorder import read_prompts
 from ..errors import ModelMismatchError, ScoreShiftWarning, warn
-from .types import ModelFingerprint
+from .types import BoundaryRows, ModelFingerprint
 
 if TYPE_CHECKING:
     from .guard import SafetyGuard
@@ -68,6 +69,17 @@ the bundled Q4_1 weights quantised again in Q5_1, Q5_0 and Q4_0, and copies as f
 are refused (0.27-1.42); in Q8_0 they shift it by 0.07 and pass, with 6 of 270 test verdicts changed."""
 
 
+BOUNDARY_PER_SIDE = 16
+"""Rows kept on each side of each head's threshold (:func:`boundary_indices`)."""
+
+BOUNDARY_MAX_TOKENS = 96
+"""The longest row (template and system turn included) kept as a boundary row: every guarded model reads them once
+when it is built, and a few long rows would cost more than all the rest."""
+
+BOUNDARY_BATCH = 16
+"""Boundary rows read in one forward pass, when recorded and when checked alike."""
+
+
 @torch.no_grad()
 def _read_probes(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """``[heads, probes]`` float64: each head's :meth:`~hf_lsad.guard.SafetyGuard.raw_head_scores` on the probe rows
@@ -81,20 +93,150 @@ def _read_probes(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor, 
     return torch.stack([raw[name].to(torch.float64) for name in guard.head_names]).cpu()
 
 
+def boundary_indices(
+    guard: SafetyGuard,
+    benign: Mapping[tuple[int, str], Tensor],
+    per_side: int = BOUNDARY_PER_SIDE,
+    eligible: Tensor | None = None,
+) -> list[int]:
+    """The benign rows nearest the guard's thresholds, as indices into ``benign`` (each of :attr:`reads`,
+    ``[n, hidden]``): for each head, of the rows no other head flags, the ``per_side`` highest-scoring rows it does
+    not flag and the ``per_side`` lowest-scoring rows it flags (by rank, so each head's own units do not matter);
+    only rows where ``eligible`` (``[n]`` bool) holds. These are the rows whose verdict a small change of the
+    model's weights moves first."""
+    if per_side < 1:
+        raise ValueError(f"per_side must be >= 1, got {per_side}")
+    deciding = guard.deciding_scores(benign)
+    thresholds = guard.head_thresholds()
+    over = {name: (deciding[name] > thresholds[name]).cpu() for name in guard.head_names}  # as the guard flags
+    if eligible is None:
+        eligible = torch.ones(len(over[guard.head_names[0]]), dtype=torch.bool)
+    chosen: set[int] = set()
+    for name in guard.head_names:
+        others = torch.zeros_like(over[name])
+        for other in guard.head_names:
+            if other != name:
+                others |= over[other]
+        score = deciding[name].cpu().double()
+        below = (~over[name] & ~others & eligible).nonzero().flatten()
+        above = (over[name] & ~others & eligible).nonzero().flatten()
+        chosen.update(below[score[below].argsort(descending=True)[:per_side]].tolist())
+        chosen.update(above[score[above].argsort()[:per_side]].tolist())
+    return sorted(chosen)
+
+
+@torch.no_grad()
+def _read_verdicts(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """``[rows]`` int64 0/1: the guard's verdict on each row of ``input_ids`` read through ``model``, in batches of
+    :data:`BOUNDARY_BATCH` rows in their stored order, each cut to its longest row (so that recording and checking
+    read every row alike); all ``-1`` when the model's reads are not finite."""
+    device, verdicts = model.device, []
+    for start in range(0, input_ids.shape[0], BOUNDARY_BATCH):
+        mask = attention_mask[start : start + BOUNDARY_BATCH]
+        width = int(mask.sum(dim=1).max())
+        ids, mask = input_ids[start : start + BOUNDARY_BATCH, -width:], mask[:, -width:]
+        reads = read_prompts(model, guard.reads, ids.to(device), mask.to(device)).features(guard.reads)
+        if not all(torch.isfinite(tensor).all() for tensor in reads.values()):  # a model that overflows
+            return torch.full((input_ids.shape[0],), -1, dtype=torch.int64)
+        verdicts.append(guard(reads if guard.heads else reads[guard.reads[0]]).flagged.cpu())
+    return torch.cat(verdicts).to(torch.int64)
+
+
+def boundary_rows(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    guard: SafetyGuard,
+    prompts: Sequence[str],
+    benign: Mapping[tuple[int, str], Tensor],
+    *,
+    rows: str,
+    system: str | None = None,
+    per_side: int = BOUNDARY_PER_SIDE,
+) -> BoundaryRows:
+    """The rows of ``prompts`` nearest the guard's thresholds (:func:`boundary_indices`, of the rows of at most
+    :data:`BOUNDARY_MAX_TOKENS` tokens; ``benign`` holds their features as ``model`` read them), tokenised as the
+    guard reads prompts and read again through ``model`` for their verdicts, with how many of ``prompts`` the guard
+    flags. ``rows`` says what the prompts are."""
+    if len(prompts) != next(iter(benign.values())).shape[0]:
+        raise ValueError(f"{len(prompts)} prompts, but features of {next(iter(benign.values())).shape[0]} rows")
+    chat_template = guard.inputs is None or guard.inputs.prompt_format == "chat_template"
+    lengths = torch.tensor(
+        [len(ids) for ids in prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)]
+    )
+    kept = boundary_indices(guard, benign, per_side, eligible=lengths <= BOUNDARY_MAX_TOKENS)  # short: cheap to check
+    encoded = encode_prompts(tokenizer, [prompts[i] for i in kept], chat_template=chat_template, system=system)
+    order = encoded["attention_mask"].sum(dim=1).argsort(stable=True)  # short rows batched together
+    input_ids, attention_mask = encoded["input_ids"][order].cpu(), encoded["attention_mask"][order].cpu()
+    flagged = _read_verdicts(model, guard, input_ids, attention_mask)
+    if (flagged < 0).any():
+        raise ValueError("the model's activations on the boundary rows are not finite: nothing is recorded")
+    everywhere = guard(benign if guard.heads else benign[guard.reads[0]]).flagged.cpu()
+    everywhere[kept] = False  # the kept rows count with the verdicts read in their own batches
+    flagged_rows = int(everywhere.sum()) + int(flagged.sum())
+    return BoundaryRows(input_ids, attention_mask, flagged, len(prompts), flagged_rows, rows)
+
+
 def record_fingerprint(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, guard: SafetyGuard, *, system: str | None = None
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    guard: SafetyGuard,
+    *,
+    system: str | None = None,
+    benign_prompts: Sequence[str] | None = None,
+    benign_features: Mapping[tuple[int, str], Tensor] | None = None,
+    rows: str = "validation chat",
+    per_side: int = BOUNDARY_PER_SIDE,
+    progress: bool = True,
 ) -> ModelFingerprint:
     """Read :data:`PROBE_PROMPTS` through ``model`` as ``guard`` reads prompts (the chat template of ``tokenizer``
     when its profile says so, after the system turn ``system``), set the guard's :attr:`fingerprint` from every
     head's scores, and return it. Call it where the thresholds are set through ``model``, once the heads are final:
-    adding a head drops the fingerprint."""
+    adding a head drops the fingerprint.
+
+    With ``benign_prompts`` (the benign rows the thresholds were set on, described by ``rows``), the rows nearest the
+    thresholds are kept too (:func:`boundary_rows`), as token ids: pass only rows the guard folder may carry (the
+    bundled rows; never a user's own traffic). ``benign_features``: their features through ``model``, if already
+    read (else they are read here, with a progress bar unless ``progress=False``)."""
     chat_template = guard.inputs is None or guard.inputs.prompt_format == "chat_template"
     encoded = encode_prompts(tokenizer, list(PROBE_PROMPTS), chat_template=chat_template, system=system)
     input_ids, attention_mask = encoded["input_ids"], encoded["attention_mask"]
     scores = _read_probes(model, guard, input_ids, attention_mask)
-    fingerprint = ModelFingerprint(tuple(guard.head_names), input_ids.cpu(), attention_mask.cpu(), scores)
+    boundary = None
+    if benign_prompts is not None:
+        if benign_features is None:
+            benign_features, _ = collect_prompt_features(
+                model,
+                tokenizer,
+                benign_prompts,
+                guard.reads,
+                chat_template=chat_template,
+                system=system,
+                progress=progress,
+            )
+        boundary = boundary_rows(
+            model, tokenizer, guard, benign_prompts, benign_features, rows=rows, system=system, per_side=per_side
+        )
+    fingerprint = ModelFingerprint(tuple(guard.head_names), input_ids.cpu(), attention_mask.cpu(), scores, boundary)
     guard.set_fingerprint(fingerprint)  # refuses scores that are not finite: nothing is recorded
     return fingerprint
+
+
+def boundary_flag_rate(model: PreTrainedModel, guard: SafetyGuard) -> tuple[float, float] | None:
+    """``(recorded, estimated)``: the share of the rows the thresholds were set on that the guard flagged through
+    the model they were set through, and the share it would flag through ``model``, estimated from the verdicts of
+    the boundary rows (``nan`` when the model's reads are not finite). ``None`` for a fingerprint without boundary
+    rows. The estimate misses rows further from the thresholds that a large change moves too, which the probes'
+    shift (:func:`score_shift`) catches."""
+    fingerprint = guard.fingerprint
+    if fingerprint is None or fingerprint.boundary is None:
+        return None
+    boundary = fingerprint.boundary
+    verdicts = _read_verdicts(model, guard, boundary.input_ids, boundary.attention_mask)
+    recorded = boundary.flagged_rows / boundary.n_rows
+    if (verdicts < 0).any():
+        return recorded, float("nan")
+    moved = int(verdicts.sum()) - int(boundary.flagged.sum())
+    return recorded, (boundary.flagged_rows + moved) / boundary.n_rows
 
 
 def score_shift(model: PreTrainedModel, guard: SafetyGuard) -> dict[str, float]:
@@ -144,8 +286,12 @@ def check_fingerprint(model: PreTrainedModel, guard: SafetyGuard, *, allow_shift
 
 
 __all__ = [
+    "BOUNDARY_PER_SIDE",
     "PROBE_PROMPTS",
     "SHIFT_TOLERANCE",
+    "boundary_flag_rate",
+    "boundary_indices",
+    "boundary_rows",
     "check_fingerprint",
     "record_fingerprint",
     "score_shift",

@@ -304,6 +304,13 @@ class SafetyGuard(nn.Module):
         return (scores, clusters, probabilities), deciding
 
     @torch.no_grad()
+    def deciding_scores(self, activations: Activations) -> dict[str, Tensor]:
+        """Each head's ``[batch]`` score as it is compared with its threshold (:meth:`head_thresholds`), by name: the
+        anomaly head's probability when it is calibrated (else its score), a supervised head's probability
+        (``activations`` as :meth:`forward`'s)."""
+        return self._head_scores(self._check_reads(activations))[1]
+
+    @torch.no_grad()
     def raw_head_scores(self, activations: Activations) -> dict[str, Tensor]:
         """Each head's ``[batch]`` score before any map to a probability, by name: the anomaly head's detector score
         (uncalibrated), a supervised head's log-odds (``activations`` as :meth:`forward`'s; rows that are not finite

@@ -147,9 +147,53 @@ class GuardOutput(NamedTuple):
     """A guard with supervised heads: each head's ``[batch]`` scores (the anomaly head's deciding quantity)."""
 
 
+class BoundaryRows(NamedTuple):
+    """The benign rows nearest the guard's thresholds, of the rows they were set on, with the verdicts the model the
+    thresholds were set through gave them (:func:`hf_lsad.guard.fingerprint.boundary_rows`): read again through
+    another model, the verdicts that change estimate how far its flag rate on those rows moved."""
+
+    input_ids: Tensor
+    """``[rows, tokens]`` int64: the rows as the model read them (template and system turn included), left-padded."""
+    attention_mask: Tensor
+    """``[rows, tokens]`` int64: 1 at real tokens, 0 at the padding."""
+    flagged: Tensor
+    """``[rows]`` int64 0/1: the guard's verdict on each row, read in this batch."""
+    n_rows: int
+    """How many rows the thresholds were set on (these are the nearest of them)."""
+    flagged_rows: int
+    """How many of those the guard flagged through the model."""
+    rows: str
+    """What those rows are (the budget's ``rows``, e.g. ``"validation chat"``)."""
+
+    def check(self) -> None:
+        """Raise ``ValueError`` unless the rows are well-formed."""
+        ids, mask, flagged = self.input_ids, self.attention_mask, self.flagged
+        if ids.dtype != torch.int64 or ids.ndim != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
+            raise ValueError(
+                f"boundary input_ids must be int64 [rows >= 1, tokens], got {ids.dtype} {tuple(ids.shape)}"
+            )
+        if mask.dtype != torch.int64 or mask.shape != ids.shape or not ((mask == 0) | (mask == 1)).all():
+            raise ValueError(f"boundary attention_mask must be int64 0/1 of shape {tuple(ids.shape)}")
+        if not mask[:, -1].all() or (ids < 0).any():
+            raise ValueError("boundary rows must be left-padded token ids (>= 0) ending at a real token")
+        if (
+            flagged.dtype != torch.int64
+            or flagged.shape != (ids.shape[0],)
+            or not ((flagged == 0) | (flagged == 1)).all()
+        ):
+            raise ValueError(f"boundary flagged must be int64 0/1 of shape ({ids.shape[0]},)")
+        if not 0 <= self.flagged_rows <= self.n_rows or self.n_rows < ids.shape[0]:
+            raise ValueError(
+                f"boundary rows: {self.flagged_rows} flagged of {self.n_rows} rows, {ids.shape[0]} of them kept"
+            )
+        if int(flagged.sum()) > self.flagged_rows or int((1 - flagged).sum()) > self.n_rows - self.flagged_rows:
+            raise ValueError("boundary rows: more kept rows flagged (or not) than the rows they were drawn from")
+
+
 class ModelFingerprint(NamedTuple):
     """Every head's scores on the probe prompts as the model the guard's thresholds were set through read them
-    (:mod:`hf_lsad.guard.fingerprint`); saved in the guard folder's ``fingerprint.safetensors``."""
+    (:mod:`hf_lsad.guard.fingerprint`), and the benign rows nearest the thresholds with their verdicts; saved in the
+    guard folder's ``fingerprint.safetensors``."""
 
     heads: tuple[str, ...]
     """The guard's heads when it was recorded, in order (the rows of :attr:`scores`)."""
@@ -161,6 +205,9 @@ class ModelFingerprint(NamedTuple):
     scores: Tensor
     """``[heads, probes]`` float64: each head's score on each probe before any map to a probability
     (:meth:`hf_lsad.guard.SafetyGuard.raw_head_scores`)."""
+    boundary: BoundaryRows | None = None
+    """The benign rows nearest the thresholds (``None``: not recorded; they are only recorded from the bundled rows,
+    never from a user's own prompts, which the guard folder would then carry)."""
 
     def check(self, head_names: list[str]) -> None:
         """Raise ``ValueError`` unless the fingerprint is well-formed and recorded for the heads ``head_names``."""
@@ -179,6 +226,8 @@ class ModelFingerprint(NamedTuple):
             raise ValueError(f"fingerprint scores must be float64 {expected}, got {scores.dtype} {tuple(scores.shape)}")
         if not torch.isfinite(scores).all() or not (scores.std(dim=1) > 0).all():
             raise ValueError("fingerprint scores must be finite and spread over the probes for every head")
+        if self.boundary is not None:
+            self.boundary.check()
 
 
 class HeadVerdict(NamedTuple):
