@@ -19,7 +19,8 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
   confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
   with probability 0.95 (``heads/chat_rate_persona`` measures both rules on chat that is neither validation nor test);
 - **fingerprint**: both heads' scores on the probe prompts through the bundled model, the one the stores were
-  collected from (:mod:`hf_lsad.guard.fingerprint`): a model whose weights differ is refused.
+  collected from, and the validation chat rows nearest the thresholds with their verdicts
+  (:mod:`hf_lsad.guard.fingerprint`): a model whose weights differ is refused.
 
 The README's demo prompts are never fitted, labelled or threshold rows (``RESERVED_PROMPTS`` of
 :mod:`hf_lsad.data.pools`).
@@ -60,7 +61,7 @@ from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
 from hf_lsad.guard.files import PAPER_GUARD
 from hf_lsad.guard.fingerprint import record_fingerprint
 from hf_lsad.guard.heads import ProbeConfig
-from hf_lsad.guard.heads.training import fit_head
+from hf_lsad.guard.heads.training import fit_head, released_threshold_prompts
 
 REPO = Path(__file__).resolve().parent.parent
 HARM_PROBE = ProbeConfig(
@@ -295,7 +296,7 @@ def main() -> None:
         model, tokenizer = load_model("default")
         for folder, card_args in ((PAPER_GUARD, paper_card_args()), (DEFAULT_GUARD, default_card_args())):
             guard = SafetyGuard.from_pretrained(folder)
-            record_fingerprint(model, tokenizer, guard)
+            record_fingerprint(model, tokenizer, guard, benign_prompts=released_threshold_prompts())
             guard.save_pretrained(folder)
             guard.model_card(**card_args).save(folder / "README.md")
             print(f"wrote {folder}")
@@ -329,7 +330,7 @@ def main() -> None:
     )
     print(budget)
     model, tokenizer = load_model("default")  # the model the thresholds hold for: a model that differs is refused
-    record_fingerprint(model, tokenizer, guard)
+    record_fingerprint(model, tokenizer, guard, benign_prompts=released_threshold_prompts())
 
     if out.exists():
         shutil.rmtree(out)

@@ -5,8 +5,10 @@ The bundled SmolLM2-135M-Instruct is a GGUF file whose decoder blocks are stored
 32) and its tied embedding in Q8_0; transformers de-quantises it to float32, and the released guard's thresholds and
 fingerprint were set through those weights. A user may load another quantisation of the same model, or the float
 weights it was quantised from (``HuggingFaceTB/SmolLM2-135M-Instruct`` on the Hub), under the same name. This study
-measures the fingerprint's shift (:func:`hf_lsad.guard.fingerprint.score_shift`) on such copies made here, and what
-the released thresholds do on them (the shift allowed), row by row against the bundled model:
+measures the fingerprint's check on such copies made here (the probes' shift,
+:func:`hf_lsad.guard.fingerprint.score_shift`, and, for a guard that keeps them, the rows nearest its thresholds,
+:func:`hf_lsad.guard.fingerprint.boundary_flag_rate`), and what the released thresholds do on them (the check
+allowed), row by row against the bundled model:
 
 - **requantised**: every Q4_1 tensor quantised again in each of ``quant_types`` (gguf's own legacy quantisers, blocks
   of 32 along a row, as a GGUF file of that type stores them and transformers reads them back), the embedding again
@@ -31,7 +33,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from hf_lsad import SafetyGuard, load_model
-from hf_lsad.guard.fingerprint import SHIFT_TOLERANCE, score_shift
+from hf_lsad.guard.fingerprint import RATE_TOLERANCE, SHIFT_TOLERANCE, boundary_flag_rate, score_shift
 
 from .dtype_shift import Settings as DrawSettings, _draw
 from .score_shift import _measure, _screened
@@ -132,10 +134,11 @@ def run(settings: Settings) -> dict[str, Any]:
     model, tokenizer = load_model(settings.model)
     base = _screened(model, tokenizer, guard, [text for _, _, text in rows], screen)
     results: dict[str, Any] = {
-        "tolerance": SHIFT_TOLERANCE,
+        "tolerance": {"shift": SHIFT_TOLERANCE, "rate": RATE_TOLERANCE},
         "rows": {group: groups.count(group) for group in dict.fromkeys(groups)},
         "base": {
             "shift": score_shift(model, guard),
+            "boundary_rate": boundary_flag_rate(model, guard),
             "flagged": {
                 group: sum(f for f, g in zip(base[0], groups) if g == group) for group in dict.fromkeys(groups)
             },

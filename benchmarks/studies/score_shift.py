@@ -2,8 +2,9 @@
 far the operating point has moved by then.
 
 A guard records every head's score on fixed probe prompts through the model its thresholds were set through, and
-refuses a model on which some head's scores moved by more than ``SHIFT_TOLERANCE`` of their spread
-(:mod:`hf_lsad.guard.fingerprint`). This study measures that shift for the released guard:
+refuses a model on which some head's scores moved by more than ``SHIFT_TOLERANCE`` of their spread, or (a guard that
+keeps them) on which the verdicts of the rows nearest its thresholds move its estimated flag rate by more than
+``RATE_TOLERANCE`` (:mod:`hf_lsad.guard.fingerprint`). This study measures that shift for the released guard:
 
 - on the bundled model in float16 and bfloat16 (the same weights, rounded: the operating point barely moves,
   ``heads/dtype_shift``), which should pass;
@@ -32,7 +33,8 @@ from peft import LoraConfig, get_peft_model
 from tqdm.auto import tqdm
 
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, load_model
-from hf_lsad.guard.fingerprint import SHIFT_TOLERANCE, score_shift
+from hf_lsad.errors import ModelMismatchError
+from hf_lsad.guard.fingerprint import SHIFT_TOLERANCE, boundary_flag_rate, check_fingerprint, score_shift
 
 from .adapter_shift import SUPPORT_BOT, Settings as AdapterSettings, _answers, _batch, _chat, _examples
 from .dtype_shift import Settings as DrawSettings, _draw
@@ -85,11 +87,18 @@ def _measure(
     model: Any, tokenizer: Any, guard: SafetyGuard, rows: list, base: tuple[list[bool], torch.Tensor], screen: Any
 ) -> dict[str, Any]:
     shift = score_shift(model, guard)
+    try:
+        check_fingerprint(model, guard)
+        refused = False
+    except ModelMismatchError:
+        refused = True
     flagged, harm = _screened(model, tokenizer, guard, [text for _, _, text in rows], screen)
     groups = [group for _, group, _ in rows]
     return {
         "shift": shift,
-        "refused": max(shift.values()) > SHIFT_TOLERANCE,
+        "shift_refuses": not max(shift.values()) <= SHIFT_TOLERANCE,
+        "boundary_rate": boundary_flag_rate(model, guard),  # (recorded, estimated); None without boundary rows
+        "refused": refused,  # the whole check: the probes' shift, then the boundary rows
         "flagged": {group: sum(f for f, g in zip(flagged, groups) if g == group) for group in dict.fromkeys(groups)},
         "verdicts_changed": sum(a != b for a, b in zip(flagged, base[0])),
         "harm_logit_moved_median": float((harm - base[1]).abs().median()),

@@ -30,6 +30,7 @@ from huggingface_hub.utils import validate_repo_id
 from ..core.metrics import METRICS
 from ..core.serialization import config_to_dict
 from ..version import library_versions
+from .types import RATE_TOLERANCE
 
 if TYPE_CHECKING:
     from .files import GuardParts
@@ -288,6 +289,8 @@ def guard_model_card(
         limitations=limitations,
         adapter=guard.inputs.adapter if guard.inputs is not None else None,
         fingerprint=guard.fingerprint.input_ids.shape[0] if guard.fingerprint is not None else None,
+        boundary=guard.fingerprint.boundary if guard.fingerprint is not None else None,
+        rate_tolerance=RATE_TOLERANCE,
     )
 
 

@@ -16,7 +16,9 @@ A guard folder (locally or in a Hub repo, optionally under a subfolder)::
                            absent in single-head guards)
     fingerprint.safetensors  every head's scores on fixed probe prompts through the model the
                            thresholds were set through, and the prompts' token ids (config.json's
-                           ``fingerprint`` names the heads; absent where none was recorded)
+                           ``fingerprint`` names the heads; absent where none was recorded); where
+                           kept, the bundled benign rows nearest the thresholds with their verdicts
+                           (``boundary_*`` tensors; their counts in ``fingerprint.boundary``)
     README.md              model card (:mod:`hf_lsad.guard.card`; always on the Hub, optional locally)
 
 Loading is strict (see :mod:`hf_lsad.core.serialization`, :mod:`hf_lsad.core.validation`):

@@ -21,6 +21,16 @@ some head shifts by more than :data:`SHIFT_TOLERANCE`. ``python benchmarks/run.p
 shift of the released guard's heads under changes that keep the weights (float16, bfloat16) and under merged LoRA
 fine-tunes; ``heads/quant_shift`` under other quantisations of the bundled model and copies as far from it as the
 float weights it was quantised from (refused, with one exception: Q8_0, which passes and moves a few verdicts).
+
+The probes sit far from the thresholds, so a small change in one direction passes them while it carries the rows
+just below a threshold across (the Q8_0 copy: 14 of 200 validation chat rows flagged against 6; no statistic of
+the probes told it from weight noise that changes few verdicts, ``heads/fingerprint_statistics``). So where the
+thresholds are set on bundled rows, the fingerprint also keeps the rows nearest each head's threshold
+(:func:`boundary_rows`: 16 a side, at most 96 tokens) with their verdicts; read again through a model (once, when
+the probes pass), the verdicts that change estimate its flag rate on all those rows (:func:`boundary_flag_rate`),
+and a change of more than :data:`RATE_TOLERANCE` of the recorded rate is refused. ``heads/boundary_rows`` chose the
+tolerance on validation copies and found Q8_0 refused by it. A user's own prompts are never kept: a guard whose
+thresholds were set on them is checked by the probes alone.
 """
 
 from __future__ import annotations
@@ -34,8 +44,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..capture.collect import collect_prompt_features, encode_prompts, prompt_token_ids
 from ..capture.recorder import read_prompts
+from ..core.batching import BATCH_TOKENS
 from ..errors import ModelMismatchError, ScoreShiftWarning, warn
-from .types import BoundaryRows, ModelFingerprint
+from .types import RATE_TOLERANCE, SHIFT_TOLERANCE, BoundaryRows, ModelFingerprint
 
 if TYPE_CHECKING:
     from .guard import SafetyGuard
@@ -60,14 +71,6 @@ PROBE_PROMPTS: tuple[str, ...] = (
 )
 """The prompts a fingerprint reads: everyday requests, requests with harm's vocabulary, and requests for harm, so
 that every head spreads them apart. Not evaluation rows: they decide no verdict and no threshold."""
-
-SHIFT_TOLERANCE = 0.15
-"""The largest shift (:func:`score_shift`) a model may give any head and still be guarded at the recorded thresholds.
-Measured by ``heads/score_shift`` on the bundled guard: float16 and bfloat16 shift it by 0.003 and 0.025; two LoRA
-fine-tunes merged into the weights are refused from their 8th and their 1st optimiser step of 60. ``heads/quant_shift``:
-the bundled Q4_1 weights quantised again in Q5_1, Q5_0 and Q4_0, and copies as far from them as the float weights,
-are refused (0.27-1.42); in Q8_0 they shift it by 0.07 and pass, with 6 of 270 test verdicts changed."""
-
 
 BOUNDARY_PER_SIDE = 16
 """Rows kept on each side of each head's threshold (:func:`boundary_indices`)."""
@@ -209,6 +212,7 @@ def record_fingerprint(
                 tokenizer,
                 benign_prompts,
                 guard.reads,
+                max_batch_tokens=BATCH_TOKENS,
                 chat_template=chat_template,
                 system=system,
                 progress=progress,
@@ -261,22 +265,37 @@ def score_shift(model: PreTrainedModel, guard: SafetyGuard) -> dict[str, float]:
 
 def check_fingerprint(model: PreTrainedModel, guard: SafetyGuard, *, allow_shift: bool = False) -> None:
     """Refuse (:class:`~hf_lsad.errors.ModelMismatchError`) a ``model`` on which some head of ``guard`` shifts by
-    more than :data:`SHIFT_TOLERANCE` (:func:`score_shift`), or gives a score that is not finite; with
-    ``allow_shift``, warn (:class:`~hf_lsad.errors.ScoreShiftWarning`). A guard without a fingerprint (thresholds
-    set from stored activations, or saved before fingerprints existed) is not checked."""
+    more than :data:`SHIFT_TOLERANCE` (:func:`score_shift`) or gives a score that is not finite, or on which the
+    boundary rows' verdicts move the estimated flag rate by more than :data:`RATE_TOLERANCE` of the recorded one
+    (:func:`boundary_flag_rate`; read only when the probes pass); with ``allow_shift``, warn
+    (:class:`~hf_lsad.errors.ScoreShiftWarning`). A guard without a fingerprint (thresholds set from stored
+    activations, or saved before fingerprints existed) is not checked, and one without boundary rows by the probes
+    alone."""
     if guard.fingerprint is None:
         return
     shifts = score_shift(model, guard)
     moved = {name: shift for name, shift in shifts.items() if not shift <= SHIFT_TOLERANCE}  # nan is moved
-    if not moved:
-        return
-    named = ", ".join(f"{name} {shift:.2f}" for name, shift in moved.items())
+    if moved:
+        named = ", ".join(f"{name} {shift:.2f}" for name, shift in moved.items())
+        found = (
+            f"the guard's heads score its probe prompts otherwise through this model than through the model its "
+            f"thresholds were set through (shift {named}; at most {SHIFT_TOLERANCE} is the same model)"
+        )
+    else:
+        rates = boundary_flag_rate(model, guard)
+        if rates is None or abs(rates[1] - rates[0]) <= RATE_TOLERANCE * rates[0]:  # nan is moved
+            return
+        boundary = guard.fingerprint.boundary
+        assert boundary is not None  # rates were read from it
+        found = (
+            f"through this model the guard would flag about {rates[1]:.2%} of {boundary.rows} ({boundary.n_rows:,} "
+            f"rows), against {rates[0]:.2%} through the model its thresholds were set through (estimated from the rows "
+            f"nearest its thresholds; a change of more than {RATE_TOLERANCE:.0%} of that rate is not the same model)"
+        )
     message = (
-        f"the guard's heads score its probe prompts otherwise through this model than through the model its "
-        f"thresholds were set through (shift {named}; at most {SHIFT_TOLERANCE} is the same model): its weights "
-        "differ (a fine-tune, a merged adapter, another quantisation of the model or the float weights it was "
-        "quantised from), so the guard may flag more or less of your traffic than its card says (merged fine-tunes and "
-        "other quantisations measured here let harm through). Re-set the thresholds through the model "
+        f"{found}: its weights differ (a fine-tune, a merged adapter, another quantisation of the model or the float "
+        "weights it was quantised from), so the guard may flag more or less of your traffic than its card says (merged "
+        "fine-tunes and other quantisations measured here let harm through). Re-set the thresholds through the model "
         "you serve: `hf-lsad set-budget --model MODEL --guard GUARD --out NEW`, or "
         "hf_lsad.fit_budget_on_prompts(model, tokenizer, guard)"
     )
@@ -288,6 +307,7 @@ def check_fingerprint(model: PreTrainedModel, guard: SafetyGuard, *, allow_shift
 __all__ = [
     "BOUNDARY_PER_SIDE",
     "PROBE_PROMPTS",
+    "RATE_TOLERANCE",
     "SHIFT_TOLERANCE",
     "boundary_flag_rate",
     "boundary_indices",

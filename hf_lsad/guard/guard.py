@@ -150,6 +150,13 @@ class SafetyGuard(nn.Module):
         if budget is None and self.heads:
             raise ValueError("a guard with supervised heads needs a budget")
         self.budget = budget
+        self._drop_boundary_rows()
+
+    def _drop_boundary_rows(self) -> None:
+        """The fingerprint's boundary rows hold verdicts at the thresholds they were recorded at: new thresholds
+        leave the probes' scores (before any threshold) and drop the rows."""
+        if self.fingerprint is not None and self.fingerprint.boundary is not None:
+            self.fingerprint = self.fingerprint._replace(boundary=None)
 
     @torch.no_grad()
     def fit_budget(
@@ -210,6 +217,7 @@ class SafetyGuard(nn.Module):
                     f"calibration has {calibration.n_clusters} clusters, the {self.config.method} detector {n_clusters}"
                 )
         self.calibration = calibration
+        self._drop_boundary_rows()
 
     def set_fingerprint(self, fingerprint: ModelFingerprint | None) -> None:
         """Set (``None``: remove) the scores a model given to the guard is checked against

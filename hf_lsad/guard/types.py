@@ -148,9 +148,10 @@ class GuardOutput(NamedTuple):
 
 
 class BoundaryRows(NamedTuple):
-    """The benign rows nearest the guard's thresholds, of the rows they were set on, with the verdicts the model the
-    thresholds were set through gave them (:func:`hf_lsad.guard.fingerprint.boundary_rows`): read again through
-    another model, the verdicts that change estimate how far its flag rate on those rows moved."""
+    """The benign rows nearest the guard's thresholds, of a set of benign rows (those the thresholds were set on,
+    where they are bundled rows), with the verdicts the model the thresholds were set through gave them
+    (:func:`hf_lsad.guard.fingerprint.boundary_rows`): read again through another model, the verdicts that change
+    estimate how far its flag rate on the whole set moved."""
 
     input_ids: Tensor
     """``[rows, tokens]`` int64: the rows as the model read them (template and system turn included), left-padded."""
@@ -159,11 +160,11 @@ class BoundaryRows(NamedTuple):
     flagged: Tensor
     """``[rows]`` int64 0/1: the guard's verdict on each row, read in this batch."""
     n_rows: int
-    """How many rows the thresholds were set on (these are the nearest of them)."""
+    """How many rows the set holds (these are the nearest of them to the thresholds)."""
     flagged_rows: int
-    """How many of those the guard flagged through the model."""
+    """How many of the set the guard flagged through the model."""
     rows: str
-    """What those rows are (the budget's ``rows``, e.g. ``"validation chat"``)."""
+    """What the set is (e.g. ``"validation chat"``)."""
 
     def check(self) -> None:
         """Raise ``ValueError`` unless the rows are well-formed."""
@@ -228,6 +229,23 @@ class ModelFingerprint(NamedTuple):
             raise ValueError("fingerprint scores must be finite and spread over the probes for every head")
         if self.boundary is not None:
             self.boundary.check()
+
+
+SHIFT_TOLERANCE = 0.15
+"""The largest shift (:func:`hf_lsad.guard.fingerprint.score_shift`) a model may give any head and still be guarded at
+the recorded thresholds. Measured by ``heads/score_shift`` on the bundled guard: float16 and bfloat16 shift it by
+0.003 and 0.025; two LoRA fine-tunes merged into the weights are refused from their 8th and their 1st optimiser step
+of 60. ``heads/quant_shift``: the bundled Q4_1 weights quantised again in Q5_1, Q5_0 and Q4_0, and copies as far from
+them as the float weights, are refused (0.27-1.42); in Q8_0 they shift it by 0.07 and pass the probes, with 6 of 270
+test verdicts changed (the rows nearest the thresholds refuse them: :data:`RATE_TOLERANCE`)."""
+
+RATE_TOLERANCE = 0.20
+"""The largest change of the estimated flag rate on the boundary rows' set
+(:func:`hf_lsad.guard.fingerprint.boundary_flag_rate`), relative to the recorded rate, that a model may make and
+still be guarded at the recorded thresholds. Chosen by ``heads/boundary_rows`` on validation rows, by a rule stated
+before the run: the smallest of 0.10-0.50 at which both bundled guards pass float16, bfloat16 and Gaussian noise at
+0.5% and 1% of each matrix's spread (they move the two-headed guard's estimate by 1, 4, 10 and 11 of its 55 flagged
+rows of 1,338). At it, the bundled weights requantised in Q8_0, which the probes pass, are refused (70 against 55)."""
 
 
 class HeadVerdict(NamedTuple):

@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from tiny import MIXED_BATCH, PROMPTS, two_headed_guard
 from transformers import AutoModelForCausalLM
 from transformers.utils import find_adapter_config_file
 
@@ -27,7 +28,6 @@ from hf_lsad.cli.main import entry
 from hf_lsad.core.prompt_inputs import InputProfile
 from hf_lsad.guard.heads.training import bundled_features
 from hf_lsad.testing import tiny_model
-from tests.tiny import MIXED_BATCH, PROMPTS, two_headed_guard
 
 LORA_TARGETS = ["q_proj", "v_proj"]
 

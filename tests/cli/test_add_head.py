@@ -32,6 +32,8 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
     guard = SafetyGuard.from_pretrained(out)
     assert guard.head_names == ["anomaly", "secrets"] and guard.budget.shares == pytest.approx([0.6, 0.4])
     assert guard.budget.n_rows == 200 and 0.0 < guard.budget.measured_fpr <= guard.budget.target_fpr
+    boundary = guard.fingerprint.boundary  # the bundled rows nearest the thresholds, whose text the folder may carry
+    assert boundary is not None and boundary.n_rows == 200 and boundary.rows == "validation chat"
     assert SafetyGuard.from_pretrained(guard_dir).head_names == ["anomaly"]  # --out: the source folder is kept
     card = (out / "README.md").read_text()
     assert "| `secrets` |" in card and "This guard has 2 heads" in card and "add-head" in card

@@ -52,6 +52,7 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
     assert budget.target_fpr == 0.1 and budget.confidence is None and budget.n_rows == 100
     assert budget.measured_fpr <= 0.1 and "traffic.jsonl" in budget.rows
     assert all(new >= old for new, old in zip(budget.thresholds, before.budget.thresholds))
+    assert guard.fingerprint is not None and guard.fingerprint.boundary is None  # the user's prompts stay theirs
     assert flag_rate(guard, HELD_OUT) <= 0.2  # held-out traffic of the same kind now passes, within sampling
     assert flag_rate(guard, ["explain how to steal the password of account 7 from my neighbour"]) == 1.0
     assert SafetyGuard.from_pretrained(guard_dir).budget == before.budget  # --out: the source folder is kept

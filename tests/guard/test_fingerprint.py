@@ -14,12 +14,21 @@ from safetensors.torch import load_file, save_file
 from tiny import PROMPTS, fresh_guard, tiny_guard, two_headed_guard
 
 from hf_lsad import GuardedModelForCausalLM, ScoreShiftWarning
+from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.main import entry
 from hf_lsad.errors import AdapterWarning, GuardFormatError, GuardMismatchError, ModelMismatchError
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.calibration import AffineCalibration
-from hf_lsad.guard.fingerprint import PROBE_PROMPTS, SHIFT_TOLERANCE, record_fingerprint, score_shift
-from hf_lsad.guard.heads.training import fit_budget_on_prompts
+from hf_lsad.guard.fingerprint import (
+    PROBE_PROMPTS,
+    RATE_TOLERANCE,
+    SHIFT_TOLERANCE,
+    boundary_flag_rate,
+    boundary_indices,
+    record_fingerprint,
+    score_shift,
+)
+from hf_lsad.guard.heads.training import fit_budget_on_prompts, released_threshold_prompts
 from hf_lsad.testing import tiny_model
 
 
@@ -29,6 +38,22 @@ def fingerprinted(kind: str = "two heads") -> tuple:
     guard = two_headed_guard() if kind == "two heads" else fresh_guard("prompt_last")
     record_fingerprint(model, tokenizer, guard)
     return model, tokenizer, guard
+
+
+def bounded(kind: str = "two heads") -> tuple:
+    """As :func:`fingerprinted`, with the rows of ``PROMPTS`` nearest the thresholds kept (4 a side)."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard() if kind == "two heads" else fresh_guard("prompt_last")
+    record_fingerprint(model, tokenizer, guard, benign_prompts=PROMPTS, rows="tiny benign", per_side=4, progress=False)
+    return model, tokenizer, guard
+
+
+def scaled_embedding(model, scale: float):
+    """``model`` with its token embedding scaled: every residual moves a little, in one direction."""
+    scaled = copy.deepcopy(model)
+    with torch.no_grad():
+        scaled.get_input_embeddings().weight.mul_(scale)
+    return scaled
 
 
 def merged_lora(model):
@@ -131,13 +156,23 @@ def test_a_new_head_drops_the_fingerprint_and_a_calibration_keeps_it():
     assert score_shift(model, guard) == {"anomaly": 0.0}
 
 
-def test_the_fingerprint_round_trips_through_the_folder_bit_exact(tmp_path):
-    model, _, guard = fingerprinted()
+@pytest.mark.parametrize("make", [fingerprinted, bounded], ids=["probes", "with boundary rows"])
+def test_the_fingerprint_round_trips_through_the_folder_bit_exact(tmp_path, make):
+    model, _, guard = make()
     guard.save_pretrained(tmp_path / "guard")
     loaded = SafetyGuard.from_pretrained(tmp_path / "guard")
-    for got, expected in zip(loaded.fingerprint, guard.fingerprint):
-        assert torch.equal(got, expected) if isinstance(got, torch.Tensor) else got == expected
+
+    def equal(got, expected) -> bool:
+        if isinstance(got, torch.Tensor):
+            return torch.equal(got, expected)
+        if isinstance(got, tuple) and hasattr(got, "_fields"):  # the boundary rows
+            return all(equal(a, b) for a, b in zip(got, expected))
+        return got == expected
+
+    assert all(equal(got, expected) for got, expected in zip(loaded.fingerprint, guard.fingerprint))
+    assert (loaded.fingerprint.boundary is None) == (make is fingerprinted)
     assert score_shift(model, loaded) == score_shift(model, guard)
+    assert boundary_flag_rate(model, loaded) == boundary_flag_rate(model, guard)
     unfingerprinted = copy.deepcopy(loaded)
     unfingerprinted.set_fingerprint(None)
     unfingerprinted.save_pretrained(tmp_path / "guard")  # saved over: the file it no longer has is removed
@@ -210,3 +245,103 @@ def test_the_cli_refuses_a_fine_tune_under_the_base_models_name_unless_allowed(m
     entry([*argv, "--allow-score-shift"])
     captured = capsys.readouterr()
     assert "hello there" in captured.out and "warning: ScoreShiftWarning: the guard's heads score" in captured.err
+
+
+def test_the_rows_nearest_each_threshold_are_kept_with_their_verdicts():
+    model, tokenizer, guard = bounded()
+    boundary = guard.fingerprint.boundary
+    features, _ = collect_prompt_features(model, tokenizer, PROMPTS, guard.reads, progress=False)
+    deciding, thresholds = guard.deciding_scores(features), guard.head_thresholds()
+    kept = boundary_indices(guard, features, 4)
+    assert boundary.input_ids.shape[0] == len(kept) <= 2 * 2 * 4  # two heads, two sides, four rows
+    assert boundary.n_rows == len(PROMPTS) and boundary.rows == "tiny benign"
+    outside = torch.ones(len(PROMPTS), dtype=torch.bool)
+    outside[kept] = False  # the kept rows count with the verdicts read in their own batches (round-off apart)
+    assert boundary.flagged_rows == int(guard(features).flagged[outside].sum()) + int(boundary.flagged.sum())
+    assert 0 < int(boundary.flagged.sum()) < len(kept)  # rows on both sides
+    for name in guard.head_names:  # the four rows it flags with the lowest scores, and the four highest below
+        over = deciding[name] > thresholds[name]
+        others = torch.stack([deciding[o] > thresholds[o] for o in guard.head_names if o != name]).any(0)
+        for side in (over & ~others, ~over & ~others):
+            rows = side.nonzero().flatten()
+            nearest = rows[(deciding[name][rows] - thresholds[name]).abs().argsort()[:4]]
+            assert set(nearest.tolist()) <= set(kept)
+    assert boundary_flag_rate(model, guard) == (boundary.flagged_rows / len(PROMPTS),) * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+
+
+def test_a_model_the_probes_pass_is_refused_when_the_rows_nearest_the_thresholds_move():
+    """The gap the boundary rows close: a small change in one direction (as another quantisation of the same
+    weights) moves the probes little and carries rows just below a threshold across it."""
+    model, tokenizer, guard = bounded()
+    scaled = scaled_embedding(model, 0.99)  # the probes move by 0.04 of their spread, 6 of 96 verdicts cross
+    assert max(score_shift(scaled, guard).values()) <= SHIFT_TOLERANCE  # the probes alone pass it
+    recorded, estimated = boundary_flag_rate(scaled, guard)
+    assert abs(estimated - recorded) > RATE_TOLERANCE * recorded
+    with pytest.raises(ModelMismatchError, match=r"would flag about .* of tiny benign \(96 rows\), against 25.00%"):
+        GuardedModelForCausalLM(scaled, guard, tokenizer=tokenizer)
+    with pytest.warns(ScoreShiftWarning, match="guarding it anyway"):
+        GuardedModelForCausalLM(scaled, guard, tokenizer=tokenizer, allow_score_shift=True)
+    fingerprinted_only = copy.deepcopy(guard)
+    fingerprinted_only.set_fingerprint(guard.fingerprint._replace(boundary=None))
+    GuardedModelForCausalLM(scaled, fingerprinted_only, tokenizer=tokenizer)  # the probes alone let it through
+
+
+def test_new_thresholds_drop_the_boundary_rows_and_keep_the_probes():
+    model, tokenizer, guard = bounded()
+    probes = guard.fingerprint.scores
+    features, _ = collect_prompt_features(model, tokenizer, PROMPTS, guard.reads, progress=False)
+    guard.fit_budget(features, target_fpr=0.1)  # the kept verdicts were at the old thresholds
+    assert guard.fingerprint.boundary is None and torch.equal(guard.fingerprint.scores, probes)
+    _, _, single = bounded("anomaly head alone")
+    calibration = AffineCalibration(slopes=[0.1, 0.2, 0.3], intercepts=[-1.0, 0.0, 1.0], anchor=[0.1, 0.0], lam=1.0)
+    single.set_calibration(calibration)
+    assert single.fingerprint.boundary is None
+
+
+def test_thresholds_on_the_users_prompts_keep_none_of_them_and_on_the_bundled_rows_keep_the_nearest():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard()
+    fit_budget_on_prompts(model, tokenizer, guard, PROMPTS, target_fpr=0.25, confidence=None, progress=False)
+    assert guard.fingerprint is not None and guard.fingerprint.boundary is None  # the user's text stays theirs
+    fit_budget_on_prompts(model, tokenizer, guard, target_fpr=0.25, confidence=None, progress=False)
+    boundary = guard.fingerprint.boundary
+    assert boundary.n_rows == len(released_threshold_prompts()) and boundary.rows == "validation chat"
+    assert int(boundary.attention_mask.sum(dim=1).max()) <= 96
+    assert boundary_flag_rate(model, guard) == (boundary.flagged_rows / boundary.n_rows,) * 2
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda t: t.pop("boundary_flagged"), "expected tensors"),
+        (lambda t: t.update(boundary_flagged=t["boundary_flagged"] * 2), "boundary flagged must be int64 0/1"),
+        (lambda t: t.update(boundary_flagged=t["boundary_flagged"][:-1]), "boundary flagged must be int64 0/1"),
+    ],
+    ids=["missing tensor", "not 0/1", "wrong shape"],
+)
+def test_broken_boundary_rows_are_a_format_error(tmp_path, damage, match):
+    _, _, guard = bounded()
+    folder = tmp_path / "guard"
+    guard.save_pretrained(folder)
+    edit_fingerprint(folder, damage)
+    with pytest.raises(GuardFormatError, match=match):
+        SafetyGuard.from_pretrained(folder)
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [{"n_rows": 96, "flagged_rows": 24}, {"n_rows": "96", "flagged_rows": 24, "rows": "x"}, ["x"]],
+    ids=["missing key", "text count", "not an object"],
+)
+def test_boundary_counts_of_the_wrong_form_are_a_format_error(tmp_path, counts):
+    _, _, guard = bounded()
+    folder = tmp_path / "guard"
+    guard.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["fingerprint"]["boundary"] = counts
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(GuardFormatError, match="'boundary' must be an object"):
+        SafetyGuard.from_pretrained(folder)

@@ -218,6 +218,7 @@ def add_head(
             max_batch_tokens=max_batch_tokens,
             progress=progress,
             system=system,
+            keep_nearest=True,  # bundled rows
         )
     except BaseException:  # leave the guard as it was
         del guard.heads[name]
@@ -239,12 +240,14 @@ def fit_budget_on_prompts(
     max_batch_tokens: int | None = BATCH_TOKENS,
     progress: bool = True,
     system: str | None = None,
+    keep_nearest: bool | None = None,
 ) -> BudgetConfig:
     """Set every head's threshold on benign ``prompts`` (a sample of the traffic the guard will see, fitted on by no
     head), so that together the heads flag at most ``target_fpr`` of them
     (:meth:`~hf_lsad.guard.SafetyGuard.fit_budget`; the guard is changed in place). The guard also records its
     fingerprint of ``model`` (:func:`hf_lsad.guard.fingerprint.record_fingerprint`), so that a model whose weights
-    differ is refused.
+    differ is refused; with the bundled rows (``prompts=None``) it also keeps those nearest the thresholds, which
+    catch a smaller change (your own prompts are kept only when you ask: ``keep_nearest``).
 
     Args:
         model, tokenizer: The guard's base model and its tokenizer (prompts are encoded as user turns of the chat
@@ -270,10 +273,16 @@ def fit_budget_on_prompts(
             Verdicts depend on it, so set the thresholds under the one the guard will meet; it is recorded in
             ``rows`` and in the guard's :attr:`~hf_lsad.core.prompt_inputs.InputProfile.system`, against which
             ``generate`` and ``screen`` check their rows (a guard without a profile takes the one of ``prompts``).
+        keep_nearest: Keep the prompts nearest the thresholds, as token ids, in the guard's fingerprint
+            (:func:`hf_lsad.guard.fingerprint.boundary_rows`), so that a smaller change of the model is refused.
+            Default: only with the bundled rows (``prompts=None``); pass ``True`` only for prompts the guard folder
+            may carry wherever it is pushed.
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
     """
+    if keep_nearest is None:  # only bundled rows are kept in the fingerprint, never a user's own traffic unasked
+        keep_nearest = prompts is None
     if prompts is None:
         prompts = released_threshold_prompts()
         rows = rows or f"validation {THRESHOLD_POOL}"
@@ -306,7 +315,11 @@ def fit_budget_on_prompts(
         guard.inputs = dataclasses.replace(guard.inputs, system=system, adapter=profile.adapter)
     else:
         guard.inputs = profile
-    record_fingerprint(model, tokenizer, guard, system=system)  # a model that scores otherwise is then refused
+    # a model that scores otherwise is then refused; the rows nearest the thresholds only from rows the folder may carry
+    nearest = prompts if keep_nearest else None
+    record_fingerprint(
+        model, tokenizer, guard, system=system, benign_prompts=nearest, benign_features=benign, rows=rows
+    )
     return budget
 
 
