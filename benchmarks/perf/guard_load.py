@@ -1,11 +1,12 @@
 """What the fingerprint check costs when a guarded model is built: the wrap with and without it, beside loading the
 model and one guarded ``generate``.
 
-``GuardedModelForCausalLM(model, guard)`` reads the guard's 16 probe prompts through the model once
-(:func:`hf_lsad.guard.fingerprint.check_fingerprint`); nothing after that. For each guard of ``guards``, interleaved
-medians of ``repeats`` (after one warm-up): loading the bundled model (``load_model("default")``, its GGUF conversion
-cached), wrapping it with the guard (the check included), wrapping it with the same guard without its fingerprint
-(no check), and one guarded ``generate`` of ``batch`` chat prompts for ``new_tokens`` greedy tokens, for scale.
+``GuardedModelForCausalLM(model, guard)`` reads the guard's 16 probe prompts through the model once, then, for a
+fingerprint that keeps them, the rows nearest its thresholds (:func:`hf_lsad.guard.fingerprint.check_fingerprint`);
+nothing after that. For each guard of ``guards``, interleaved medians of ``repeats`` (after one warm-up): loading the
+bundled model (``load_model("default")``, its GGUF conversion cached), wrapping it with the guard (the check
+included), with the probes alone (where it keeps rows), without its fingerprint (no check), and one guarded
+``generate`` of ``batch`` chat prompts for ``new_tokens`` greedy tokens, for scale.
 """
 
 from __future__ import annotations
@@ -41,9 +42,15 @@ def _variants(model: Any, tokenizer: Any, guard: SafetyGuard, inputs: Any, setti
     unchecked = copy.deepcopy(guard)
     unchecked.set_fingerprint(None)
     guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    probes_only = {}
+    if guard.fingerprint is not None and guard.fingerprint.boundary is not None:
+        without_rows = copy.deepcopy(guard)
+        without_rows.set_fingerprint(guard.fingerprint._replace(boundary=None))
+        probes_only["wrap_probes_only"] = lambda: GuardedModelForCausalLM(model, without_rows, tokenizer=tokenizer)
     return {
         "load_model": lambda: load_model("default"),
         "wrap_with_check": lambda: GuardedModelForCausalLM(model, guard, tokenizer=tokenizer),
+        **probes_only,
         "wrap_without_check": lambda: GuardedModelForCausalLM(model, unchecked, tokenizer=tokenizer),
         "generate": lambda: guarded.generate(
             **inputs, max_new_tokens=settings.new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
@@ -65,6 +72,8 @@ def run(settings: Settings) -> dict[str, Any]:
         median = timing["median_s"]
         check = median["wrap_with_check"] - median["wrap_without_check"]
         timing["check_s"] = check
+        if "wrap_probes_only" in median:  # the rows nearest the thresholds, read after the probes pass
+            timing["boundary_rows_s"] = median["wrap_with_check"] - median["wrap_probes_only"]
         timing["check_over_load_and_wrap"] = check / (median["load_model"] + median["wrap_without_check"])
         timing["check_over_generate"] = check / median["generate"]
         results["guards"][name] = timing
