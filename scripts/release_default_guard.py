@@ -296,7 +296,9 @@ def main() -> None:
         model, tokenizer = load_model("default")
         for folder, card_args in ((PAPER_GUARD, paper_card_args()), (DEFAULT_GUARD, default_card_args())):
             guard = SafetyGuard.from_pretrained(folder)
-            record_fingerprint(model, tokenizer, guard, benign_prompts=released_threshold_prompts())
+            record_fingerprint(
+                model, tokenizer, guard, benign_prompts=released_threshold_prompts(), rows="validation chat"
+            )
             guard.save_pretrained(folder)
             guard.model_card(**card_args).save(folder / "README.md")
             print(f"wrote {folder}")
@@ -330,7 +332,7 @@ def main() -> None:
     )
     print(budget)
     model, tokenizer = load_model("default")  # the model the thresholds hold for: a model that differs is refused
-    record_fingerprint(model, tokenizer, guard, benign_prompts=released_threshold_prompts())
+    record_fingerprint(model, tokenizer, guard, benign_prompts=released_threshold_prompts(), rows="validation chat")
 
     if out.exists():
         shutil.rmtree(out)

@@ -86,6 +86,7 @@ def run(settings: Settings) -> dict[str, Any]:
                 kept,
                 benign_prompts=prompts,
                 benign_features={read: features[read] for read in kept.reads},
+                rows="validation chat",
                 per_side=per_side,
             )
             boundary = fingerprint.boundary

@@ -42,8 +42,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..capture.collect import collect_prompt_features, encode_prompts, prompt_token_ids
-from ..capture.recorder import read_prompts
+from ..capture.collect import collect_prompt_features, encode_prompts, prompt_token_ids, shared_prefix_length
+from ..capture.recorder import PromptPrefix, read_after_prefix, read_prompts
 from ..core.batching import BATCH_TOKENS
 from ..errors import ModelMismatchError, ScoreShiftWarning, warn
 from .types import RATE_TOLERANCE, SHIFT_TOLERANCE, BoundaryRows, ModelFingerprint
@@ -80,7 +80,19 @@ BOUNDARY_MAX_TOKENS = 96
 when it is built, and a few long rows would cost more than all the rest."""
 
 BOUNDARY_BATCH = 16
-"""Boundary rows read in one forward pass, when recorded and when checked alike."""
+"""Boundary rows read in one forward pass (after their shared opening), when recorded and when checked alike."""
+
+
+def _check_vocabulary(model: PreTrainedModel, input_ids: Tensor, what: str) -> None:
+    """Raise :class:`~hf_lsad.errors.ModelMismatchError` when ``input_ids`` hold a token id beyond ``model``'s
+    vocabulary (a model that tokenises text otherwise)."""
+    vocabulary = int(cast(Tensor, model.get_input_embeddings().weight).shape[0])
+    largest = int(input_ids.max())
+    if largest >= vocabulary:
+        raise ModelMismatchError(
+            f"the guard's {what} hold token id {largest}, beyond this model's vocabulary of {vocabulary}: "
+            "it tokenises text otherwise than the model the guard's thresholds were set through"
+        )
 
 
 @torch.no_grad()
@@ -130,17 +142,27 @@ def boundary_indices(
 
 @torch.no_grad()
 def _read_verdicts(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """``[rows]`` int64 0/1: the guard's verdict on each row of ``input_ids`` read through ``model``, in batches of
-    :data:`BOUNDARY_BATCH` rows in their stored order, each cut to its longest row (so that recording and checking
-    read every row alike); all ``-1`` when the model's reads are not finite."""
+    """``[rows]`` int64 0/1: the guard's verdict on each row of ``input_ids`` (left-padded) read through ``model``;
+    all ``-1`` when the model's reads are not finite. The opening every row shares (the template, the system turn)
+    runs once (:class:`~hf_lsad.capture.recorder.PromptPrefix`, about half the tokens), then the rests in batches of
+    :data:`BOUNDARY_BATCH` in their stored order: recording and checking read every row alike."""
+    rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
+    shared = shared_prefix_length(rows)
+    layers = [layer for layer, _ in guard.reads]
+    prefix = PromptPrefix.run(model, layers, rows[0][:shared]) if shared else None
+    shared = shared if prefix is not None else 0  # a model whose cache keeps no keys and values: rows run whole
     device, verdicts = model.device, []
-    for start in range(0, input_ids.shape[0], BOUNDARY_BATCH):
-        mask = attention_mask[start : start + BOUNDARY_BATCH]
-        width = int(mask.sum(dim=1).max())
-        ids, mask = input_ids[start : start + BOUNDARY_BATCH, -width:], mask[:, -width:]
-        reads = read_prompts(model, guard.reads, ids.to(device), mask.to(device)).features(guard.reads)
+    for start in range(0, len(rows), BOUNDARY_BATCH):
+        rests = [row[shared:] for row in rows[start : start + BOUNDARY_BATCH]]
+        width = max(len(rest) for rest in rests)
+        ids = torch.tensor([[0] * (width - len(rest)) + rest for rest in rests], device=device)  # [batch, width]
+        mask = torch.tensor([[0] * (width - len(rest)) + [1] * len(rest) for rest in rests], device=device)
+        if prefix is None:
+            reads = read_prompts(model, guard.reads, ids, mask).features(guard.reads)
+        else:
+            reads = read_after_prefix(model, guard.reads, prefix, ids, mask)
         if not all(torch.isfinite(tensor).all() for tensor in reads.values()):  # a model that overflows
-            return torch.full((input_ids.shape[0],), -1, dtype=torch.int64)
+            return torch.full((len(rows),), -1, dtype=torch.int64)
         verdicts.append(guard(reads if guard.heads else reads[guard.reads[0]]).flagged.cpu())
     return torch.cat(verdicts).to(torch.int64)
 
@@ -167,6 +189,10 @@ def boundary_rows(
         [len(ids) for ids in prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)]
     )
     kept = boundary_indices(guard, benign, per_side, eligible=lengths <= BOUNDARY_MAX_TOKENS)  # short: cheap to check
+    if not kept:
+        raise ValueError(
+            f"none of the {len(prompts)} prompts is of at most {BOUNDARY_MAX_TOKENS} tokens: no boundary rows to keep"
+        )
     encoded = encode_prompts(tokenizer, [prompts[i] for i in kept], chat_template=chat_template, system=system)
     order = encoded["attention_mask"].sum(dim=1).argsort(stable=True)  # short rows batched together
     input_ids, attention_mask = encoded["input_ids"][order].cpu(), encoded["attention_mask"][order].cpu()
@@ -187,7 +213,7 @@ def record_fingerprint(
     system: str | None = None,
     benign_prompts: Sequence[str] | None = None,
     benign_features: Mapping[tuple[int, str], Tensor] | None = None,
-    rows: str = "validation chat",
+    rows: str | None = None,
     per_side: int = BOUNDARY_PER_SIDE,
     progress: bool = True,
 ) -> ModelFingerprint:
@@ -206,6 +232,8 @@ def record_fingerprint(
     scores = _read_probes(model, guard, input_ids, attention_mask)
     boundary = None
     if benign_prompts is not None:
+        if rows is None:
+            raise ValueError("say what the benign prompts are (rows=..., e.g. 'validation chat'): the card names them")
         if benign_features is None:
             benign_features, _ = collect_prompt_features(
                 model,
@@ -235,6 +263,7 @@ def boundary_flag_rate(model: PreTrainedModel, guard: SafetyGuard) -> tuple[floa
     if fingerprint is None or fingerprint.boundary is None:
         return None
     boundary = fingerprint.boundary
+    _check_vocabulary(model, boundary.input_ids, "boundary rows")
     verdicts = _read_verdicts(model, guard, boundary.input_ids, boundary.attention_mask)
     recorded = boundary.flagged_rows / boundary.n_rows
     if (verdicts < 0).any():
@@ -251,13 +280,7 @@ def score_shift(model: PreTrainedModel, guard: SafetyGuard) -> dict[str, float]:
     fingerprint = guard.fingerprint
     if fingerprint is None:
         raise ValueError("this guard has no fingerprint: record one with record_fingerprint(model, tokenizer, guard)")
-    vocabulary = int(cast(Tensor, model.get_input_embeddings().weight).shape[0])
-    largest = int(fingerprint.input_ids.max())
-    if largest >= vocabulary:
-        raise ModelMismatchError(
-            f"the guard's probe prompts hold token id {largest}, beyond this model's vocabulary of {vocabulary}: "
-            "it tokenises text otherwise than the model the guard's thresholds were set through"
-        )
+    _check_vocabulary(model, fingerprint.input_ids, "probe prompts")
     scores = _read_probes(model, guard, fingerprint.input_ids, fingerprint.attention_mask)  # [heads, probes]
     moved = (scores - fingerprint.scores).abs().median(dim=1).values  # nan when a score is nan
     return dict(zip(fingerprint.heads, (moved / fingerprint.scores.std(dim=1)).tolist()))

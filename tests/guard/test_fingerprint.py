@@ -345,3 +345,20 @@ def test_boundary_counts_of_the_wrong_form_are_a_format_error(tmp_path, counts):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(GuardFormatError, match="'boundary' must be an object"):
         SafetyGuard.from_pretrained(folder)
+
+
+def test_boundary_rows_need_a_name_short_prompts_and_the_models_vocabulary():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard()
+    with pytest.raises(ValueError, match="say what the benign prompts are"):
+        record_fingerprint(model, tokenizer, guard, benign_prompts=PROMPTS, progress=False)
+    long = [" ".join(["word"] * 120) + f" {i}" for i in range(8)]
+    with pytest.raises(ValueError, match="none of the 8 prompts is of at most 96 tokens"):
+        record_fingerprint(model, tokenizer, guard, benign_prompts=long, rows="long", progress=False)
+    _, _, guard = bounded()
+    boundary = guard.fingerprint.boundary
+    beyond = boundary.input_ids.clone()
+    beyond[0, -1] = model.get_input_embeddings().weight.shape[0]  # a token this model does not have
+    guard.set_fingerprint(guard.fingerprint._replace(boundary=boundary._replace(input_ids=beyond)))
+    with pytest.raises(ModelMismatchError, match="boundary rows hold token id"):
+        boundary_flag_rate(model, guard)
