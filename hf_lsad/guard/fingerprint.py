@@ -29,8 +29,9 @@ thresholds are set on bundled rows, the fingerprint also keeps the rows nearest 
 (:func:`boundary_rows`: 16 a side, at most 96 tokens) with their verdicts; read again through a model (once, when
 the probes pass), the verdicts that change estimate its flag rate on all those rows (:func:`boundary_flag_rate`),
 and a change of more than :data:`RATE_TOLERANCE` of the recorded rate is refused. ``heads/boundary_rows`` chose the
-tolerance on validation copies and found Q8_0 refused by it. A user's own prompts are never kept: a guard whose
-thresholds were set on them is checked by the probes alone.
+tolerance on validation copies and found Q8_0 refused by it. A user's own prompts are kept only when they ask
+(``fit_budget_on_prompts(..., keep_nearest=True)``): a guard whose thresholds were set on them is otherwise checked
+by the probes alone.
 """
 
 from __future__ import annotations
@@ -222,10 +223,11 @@ def record_fingerprint(
     head's scores, and return it. Call it where the thresholds are set through ``model``, once the heads are final:
     adding a head drops the fingerprint.
 
-    With ``benign_prompts`` (the benign rows the thresholds were set on, described by ``rows``), the rows nearest the
-    thresholds are kept too (:func:`boundary_rows`), as token ids: pass only rows the guard folder may carry (the
-    bundled rows; never a user's own traffic). ``benign_features``: their features through ``model``, if already
-    read (else they are read here, with a progress bar unless ``progress=False``)."""
+    With ``benign_prompts`` (the benign rows the thresholds were set on, described by ``rows``), the rows nearest
+    the thresholds are kept too (:func:`boundary_rows`), as token ids: pass only rows the guard folder may carry
+    wherever it goes (the bundled rows; a user's own traffic only when they ask). ``benign_features``: their
+    features through ``model``, if already read (else they are read here, with a progress bar unless
+    ``progress=False``)."""
     chat_template = guard.inputs is None or guard.inputs.prompt_format == "chat_template"
     encoded = encode_prompts(tokenizer, list(PROBE_PROMPTS), chat_template=chat_template, system=system)
     input_ids, attention_mask = encoded["input_ids"], encoded["attention_mask"]

@@ -207,8 +207,8 @@ class ModelFingerprint(NamedTuple):
     """``[heads, probes]`` float64: each head's score on each probe before any map to a probability
     (:meth:`hf_lsad.guard.SafetyGuard.raw_head_scores`)."""
     boundary: BoundaryRows | None = None
-    """The benign rows nearest the thresholds (``None``: not recorded; they are only recorded from the bundled rows,
-    never from a user's own prompts, which the guard folder would then carry)."""
+    """The benign rows nearest the thresholds (``None``: not recorded). They are recorded from rows the guard folder
+    may carry: the bundled rows, or a user's own prompts only when asked (``keep_nearest=True``)."""
 
     def check(self, head_names: list[str]) -> None:
         """Raise ``ValueError`` unless the fingerprint is well-formed and recorded for the heads ``head_names``."""
