@@ -307,11 +307,9 @@ def check_fingerprint(model: PreTrainedModel, guard: SafetyGuard, *, allow_shift
             f"thresholds were set through (shift {named}; at most {SHIFT_TOLERANCE} is the same model)"
         )
     else:
-        rates = boundary_flag_rate(model, guard)
-        if rates is None or abs(rates[1] - rates[0]) <= RATE_TOLERANCE * rates[0]:  # nan is moved
+        boundary, rates = guard.fingerprint.boundary, boundary_flag_rate(model, guard)
+        if boundary is None or rates is None or abs(rates[1] - rates[0]) <= RATE_TOLERANCE * rates[0]:  # nan moves
             return
-        boundary = guard.fingerprint.boundary
-        assert boundary is not None  # rates were read from it
         found = (
             f"through this model the guard would flag about {rates[1]:.2%} of {boundary.rows} ({boundary.n_rows:,} "
             f"rows), against {rates[0]:.2%} through the model its thresholds were set through (estimated from the rows "
