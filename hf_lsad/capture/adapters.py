@@ -97,6 +97,8 @@ def check_adapter(model: PreTrainedModel, inputs: InputProfile | None, *, allow_
         "hf_lsad.fit_budget_on_prompts(model, tokenizer, guard); the guard then records the adapter"
     )
     if not allow_mismatch:
-        raise ModelMismatchError(f"{message}. To guard it as it is, pass allow_adapter_mismatch=True.")
+        raise ModelMismatchError(
+            f"{message}. To guard it as it is, pass allow_adapter_mismatch=True (--allow-adapter-mismatch in the CLI)."
+        )
     warn(f"{message}; guarding it anyway (allow_adapter_mismatch=True).", AdapterWarning)
     return False

@@ -323,7 +323,9 @@ def check_fingerprint(model: PreTrainedModel, guard: SafetyGuard, *, allow_shift
         "hf_lsad.fit_budget_on_prompts(model, tokenizer, guard)"
     )
     if not allow_shift:
-        raise ModelMismatchError(f"{message}. To guard it as it is, pass allow_score_shift=True.")
+        raise ModelMismatchError(
+            f"{message}. To guard it as it is, pass allow_score_shift=True (--allow-score-shift in the CLI)."
+        )
     warn(f"{message}; guarding it anyway (allow_score_shift=True).", ScoreShiftWarning)
 
 

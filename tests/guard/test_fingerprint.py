@@ -241,7 +241,8 @@ def test_the_cli_refuses_a_fine_tune_under_the_base_models_name_unless_allowed(m
     argv = ["generate", "--model", str(fine_tune), "--guard", guard_dir, "--max-new-tokens", "2", "hello there"]
     with pytest.raises(SystemExit):
         entry(argv)
-    assert "score its probe prompts otherwise" in capsys.readouterr().err
+    refusal = capsys.readouterr().err
+    assert "score its probe prompts otherwise" in refusal and "(--allow-score-shift in the CLI)" in refusal
     entry([*argv, "--allow-score-shift"])
     captured = capsys.readouterr()
     assert "hello there" in captured.out and "warning: ScoreShiftWarning: the guard's heads score" in captured.err
