@@ -43,8 +43,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..capture.collect import collect_prompt_features, encode_prompts, prompt_token_ids, shared_prefix_length
-from ..capture.recorder import PromptPrefix, read_after_prefix, read_prompts
+from ..capture.collect import collect_prompt_features, encode_prompts, prompt_token_lengths, shared_prefix_length
+from ..capture.recorder import PromptPrefix, prompt_features, read_after_prefix
 from ..core.batching import BATCH_TOKENS
 from ..errors import ModelMismatchError, ScoreShiftWarning, warn
 from .types import RATE_TOLERANCE, SHIFT_TOLERANCE, BoundaryRows, ModelFingerprint
@@ -102,7 +102,7 @@ def _read_probes(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor, 
     ``input_ids`` read through ``model``, in :attr:`~hf_lsad.guard.SafetyGuard.head_names` order (``nan`` when the
     model's reads are not finite)."""
     device = model.device
-    reads = read_prompts(model, guard.reads, input_ids.to(device), attention_mask.to(device)).features(guard.reads)
+    reads = prompt_features(model, guard.reads, input_ids.to(device), attention_mask.to(device))
     if not all(torch.isfinite(tensor).all() for tensor in reads.values()):  # a model that overflows
         return torch.full((len(guard.head_names), input_ids.shape[0]), torch.nan, dtype=torch.float64)
     raw = guard.raw_head_scores(reads if guard.heads else reads[guard.reads[0]])
@@ -159,7 +159,7 @@ def _read_verdicts(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor
         ids = torch.tensor([[0] * (width - len(rest)) + rest for rest in rests], device=device)  # [batch, width]
         mask = torch.tensor([[0] * (width - len(rest)) + [1] * len(rest) for rest in rests], device=device)
         if prefix is None:
-            reads = read_prompts(model, guard.reads, ids, mask).features(guard.reads)
+            reads = prompt_features(model, guard.reads, ids, mask)
         else:
             reads = read_after_prefix(model, guard.reads, prefix, ids, mask)
         if not all(torch.isfinite(tensor).all() for tensor in reads.values()):  # a model that overflows
@@ -186,9 +186,7 @@ def boundary_rows(
     if len(prompts) != next(iter(benign.values())).shape[0]:
         raise ValueError(f"{len(prompts)} prompts, but features of {next(iter(benign.values())).shape[0]} rows")
     chat_template = guard.inputs is None or guard.inputs.prompt_format == "chat_template"
-    lengths = torch.tensor(
-        [len(ids) for ids in prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)]
-    )
+    lengths = torch.tensor(prompt_token_lengths(tokenizer, prompts, chat_template=chat_template, system=system))
     kept = boundary_indices(guard, benign, per_side, eligible=lengths <= BOUNDARY_MAX_TOKENS)  # short: cheap to check
     if not kept:
         raise ValueError(
