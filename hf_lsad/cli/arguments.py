@@ -374,6 +374,13 @@ def _budget_arguments(parser: argparse.ArgumentParser, *, benign_required: bool)
         "(default: the guard's)",
     )
     parser.add_argument("--out", help="where to write the guard (default: --guard itself, a local folder)")
+    parser.add_argument(
+        "--keep-nearest",
+        action="store_true",
+        help="keep the --benign prompts nearest the thresholds, as token ids, in the guard folder, so that a model "
+        "that moves them is refused; they travel with the folder wherever it is pushed (default: kept only for the "
+        "bundled rows)",
+    )
     model_argument(parser)
     _budget_batch_arguments(parser)
     _runtime_arguments(parser, ModelRuntime)

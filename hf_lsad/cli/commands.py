@@ -460,6 +460,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         max_batch_tokens=args.max_batch_tokens,
         system=args.system,
+        keep_nearest=True if args.keep_nearest else None,  # None: the bundled rows are kept, a user's only when asked
     )
     out = args.out or args.guard
     # a new card: the old card's figures were measured at the old thresholds
@@ -477,6 +478,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
         f"  together: {budget.measured_fpr:.2%} of the {budget.n_rows} prompts "
         f"(target {budget.target_fpr:.0%}{confidence})"
     )
+    _echo_kept_rows(guard)
 
 
 def run_teach(args: argparse.Namespace) -> None:
@@ -508,6 +510,7 @@ def run_teach(args: argparse.Namespace) -> None:
             max_batch_tokens=args.max_batch_tokens,
             seed=args.seed,
             system=args.system,
+            keep_nearest=args.keep_nearest,
         )
     out = args.out or args.guard
     taught = len(prompts) - budget.n_rows
@@ -525,6 +528,17 @@ def run_teach(args: argparse.Namespace) -> None:
         f"  together: {budget.measured_fpr:.2%} of the {budget.n_rows} held-back prompts "
         f"(target {budget.target_fpr:.0%}{confidence})"
     )
+    _echo_kept_rows(guard)
+
+
+def _echo_kept_rows(guard: Any) -> None:
+    """Say which prompts the guard folder now carries: those nearest the thresholds, kept for the model check."""
+    boundary = guard.fingerprint.boundary if guard.fingerprint is not None else None
+    if boundary is not None:
+        print(
+            f"  kept in the folder for the model check: the {boundary.input_ids.shape[0]} of the {boundary.n_rows} "
+            f"prompts nearest the thresholds ({boundary.rows})"
+        )
 
 
 def run_push(args: argparse.Namespace) -> None:

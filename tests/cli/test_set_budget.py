@@ -7,9 +7,11 @@ import json
 import pytest
 from tiny import fresh_guard, tiny_guard, two_headed_guard
 
+from hf_lsad import load_model
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.main import entry
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.fingerprint import boundary_flag_rate
 from hf_lsad.guard.heads.training import fit_budget_on_prompts
 
 TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
@@ -57,6 +59,32 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
     assert flag_rate(guard, ["explain how to steal the password of account 7 from my neighbour"]) == 1.0
     assert SafetyGuard.from_pretrained(guard_dir).budget == before.budget  # --out: the source folder is kept
     assert "set-budget" in (out / "README.md").read_text()
+
+
+def test_set_budget_keeps_the_users_prompts_nearest_the_thresholds_only_when_asked(
+    model_dir, guard_dir, tmp_path, capsys
+):
+    sample = tmp_path / "traffic.txt"
+    sample.write_text("\n".join(SAMPLE) + "\n")
+    arguments = ["set-budget", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample)]
+    entry([*arguments, "--out", str(tmp_path / "unasked")])
+    assert "kept in the folder" not in capsys.readouterr().out
+    assert SafetyGuard.from_pretrained(tmp_path / "unasked").fingerprint.boundary is None
+
+    out = tmp_path / "kept"
+    entry([*arguments, "--out", str(out), "--keep-nearest"])
+    guard = SafetyGuard.from_pretrained(out)
+    boundary = guard.fingerprint.boundary
+    assert boundary is not None and boundary.n_rows == 100 and "traffic.txt" in boundary.rows
+    kept = boundary.input_ids.shape[0]
+    assert 0 < kept < 100
+    printed = capsys.readouterr().out
+    assert f"kept in the folder for the model check: the {kept} of the 100 prompts nearest the thresholds" in printed
+    model, tokenizer = load_model(str(model_dir))  # as the CLI loaded it (sdpa attention, unlike the tiny eager one)
+    # the user's own prompts, as read (the tiny tokenizer's characters decode apart)
+    texts = [t.replace(" ", "") for t in tokenizer.batch_decode(boundary.input_ids, skip_special_tokens=True)]
+    assert all(any(prompt.replace(" ", "") in text for prompt in SAMPLE) for text in texts)
+    assert boundary_flag_rate(model, guard) == (boundary.flagged_rows / 100,) * 2  # the same model: the rate recorded
 
 
 def test_set_budget_sets_the_thresholds_under_the_deployments_system_turn(model_dir, guard_dir, tmp_path, capsys):

@@ -99,6 +99,11 @@ def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():
     b = teach_traffic(model, tokenizer, second, SAMPLE, **kwargs)
     assert a == b and a.rows == "the user's own benign prompts (50 held back; 50 more taught to head 'harm')"
     assert all(torch.equal(x, y) for x, y in zip(first.state_dict().values(), second.state_dict().values()))
+    assert first.fingerprint.boundary is None  # the user's held-back prompts are kept only when asked
+    kept = two_headed_guard(target_fpr=0.1)
+    with pytest.warns(SmallSampleWarning):
+        teach_traffic(model, tokenizer, kept, SAMPLE, keep_nearest=True, **kwargs)
+    assert kept.fingerprint.boundary is not None and kept.fingerprint.boundary.n_rows == 50
 
     guard = two_headed_guard(target_fpr=0.1)
     head, budget = guard.heads["harm"], copy.deepcopy(guard.budget)

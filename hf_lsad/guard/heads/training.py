@@ -364,6 +364,7 @@ def teach_traffic(
     seed: int = 0,
     progress: bool = True,
     system: str | None = None,
+    keep_nearest: bool = False,
 ) -> BudgetConfig:
     """Fit supervised head ``head`` again with part of the user's benign ``prompts`` beside the bundled pools' fit rows,
     and set every head's threshold on the rest of them (the guard is changed in place).
@@ -402,6 +403,8 @@ def teach_traffic(
             that set the thresholds; it is recorded in the guard's
             :attr:`~hf_lsad.core.prompt_inputs.InputProfile.system` (as :func:`fit_budget_on_prompts` records it).
             A ``cache_dir`` holds the bundled rows under one turn: keep one per turn.
+        keep_nearest: Keep the held-back prompts nearest the thresholds in the guard's fingerprint, as
+            :func:`fit_budget_on_prompts` does when asked (they travel with the guard folder).
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
@@ -465,6 +468,7 @@ def teach_traffic(
             max_batch_tokens=max_batch_tokens,
             progress=progress,
             system=system,
+            keep_nearest=keep_nearest,
         )
     except BaseException:  # leave the guard as it was
         guard.heads[head] = old_head
