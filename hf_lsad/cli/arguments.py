@@ -44,14 +44,14 @@ def store_folder(out: str, read: tuple[int, str], n_reads: int) -> str:
     return out if n_reads == 1 else f"{out}/layer{layer}-{position}"
 
 
-DATASET_FLAGS = ("category", "split", "text_field", "subset")
+DATASET_FLAGS = ("category", "split", "column", "subset")
 """``collect`` arguments that only a dataset pool (not a bundled one) takes."""
 
 
 def dataset_options(args: argparse.Namespace) -> dict[str, str]:
     """``load_hub_prompts`` keyword arguments of a dataset ``--pool``."""
     return dict(
-        category=args.category, split=args.split or "train", text_field=args.text_field or "prompt", name=args.subset
+        category=args.category, split=args.split or "train", text_field=args.column or "prompt", name=args.subset
     )
 
 
@@ -133,7 +133,12 @@ def collect_arguments(parser: argparse.ArgumentParser) -> None:
     hub = parser.add_argument_group("dataset pools (a --pool that is not bundled: datasets.load_dataset)")
     hub.add_argument("--category", help="category of every prompt (safe, harmful, ...): required for a dataset pool")
     hub.add_argument("--split", help="split to read (default: train)")
-    hub.add_argument("--text-field", help="column holding the prompt text (default: prompt)")
+    hub.add_argument(
+        "--column",
+        "--text-field",  # its name before every command took --column
+        dest="column",
+        help="column holding the prompt text, as in screen and set-budget (default: prompt)",
+    )
     hub.add_argument("--subset", help="dataset configuration (load_dataset's name=)")
     parser.add_argument("--limit", type=int, default=None, help="seeded random subset of this many prompts")
     parser.add_argument(

@@ -40,7 +40,7 @@ Build one from activations (the paper's pipeline):
     hf-lsad evaluate  --guard guard --safe acts/safe --unsafe acts/harmful acts/toxic
     hf-lsad evaluate  --safe acts/safe --unsafe acts/harmful acts/toxic --sae sae --grid grid.json --out report
     hf-lsad evaluate  --guard default --benign-prompts chat=chat.jsonl --unsafe-prompts harm=harm.jsonl --out report
-    hf-lsad collect   --pool tatsu-lab/alpaca --category safe --text-field instruction --layer 20 --out acts/alpaca
+    hf-lsad collect   --pool tatsu-lab/alpaca --category safe --column instruction --layer 20 --out acts/alpaca
     accelerate launch --num_processes 4 -m hf_lsad.cli collect --pool safe --layer 20 --out acts/safe
 
 "hf-lsad COMMAND --help" lists a command's options with their defaults. "hf-lsad fit --method NAME --help" lists

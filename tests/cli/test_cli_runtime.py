@@ -76,8 +76,8 @@ def test_gpu_kmeans_without_faiss_gpus_is_a_usage_error(capsys, monkeypatch, tmp
 
 def test_dataset_flags_belong_to_dataset_pools(capsys, monkeypatch, tmp_path):
     out = ["--layer", "1", "--out", str(tmp_path / "x")]
-    err = usage_error(capsys, monkeypatch, "collect", "--pool", "harmful", "--text-field", "instruction", *out)
-    assert "argument --text-field: only for a dataset --pool; the bundled pool 'harmful' is category 'harmful'" in err
+    err = usage_error(capsys, monkeypatch, "collect", "--pool", "harmful", "--column", "instruction", *out)
+    assert "argument --column: only for a dataset --pool; the bundled pool 'harmful' is category 'harmful'" in err
     err = usage_error(capsys, monkeypatch, "collect", "--pool", str(tmp_path), *out)
     assert f"argument --category: required for the dataset pool '{tmp_path}'" in err
 
