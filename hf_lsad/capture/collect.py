@@ -1,16 +1,17 @@
 """Collecting activation sets: prompts encoded as the guard reads them, batched by length, one layer read.
 
-:func:`prompt_texts` is the one way prompts are formatted (the user turn of the chat template, after a system turn
-when given), so a guard scores the token it was fitted on. :func:`encode_prompts` tokenises them for screening, the
-CLI and generation (padded on the left by default); :func:`collect_prompt_features` tokenises them once and runs the
-opening they share once. :func:`collect_activations` runs the recorder of :mod:`hf_lsad.capture.recorder` over a
-prompt list: a forward pass cut after the hooked block for ``prompt_last``, greedy generation for the response
-positions, in batches of :func:`~hf_lsad.core.batching.length_batches`.
+:func:`prompt_texts` is the one way prompts are formatted (the user turn of the chat template, after a system turn when
+given), so a guard scores the token it was fitted on. :func:`encode_prompts` tokenises them for screening, the CLI and
+generation (padded on the left by default); :func:`collect_prompt_features` tokenises them once and runs the opening
+they share once (:func:`read_token_batches`, which the fingerprint's rows are read by too). :func:`collect_activations`
+runs the recorder of :mod:`hf_lsad.capture.recorder` over a prompt list: a forward pass cut after the hooked block for
+``prompt_last``, greedy generation for the response positions, in batches of
+:func:`~hf_lsad.core.batching.length_batches`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Literal, NamedTuple, TypedDict
 
 import torch
@@ -247,6 +248,42 @@ def collect_activations(
 
 
 @torch.no_grad()
+@torch.no_grad()
+def read_token_batches(
+    model: PreTrainedModel,
+    reads: Sequence[tuple[int, str]],
+    token_ids: Sequence[Sequence[int]],
+    batches: Sequence[list[int]],
+    *,
+    pad_token_id: int,
+    progress: bool = False,
+    desc: str = "read",
+) -> Iterator[tuple[list[int], dict[tuple[int, str], Tensor]]]:
+    """``(batch, features)`` for each batch of rows of ``token_ids`` (whole prompts as the model reads them), in the
+    order of ``batches``: :func:`~hf_lsad.capture.recorder.prompt_features` of each read, ``[batch, hidden]`` on the
+    model's device in its dtype.
+
+    The tokens every row of ``token_ids`` opens with (the chat template's opening, the system turn) run once
+    (:class:`~hf_lsad.capture.recorder.PromptPrefix`); each batch runs the rest of its rows against them, right-padded
+    with ``pad_token_id``. This is the one loop that reads prompts for their features: the collections the heads are
+    fitted and thresholded on, and the rows a guard's fingerprint keeps, are read by it alike.
+    """
+    # nothing to run: no prefix either; a model whose cache keeps no keys and values: rows run whole
+    shared = shared_prefix_length(token_ids) if batches else 0
+    prefix = PromptPrefix.run(model, [layer for layer, _ in reads], token_ids[0][:shared]) if shared else None
+    shared = shared if prefix is not None else 0
+    device = model.device
+    for batch in tqdm(batches, desc=f"{desc} {len(reads)} reads", disable=not progress):
+        rests = [list(token_ids[i][shared:]) for i in batch]
+        width = max(len(rest) for rest in rests)
+        input_ids = torch.tensor([rest + [pad_token_id] * (width - len(rest)) for rest in rests], device=device)
+        attention_mask = torch.tensor([[1] * len(rest) + [0] * (width - len(rest)) for rest in rests], device=device)
+        if prefix is None:  # input_ids, attention_mask: [batch, width]
+            yield batch, prompt_features(model, reads, input_ids, attention_mask)
+        else:
+            yield batch, read_after_prefix(model, reads, prefix, input_ids, attention_mask)
+
+
 def collect_prompt_features(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -293,22 +330,13 @@ def collect_prompt_features(
     done = set(skip)
     batches = [batch for batch in batches if not done.issuperset(batch)]
     out = {read: torch.empty(len(prompts), model.config.get_text_config().hidden_size) for read in reads}
-    # the opening every prompt shares (template, system turn) runs once; each batch runs the rest of its prompts
-    shared = shared_prefix_length(token_ids) if batches else 0  # nothing to run: no prefix either
-    prefix = PromptPrefix.run(model, [layer for layer, _ in reads], token_ids[0][:shared]) if shared else None
-    shared = shared if prefix is not None else 0
-    device, longest = model.device, 0
-    for batch in tqdm(batches, desc=f"collect {len(reads)} reads", disable=not progress):
+    longest = 0
+    ran = read_token_batches(
+        model, reads, token_ids, batches, pad_token_id=tokenizer.pad_token_id, progress=progress, desc="collect"
+    )
+    for batch, features in ran:
         batch_longest = max(len(token_ids[i]) for i in batch)
         longest = max(longest, batch_longest)
-        rests = tokenizer.pad(
-            {"input_ids": [token_ids[i][shared:] for i in batch]}, padding_side="right", return_tensors="pt"
-        )
-        input_ids, attention_mask = rests["input_ids"].to(device), rests["attention_mask"].to(device)
-        if prefix is None:
-            features = prompt_features(model, reads, input_ids, attention_mask)
-        else:
-            features = read_after_prefix(model, reads, prefix, input_ids, attention_mask)
         features = {read: values.float().cpu() for read, values in features.items()}
         index = torch.tensor(batch)
         for read, values in features.items():

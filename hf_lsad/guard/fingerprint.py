@@ -43,8 +43,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..capture.collect import collect_prompt_features, encode_prompts, prompt_token_lengths, shared_prefix_length
-from ..capture.recorder import PromptPrefix, prompt_features, read_after_prefix
+from ..capture.collect import collect_prompt_features, encode_prompts, prompt_token_lengths, read_token_batches
+from ..capture.recorder import prompt_features
 from ..core.batching import BATCH_TOKENS
 from ..errors import ModelMismatchError, ScoreShiftWarning, warn
 from .types import RATE_TOLERANCE, SHIFT_TOLERANCE, BoundaryRows, ModelFingerprint
@@ -144,24 +144,15 @@ def boundary_indices(
 @torch.no_grad()
 def _read_verdicts(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """``[rows]`` int64 0/1: the guard's verdict on each row of ``input_ids`` (left-padded) read through ``model``;
-    all ``-1`` when the model's reads are not finite. The opening every row shares (the template, the system turn)
-    runs once (:class:`~hf_lsad.capture.recorder.PromptPrefix`, about half the tokens), then the rests in batches of
-    :data:`BOUNDARY_BATCH` in their stored order: recording and checking read every row alike."""
+    all ``-1`` when the model's reads are not finite. Read as collections are
+    (:func:`~hf_lsad.capture.collect.read_token_batches`: the opening every row shares runs once, about half the
+    tokens), in batches of :data:`BOUNDARY_BATCH` in their stored order: recording and checking read every row alike."""
     rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
-    shared = shared_prefix_length(rows)
-    layers = [layer for layer, _ in guard.reads]
-    prefix = PromptPrefix.run(model, layers, rows[0][:shared]) if shared else None
-    shared = shared if prefix is not None else 0  # a model whose cache keeps no keys and values: rows run whole
-    device, verdicts = model.device, []
-    for start in range(0, len(rows), BOUNDARY_BATCH):
-        rests = [row[shared:] for row in rows[start : start + BOUNDARY_BATCH]]
-        width = max(len(rest) for rest in rests)
-        ids = torch.tensor([[0] * (width - len(rest)) + rest for rest in rests], device=device)  # [batch, width]
-        mask = torch.tensor([[0] * (width - len(rest)) + [1] * len(rest) for rest in rests], device=device)
-        if prefix is None:
-            reads = prompt_features(model, guard.reads, ids, mask)
-        else:
-            reads = read_after_prefix(model, guard.reads, prefix, ids, mask)
+    batches = [
+        list(range(start, min(start + BOUNDARY_BATCH, len(rows)))) for start in range(0, len(rows), BOUNDARY_BATCH)
+    ]
+    verdicts = []
+    for _, reads in read_token_batches(model, guard.reads, rows, batches, pad_token_id=0):  # the padding is masked
         if not all(torch.isfinite(tensor).all() for tensor in reads.values()):  # a model that overflows
             return torch.full((len(rows),), -1, dtype=torch.int64)
         verdicts.append(guard(reads if guard.heads else reads[guard.reads[0]]).flagged.cpu())

@@ -46,12 +46,18 @@ def test_one_read_under_a_budget_matches_fixed_batches(position, monkeypatch):
     model, tokenizer = tiny_model("llama")
     prompts = [*MIXED_BATCH, *PROMPTS[:10], "a long prompt " * 40]
     kwargs = dict(layer=2, position=position, batch_size=4, max_new_tokens=4, progress=False)
-    sizes = []  # the rows of each batch: generation encodes them, a prompt read pads them
-    encode, pad = collect.encode_prompts, tokenizer.pad
+    sizes = []  # the rows of each batch: generation encodes them, a prompt read batches their token ids
+    encode, read = collect.encode_prompts, collect.read_token_batches
     monkeypatch.setattr(
         collect, "encode_prompts", lambda tok, texts, **kw: sizes.append(len(texts)) or encode(tok, texts, **kw)
     )
-    monkeypatch.setattr(tokenizer, "pad", lambda rows, **kw: sizes.append(len(rows["input_ids"])) or pad(rows, **kw))
+    monkeypatch.setattr(
+        collect,
+        "read_token_batches",
+        lambda model, reads, ids, batches, **kw: (
+            sizes.extend(map(len, batches)) or read(model, reads, ids, batches, **kw)
+        ),
+    )
     budgeted = collect.collect_activations(model, tokenizer, prompts, max_batch_tokens=64, **kwargs)
     assert sizes[-1] == 1  # the long prompt, the longest, went alone
     assert len(sizes) > -(-len(prompts) // 4)  # the budget, not the size, closed batches

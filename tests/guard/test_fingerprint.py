@@ -281,7 +281,8 @@ def test_a_model_the_probes_pass_is_refused_when_the_rows_nearest_the_thresholds
     assert max(score_shift(scaled, guard).values()) <= SHIFT_TOLERANCE  # the probes alone pass it
     recorded, estimated = boundary_flag_rate(scaled, guard)
     assert abs(estimated - recorded) > RATE_TOLERANCE * recorded
-    with pytest.raises(ModelMismatchError, match=r"would flag about .* of tiny benign \(96 rows\), against 25.00%"):
+    against = rf"against {recorded:.2%}"  # the rate recorded through the model, named in the refusal
+    with pytest.raises(ModelMismatchError, match=rf"would flag about .* of tiny benign \(96 rows\), {against}"):
         GuardedModelForCausalLM(scaled, guard, tokenizer=tokenizer)
     with pytest.warns(ScoreShiftWarning, match="guarding it anyway"):
         GuardedModelForCausalLM(scaled, guard, tokenizer=tokenizer, allow_score_shift=True)
