@@ -248,7 +248,6 @@ def collect_activations(
 
 
 @torch.no_grad()
-@torch.no_grad()
 def read_token_batches(
     model: PreTrainedModel,
     reads: Sequence[tuple[int, str]],
@@ -284,6 +283,7 @@ def read_token_batches(
             yield batch, read_after_prefix(model, reads, prefix, input_ids, attention_mask)
 
 
+@torch.no_grad()
 def collect_prompt_features(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,

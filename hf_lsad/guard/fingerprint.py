@@ -44,7 +44,6 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..capture.collect import collect_prompt_features, encode_prompts, prompt_token_lengths, read_token_batches
-from ..capture.recorder import prompt_features
 from ..core.batching import BATCH_TOKENS
 from ..errors import ModelMismatchError, ScoreShiftWarning, warn
 from .types import RATE_TOLERANCE, SHIFT_TOLERANCE, BoundaryRows, ModelFingerprint
@@ -96,13 +95,19 @@ def _check_vocabulary(model: PreTrainedModel, input_ids: Tensor, what: str) -> N
         )
 
 
+def _token_rows(input_ids: Tensor, attention_mask: Tensor) -> list[list[int]]:
+    """The real tokens of each padded row of ``input_ids`` (``[rows, tokens]``), as a fingerprint stores them."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
+
+
 @torch.no_grad()
 def _read_probes(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """``[heads, probes]`` float64: each head's :meth:`~hf_lsad.guard.SafetyGuard.raw_head_scores` on the probe rows
-    ``input_ids`` read through ``model``, in :attr:`~hf_lsad.guard.SafetyGuard.head_names` order (``nan`` when the
-    model's reads are not finite)."""
-    device = model.device
-    reads = prompt_features(model, guard.reads, input_ids.to(device), attention_mask.to(device))
+    ``input_ids`` read through ``model`` in one batch, as collections are read
+    (:func:`~hf_lsad.capture.collect.read_token_batches`: their shared opening once), in
+    :attr:`~hf_lsad.guard.SafetyGuard.head_names` order (``nan`` when the model's reads are not finite)."""
+    rows = _token_rows(input_ids, attention_mask)
+    _, reads = next(read_token_batches(model, guard.reads, rows, [list(range(len(rows)))], pad_token_id=0))
     if not all(torch.isfinite(tensor).all() for tensor in reads.values()):  # a model that overflows
         return torch.full((len(guard.head_names), input_ids.shape[0]), torch.nan, dtype=torch.float64)
     raw = guard.raw_head_scores(reads if guard.heads else reads[guard.reads[0]])
@@ -147,7 +152,7 @@ def _read_verdicts(model: PreTrainedModel, guard: SafetyGuard, input_ids: Tensor
     all ``-1`` when the model's reads are not finite. Read as collections are
     (:func:`~hf_lsad.capture.collect.read_token_batches`: the opening every row shares runs once, about half the
     tokens), in batches of :data:`BOUNDARY_BATCH` in their stored order: recording and checking read every row alike."""
-    rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
+    rows = _token_rows(input_ids, attention_mask)
     batches = [
         list(range(start, min(start + BOUNDARY_BATCH, len(rows)))) for start in range(0, len(rows), BOUNDARY_BATCH)
     ]
