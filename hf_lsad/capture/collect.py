@@ -3,9 +3,9 @@
 :func:`prompt_texts` is the one way prompts are formatted (the user turn of the chat template, after a system turn when
 given), so a guard scores the token it was fitted on. :func:`encode_prompts` tokenises them for screening, the CLI and
 generation (padded on the left by default); :func:`collect_prompt_features` tokenises them once and runs the opening
-they share once (:func:`read_token_batches`, which the fingerprint's rows are read by too). :func:`collect_activations`
-runs the recorder of :mod:`hf_lsad.capture.recorder` over a prompt list: a forward pass cut after the hooked block for
-``prompt_last``, greedy generation for the response positions, in batches of
+they share once (:func:`read_token_batches`, which the fingerprint's probes and rows are read by too).
+:func:`collect_activations` runs the recorder of :mod:`hf_lsad.capture.recorder` over a prompt list: a forward pass cut
+after the hooked block for ``prompt_last``, greedy generation for the response positions, in batches of
 :func:`~hf_lsad.core.batching.length_batches`.
 """
 

@@ -9,8 +9,8 @@ with it. Two LoRA fine-tunes of SmolLM2 let half of one source's harm through at
 (``heads/adapter_shift``). So when thresholds are set through a model (:func:`record_fingerprint`, run by
 :func:`hf_lsad.guard.heads.training.fit_budget_on_prompts` and the release script), the guard keeps every head's score
 on :data:`PROBE_PROMPTS` as that model read them; :func:`check_fingerprint` reads the same token ids through the
-model it is given (one forward pass of 16 short prompts, to the deepest read) and refuses a model on which the
-scores moved.
+model it is given (one batch of 16 short prompts to the deepest read, their shared opening run once, as collections
+are read) and refuses a model on which the scores moved.
 
 What is compared: each supervised head's log-odds and the anomaly head's detector score, before its calibration
 (after it, a merged fine-tune's shift of the anomaly head was 0.10 of the spread, against 0.28 before: the
