@@ -70,17 +70,30 @@ class Settings:
     """Seed of the draws, the adapters' initialisation and the order of training."""
 
 
+def logit_head(guard: SafetyGuard) -> str:
+    """The head whose log-odds a study follows: the harm head, or the anomaly head of a guard without one (the paper
+    guard, whose calibrated probability is its score)."""
+    return "harm" if "harm" in guard.head_names else "anomaly"
+
+
 def _screened(
     model: Any, tokenizer: Any, guard: SafetyGuard, texts: list[str], screen: ScreenSettings
 ) -> tuple[list[bool], torch.Tensor]:
     """The released thresholds' verdicts on ``texts`` through ``model`` (the guard allowed whatever shift it has) and
-    the harm head's logit on each."""
+    the log-odds of :func:`logit_head` on each."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the ScoreShiftWarning the refusal below is measured by instead
         guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer, allow_score_shift=True)
     reports, _ = _screen(guarded, tokenizer, texts, "", screen)
-    harm = torch.tensor([next(h.score for h in r.heads if h.name == "harm") for r in reports], dtype=torch.float64)
-    return [bool(report.flagged) for report in reports], torch.logit(harm.clamp(1e-12, 1 - 1e-12))
+    if guard.heads:
+        name = logit_head(guard)
+        scores = [next(h.score for h in r.heads if h.name == name) for r in reports]
+    else:  # a single-head guard: its one verdict is the anomaly head's calibrated probability
+        if guard.calibration is None:
+            raise ValueError("an uncalibrated single-head guard has no probability to follow")
+        scores = [r.probability for r in reports]
+    probability = torch.tensor(scores, dtype=torch.float64)
+    return [bool(report.flagged) for report in reports], torch.logit(probability.clamp(1e-12, 1 - 1e-12))
 
 
 def _measure(
@@ -92,7 +105,7 @@ def _measure(
         refused = False
     except ModelMismatchError:
         refused = True
-    flagged, harm = _screened(model, tokenizer, guard, [text for _, _, text in rows], screen)
+    flagged, logit = _screened(model, tokenizer, guard, [text for _, _, text in rows], screen)
     groups = [group for _, group, _ in rows]
     return {
         "shift": shift,
@@ -101,8 +114,8 @@ def _measure(
         "refused": refused,  # the whole check: the probes' shift, then the boundary rows
         "flagged": {group: sum(f for f, g in zip(flagged, groups) if g == group) for group in dict.fromkeys(groups)},
         "verdicts_changed": sum(a != b for a, b in zip(flagged, base[0])),
-        "harm_logit_moved_median": float((harm - base[1]).abs().median()),
-        "harm_logit_moved_mean": float((harm - base[1]).mean()),
+        f"{logit_head(guard)}_logit_moved_median": float((logit - base[1]).abs().median()),
+        f"{logit_head(guard)}_logit_moved_mean": float((logit - base[1]).mean()),
     }
 
 
