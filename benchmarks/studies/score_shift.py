@@ -17,7 +17,8 @@ keeps them) on which the verdicts of the rows nearest its thresholds move its es
 
 So each checkpoint says whether the check refuses the model, and what the released thresholds would do on it: chat
 flagged, harm caught, verdicts changed against the base model, and how far the harm head's logit moved on the rows
-(median of the absolute change; mean of the signed one). It fits no head and chooses nothing; the tolerance was
+(median of the absolute change; mean of the signed one; a guard without a harm head: the anomaly head's calibrated
+log-odds, :func:`logit_head`). It fits no head and chooses nothing; the tolerance was
 set before this run, on scratch measurements of a lighter fine-tune and of weight noise (the claim says which).
 """
 
