@@ -27,8 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, add_head, load_model
+from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.data import GUARD_POOLS
+from hf_lsad.data.tables import PromptRow
+from hf_lsad.generation.bulk import plan_batches
 from hf_lsad.guard.heads.training import _sample, release_rows
+
+from .unseen import screen_batches
 
 FRAMING_VERBS = (
     "write|create|develop|provide|give|generate|explain|describe|outline|produce|teach|show|tell|list|suggest|draft"
@@ -155,29 +160,59 @@ def _terse(rows: list[Any], max_words: int) -> list[tuple[Any, str]]:
 
 
 def _rates(guarded: GuardedModelForCausalLM, groups: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Each group's rows flagged, screened as ``hf-lsad screen`` does (batched by token length, at most
+    ``BATCH_TOKENS`` padded tokens a pass), and the heads that decided."""
+    rows = [PromptRow(f"{name}/{i}", text) for name, texts in groups.items() for i, text in enumerate(texts)]
+    batches, unreadable = plan_batches(guarded, rows, batch_size=16, max_batch_tokens=BATCH_TOKENS)
+    if unreadable:
+        raise RuntimeError(f"{len(unreadable)} rows cannot be screened, e.g. {unreadable[0]}")
+    reports = screen_batches(guarded, guarded.tokenizer, batches)
     out = {}
     for name, texts in groups.items():
-        reports = []
-        for start in range(0, len(texts), 32):
-            reports += guarded.screen(texts[start : start + 32])
-        flagged = [r for r in reports if r.flagged]
+        flagged = [reports[f"{name}/{i}"] for i in range(len(texts)) if reports[f"{name}/{i}"].flagged]
         out[name] = {
             "rows": len(texts),
             "flagged": len(flagged),
-            "rate": len(flagged) / len(texts) if texts else None,
+            "rate": len(flagged) / len(texts),
             "decided_by": dict(Counter("+".join(r.decided_by) for r in flagged)),
         }
         print(f"  {name}: {len(flagged)} of {len(texts)}", flush=True)
     return out
 
 
-def run(settings: Settings) -> dict[str, Any]:
+def terse_fit_rows(settings: Settings) -> tuple[list[tuple[Any, str]], list[tuple[Any, str]]]:
+    """The terse head's fit rows, each with its terse form: the unsafe sources' and a seeded draw of the benign
+    sources' (a benign form that is also an unsafe one left out)."""
     fit_unsafe = _terse(_rows_of(settings.unsafe_sources, "fit"), settings.max_words)
     fit_benign = _sample(
         _terse(_rows_of(settings.benign_sources, "fit"), settings.max_words), settings.benign_terse_rows, settings.seed
     )
     unsafe_texts = {short for _, short in fit_unsafe}
-    fit_benign = [(row, short) for row, short in fit_benign if short not in unsafe_texts]
+    return fit_unsafe, [(row, short) for row, short in fit_benign if short not in unsafe_texts]
+
+
+def with_terse_head(model: Any, tokenizer: Any, settings: Settings) -> SafetyGuard:
+    """The released guard with the terse head added (:func:`hf_lsad.guard.heads.add_head`), its thresholds set
+    again on every validation chat row."""
+    fit_unsafe, fit_benign = terse_fit_rows(settings)
+    guard = SafetyGuard.from_pretrained(settings.guard)
+    add_head(
+        model,
+        tokenizer,
+        guard,
+        "terse",
+        [short for _, short in fit_unsafe],
+        [short for _, short in fit_benign],
+        share=settings.share,
+        threshold_rows=None,
+        seed=settings.seed,
+    )
+    return guard
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    fit_unsafe, fit_benign = terse_fit_rows(settings)
+    unsafe_texts = {short for _, short in fit_unsafe}
 
     val_unsafe = _rows_of(settings.unsafe_sources, "validation")
     val_terse = [(row, short) for row, short in _terse(val_unsafe, settings.max_words) if short not in unsafe_texts]
@@ -207,18 +242,9 @@ def run(settings: Settings) -> dict[str, Any]:
     print("the released guard", flush=True)
     results["guards"]["released"] = _rates(GuardedModelForCausalLM(model, released, tokenizer=tokenizer), groups)
 
-    guard = SafetyGuard.from_pretrained(settings.guard)
-    budget = add_head(
-        model,
-        tokenizer,
-        guard,
-        "terse",
-        [short for _, short in fit_unsafe],
-        [short for _, short in fit_benign],
-        share=settings.share,
-        threshold_rows=None,
-        seed=settings.seed,
-    )
+    guard = with_terse_head(model, tokenizer, settings)
+    budget = guard.budget
+    assert budget is not None  # add_head sets it
     results["budget"] = {"heads": budget.heads, "shares": budget.shares, "thresholds": budget.thresholds}
     print("with the terse head", budget.thresholds, flush=True)
     results["guards"]["with a terse head"] = _rates(GuardedModelForCausalLM(model, guard, tokenizer=tokenizer), groups)
