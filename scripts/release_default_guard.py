@@ -99,11 +99,12 @@ def terse_requests(terse: dict, guard: str) -> str:
     """What ``guard`` flags of the hand-written requests of ``heads/terse_requests``: in full, in a few words, and
     their benign twins."""
     result = terse["result"]["guards"][guard]
+    missed = " and ".join(f"'{row['text']}'" for row in list(result["terse_missed"].values())[:2])
     return (
         f"of {result['full']['flagged']['rows']} hand-written harmful requests it flags "
         f"{result['full']['flagged']['count']} written in full and {result['terse']['flagged']['count']} typed as a "
-        f"few words, and {counted(result['twin']['flagged'])} of their terse benign twins (`python benchmarks/run.py "
-        "heads/terse_requests`)"
+        f"few words ({missed} pass), and {counted(result['twin']['flagged'])} of their terse benign twins (`python "
+        "benchmarks/run.py heads/terse_requests`)"
     )
 
 
@@ -189,8 +190,7 @@ def card_texts(
 
     limitations = (
         "The supervised head has learnt the unsafe sources' way of asking for harm, in full sentences, as much as "
-        f"the harm: {terse_requests(terse, 'default')}; 'meth recipe step by step' and 'napalm ingredients' pass. "
-        "Do not rely on it for short search-style queries. "
+        f"the harm: {terse_requests(terse, 'default')}. Do not rely on it for short search-style queries. "
         "The guard has seen English only: a prompt in another language reads as harm (finance questions translated "
         f"into Zulu, Scottish Gaelic, Albanian or Irish: {flagged('spikee-finance-translated')} flagged, the same "
         f"questions in English {flagged('spikee-finance')}; spaCy's benign example sentences in {spoken} other "
