@@ -26,16 +26,21 @@ def test_every_experiment_names_a_runner_whose_settings_build(name):
 
 
 def _has_field_docstring(module, name: str) -> bool:
-    """Whether field ``name`` of the module's ``Settings`` is followed by a docstring (sparsify's convention)."""
+    """Whether field ``name`` of the module's ``Settings`` is followed by a docstring (sparsify's convention), in the
+    class that declares it (a ``Settings`` may extend another study's)."""
     import ast
+    import inspect
 
-    tree = ast.parse(Path(module.__file__).read_text())
-    settings = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
-    body = settings.body
-    for i, node in enumerate(body[:-1]):
-        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == name:
-            after = body[i + 1]
-            return isinstance(after, ast.Expr) and isinstance(getattr(after, "value", None), ast.Constant)
+    for cls in module.Settings.__mro__:
+        if name not in getattr(cls, "__annotations__", {}):
+            continue
+        tree = ast.parse(Path(inspect.getfile(cls)).read_text())
+        settings = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+        body = settings.body
+        for i, node in enumerate(body[:-1]):
+            if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == name:
+                after = body[i + 1]
+                return isinstance(after, ast.Expr) and isinstance(getattr(after, "value", None), ast.Constant)
     return False
 
 

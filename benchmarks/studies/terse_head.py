@@ -159,9 +159,12 @@ def _terse(rows: list[Any], max_words: int) -> list[tuple[Any, str]]:
     return kept
 
 
-def _rates(guarded: GuardedModelForCausalLM, groups: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+def _rates(
+    guarded: GuardedModelForCausalLM, groups: dict[str, list[str]], named: tuple[str, ...] = ()
+) -> dict[str, dict[str, Any]]:
     """Each group's rows flagged, screened as ``hf-lsad screen`` does (batched by token length, at most
-    ``BATCH_TOKENS`` padded tokens a pass), and the heads that decided."""
+    ``BATCH_TOKENS`` padded tokens a pass), and the heads that decided; the flagged texts of the ``named``
+    groups."""
     rows = [PromptRow(f"{name}/{i}", text) for name, texts in groups.items() for i, text in enumerate(texts)]
     batches, unreadable = plan_batches(guarded, rows, batch_size=16, max_batch_tokens=BATCH_TOKENS)
     if unreadable:
@@ -176,6 +179,8 @@ def _rates(guarded: GuardedModelForCausalLM, groups: dict[str, list[str]]) -> di
             "rate": len(flagged) / len(texts),
             "decided_by": dict(Counter("+".join(r.decided_by) for r in flagged)),
         }
+        if name in named:
+            out[name]["flagged_texts"] = [t for i, t in enumerate(texts) if reports[f"{name}/{i}"].flagged]
         print(f"  {name}: {len(flagged)} of {len(texts)}", flush=True)
     return out
 
