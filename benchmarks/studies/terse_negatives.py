@@ -33,7 +33,7 @@ import json
 import re
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from hf_lsad import GuardedModelForCausalLM, SafetyGuard, load_model
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.guard.heads import SupervisedHead
-from hf_lsad.guard.heads.probe import ProbeConfig, SupervisedHeadConfig
+from hf_lsad.guard.heads.probe import ProbeConfig, Read, SupervisedHeadConfig
 from hf_lsad.guard.heads.training import (
     BENIGN_POOLS,
     THRESHOLD_POOL,
@@ -78,7 +78,10 @@ class Settings(HeadSettings):
     near_copy: float = 0.5
     """Content-word Jaccard index to a triple's row at or above which a hand-written query is left out."""
     terse_benign_weight: float = 0.5
-    """Share of the benign weight on the terse benign rows (the rest on the bundled pools)."""
+    """Share of the benign weight on the ``terse_groups`` (the rest on the other benign groups)."""
+    terse_groups: list[str] = field(default_factory=lambda: ["terse: hand-written", "terse: rule-made"])
+    """The benign groups that share ``terse_benign_weight``, alike: ``terse: hand-written``, ``terse: rule-made``
+    and any bundled benign pool by name (``benign_ood``: its headlines are a few words too)."""
     benign_per_pool: int = 400
     """Fit rows drawn from each bundled benign pool (seeded), as ``add_head`` draws them."""
     inverse_regularisation: float = 0.01
@@ -138,18 +141,27 @@ def fit_weights(groups: list[str], labels: list[int], terse_benign: set[str], sh
     return weights * len(groups) / weights.sum()
 
 
-def with_weighted_terse_head(model: Any, tokenizer: Any, settings: Settings) -> SafetyGuard:
-    """The released guard with the terse head fitted on the weighted rows, every threshold set again on all
-    validation chat rows (the new head a third of the budget, the others in their proportions)."""
+@dataclass
+class FitRows:
+    """The terse head's fit rows, read: features per read (``[n, hidden]``), labels, groups, unsafe sources."""
+
+    reads: list[Read]
+    features: dict[Read, torch.Tensor]
+    labels: list[int]
+    groups: list[str]
+    sources: list[str]
+
+
+def terse_fit_features(model: Any, tokenizer: Any, settings: Settings) -> FitRows:
+    """The unsafe terse forms (grouped by source), the hand-written fit queries, the rule-made benign forms and
+    ``benign_per_pool`` fit rows of each bundled benign pool, read as the released harm head reads."""
     fit_unsafe, fit_benign = terse_fit_rows(settings)
     hand_fit, _, _ = hand_written_split(settings)
     unsafe_texts = {short for _, short in fit_unsafe}
     hand_texts = [row["text"] for row in hand_fit if row["text"] not in unsafe_texts]
     rule_texts = [short for _, short in fit_benign if short not in set(hand_texts)]
 
-    guard = SafetyGuard.from_pretrained(settings.guard)
-    reads = next(iter(guard.heads.values())).reads
-    config = ProbeConfig(reads=list(reads), inverse_regularisation=settings.inverse_regularisation)
+    reads = list(next(iter(SafetyGuard.from_pretrained(settings.guard).heads.values())).reads)
     texts = [short for _, short in fit_unsafe] + hand_texts + rule_texts
     groups = [f"unsafe: {row.source}" for row, _ in fit_unsafe]
     groups += ["terse: hand-written"] * len(hand_texts) + ["terse: rule-made"] * len(rule_texts)
@@ -159,26 +171,37 @@ def with_weighted_terse_head(model: Any, tokenizer: Any, settings: Settings) -> 
         bundled += rows
         groups += [pool] * len(rows)
     labels = [1] * len(fit_unsafe) + [0] * (len(texts) - len(fit_unsafe) + len(bundled))
-    own, _ = collect_prompt_features(model, tokenizer, texts, config.reads, max_batch_tokens=BATCH_TOKENS)
-    pools = bundled_features(model, tokenizer, bundled, config.reads, cache_dir=settings.cache_dir)
-    features = {read: torch.cat([own[read], pools[read]]) for read in config.reads}
+    own, _ = collect_prompt_features(model, tokenizer, texts, reads, max_batch_tokens=BATCH_TOKENS)
+    pools = bundled_features(model, tokenizer, bundled, reads, cache_dir=settings.cache_dir)
+    features = {read: torch.cat([own[read], pools[read]]) for read in reads}
+    return FitRows(reads, features, labels, groups, sorted({row.source for row, _ in fit_unsafe}))
 
-    n_unsafe = len(fit_unsafe)
+
+def with_weighted_terse_head(
+    model: Any, tokenizer: Any, settings: Settings, rows: FitRows | None = None
+) -> SafetyGuard:
+    """The released guard with the terse head fitted on the weighted rows (``rows``: read again when not given),
+    every threshold set again on all validation chat rows (the new head a third of the budget, the others in their
+    proportions)."""
+    rows = terse_fit_features(model, tokenizer, settings) if rows is None else rows
+    config = ProbeConfig(reads=rows.reads, inverse_regularisation=settings.inverse_regularisation)
+    n_unsafe = sum(rows.labels)
     head = SupervisedHead(
         SupervisedHeadConfig(
             name=HEAD,
             probe=config,
-            hidden_size=features[config.reads[0]].shape[1],
-            n_safe=len(labels) - n_unsafe,
+            hidden_size=rows.features[rows.reads[0]].shape[1],
+            n_safe=len(rows.labels) - n_unsafe,
             n_unsafe=n_unsafe,
-            sources=sorted({row.source for row, _ in fit_unsafe}),
+            sources=rows.sources,
             balance="none",  # the weights below are the study's own
         )
     )
-    weights = fit_weights(groups, labels, {"terse: hand-written", "terse: rule-made"}, settings.terse_benign_weight)
-    head.probe.fit(head.probe.features(features), torch.tensor(labels), weights)
+    weights = fit_weights(rows.groups, rows.labels, set(settings.terse_groups), settings.terse_benign_weight)
+    head.probe.fit(head.probe.features(rows.features), torch.tensor(rows.labels), weights)
     head.eval()
 
+    guard = SafetyGuard.from_pretrained(settings.guard)
     old = guard.budget
     assert old is not None  # the released guard has one
     guard.add_head(head)
@@ -198,10 +221,12 @@ def with_weighted_terse_head(model: Any, tokenizer: Any, settings: Settings) -> 
     return guard
 
 
-def run(settings: Settings) -> dict[str, Any]:
+def validation_groups(settings: Settings) -> dict[str, list[str]]:
+    """The rows screened on validation: ``heads/terse_head``'s (terse forms and full rows of each unsafe source,
+    terse forms of each benign source, the benign pools as they are) and the hand-written validation queries."""
     fit_unsafe, _ = terse_fit_rows(settings)
     unsafe_texts = {short for _, short in fit_unsafe}
-    hand_fit, hand_validation, left_out = hand_written_split(settings)
+    _, hand_validation, _ = hand_written_split(settings)
 
     val_unsafe = _rows_of(settings.unsafe_sources, "validation")
     val_terse = [(row, short) for row, short in _terse(val_unsafe, settings.max_words) if short not in unsafe_texts]
@@ -217,7 +242,30 @@ def run(settings: Settings) -> dict[str, Any]:
         rows = release_rows(pool, "validation")
         rows = rows if pool == "chat" else _sample(rows, settings.validation_rows, settings.seed)
         groups[f"benign: {pool}"] = [row.text for row in rows]
-    groups = {name: texts for name, texts in groups.items() if texts}
+    return {name: texts for name, texts in groups.items() if texts}
+
+
+def summary(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """A guard's validation figures: terse and full forms caught (median and worst source), benign rows flagged."""
+
+    def rates(prefix: str) -> list[float]:
+        return [v["rate"] for k, v in rows.items() if k.startswith(prefix)]
+
+    return {
+        "terse median source": statistics.median(rates("unsafe terse:")),
+        "terse worst source": min(rates("unsafe terse:")),
+        "full median source": statistics.median(rates("unsafe full:")),
+        "validation chat": rows["benign: chat"]["rate"],
+        "look-alikes": rows["benign: lookalike"]["rate"],
+        "benign OOD": rows["benign: benign_ood"]["rate"],
+        "benign terse median": statistics.median(rates("benign terse:")),
+        "hand-written terse": rows["hand-written terse"]["rate"],
+    }
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    hand_fit, hand_validation, left_out = hand_written_split(settings)
+    groups = validation_groups(settings)
 
     model, tokenizer = load_model(settings.model)
     results: dict[str, Any] = {
@@ -237,21 +285,5 @@ def run(settings: Settings) -> dict[str, Any]:
     guard.save_pretrained(settings.guard_dir)
     guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
     results["guards"]["with a weighted terse head"] = _rates(guarded, groups, named=("hand-written terse",))
-
-    def summary(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
-        def rates(prefix: str) -> list[float]:
-            return [v["rate"] for k, v in rows.items() if k.startswith(prefix)]
-
-        return {
-            "terse median source": statistics.median(rates("unsafe terse:")),
-            "terse worst source": min(rates("unsafe terse:")),
-            "full median source": statistics.median(rates("unsafe full:")),
-            "validation chat": rows["benign: chat"]["rate"],
-            "look-alikes": rows["benign: lookalike"]["rate"],
-            "benign OOD": rows["benign: benign_ood"]["rate"],
-            "benign terse median": statistics.median(rates("benign terse:")),
-            "hand-written terse": rows["hand-written terse"]["rate"],
-        }
-
     results["summary"] = {name: summary(rows) for name, rows in results["guards"].items()}
     return results
