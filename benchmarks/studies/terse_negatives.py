@@ -181,8 +181,8 @@ def with_weighted_terse_head(
     model: Any, tokenizer: Any, settings: Settings, rows: FitRows | None = None
 ) -> SafetyGuard:
     """The released guard with the terse head fitted on the weighted rows (``rows``: read again when not given),
-    every threshold set again on all validation chat rows (the new head a third of the budget, the others in their
-    proportions)."""
+    every threshold set again on all validation chat rows (the new head ``share`` of the budget, a third when not
+    set, the others in their proportions of the rest)."""
     rows = terse_fit_features(model, tokenizer, settings) if rows is None else rows
     config = ProbeConfig(reads=rows.reads, inverse_regularisation=settings.inverse_regularisation)
     n_unsafe = sum(rows.labels)
@@ -205,7 +205,7 @@ def with_weighted_terse_head(
     old = guard.budget
     assert old is not None  # the released guard has one
     guard.add_head(head)
-    share = 1.0 / len(guard.head_names)
+    share = 1.0 / len(guard.head_names) if settings.share is None else settings.share
     chat = release_rows(THRESHOLD_POOL, "validation")
     fit_budget_on_prompts(
         model,

@@ -49,8 +49,8 @@ class Settings(NegativesSettings):
             },
         ]
     )
-    """Each candidate's ``name`` and the settings it changes (``terse_benign_weight``, ``terse_groups``); the first
-    is ``heads/terse_negatives``'s head again."""
+    """Each candidate's ``name`` and the settings it changes (``terse_benign_weight``, ``terse_groups``, ``share``);
+    the first is ``heads/terse_negatives``'s head again."""
     guard_dir: str = "artifacts/terse-negatives-sweep/guard"
     """Where the chosen candidate's guard is saved."""
 
