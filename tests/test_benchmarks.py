@@ -32,7 +32,7 @@ def _has_field_docstring(module, name: str) -> bool:
     import inspect
 
     for cls in module.Settings.__mro__:
-        if name not in getattr(cls, "__annotations__", {}):
+        if name not in vars(cls).get("__annotations__", {}):  # declared here, not inherited
             continue
         tree = ast.parse(Path(inspect.getfile(cls)).read_text())
         settings = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
