@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 
 import numpy as np
 import pytest
@@ -34,8 +35,15 @@ def test_metrics_are_what_screening_each_prompt_gives(tmp_path):
     )
     metrics = evaluation.metrics()
     alone = {t: guarded.screen([t])[0] for t in benign + unsafe}
-    assert metrics["notes"]["flagged"] == pytest.approx(np.mean([alone[t].flagged for t in benign]))
-    assert metrics["stealing"]["flagged"] == pytest.approx(np.mean([alone[t].flagged for t in unsafe]))
+    for name, texts in (("notes", benign), ("stealing", unsafe)):
+        # batched and alone, a score moves by float round-off; a row whose score sits on a threshold (the tiny
+        # guard's thresholds are its own rows' scores) may fall either way on another CPU's kernels
+        on_edge = sum(
+            any(math.isclose(v.score, v.threshold, rel_tol=1e-5, abs_tol=1e-8) for v in alone[t].head_verdicts())
+            for t in texts
+        )
+        want_flagged = np.mean([alone[t].flagged for t in texts])
+        assert abs(metrics[name]["flagged"] - want_flagged) * len(texts) <= on_edge + 1e-9
     assert metrics["stealing"]["errors"] == 1 and metrics["stealing"]["rows"] == 20
     harm = {t: alone[t].head_verdicts()[1].score for t in benign + unsafe}
     want = roc_auc_score([0] * 30 + [1] * 20, [harm[t] for t in benign + unsafe])

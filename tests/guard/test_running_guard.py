@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from tiny import PROMPTS, RUNNING_MAX_NEW as MAX_NEW, tiny_running_guard as running_setup
@@ -46,9 +48,14 @@ def test_held_out_safe_false_stop_rate_is_at_most_the_target():
     guarded = GuardedModelForCausalLM(model, guard)
     guarded.generate(**encode_prompts(tokenizer, holdout), max_new_tokens=MAX_NEW, do_sample=False, on_flag="stop")
     stopped = [r.stopped for r in guarded.last_safety]
-    # stopping while generating reproduces the fit-time statistic: a row is stopped iff S > threshold
-    # (rows shorter than the patience can be flagged but are never stopped)
-    assert sum(stopped) / len(stopped) <= guard.config.target_fpr
+    # stopping while generating reproduces the fit-time statistic: a row is stopped only if S > threshold (rows
+    # shorter than the patience can be flagged but are never stopped). The threshold is a held-out row's own S, and
+    # generation moves S by float round-off, so that row may fall either way on another CPU's kernels.
+    statistics = fit.holdout_statistics.tolist()
+    on_edge = [math.isclose(s, guard.threshold, rel_tol=1e-5, abs_tol=1e-8) for s in statistics]
+    assert all(s > guard.threshold for s, stop, edge in zip(statistics, stopped, on_edge) if stop and not edge)
+    clear_stops = sum(stop and not edge for stop, edge in zip(stopped, on_edge))
+    assert clear_stops / len(stopped) <= guard.config.target_fpr
 
 
 def test_a_flagged_row_stops_at_the_flagged_step_after_patience_tokens(tmp_path):
