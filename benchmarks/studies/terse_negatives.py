@@ -44,14 +44,7 @@ from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.guard.heads import SupervisedHead
 from hf_lsad.guard.heads.probe import ProbeConfig, Read, SupervisedHeadConfig
-from hf_lsad.guard.heads.training import (
-    BENIGN_POOLS,
-    THRESHOLD_POOL,
-    _sample,
-    bundled_features,
-    fit_budget_on_prompts,
-    release_rows,
-)
+from hf_lsad.guard.heads.training import BENIGN_POOLS, _sample, add_fitted_head, bundled_features, release_rows
 
 from .terse_head import Settings as HeadSettings, _rates, _rows_of, _terse, terse_fit_rows
 from .terse_requests import KINDS, load_triples
@@ -202,22 +195,7 @@ def with_weighted_terse_head(
     head.eval()
 
     guard = SafetyGuard.from_pretrained(settings.guard)
-    old = guard.budget
-    assert old is not None  # the released guard has one
-    guard.add_head(head)
-    share = 1.0 / len(guard.head_names) if settings.share is None else settings.share
-    chat = release_rows(THRESHOLD_POOL, "validation")
-    fit_budget_on_prompts(
-        model,
-        tokenizer,
-        guard,
-        [p.text for p in chat],
-        target_fpr=old.target_fpr,
-        shares=[s * (1.0 - share) for s in old.shares] + [share],
-        confidence=old.confidence,
-        rows=f"validation {THRESHOLD_POOL}",
-        keep_nearest=True,
-    )
+    add_fitted_head(model, tokenizer, guard, head, share=settings.share, threshold_rows=None)
     return guard
 
 

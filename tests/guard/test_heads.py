@@ -437,3 +437,25 @@ def test_a_budget_must_cover_the_heads_and_split_one_whole():
         BudgetConfig(["anomaly", "h"], [0.5, 0.6], [1.0, 0.5], target_fpr=0.05, measured_fpr=0.05, n_rows=10)
     with pytest.raises(ValueError, match="2 heads, 1 shares"):
         BudgetConfig(["anomaly", "h"], [1.0], [1.0, 0.5], target_fpr=0.05, measured_fpr=0.05, n_rows=10)
+
+
+def test_a_head_fitted_your_own_way_is_added_with_its_share_and_a_failure_leaves_the_guard_as_it_was():
+    from hf_lsad.guard.heads.training import add_fitted_head
+
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard()
+    head = copy.deepcopy(tiny_head())
+    head.config = replace(head.config, name="mine")
+    budget = add_fitted_head(model, tokenizer, guard, head, share=0.2, threshold_rows=120, progress=False)
+    assert guard.head_names == ["anomaly", "harm", "mine"] and guard.budget is budget
+    assert budget.shares == pytest.approx([0.4, 0.4, 0.2]) and budget.n_rows == 120 and budget.rows == "validation chat"
+    assert 0.0 < budget.measured_fpr <= budget.target_fpr == 0.25  # the guard's own target is kept
+
+    before = two_headed_guard()
+    other = copy.deepcopy(tiny_head())
+    other.config = replace(other.config, name="other")
+    with pytest.raises(ValueError, match="share must be in"):
+        add_fitted_head(model, tokenizer, before, other, share=1.0)
+    with pytest.raises(ValueError):  # fails inside the threshold fit: the head is taken out again
+        add_fitted_head(model, tokenizer, before, other, threshold_rows=120, max_batch_tokens=-1, progress=False)
+    assert before.head_names == ["anomaly", "harm"] and before.budget.shares == pytest.approx([0.5, 0.5])

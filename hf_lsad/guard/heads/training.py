@@ -197,13 +197,50 @@ def add_head(
     )
     fit_reads = {read: torch.cat([user_reads[read], bundled_reads[read]]) for read in config.reads}
     head = fit_head(name, fit_reads, labels, groups, config)
+    return add_fitted_head(
+        model,
+        tokenizer,
+        guard,
+        head,
+        share=share,
+        target_fpr=target_fpr,
+        threshold_rows=threshold_rows,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        seed=seed,
+        progress=progress,
+        system=system,
+    )
 
+
+def add_fitted_head(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    guard: Any,
+    head: SupervisedHead,
+    *,
+    share: float | None = None,
+    target_fpr: float | None = None,
+    threshold_rows: int | None = 1000,
+    batch_size: int = 16,
+    max_batch_tokens: int | None = BATCH_TOKENS,
+    seed: int = 0,
+    progress: bool = True,
+    system: str | None = None,
+) -> BudgetConfig:
+    """Add a fitted supervised ``head`` to ``guard`` and set every threshold again on the bundled validation chat, as
+    :func:`add_head` does once it has fitted its head (use this for a head fitted your own way, say with weights of
+    your own). The new head takes ``share`` of the one false-positive budget (default: an equal share with every
+    head), the others keep their proportions of the rest; the guard's target rate (unless ``target_fpr`` is given)
+    and ``confidence`` are kept. On any error the guard is left as it was. The other arguments are
+    :func:`add_head`'s."""
+    if share is not None and not 0.0 < share < 1.0:
+        raise ValueError(f"share must be in (0, 1), got {share}")
     chat = _sample(release_rows(THRESHOLD_POOL, "validation"), threshold_rows, seed)
     old = guard.budget  # adding the head clears it
     guard.add_head(head)
     try:
-        n = len(guard.head_names)
-        share = 1.0 / n if share is None else share
+        share = 1.0 / len(guard.head_names) if share is None else share
         previous = old.shares if old is not None else [1.0]  # a single-head guard: the anomaly head had it all
         return fit_budget_on_prompts(
             model,
@@ -221,7 +258,7 @@ def add_head(
             keep_nearest=True,  # bundled rows
         )
     except BaseException:  # leave the guard as it was
-        del guard.heads[name]
+        del guard.heads[head.name]
         guard.budget = old
         raise
 
