@@ -30,7 +30,6 @@ hand-written validation rows. The guard is saved under ``guard_dir`` for the tes
 from __future__ import annotations
 
 import json
-import re
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from hf_lsad.guard.heads.training import BENIGN_POOLS, _sample, add_fitted_head,
 
 from .terse_head import Settings as HeadSettings, _rates, _rows_of, _terse, terse_fit_rows
 from .terse_requests import KINDS, load_triples
+from .unseen import _jaccard, _words
 
 HEAD = "terse"
 """The new head's name."""
@@ -85,10 +85,6 @@ class Settings(HeadSettings):
     """Where the three-headed guard is saved."""
 
 
-def _content(text: str) -> frozenset[str]:
-    return frozenset(word for word in re.findall(r"[a-z]+", text.lower()) if word not in STOP_WORDS)
-
-
 def hand_written_split(settings: Settings) -> tuple[list[dict[str, str]], list[dict[str, str]], list[str]]:
     """The hand-written queries' fit rows, validation rows, and the texts left out as near-copies of a triple."""
     rows = [json.loads(line) for line in Path(settings.hand_written).read_text().splitlines() if line.strip()]
@@ -96,11 +92,11 @@ def hand_written_split(settings: Settings) -> tuple[list[dict[str, str]], list[d
         raise ValueError(f"{settings.hand_written}: every row needs a non-empty id, domain and text")
     if len({row["text"] for row in rows}) != len(rows) or len({row["id"] for row in rows}) != len(rows):
         raise ValueError(f"{settings.hand_written}: repeated ids or texts")
-    triple_words = [_content(t[kind]) for t in load_triples(settings.triples) for kind in KINDS]
+    triple_words = [_words(t[kind]) - STOP_WORDS for t in load_triples(settings.triples) for kind in KINDS]
 
     def near(text: str) -> bool:
-        words = _content(text)
-        return any(len(words & other) / max(1, len(words | other)) >= settings.near_copy for other in triple_words)
+        words = _words(text) - STOP_WORDS
+        return any(_jaccard(words, other) >= settings.near_copy for other in triple_words)
 
     left_out = [row["text"] for row in rows if near(row["text"])]
     by_domain: dict[str, list[dict[str, str]]] = defaultdict(list)

@@ -80,8 +80,7 @@ def run(settings: Settings) -> dict[str, Any]:
     results["guards"]["released"] = _rates(GuardedModelForCausalLM(model, released, tokenizer=tokenizer), groups, named)
 
     rows = terse_fit_features(model, tokenizer, settings)
-    chosen: tuple[float, float, str] | None = None
-    guards = {}
+    best: tuple[tuple[float, float], str, SafetyGuard] | None = None  # (terse median, -benign OOD), name, guard
     for candidate in settings.candidates:
         name = candidate["name"]
         changed = dataclasses.replace(settings, **{k: v for k, v in candidate.items() if k != "name"})
@@ -94,12 +93,11 @@ def run(settings: Settings) -> dict[str, Any]:
         results["checks"][name] = checks
         if all(checks.values()):
             figures = summary(results["guards"][name])
-            key = (figures["terse median source"], -figures["benign OOD"], name)
-            if chosen is None or key[:2] > chosen[:2]:
-                chosen = key
-                guards[name] = guard
+            key = (figures["terse median source"], -figures["benign OOD"])
+            if best is None or key > best[0]:
+                best = (key, name, guard)
     results["summary"] = {name: summary(rows) for name, rows in results["guards"].items()}
-    results["chosen"] = chosen[2] if chosen is not None else None
-    if chosen is not None:
-        guards[chosen[2]].save_pretrained(settings.guard_dir)
+    results["chosen"] = best[1] if best is not None else None
+    if best is not None:
+        best[2].save_pretrained(settings.guard_dir)
     return results
