@@ -111,17 +111,26 @@ PROBE_KINDS = list(HEAD_PROBES)
 
 
 @cache
-def tiny_head(kind: str = "logistic"):
-    """A supervised head ``harm`` of ``kind`` (:data:`HEAD_PROBES`) fitted on the tiny model: :data:`UNSAFE_PROMPTS`
-    against :data:`PROMPTS`."""
+def tiny_head_rows() -> tuple[dict, torch.Tensor, list[str]]:
+    """The rows :func:`tiny_head` is fitted on, read on the tiny model: :data:`HEAD_READS` of :data:`PROMPTS` then
+    :data:`UNSAFE_PROMPTS`, their 0/1 labels and groups (``benign``, ``stealing``)."""
     from hf_lsad.capture.collect import collect_prompt_features
-    from hf_lsad.guard.heads import ProbeConfig
-    from hf_lsad.guard.heads.training import fit_head
 
     model, tokenizer, _ = tiny_guard("prompt_last")
     reads, _ = collect_prompt_features(model, tokenizer, PROMPTS + UNSAFE_PROMPTS, HEAD_READS, progress=False)
     labels = torch.tensor([0] * len(PROMPTS) + [1] * len(UNSAFE_PROMPTS))
     groups = ["benign"] * len(PROMPTS) + ["stealing"] * len(UNSAFE_PROMPTS)
+    return reads, labels, groups
+
+
+@cache
+def tiny_head(kind: str = "logistic"):
+    """A supervised head ``harm`` of ``kind`` (:data:`HEAD_PROBES`) fitted on the tiny model: :data:`UNSAFE_PROMPTS`
+    against :data:`PROMPTS`."""
+    from hf_lsad.guard.heads import ProbeConfig
+    from hf_lsad.guard.heads.training import fit_head
+
+    reads, labels, groups = tiny_head_rows()
     return fit_head("harm", reads, labels, groups, ProbeConfig(reads=HEAD_READS, **HEAD_PROBES[kind]))
 
 

@@ -20,11 +20,12 @@ This study changes two things and keeps the rest:
   goes to the terse rows (half to the hand-written fit rows, half to the rule-made forms) and the rest to the four
   bundled pools ``add_head`` draws (400 fit rows each), alike.
 
-The head reads what the released harm head reads, is fitted as :func:`hf_lsad.guard.heads.fit_head` fits (logistic,
-``inverse_regularisation`` 0.01) with these weights, added with :meth:`~hf_lsad.guard.SafetyGuard.add_head`, and every
-threshold is set again on all validation chat rows, the new head taking a third of the budget, as ``add_head`` does.
-The released guard and this three-headed guard are screened on ``heads/terse_head``'s validation rows and on the
-hand-written validation rows. The guard is saved under ``guard_dir`` for the test run, if the rule holds.
+The head reads what the released harm head reads, is fitted by :func:`hf_lsad.guard.heads.training.fit_head` (logistic,
+``inverse_regularisation`` 0.01) with these weights (``weights=``), added with
+:func:`hf_lsad.guard.heads.training.add_fitted_head`, and every threshold is set again on all validation chat rows, the
+new head taking a third of the budget (``share``), as ``add_head`` does. The released guard and this three-headed guard
+are screened on ``heads/terse_head``'s validation rows and on the hand-written validation rows. The guard is saved under
+``guard_dir`` for the test run, if the rule holds.
 """
 
 from __future__ import annotations
@@ -41,9 +42,15 @@ import torch
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, load_model
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.core.batching import BATCH_TOKENS
-from hf_lsad.guard.heads import SupervisedHead
-from hf_lsad.guard.heads.probe import ProbeConfig, Read, SupervisedHeadConfig
-from hf_lsad.guard.heads.training import BENIGN_POOLS, _sample, add_fitted_head, bundled_features, release_rows
+from hf_lsad.guard.heads.probe import ProbeConfig, Read
+from hf_lsad.guard.heads.training import (
+    BENIGN_POOLS,
+    _sample,
+    add_fitted_head,
+    bundled_features,
+    fit_head,
+    release_rows,
+)
 
 from .terse_head import Settings as HeadSettings, _rates, _rows_of, _terse, terse_fit_rows
 from .terse_requests import KINDS, load_triples
@@ -132,13 +139,13 @@ def fit_weights(groups: list[str], labels: list[int], terse_benign: set[str], sh
 
 @dataclass
 class FitRows:
-    """The terse head's fit rows, read: features per read (``[n, hidden]``), labels, groups, unsafe sources."""
+    """The terse head's fit rows, read: features per read (``[n, hidden]``), labels, groups (an unsafe row's source,
+    a benign row's group)."""
 
     reads: list[Read]
     features: dict[Read, torch.Tensor]
     labels: list[int]
     groups: list[str]
-    sources: list[str]
 
 
 def terse_fit_features(model: Any, tokenizer: Any, settings: Settings) -> FitRows:
@@ -152,7 +159,7 @@ def terse_fit_features(model: Any, tokenizer: Any, settings: Settings) -> FitRow
 
     reads = list(next(iter(SafetyGuard.from_pretrained(settings.guard).heads.values())).reads)
     texts = [short for _, short in fit_unsafe] + hand_texts + rule_texts
-    groups = [f"unsafe: {row.source}" for row, _ in fit_unsafe]
+    groups = [row.source for row, _ in fit_unsafe]
     groups += ["terse: hand-written"] * len(hand_texts) + ["terse: rule-made"] * len(rule_texts)
     bundled = []
     for pool in BENIGN_POOLS:
@@ -163,7 +170,7 @@ def terse_fit_features(model: Any, tokenizer: Any, settings: Settings) -> FitRow
     own, _ = collect_prompt_features(model, tokenizer, texts, reads, max_batch_tokens=BATCH_TOKENS)
     pools = bundled_features(model, tokenizer, bundled, reads, cache_dir=settings.cache_dir)
     features = {read: torch.cat([own[read], pools[read]]) for read in reads}
-    return FitRows(reads, features, labels, groups, sorted({row.source for row, _ in fit_unsafe}))
+    return FitRows(reads, features, labels, groups)
 
 
 def with_weighted_terse_head(
@@ -174,21 +181,8 @@ def with_weighted_terse_head(
     set, the others in their proportions of the rest)."""
     rows = terse_fit_features(model, tokenizer, settings) if rows is None else rows
     config = ProbeConfig(reads=rows.reads, inverse_regularisation=settings.inverse_regularisation)
-    n_unsafe = sum(rows.labels)
-    head = SupervisedHead(
-        SupervisedHeadConfig(
-            name=HEAD,
-            probe=config,
-            hidden_size=rows.features[rows.reads[0]].shape[1],
-            n_safe=len(rows.labels) - n_unsafe,
-            n_unsafe=n_unsafe,
-            sources=rows.sources,
-            balance="none",  # the weights below are the study's own
-        )
-    )
     weights = fit_weights(rows.groups, rows.labels, set(settings.terse_groups), settings.terse_benign_weight)
-    head.probe.fit(head.probe.features(rows.features), torch.tensor(rows.labels), weights)
-    head.eval()
+    head = fit_head(HEAD, rows.features, torch.tensor(rows.labels), rows.groups, config, weights=weights)
 
     guard = SafetyGuard.from_pretrained(settings.guard)
     add_fitted_head(model, tokenizer, guard, head, share=settings.share, threshold_rows=None)

@@ -11,7 +11,18 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tiny import HEAD_READS, PROBE_KINDS, PROMPTS, UNSAFE_PROMPTS, fresh_guard, tiny_guard, tiny_head, two_headed_guard
+from tiny import (
+    HEAD_PROBES,
+    HEAD_READS,
+    PROBE_KINDS,
+    PROMPTS,
+    UNSAFE_PROMPTS,
+    fresh_guard,
+    tiny_guard,
+    tiny_head,
+    tiny_head_rows,
+    two_headed_guard,
+)
 
 from hf_lsad.capture.collect import collect_prompt_features, encode_prompts
 from hf_lsad.capture.recorder import read_prompts
@@ -20,7 +31,7 @@ from hf_lsad.core.prompt_inputs import template_opening
 from hf_lsad.core.prompt_tokens import fixed_openings
 from hf_lsad.errors import GuardFormatError
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads import MLPProbe, ProbeConfig, SupervisedHead, SupervisedHeadConfig
+from hf_lsad.guard.heads import MLPProbe, ProbeConfig, SupervisedHead, SupervisedHeadConfig, balanced_weights
 from hf_lsad.guard.threshold import allowed_flags, union_flag_rate
 from hf_lsad.guard.types import BudgetConfig
 
@@ -401,6 +412,7 @@ def edit_config(folder, edit):
         (lambda folder: edit_config(folder, lambda c: c["heads"][0].update(hidden_size=7)), "shape"),
         (lambda folder: edit_config(folder, lambda c: c["heads"][0].update(name="x/y")), "a head name"),
         (lambda folder: edit_config(folder, lambda c: c["heads"][0]["probe"].update(kind="svm")), "kind"),
+        (lambda folder: edit_config(folder, lambda c: c["heads"][0].update(balance="by hand")), "balance"),
     ],
 )
 @pytest.mark.parametrize("kind", PROBE_KINDS)
@@ -437,6 +449,47 @@ def test_a_budget_must_cover_the_heads_and_split_one_whole():
         BudgetConfig(["anomaly", "h"], [0.5, 0.6], [1.0, 0.5], target_fpr=0.05, measured_fpr=0.05, n_rows=10)
     with pytest.raises(ValueError, match="2 heads, 1 shares"):
         BudgetConfig(["anomaly", "h"], [1.0], [1.0, 0.5], target_fpr=0.05, measured_fpr=0.05, n_rows=10)
+
+
+@pytest.mark.parametrize("kind", PROBE_KINDS)
+def test_weights_of_your_own_fit_the_head_with_them_and_the_head_says_so(tmp_path, kind):
+    from hf_lsad.guard.heads.training import fit_head
+
+    reads, labels, groups = tiny_head_rows()
+    config = ProbeConfig(reads=HEAD_READS, **HEAD_PROBES[kind])
+    by_source = fit_head("harm", reads, labels, groups, config)
+    given = fit_head("harm", reads, labels, groups, config, weights=balanced_weights(groups, labels))
+    assert (by_source.config.balance, given.config.balance) == ("source", "given")
+    for name, tensor in by_source.state_dict().items():  # the same weights fit the same head
+        assert torch.equal(tensor, given.state_dict()[name]), name
+    tilted = balanced_weights(groups, labels)
+    tilted[labels == 1] *= 4.0  # the unsafe rows weigh more: the head leans to flagging
+    leaning = fit_head("harm", reads, labels, groups, config, weights=tilted)
+    assert (leaning.logit(reads) - by_source.logit(reads)).mean() > 0
+
+    guard = two_headed_guard(kind=kind)
+    guard.heads["harm"].config = replace(guard.heads["harm"].config, balance="given")
+    guard.save_pretrained(tmp_path / "g")
+    assert SafetyGuard.from_pretrained(tmp_path / "g").heads["harm"].config.balance == "given"
+
+
+@pytest.mark.parametrize(
+    ("weights", "error"),
+    [
+        (lambda labels: torch.ones(len(labels) - 1), "one weight per row"),
+        (lambda labels: torch.full((len(labels),), float("nan")), "finite and non-negative"),
+        (lambda labels: -torch.ones(len(labels)), "finite and non-negative"),
+        (lambda labels: (labels == 0).double(), "the unsafe rows' weights sum to 0"),
+        (lambda labels: (labels == 1).double(), "the safe rows' weights sum to 0"),
+        (lambda labels: [1.0] * len(labels), "must be a tensor"),
+    ],
+)
+def test_weights_that_cannot_fit_a_head_are_refused(weights, error):
+    from hf_lsad.guard.heads.training import fit_head
+
+    reads, labels, groups = tiny_head_rows()
+    with pytest.raises((ValueError, TypeError), match=error):
+        fit_head("harm", reads, labels, groups, ProbeConfig(reads=HEAD_READS), weights=weights(labels))
 
 
 def test_a_head_fitted_your_own_way_is_added_with_its_share_and_a_failure_leaves_the_guard_as_it_was():

@@ -3,6 +3,7 @@
 
 from .probe import (
     PROBES,
+    Balance,
     LogisticProbe,
     MLPProbe,
     Probe,
@@ -16,6 +17,7 @@ from .probe import (
 
 __all__ = [
     "PROBES",
+    "Balance",
     "LogisticProbe",
     "MLPProbe",
     "Probe",

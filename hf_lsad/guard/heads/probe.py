@@ -39,6 +39,10 @@ Read = tuple[int, str]
 
 ProbeKind = Literal["logistic", "mlp"]
 
+Balance = Literal["source", "none", "given"]
+"""How a head's fit rows were weighed: every source of each label alike (``source``, :func:`balanced_weights`), every
+row alike (``none``), or by weights the caller gave (``given``)."""
+
 
 @dataclass
 class ProbeConfig:
@@ -156,8 +160,12 @@ class Probe(nn.Module):
         if not torch.isfinite(features).all():
             raise ValueError("features hold NaN or inf")
         labels = labels.to(torch.int64)
+        if labels.shape != (features.shape[0],):
+            raise ValueError(f"expected labels [{features.shape[0]}], got {tuple(labels.shape)}")
         if set(labels.unique().tolist()) != {0, 1}:
             raise ValueError("a supervised head needs both safe (0) and unsafe (1) rows")
+        if weights is not None:
+            check_weights(weights, labels)
         values = features.double()
         mean, scale = values.mean(0), values.std(0).clamp_min(1e-6)
         self.fit_standard((values - mean) / scale, labels, weights)
@@ -251,6 +259,20 @@ def make_probe(config: ProbeConfig, hidden_size: int) -> Probe:
     return PROBES[config.kind](config, hidden_size)
 
 
+def check_weights(weights: Tensor, labels: Tensor) -> None:
+    """Per-row fit weights, checked against ``labels`` ``[n]``: one finite, non-negative weight a row, and some weight
+    on each label (a label of weight 0 would not be learnt at all)."""
+    if not isinstance(weights, Tensor):
+        raise TypeError(f"weights must be a tensor, got {type(weights).__name__}")
+    if weights.shape != labels.shape:
+        raise ValueError(f"expected one weight per row, [{len(labels)}], got {tuple(weights.shape)}")
+    if not torch.isfinite(weights).all() or (weights < 0).any():
+        raise ValueError("weights must be finite and non-negative")
+    for label, name in ((0, "safe"), (1, "unsafe")):
+        if not weights[labels == label].sum() > 0:
+            raise ValueError(f"the {name} rows' weights sum to 0; the head would not learn them")
+
+
 def balanced_weights(groups: Sequence[str], labels: Tensor) -> Tensor:
     """Per-row weights under which every group (a source or domain) of each label weighs the same, and the two
     labels weigh the same in total: no single source dominates the fit, whatever its size."""
@@ -287,8 +309,9 @@ class SupervisedHeadConfig:
     sources: list[str] = field(default_factory=list)
     """The unsafe sources it learnt from (what it can be expected to recognise)."""
 
-    balance: str = "source"
-    """How rows were weighted: ``source`` (every source of each label weighs alike), ``none``."""
+    balance: Balance = "source"
+    """How rows were weighted: ``source`` (every source of each label weighs alike), ``none`` (every row alike),
+    ``given`` (the caller's own weights)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

@@ -63,11 +63,14 @@ def fit_head(
     groups: Sequence[str],
     config: ProbeConfig,
     *,
-    balance: str = "source",
+    balance: Literal["source", "none"] = "source",
+    weights: Tensor | None = None,
 ) -> SupervisedHead:
     """A supervised head fitted on ``reads`` (each ``[n, hidden]``) with 0/1 ``labels``; ``groups`` names each row's
     source (or benign domain). ``balance="source"`` weighs every group of each label alike
-    (:func:`~hf_lsad.guard.heads.balanced_weights`), ``"none"`` weighs every row alike."""
+    (:func:`~hf_lsad.guard.heads.balanced_weights`), ``"none"`` weighs every row alike. ``weights`` (``[n]``, finite,
+    non-negative, some on each label) are weights of your own instead: they replace ``balance``, and the head records
+    ``balance="given"``."""
     check_head_name(name)
     if balance not in ("source", "none"):
         raise ValueError(f"balance must be 'source' or 'none', got {balance!r}")
@@ -86,10 +89,11 @@ def fit_head(
             n_safe=len(labels) - unsafe,
             n_unsafe=unsafe,
             sources=sorted({g for g, label in zip(groups, labels.tolist()) if label == 1}),
-            balance=balance,
+            balance="given" if weights is not None else balance,
         )
     )
-    weights = balanced_weights(groups, labels) if balance == "source" else None
+    if weights is None and balance == "source":
+        weights = balanced_weights(groups, labels)
     head.probe.fit(head.probe.features(reads), labels, weights)
     return head.eval()
 
