@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ import torch
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, load_model
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.core.batching import BATCH_TOKENS
-from hf_lsad.guard.heads.probe import ProbeConfig, Read
+from hf_lsad.guard.heads.probe import ProbeConfig, Read, balanced_weights
 from hf_lsad.guard.heads.training import (
     BENIGN_POOLS,
     _sample,
@@ -122,19 +122,11 @@ def hand_written_split(settings: Settings) -> tuple[list[dict[str, str]], list[d
 def fit_weights(groups: list[str], labels: list[int], terse_benign: set[str], share: float) -> torch.Tensor:
     """Per-row weights: the two labels alike in total; the unsafe groups alike; of the benign weight, ``share`` on
     the ``terse_benign`` groups (alike) and the rest on the other benign groups (alike); mean 1."""
-    weights = torch.zeros(len(groups), dtype=torch.float64)
-    unsafe = sorted({g for g, label in zip(groups, labels) if label == 1})
     benign = sorted({g for g, label in zip(groups, labels) if label == 0})
-    terse, other = [g for g in benign if g in terse_benign], [g for g in benign if g not in terse_benign]
-    if not terse or not other:
+    terse = [g for g in benign if g in terse_benign]
+    if not terse or len(terse) == len(benign):
         raise ValueError(f"need terse benign groups {sorted(terse_benign)} and others, got {benign}")
-    total = {g: 0.5 / len(unsafe) for g in unsafe}
-    total |= {g: 0.5 * share / len(terse) for g in terse}
-    total |= {g: 0.5 * (1.0 - share) / len(other) for g in other}
-    counts = Counter(groups)
-    for i, group in enumerate(groups):
-        weights[i] = total[group] / counts[group]
-    return weights * len(groups) / weights.sum()
+    return balanced_weights(groups, torch.tensor(labels), {g: share / len(terse) for g in terse})
 
 
 @dataclass

@@ -334,6 +334,12 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--column", default=DEFAULT_COLUMN, help=PROMPT_COLUMN_HELP)
     parser.add_argument("--share", type=float, help="the new head's share of the FPR budget (default: an equal share)")
     parser.add_argument(
+        "--safe-weight",
+        type=float,
+        help="the share of the benign weight your --safe prompts carry together, in (0, 1) (default: as much as one "
+        "bundled benign pool, a fifth)",
+    )
+    parser.add_argument(
         "--out", help="where to write the guard with its new head (default: --guard itself, a local folder)"
     )
     model_argument(parser)

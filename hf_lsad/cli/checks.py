@@ -60,6 +60,7 @@ def _flag_rules() -> dict[str, tuple[type, str] | Range]:
         "holdout_fraction": OPEN_UNIT,
         "budget": HALF_OPEN_UNIT,
         "share": OPEN_UNIT,
+        "safe_weight": OPEN_UNIT,
         "port": Range(low=1, high=65535, expected="a port number (1-65535)"),
         "max_tokens": POSITIVE,
         "default_max_tokens": POSITIVE,
@@ -353,6 +354,8 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             f"argument --unsafe: a head needs at least {MIN_UNSAFE} examples; {args.unsafe!r} has "
             f"{len(prompts['unsafe'])}"
         )
+    if args.safe_weight is not None and not args.safe:
+        parser.error("argument --safe-weight: weighs the --safe prompts; give them with --safe")
     both = set(prompts["unsafe"]) & set(prompts.get("safe", []))
     if both:
         parser.error(

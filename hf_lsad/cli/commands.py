@@ -415,6 +415,7 @@ def run_add_head(args: argparse.Namespace) -> None:
         unsafe,
         safe,
         share=args.share,
+        safe_weight=args.safe_weight,
         benign_per_pool=args.benign_per_pool,
         threshold_rows=args.threshold_rows,
         cache_dir=args.cache,
@@ -426,7 +427,9 @@ def run_add_head(args: argparse.Namespace) -> None:
     # a new card: the old card's figures described the guard without this head
     data = (
         f"head {args.name!r} added with `hf-lsad add-head` from {len(unsafe)} prompts of its category"
-        f" and {len(safe)} of the user's own safe prompts, against the fit rows of the bundled benign pools"
+        f" and {len(safe)} of the user's own safe prompts"
+        + ("" if args.safe_weight is None else f" (carrying {args.safe_weight:.0%} of the benign weight)")
+        + ", against the fit rows of the bundled benign pools"
     ) + _how_read(args, guard)
     guard.save_pretrained(out, data=data)
     print(f"added head {args.name!r} ({len(unsafe)} unsafe, {len(safe)} own safe prompts); wrote {out}")

@@ -49,6 +49,8 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
         (["{not json"], [], "not JSON"),
         (CATEGORY, ["--name", "has space"], "argument --name"),
         (CATEGORY, ["--share", "1.0"], "argument --share"),
+        (CATEGORY, ["--safe-weight", "0.5"], "argument --safe-weight: weighs the --safe prompts"),
+        (CATEGORY, ["--safe-weight", "1.0"], "argument --safe-weight: 1.0 is not"),
         (CATEGORY, ["--guard", "default"], "argument --out: needed"),
         (CATEGORY, ["--unsafe", "missing.txt"], "no file"),
         (CATEGORY, ["--cache", "SAME"], "argument --cache: "),  # a file, not a folder

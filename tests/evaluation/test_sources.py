@@ -112,6 +112,24 @@ def test_balanced_weights_give_every_source_of_a_label_the_same_total():
     assert totals["a"] == pytest.approx(totals["b"]) == pytest.approx(totals["c"]) == pytest.approx(totals["d"])
 
 
+def test_balanced_weights_give_a_named_group_its_share_of_its_label():
+    labels = torch.tensor([0] * 10 + [0] * 90 + [0] * 30 + [1] * 5 + [1] * 45)
+    groups = ["a"] * 10 + ["b"] * 90 + ["e"] * 30 + ["c"] * 5 + ["d"] * 45
+    weights = balanced_weights(groups, labels, {"a": 0.6})
+    totals = {g: float(weights[[i for i, x in enumerate(groups) if x == g]].sum()) for g in "abecd"}
+    benign = totals["a"] + totals["b"] + totals["e"]
+    assert totals["a"] / benign == pytest.approx(0.6) and totals["b"] == pytest.approx(totals["e"])
+    assert benign == pytest.approx(totals["c"] + totals["d"]) and totals["c"] == pytest.approx(totals["d"])
+    assert weights.mean().item() == pytest.approx(1.0)
+    assert torch.equal(balanced_weights(groups, labels, {}), balanced_weights(groups, labels))
+    with pytest.raises(ValueError, match="no row belongs to"):
+        balanced_weights(groups, labels, {"z": 0.5})
+    with pytest.raises(ValueError, match="leave"):
+        balanced_weights(groups, labels, {"a": 0.6, "b": 0.4})  # nothing left for "e"
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        balanced_weights(groups, labels, {"a": 0.0})
+
+
 def test_a_probe_needs_both_labels_and_finite_features_of_its_width():
     probe = LogisticProbe(ProbeConfig(reads=[READ]), hidden_size=8)
     with pytest.raises(ValueError, match="both safe"):

@@ -263,6 +263,26 @@ def test_add_head_draws_from_the_release_split_whatever_its_seed():
     assert budget.n_rows == len(validation)
 
 
+def test_add_head_weighs_your_safe_prompts_as_you_ask():
+    """Given more of the benign weight, the user's safe prompts pull the new head's scores on them down; by default
+    they weigh as one bundled pool does."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    unsafe = [f"tell me the secret launch date of project bluebird {i}" for i in range(12)]
+    safe = [f"tell me the public launch date of the bluebird app {i}" for i in range(12)]
+    kwargs = dict(benign_per_pool=20, threshold_rows=40, progress=False)
+    heads = {}
+    for safe_weight in (None, 0.9):
+        guard = two_headed_guard()
+        add_head(model, tokenizer, guard, "secrets", unsafe, safe, safe_weight=safe_weight, **kwargs)
+        heads[safe_weight] = guard.heads["secrets"]
+    assert (heads[None].config.balance, heads[0.9].config.balance) == ("source", "given")
+    reads = guarded_reads(model, tokenizer, two_headed_guard(), safe)
+    assert heads[0.9].logit(reads).mean() < heads[None].logit(reads).mean()
+    for bad, prompts in ((1.0, safe), (0.5, [])):
+        with pytest.raises(ValueError, match="safe_weight needs safe prompts and a value in"):
+            add_head(model, tokenizer, two_headed_guard(), "secrets", unsafe, prompts, safe_weight=bad, **kwargs)
+
+
 def guarded_reads(model, tokenizer, guard, prompts):
     from hf_lsad.capture.collect import collect_prompt_features
 

@@ -22,7 +22,7 @@ scikit-learn nor pickles.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -273,17 +273,33 @@ def check_weights(weights: Tensor, labels: Tensor) -> None:
             raise ValueError(f"the {name} rows' weights sum to 0; the head would not learn them")
 
 
-def balanced_weights(groups: Sequence[str], labels: Tensor) -> Tensor:
+def balanced_weights(groups: Sequence[str], labels: Tensor, shares: Mapping[str, float] | None = None) -> Tensor:
     """Per-row weights under which every group (a source or domain) of each label weighs the same, and the two
-    labels weigh the same in total: no single source dominates the fit, whatever its size."""
+    labels weigh the same in total: no single source dominates the fit, whatever its size. ``shares`` fixes some
+    groups' share of their label's weight instead (``{"chat": 0.5}``: half of the benign weight on that group);
+    the label's other groups split the rest alike. Mean 1."""
     labels = labels.to(torch.int64)
+    shares = dict(shares or {})
+    unknown = sorted(set(shares) - set(groups))
+    if unknown:
+        raise ValueError(f"shares name groups no row belongs to: {unknown}")
+    if any(not 0.0 < share <= 1.0 for share in shares.values()):
+        raise ValueError(f"a group's share of its label's weight is in (0, 1], got {shares}")
     weights = torch.zeros(len(groups), dtype=torch.float64)
     for label in (0, 1):
         rows = (labels == label).nonzero().flatten().tolist()
         names = sorted({groups[i] for i in rows})
+        fixed = {name: shares[name] for name in names if name in shares}
+        free = [name for name in names if name not in fixed]
+        rest = 1.0 - sum(fixed.values())
+        if rest < -1e-9 or (free and rest <= 0.0) or (not free and abs(rest) > 1e-9):
+            raise ValueError(f"label {label}: the groups' shares {fixed} leave {rest:.3g} for the other groups {free}")
         for name in names:
             members = [i for i in rows if groups[i] == name]
-            weights[members] = 1.0 / (len(names) * len(members))
+            if name in fixed:
+                weights[members] = fixed[name] / len(members)
+            else:
+                weights[members] = rest / (len(free) * len(members))
     return weights * len(groups) / weights.sum()
 
 

@@ -56,6 +56,11 @@ MIN_UNSAFE = 10
 """Fewest examples of a category a head is fitted on."""
 
 
+USER_SAFE = "your safe prompts"
+"""The group of the user's own ``safe`` prompts in :func:`add_head`'s fit, beside the bundled benign pools (a space:
+no head, whose name is the unsafe rows' group, can share it)."""
+
+
 def fit_head(
     name: str,
     reads: dict[Read, Tensor],
@@ -108,6 +113,7 @@ def add_head(
     *,
     reads: Sequence[Read] | None = None,
     share: float | None = None,
+    safe_weight: float | None = None,
     target_fpr: float | None = None,
     benign_per_pool: int | None = 400,
     threshold_rows: int | None = 1000,
@@ -132,6 +138,8 @@ def add_head(
             and the mean over the prompt at the anomaly head's layer).
         share: The new head's share of the false-positive budget (default: an equal share with every head); the
             other heads keep their proportions of the rest.
+        safe_weight: The share of the benign weight your ``safe`` prompts carry together, in (0, 1) (default: they
+            weigh as one bundled benign pool does, a fifth); the bundled pools split the rest alike.
         target_fpr: The combined flag rate on validation chat (default: the guard's, else 5%); the guard's
             ``confidence`` (:class:`~hf_lsad.guard.types.BudgetConfig`) is kept.
         benign_per_pool: Fit rows drawn from each bundled benign pool (seeded; ``None``: all).
@@ -162,6 +170,8 @@ def add_head(
         raise ValueError(f"the guard already has a head named {name!r}")
     if share is not None and not 0.0 < share < 1.0:
         raise ValueError(f"share must be in (0, 1), got {share}")
+    if safe_weight is not None and not (safe and 0.0 < safe_weight < 1.0):
+        raise ValueError(f"safe_weight needs safe prompts and a value in (0, 1), got {safe_weight} with {len(safe)}")
     overlap = set(unsafe) & set(safe)
     if overlap:
         raise ValueError(f"{len(overlap)} prompts are both unsafe and safe, e.g. {sorted(overlap)[0]!r}")
@@ -172,7 +182,7 @@ def add_head(
     config = ProbeConfig(reads=list(reads), inverse_regularisation=inverse_regularisation)
 
     bundled: list[Prompt] = []
-    groups = [name] * len(unsafe) + ["user-safe"] * len(safe)
+    groups = [name] * len(unsafe) + [USER_SAFE] * len(safe)
     for pool in BENIGN_POOLS:
         rows = _sample(release_rows(pool, "fit"), benign_per_pool, seed)
         bundled += rows
@@ -200,7 +210,8 @@ def add_head(
         system=system,
     )
     fit_reads = {read: torch.cat([user_reads[read], bundled_reads[read]]) for read in config.reads}
-    head = fit_head(name, fit_reads, labels, groups, config)
+    weights = None if safe_weight is None else balanced_weights(groups, labels, {USER_SAFE: safe_weight})
+    head = fit_head(name, fit_reads, labels, groups, config, weights=weights)
     return add_fitted_head(
         model,
         tokenizer,
