@@ -13,11 +13,11 @@ that candidate, unchanged, on rows no run has read (``terse_validation.jsonl``, 
 - 55 **short lines that ask for nothing**: lower-case headlines, crime and disaster headlines among them, and
   chit-chat (the kind of text the last candidates flagged in benign OOD).
 
-A fresh row whose content words overlap a test triple's row, or a hand-written benign query the head is fitted on, by
-a Jaccard index of at least ``near_copy`` is left out and listed. The candidate is judged against the released guard on
-the same rows, by counts pooled over each kind (:func:`passes`); the full rows of the unsafe sources' validation rows
-are screened too, pooled, so that the terse head does not cost the harm written in full. The guard is saved for the
-test run when the rule holds.
+A fresh row whose content words overlap a test triple's row, or one of the hand-written benign queries of
+``heads/terse_negatives`` (fit and validation rows alike), by a Jaccard index of at least ``near_copy`` is left out and
+listed. The candidate is judged against the released guard on the same rows, by counts pooled over each kind
+(:func:`passes`); the full rows of the unsafe sources' validation rows are screened too, pooled, so that the terse head
+does not cost the harm written in full. The guard is saved for the test run when the rule holds.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def load_fresh(path: str) -> list[dict[str, str]]:
 
 
 def fresh_groups(settings: Settings) -> tuple[dict[str, list[str]], list[str]]:
-    """The fresh rows by kind, and the texts left out as near-copies of a test triple or a hand-written fit query."""
+    """The fresh rows by kind, and the texts left out as near-copies of a test triple or a hand-written benign query."""
     others = [_words(t[kind]) - STOP_WORDS for t in load_triples(settings.triples) for kind in KINDS]
     hand = [json.loads(line) for line in Path(settings.hand_written).read_text().splitlines() if line.strip()]
     others += [_words(row["text"]) - STOP_WORDS for row in hand]

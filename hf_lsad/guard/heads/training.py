@@ -171,7 +171,9 @@ def add_head(
     if share is not None and not 0.0 < share < 1.0:
         raise ValueError(f"share must be in (0, 1), got {share}")
     if safe_weight is not None and not (safe and 0.0 < safe_weight < 1.0):
-        raise ValueError(f"safe_weight needs safe prompts and a value in (0, 1), got {safe_weight} with {len(safe)}")
+        raise ValueError(
+            f"safe_weight needs safe prompts and a value in (0, 1), got {safe_weight} with {len(safe)} safe prompts"
+        )
     overlap = set(unsafe) & set(safe)
     if overlap:
         raise ValueError(f"{len(overlap)} prompts are both unsafe and safe, e.g. {sorted(overlap)[0]!r}")
