@@ -39,6 +39,19 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
     assert "| `secrets` |" in card and "This guard has 2 heads" in card and "add-head" in card
 
 
+def test_add_head_weighs_the_safe_prompts_as_asked_and_the_card_says_so(model_dir, guard_dir, tmp_path, capsys):
+    unsafe, safe = tmp_path / "secrets.txt", tmp_path / "ok.txt"
+    unsafe.write_text("".join(t + "\n" for t in CATEGORY))
+    safe.write_text("".join(f"what is the public name of project bluebird, version {i}?\n" for i in range(20)))
+    head = ["--name", "secrets", "--unsafe", str(unsafe), "--safe", str(safe), "--safe-weight", "0.6"]
+    sampling = ["--benign-per-pool", "30", "--threshold-rows", "100"]
+    out = tmp_path / "mine"
+    entry(["add-head", "--guard", str(guard_dir), "--model", str(model_dir), *head, *sampling, "--out", str(out)])
+    assert "added head 'secrets' (40 unsafe, 20 own safe prompts)" in capsys.readouterr().out
+    assert SafetyGuard.from_pretrained(out).heads["secrets"].config.balance == "given"
+    assert "20 of the user's own safe prompts (carrying 60% of the benign weight)" in (out / "README.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("lines", "flags", "error"),
     [
