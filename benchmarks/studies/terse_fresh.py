@@ -23,17 +23,21 @@ does not cost the harm written in full. The guard is saved for the test run when
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, load_model
 from hf_lsad.guard.heads.training import release_rows
 
 from .terse_head import _rates, _rows_of
-from .terse_negatives import STOP_WORDS, Settings as NegativesSettings, terse_fit_features, with_weighted_terse_head
-from .terse_requests import KINDS, load_triples
+from .terse_negatives import (
+    STOP_WORDS,
+    Settings as NegativesSettings,
+    load_hand_written,
+    terse_fit_features,
+    with_weighted_terse_head,
+)
+from .terse_requests import KINDS, load_rows, load_triples
 from .unseen import _jaccard, _words, wilson_share
 
 FRESH_KINDS = ("harmful", "twin", "line")
@@ -60,11 +64,10 @@ class Settings(NegativesSettings):
 
 def load_fresh(path: str) -> list[dict[str, str]]:
     """The fresh rows of ``path``, checked: every field a non-empty string, a known kind, texts unique."""
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    for row in rows:
-        missing = [key for key in ("id", "kind", "category", "text") if not str(row.get(key, "")).strip()]
-        if missing or row["kind"] not in FRESH_KINDS:
-            raise ValueError(f"{path}: row {row.get('id')!r} lacks {missing} or has a kind not in {FRESH_KINDS}")
+    rows = load_rows(path, ("id", "kind", "category", "text"))
+    unknown = [row["id"] for row in rows if row["kind"] not in FRESH_KINDS]
+    if unknown:
+        raise ValueError(f"{path}: rows {unknown} have a kind not in {FRESH_KINDS}")
     if len({row["text"] for row in rows}) != len(rows):
         raise ValueError(f"{path}: repeated texts")
     return rows
@@ -73,8 +76,7 @@ def load_fresh(path: str) -> list[dict[str, str]]:
 def fresh_groups(settings: Settings) -> tuple[dict[str, list[str]], list[str]]:
     """The fresh rows by kind, and the texts left out as near-copies of a test triple or a hand-written benign query."""
     others = [_words(t[kind]) - STOP_WORDS for t in load_triples(settings.triples) for kind in KINDS]
-    hand = [json.loads(line) for line in Path(settings.hand_written).read_text().splitlines() if line.strip()]
-    others += [_words(row["text"]) - STOP_WORDS for row in hand]
+    others += [_words(row["text"]) - STOP_WORDS for row in load_hand_written(settings.hand_written)]
     groups: dict[str, list[str]] = {f"fresh {kind}": [] for kind in FRESH_KINDS}
     left_out = []
     for row in load_fresh(settings.fresh):

@@ -30,11 +30,9 @@ are screened on ``heads/terse_head``'s validation rows and on the hand-written v
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,7 +51,7 @@ from hf_lsad.guard.heads.training import (
 )
 
 from .terse_head import Settings as HeadSettings, _rates, _rows_of, _terse, terse_fit_rows
-from .terse_requests import KINDS, load_triples
+from .terse_requests import KINDS, load_rows, load_triples
 from .unseen import _jaccard, _words
 
 HEAD = "terse"
@@ -92,13 +90,18 @@ class Settings(HeadSettings):
     """Where the three-headed guard is saved."""
 
 
+def load_hand_written(path: str) -> list[dict[str, str]]:
+    """The hand-written benign queries of ``path``, checked: a non-empty id, domain and text each; ids and texts
+    unique."""
+    rows = load_rows(path, ("id", "domain", "text"))
+    if len({row["text"] for row in rows}) != len(rows) or len({row["id"] for row in rows}) != len(rows):
+        raise ValueError(f"{path}: repeated ids or texts")
+    return rows
+
+
 def hand_written_split(settings: Settings) -> tuple[list[dict[str, str]], list[dict[str, str]], list[str]]:
     """The hand-written queries' fit rows, validation rows, and the texts left out as near-copies of a triple."""
-    rows = [json.loads(line) for line in Path(settings.hand_written).read_text().splitlines() if line.strip()]
-    if any(not str(row.get(key, "")).strip() for row in rows for key in ("id", "domain", "text")):
-        raise ValueError(f"{settings.hand_written}: every row needs a non-empty id, domain and text")
-    if len({row["text"] for row in rows}) != len(rows) or len({row["id"] for row in rows}) != len(rows):
-        raise ValueError(f"{settings.hand_written}: repeated ids or texts")
+    rows = load_hand_written(settings.hand_written)
     triple_words = [_words(t[kind]) - STOP_WORDS for t in load_triples(settings.triples) for kind in KINDS]
 
     def near(text: str) -> bool:

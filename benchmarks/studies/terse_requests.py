@@ -52,13 +52,20 @@ class Settings:
     """Word-set Jaccard index to a training row at or above which a row counts as a near-copy."""
 
 
+def load_rows(path: str, keys: tuple[str, ...]) -> list[dict[str, str]]:
+    """The JSON lines of a hand-written set (blank lines skipped), each checked to hold every one of ``keys`` as a
+    non-empty string."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    for row in rows:
+        missing = [key for key in keys if not str(row.get(key, "")).strip()]
+        if missing:
+            raise ValueError(f"{path}: row {row.get('id')!r} lacks {missing}")
+    return rows
+
+
 def load_triples(path: str) -> list[dict[str, str]]:
     """The triples of ``path``, checked: every field a non-empty string, ids and texts unique."""
-    triples = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    for triple in triples:
-        missing = [key for key in ("id", "category", *KINDS) if not str(triple.get(key, "")).strip()]
-        if missing:
-            raise ValueError(f"{path}: row {triple.get('id')!r} lacks {missing}")
+    triples = load_rows(path, ("id", "category", *KINDS))
     texts = [triple[kind] for triple in triples for kind in KINDS]
     if len({t["id"] for t in triples}) != len(triples) or len(set(texts)) != len(texts):
         raise ValueError(f"{path}: ids and texts must be unique")
