@@ -18,9 +18,9 @@ slivers. Requests are not micro-batched: a batch would make every row wait for t
 fate to its neighbours'; measured in ``benchmarks/perf/serve_load.py``.
 
 Errors use the OpenAI error shape ``{"error": {"message", "type", "param", "code"}}``: malformed JSON, a missing or
-mistyped field, an empty message list, ``max_tokens`` above the limit or a prompt beyond the model's context are
-400; a missing or wrong key 401; a body above the size limit 413. A client that disconnects mid-stream stops its
-generation at the next token.
+mistyped field, an empty message list, an empty user turn or prompt, ``max_tokens`` above the limit or a prompt beyond
+the model's context are 400; a missing or wrong key 401; a body above the size limit 413. A client that disconnects
+mid-stream stops its generation at the next token.
 """
 
 from __future__ import annotations
@@ -198,8 +198,9 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Any:
-        if not body.prompt:
-            raise ServeError(400, "prompt: empty", param="prompt")
+        if not body.prompt.strip():
+            shown = f": whitespace only ({len(body.prompt)} characters)" if body.prompt else ""
+            raise ServeError(400, f"prompt: empty{shown}", param="prompt")
         inputs = tokenizer([body.prompt], return_tensors="pt")
         return await complete(dict(inputs), body, body.max_tokens, chat=False)
 

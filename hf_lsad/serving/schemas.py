@@ -69,6 +69,16 @@ class ChatMessage(BaseModel):
             raise ValueError(f"a string or a list of text parts, got {json_type(value)}")
         return value
 
+    @field_validator("content")
+    @classmethod
+    def _user_turn_has_text(cls, value: str | list[ContentPart], info: ValidationInfo) -> str | list[ContentPart]:
+        # An empty user turn is an empty prompt, refused as the Python API, the CLI and /v1/completions refuse one.
+        # Other turns may be empty, as the OpenAI API allows.
+        text = value if isinstance(value, str) else "".join(part.text for part in value)
+        if info.data.get("role") == "user" and not text.strip():
+            raise ValueError("a user turn is empty" + (f": whitespace only ({len(text)} characters)" if text else ""))
+        return value
+
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 

@@ -520,6 +520,21 @@ BAD_REQUESTS = [
         400,
         "messages.0.content: part 0 is a part of type 'image_url': only text parts",
     ),
+    ("an empty user turn", {"body": chat_body("")}, 400, "messages.0.content: a user turn is empty"),
+    (
+        "a user turn of blank parts",
+        {
+            "body": {
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": " "}, {"type": "text", "text": "\n"}]}
+                ]
+            }
+        },
+        400,
+        "messages.0.content: a user turn is empty: whitespace only (2 characters)",
+    ),
+    ("an empty prompt", {"path": "/v1/completions", "body": {"prompt": ""}}, 400, "prompt: empty"),
+    ("a blank prompt", {"path": "/v1/completions", "body": {"prompt": "  "}}, 400, "prompt: empty: whitespace only"),
     ("moderation input not text", {"path": "/v1/moderations", "body": {"input": [1]}}, 400, "input: item 0 is"),
     ("two prompts", {"path": "/v1/completions", "body": {"prompt": ["a", "b"]}}, 400, "prompt: one prompt per request"),
     ("unknown role", {"body": {"messages": [{"role": "robot", "content": "hi"}]}}, 400, "role"),
