@@ -41,6 +41,7 @@ from hf_lsad.capture.collect import encode_prompts
 from hf_lsad.capture.generate_call import eos_token_ids
 from hf_lsad.capture.recorder import LastPositionRecorder
 from hf_lsad.core.hook_point import decoder_layer
+from hf_lsad.data.refusal import is_refusal
 from hf_lsad.guard.heads.probe import ProbeConfig, balanced_weights, make_probe
 from hf_lsad.guard.heads.training import _sample, release_rows
 from hf_lsad.guard.threshold import fpr_threshold
@@ -258,7 +259,8 @@ def run(settings: Settings) -> dict[str, Any]:
     released_counts = {name: counts(flags) for name, flags in released.items()}
     checks = passes(released_counts, heads[primary]["union"])
 
-    # Each fresh row with the model's response and both verdicts: what the response head reads, by kind of harm.
+    # Each fresh row with both verdicts and whether the model refused it, by kind of harm. The responses themselves
+    # stay in the cache (artifacts/, never in git): some are instructions for harm.
     category = {row["text"]: row["category"] for row in load_fresh(FreshSettings().fresh)}
     threshold = heads[primary]["threshold"]
     fresh_rows = {
@@ -266,7 +268,7 @@ def run(settings: Settings) -> dict[str, Any]:
             {
                 "category": category[text],
                 "prompt": text,
-                "response": response,
+                "model refused": is_refusal(response),
                 "prompt flagged": prompt_flag,
                 "response score": score,
                 "response flagged": score > threshold,
@@ -286,6 +288,7 @@ def run(settings: Settings) -> dict[str, Any]:
     return {
         "fit_rows": dict(Counter(group for group, _, _ in fit)),
         "validation_rows": {name: len(texts) for name, texts in groups.items()},
+        "model refused": {name: counts([is_refusal(r) for r in responses[name]]) for name in groups},
         "released": released_counts,
         "heads": heads,
         "primary": primary,
