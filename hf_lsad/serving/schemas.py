@@ -208,6 +208,10 @@ class CompletionRequest(_Sampling):
         """How many most likely tokens to list at each position; ``None``: no log-probabilities asked for."""
         return self.logprobs
 
+    def text(self) -> str:
+        """The one prompt of the request (a list of one prompt is read as that prompt)."""
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, value: Any) -> str:
