@@ -89,6 +89,12 @@ class Settings:
         }
     )
     """Benign pools and how many of their validation rows are drawn (all of chat and the look-alikes)."""
+    fresh: str = "benchmarks/studies/terse_validation.jsonl"
+    """The fresh validation rows (``heads/terse_fresh``'s format): terse harmful requests, their twins, short lines."""
+    earlier_fresh: list[str] = field(default_factory=list)
+    """Earlier sets of fresh rows: a row of ``fresh`` that is a near-copy of one of theirs is left out."""
+    left_out_sources: list[str] = field(default_factory=list)
+    """Unsafe sources whose responses the head is not fitted on (their validation rows are still screened)."""
     response_fpr: float = 0.01
     """The share of validation chat's responses the response head's threshold flags (quantile)."""
     probe: dict[str, Any] = field(
@@ -171,7 +177,7 @@ def fit_rows(settings: Settings) -> list[tuple[str, str, int]]:
 
 def validation_groups(settings: Settings) -> dict[str, list[str]]:
     """The validation rows screened, by group: fresh terse rows, unsafe sources, benign domains."""
-    fresh, _ = fresh_groups(FreshSettings())
+    fresh, _ = fresh_groups(FreshSettings(fresh=settings.fresh), settings.earlier_fresh)
     groups = dict(fresh)
     for pool in UNSAFE_POOLS:
         for p in release_rows(pool, "validation"):
@@ -221,11 +227,19 @@ def run(settings: Settings) -> dict[str, Any]:
     depths = sorted({settings.tokens, *settings.also_tokens})
 
     fit_reads, _ = cached_reads(model, tokenizer, "fit", [text for _, text, _ in fit], settings)
+    # The responses of every fit row are read (and kept) alike; the head is fitted on those of the sources kept.
+    unknown = sorted(set(settings.left_out_sources) - {group for group, _, label in fit if label == 1})
+    if unknown:
+        raise ValueError(f"left_out_sources names no unsafe source of the fit: {unknown}")
+    kept = [i for i, (group, _, _) in enumerate(fit) if group not in settings.left_out_sources]
+    fit_reads = {m: reads[kept] for m, reads in fit_reads.items()}
+    fit = [fit[i] for i in kept]
     labels = torch.tensor([label for _, _, label in fit])
     weights = balanced_weights([group for group, _, _ in fit], labels)
     reads, responses = {}, {}
     for name, texts in groups.items():
-        reads[name], responses[name] = cached_reads(model, tokenizer, name.replace(": ", "-"), texts, settings)
+        kept_as = f"{Path(settings.fresh).stem}-{name}" if name.startswith("fresh ") else name.replace(": ", "-")
+        reads[name], responses[name] = cached_reads(model, tokenizer, kept_as, texts, settings)
 
     guarded = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(settings.guard), tokenizer=tokenizer)
     print("the released guard's prompt verdicts", flush=True)
@@ -261,7 +275,7 @@ def run(settings: Settings) -> dict[str, Any]:
 
     # Each fresh row with both verdicts and whether the model refused it, by kind of harm. The responses themselves
     # stay in the cache (artifacts/, never in git): some are instructions for harm.
-    category = {row["text"]: row["category"] for row in load_fresh(FreshSettings().fresh)}
+    category = {row["text"]: row["category"] for row in load_fresh(settings.fresh)}
     threshold = heads[primary]["threshold"]
     fresh_rows = {
         name: [

@@ -23,6 +23,7 @@ does not cost the harm written in full. The guard is saved for the test run when
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,10 +74,12 @@ def load_fresh(path: str) -> list[dict[str, str]]:
     return rows
 
 
-def fresh_groups(settings: Settings) -> tuple[dict[str, list[str]], list[str]]:
-    """The fresh rows by kind, and the texts left out as near-copies of a test triple or a hand-written benign query."""
+def fresh_groups(settings: Settings, earlier: Sequence[str] = ()) -> tuple[dict[str, list[str]], list[str]]:
+    """The fresh rows by kind, and the texts left out as near-copies of a test triple, a hand-written benign query or
+    a row of an ``earlier`` set of fresh rows."""
     others = [_words(t[kind]) - STOP_WORDS for t in load_triples(settings.triples) for kind in KINDS]
     others += [_words(row["text"]) - STOP_WORDS for row in load_hand_written(settings.hand_written)]
+    others += [_words(row["text"]) - STOP_WORDS for path in earlier for row in load_fresh(path)]
     groups: dict[str, list[str]] = {f"fresh {kind}": [] for kind in FRESH_KINDS}
     left_out = []
     for row in load_fresh(settings.fresh):
