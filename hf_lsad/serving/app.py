@@ -198,11 +198,7 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Any:
-        prompt = body.text()
-        if not prompt.strip():
-            shown = f": whitespace only ({len(prompt)} characters)" if prompt else ""
-            raise ServeError(400, f"prompt: empty{shown}", param="prompt")
-        inputs = tokenizer([prompt], return_tensors="pt")
+        inputs = tokenizer([body.prompt], return_tensors="pt")
         return await complete(dict(inputs), body, body.max_tokens, chat=False)
 
     @api.post("/v1/moderations")

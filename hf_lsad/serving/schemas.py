@@ -74,13 +74,13 @@ class ChatMessage(BaseModel):
     def _user_turn_has_text(cls, value: str | list[ContentPart], info: ValidationInfo) -> str | list[ContentPart]:
         # An empty user turn is an empty prompt, refused as the Python API, the CLI and /v1/completions refuse one.
         # Other turns may be empty, as the OpenAI API allows.
-        text = value if isinstance(value, str) else "".join(part.text for part in value)
-        if info.data.get("role") == "user" and not text.strip():
-            raise ValueError("a user turn is empty" + (f": whitespace only ({len(text)} characters)" if text else ""))
+        why = blank(joined(value))
+        if info.data.get("role") == "user" and why:
+            raise ValueError(f"a user turn is {why}")
         return value
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return joined(self.content)
 
 
 class _Sampling(BaseModel):
@@ -208,10 +208,6 @@ class CompletionRequest(_Sampling):
         """How many most likely tokens to list at each position; ``None``: no log-probabilities asked for."""
         return self.logprobs
 
-    def text(self) -> str:
-        """The one prompt of the request (a list of one prompt is read as that prompt)."""
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, value: Any) -> str:
@@ -219,7 +215,10 @@ class CompletionRequest(_Sampling):
         if isinstance(texts, list):
             if len(texts) != 1:
                 raise ValueError(f"one prompt per request, got {len(texts)}")
-            return texts[0]
+            texts = texts[0]
+        why = blank(texts)
+        if why:
+            raise ValueError(why)
         return texts
 
 
@@ -237,6 +236,18 @@ class ModerationRequest(BaseModel):
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+def joined(content: str | list[ContentPart]) -> str:
+    """A message's text: its string, or its text parts one after another."""
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def blank(text: str) -> str | None:
+    """Why ``text`` cannot be read as a prompt (``"empty"``, or whitespace only), ``None`` when it can."""
+    if text.strip():
+        return None
+    return "empty" + (f": whitespace only ({len(text)} characters)" if text else "")
 
 
 def text_or_texts(value: Any) -> str | list[str]:
