@@ -71,10 +71,11 @@ def _draw(evaluation: PromptEvaluation, path: Path) -> list[str]:
             height = counts / max(counts.max(), 1) * 0.8
             color = "tab:red" if source.unsafe else "tab:blue"
             ax.bar(bins[:-1], height, width=np.diff(bins), bottom=row, align="edge", color=color, alpha=0.7)
-        ax.axvline(threshold, color="black", linestyle="--", label=f"threshold {threshold:.4g}")
+        ax.axvline(threshold, color="black", linestyle="--")
         ax.set_yticks(np.arange(len(evaluation.sources)) + 0.4, [s.name for s in evaluation.sources], fontsize=8)
         ax.set_xlabel(f"head {head} score (blue: benign, red: unsafe)")
-        ax.legend(fontsize=7, loc="upper right")
+        # in the title, not a legend: a legend inside the axes covers the bars of the top source
+        ax.set_title(f"head {head}: scores per source (dashed: the threshold, {threshold:.4g})", fontsize=9)
         fig.tight_layout()
         fig.savefig(path / f"scores-{head}.png", dpi=110)
         plt.close(fig)
