@@ -36,12 +36,17 @@ def check_prompts(prompts: Sequence[str]) -> None:
     for i, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
             raise TypeError(f"prompt {i} is not a string but {type(prompt).__name__}: {prompt!r}")
-        if not prompt.strip():  # the length, not the repr: a one-line error message folds whitespace
-            raise ValueError(
-                f"prompt {i} is empty: {prompt!r}"
-                if not prompt
-                else f"prompt {i} is empty: whitespace only ({len(prompt)} characters)"
-            )
+        why = blank_prompt(prompt)
+        if why:
+            raise ValueError(f"prompt {i} is {why}")
+
+
+def blank_prompt(prompt: str) -> str | None:
+    """Why ``prompt`` cannot be read (``"empty: ''"``, or whitespace only), ``None`` when it can."""
+    if prompt.strip():
+        return None
+    # the length, not the repr: a one-line error message folds whitespace
+    return f"empty: {prompt!r}" if not prompt else f"empty: whitespace only ({len(prompt)} characters)"
 
 
 def prompt_texts(

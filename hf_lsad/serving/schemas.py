@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ..capture.collect import blank_prompt
+
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tools": ([],),
     "tool_choice": ("none",),
@@ -74,7 +76,7 @@ class ChatMessage(BaseModel):
     def _user_turn_has_text(cls, value: str | list[ContentPart], info: ValidationInfo) -> str | list[ContentPart]:
         # An empty user turn is an empty prompt, refused as the Python API, the CLI and /v1/completions refuse one.
         # Other turns may be empty, as the OpenAI API allows.
-        why = blank(joined(value))
+        why = blank_prompt(joined(value))
         if info.data.get("role") == "user" and why:
             raise ValueError(f"a user turn is {why}")
         return value
@@ -216,7 +218,7 @@ class CompletionRequest(_Sampling):
             if len(texts) != 1:
                 raise ValueError(f"one prompt per request, got {len(texts)}")
             texts = texts[0]
-        why = blank(texts)
+        why = blank_prompt(texts)
         if why:
             raise ValueError(why)
         return texts
@@ -241,13 +243,6 @@ class ModerationRequest(BaseModel):
 def joined(content: str | list[ContentPart]) -> str:
     """A message's text: its string, or its text parts one after another."""
     return content if isinstance(content, str) else "".join(part.text for part in content)
-
-
-def blank(text: str) -> str | None:
-    """Why ``text`` cannot be read as a prompt (``"empty"``, or whitespace only), ``None`` when it can."""
-    if text.strip():
-        return None
-    return "empty" + (f": whitespace only ({len(text)} characters)" if text else "")
 
 
 def text_or_texts(value: Any) -> str | list[str]:
