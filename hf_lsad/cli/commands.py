@@ -95,9 +95,27 @@ def _load_model(args: argparse.Namespace, runtime: Any) -> tuple[Any, Any]:
 
 def _guard(args: argparse.Namespace) -> Any:
     """The ``--guard`` at ``--revision`` / ``--subfolder``, through the strict Hub path."""
+    return _guard_and_folder(args)[0]
+
+
+def _guard_and_folder(args: argparse.Namespace) -> tuple[Any, Path]:
+    """:func:`_guard` and the local folder it was read from (a Hub guard's snapshot), whose card a derived guard's
+    card continues (:func:`hf_lsad.guard.card.derived_data`)."""
+    from ..core.hub import resolve_pretrained_dir
+    from ..guard.files import BUNDLED_GUARDS
     from ..guard.guard import SafetyGuard
 
-    return SafetyGuard.from_pretrained(args.guard, **arguments.guard_location(args))
+    location = arguments.guard_location(args)
+    name = BUNDLED_GUARDS.get(args.guard, args.guard)
+    folder = resolve_pretrained_dir(name, revision=location.get("revision"), subfolder=location.get("subfolder", ""))
+    return SafetyGuard.from_pretrained(folder), folder
+
+
+def _parent(args: argparse.Namespace) -> str:
+    """How a derived guard's card names the guard it came from: ``--guard``, with ``--subfolder`` and ``--revision``."""
+    location = arguments.guard_location(args)
+    where = f"/{location['subfolder']}" if location.get("subfolder") else ""
+    return args.guard + where + (f" at revision {location['revision']}" if location.get("revision") else "")
 
 
 def run_train_sae(args: argparse.Namespace) -> None:
@@ -399,10 +417,11 @@ def _how_read(args: argparse.Namespace, guard: Any) -> str:
 
 def run_add_head(args: argparse.Namespace) -> None:
     from ..core.runtime import ModelRuntime
+    from ..guard.card import derived_data
     from ..guard.heads.training import add_head
 
     runtime = _runtime(args, ModelRuntime)
-    guard = _guard(args)
+    guard, folder = _guard_and_folder(args)
     unsafe = read_prompt_file(args.unsafe, args.column)
     safe = read_prompt_file(args.safe, args.column) if args.safe else []
     model, tokenizer = _load_model(args, runtime)
@@ -425,13 +444,13 @@ def run_add_head(args: argparse.Namespace) -> None:
     )
     out = args.out or args.guard
     # a new card: the old card's figures described the guard without this head
-    data = (
+    change = (
         f"head {args.name!r} added with `hf-lsad add-head` from {len(unsafe)} prompts of its category"
         f" and {len(safe)} of the user's own safe prompts"
         + ("" if args.safe_weight is None else f" (carrying {args.safe_weight:.0%} of the benign weight)")
         + ", against the fit rows of the bundled benign pools"
     ) + _how_read(args, guard)
-    guard.save_pretrained(out, data=data)
+    guard.save_pretrained(out, data=derived_data(_parent(args), folder, change))
     print(f"added head {args.name!r} ({len(unsafe)} unsafe, {len(safe)} own safe prompts); wrote {out}")
     for name, share, threshold in zip(budget.heads, budget.shares, budget.thresholds):
         print(f"  {name}: share {share:.2f}, threshold {threshold:.4g}")
@@ -444,10 +463,11 @@ def run_add_head(args: argparse.Namespace) -> None:
 
 def run_set_budget(args: argparse.Namespace) -> None:
     from ..core.runtime import ModelRuntime
+    from ..guard.card import derived_data
     from ..guard.heads.training import fit_budget_on_prompts
 
     runtime = _runtime(args, ModelRuntime)
-    guard = _guard(args)
+    guard, folder = _guard_and_folder(args)
     prompts = read_prompt_file(args.benign, args.column) if args.benign else None  # None: the bundled rows
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
@@ -469,8 +489,8 @@ def run_set_budget(args: argparse.Namespace) -> None:
     # a new card: the old card's figures were measured at the old thresholds
     # budget.rows also names the system turn and the adapter, which _how_read says once for every command
     rows = "of the user's own benign prompts" if args.benign else "bundled validation chat rows"
-    data = f"thresholds set with `hf-lsad set-budget` on {budget.n_rows} {rows}" + _how_read(args, guard)
-    guard.save_pretrained(out, data=data)
+    change = f"thresholds set with `hf-lsad set-budget` on {budget.n_rows} {rows}" + _how_read(args, guard)
+    guard.save_pretrained(out, data=derived_data(_parent(args), folder, change))
     print(f"thresholds set on {budget.n_rows} prompts of {args.benign or 'the bundled validation chat'}; wrote {out}")
     old_thresholds = before.thresholds if before is not None and before.heads == budget.heads else None
     for i, (name, share, threshold) in enumerate(zip(budget.heads, budget.shares, budget.thresholds)):
@@ -487,10 +507,11 @@ def run_set_budget(args: argparse.Namespace) -> None:
 def run_teach(args: argparse.Namespace) -> None:
     from ..core.runtime import ModelRuntime
     from ..errors import SmallSampleWarning
+    from ..guard.card import derived_data
     from ..guard.heads.training import teach_traffic
 
     runtime = _runtime(args, ModelRuntime)
-    guard = _guard(args)
+    guard, folder = _guard_and_folder(args)
     prompts = read_prompt_file(args.benign, args.column)
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
@@ -517,11 +538,11 @@ def run_teach(args: argparse.Namespace) -> None:
         )
     out = args.out or args.guard
     taught = len(prompts) - budget.n_rows
-    data = (
+    change = (
         f"head `{args.head}` fitted again with `hf-lsad teach` on {taught} of the user's own benign prompts beside "
         f"the bundled pools' fit rows; thresholds set on the other {budget.n_rows}"
     ) + _how_read(args, guard)
-    guard.save_pretrained(out, data=data)
+    guard.save_pretrained(out, data=derived_data(_parent(args), folder, change))
     print(f"head {args.head!r} taught {taught} prompts of {args.benign}; thresholds set on the other {budget.n_rows}")
     print(f"wrote {out}")
     for name, share, threshold in zip(budget.heads, budget.shares, budget.thresholds):

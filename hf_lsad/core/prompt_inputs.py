@@ -228,6 +228,23 @@ def input_warnings(
     return messages
 
 
+def unmasked_padding_warnings(input_ids: Tensor, attention_mask: Tensor | None, pad_token_id: int | None) -> list[str]:
+    """A message when a batch ``[batch, seq]`` comes without ``attention_mask`` and some of its rows open or close with
+    the pad token: read as prompt, the padding moves those rows' scores (transformers cannot infer the mask either when
+    the pad token is also EOS, as in SmolLM2)."""
+    if attention_mask is not None or pad_token_id is None or len(input_ids) < 2:
+        return []
+    padded = (input_ids[:, 0] == pad_token_id) | (input_ids[:, -1] == pad_token_id)
+    rows = padded.nonzero().flatten().tolist()
+    if not rows:
+        return []
+    return [
+        f"rows {rows} open or close with the pad token (id {pad_token_id}) and no attention_mask was given: their "
+        "padding is read as part of the prompt, which moves their scores; pass the attention_mask the tokenizer "
+        "returned (generate(**inputs), or hf_lsad.encode_prompts)"
+    ]
+
+
 class InputWarner:
     """Warns for ``generate``'s or ``screen``'s rows formatted unlike, or far longer than, a guard's fitting prompts.
 
@@ -257,9 +274,12 @@ class InputWarner:
         return () if markers is None else markers.opening
 
     def warn(self, profile: InputProfile | None, tokenizer: Any, input_ids: Any, attention_mask: Tensor | None) -> None:
-        """Warn (attributed to the caller's caller) once per kind of mismatch (:func:`input_warnings`)."""
-        if profile is None or not isinstance(input_ids, Tensor) or input_ids.ndim != 2:
+        """Warn (attributed to the caller's caller) once per kind of mismatch: padding read as prompt
+        (:func:`unmasked_padding_warnings`), rows unlike the guard's fitting prompts (:func:`input_warnings`)."""
+        if not isinstance(input_ids, Tensor) or input_ids.ndim != 2:
             return
-        markers = self.markers(tokenizer, profile.system)
-        for message in input_warnings(profile, markers, input_ids, attention_mask):
+        messages = unmasked_padding_warnings(input_ids, attention_mask, getattr(tokenizer, "pad_token_id", None))
+        if profile is not None:
+            messages += input_warnings(profile, self.markers(tokenizer, profile.system), input_ids, attention_mask)
+        for message in messages:
             warn(message, UserWarning)

@@ -42,6 +42,8 @@ __all__ = [
     "GUARD_TAGS",
     "METRIC_COLUMNS",
     "benign_ood_warning",
+    "card_section",
+    "derived_data",
     "describe_records",
     "guard_model_card",
 ]
@@ -152,6 +154,40 @@ def describe_records(records: Iterable[Mapping[str, Any]], what: str = "prompts"
     )
 
 
+def card_section(folder: str | os.PathLike, title: str) -> str | None:
+    """The text of the section ``## {title}`` of the model card in ``folder`` (``None``: no card, or no such
+    section), without its heading and the blank lines around it."""
+    card = Path(folder) / "README.md"
+    if not card.is_file():
+        return None
+    lines = card.read_text(encoding="utf-8").splitlines()
+    heading = f"## {title}"
+    if heading not in lines:
+        return None
+    start = lines.index(heading) + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "\n".join(lines[start:end]).strip() or None
+
+
+def derived_data(parent: str, parent_folder: str | os.PathLike, change: str) -> str:
+    """The card's training-data text for a guard derived from the one in ``parent_folder`` (named ``parent``): what
+    its own card said the parent was fitted on, then ``change``, so that a chain of derivations reads in order."""
+    before = card_section(parent_folder, "Training data")
+    if before is None:
+        return f"Derived from `{parent}`, whose card did not describe its data. Then: {change}."
+    return f"Derived from `{parent}`:\n\n{before}\n\nThen: {change}."
+
+
+def _title(guard: GuardParts, where: str) -> str:
+    """``hf-lsad guard [where]: <heads> on <base>``: the anomaly method, and each supervised head by name and kind."""
+    config = guard.config
+    methods = config.method
+    if guard.heads:
+        supervised = (f"{head.name} ({head.config.probe.label})" for head in guard.heads)
+        methods = " + ".join([f"anomaly ({config.method})", *supervised])
+    return f"hf-lsad guard{f' {where}' if where else ''}: {methods} on {config.hook.base_model or 'an unnamed model'}"
+
+
 def _usage(base: str, repo_id: str | None, subfolder: str, revision: str | None, position: str) -> str:
     guard_ref = repo_id or "path/to/this/guard"
     kwargs = {}
@@ -180,7 +216,7 @@ def _usage(base: str, repo_id: str | None, subfolder: str, revision: str | None,
         f"output = model.generate(**inputs, max_new_tokens={max_new_tokens}, do_sample=False, "
         f"return_dict_in_generate=True)",
         'print(tokenizer.decode(output.sequences[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))',
-        "print(output.safety[0])  # SafetyReport(score=..., threshold=..., flagged=..., cluster=..., probability=None)",
+        "print(output.safety[0].describe())  # the verdict, each head's score beside its threshold, who decided",
     ]
     return "\n".join(lines)
 
@@ -258,7 +294,7 @@ def guard_model_card(
     return ModelCard.from_template(
         card_data,
         template_path=os.fspath(template_path or GUARD_CARD_TEMPLATE),
-        title=f"hf-lsad guard{f' {where}' if where else ''}: {config.method} on {base or 'an unnamed model'}",
+        title=_title(guard, where),
         base_model_md=base_model_md,
         hook=hook,
         position_md=(

@@ -35,7 +35,7 @@ def generate_warnings(guarded: GuardedModelForCausalLM, inputs: dict) -> list[st
     return [str(w.message) for w in caught if any(kind in str(w.message) for kind in INPUT_WARNINGS)]
 
 
-INPUT_WARNINGS = ("fitting prompts", "longest prompt", "another system turn")
+INPUT_WARNINGS = ("fitting prompts", "longest prompt", "another system turn", "the pad token")
 
 
 def test_template_markers_of_the_tiny_chat_template():
@@ -120,6 +120,19 @@ def test_prompts_far_longer_than_in_fitting_warn_with_the_numbers():
         warnings.simplefilter("always")
         screened = guarded.screen(["x" * 60])
     assert len(screened) == 1 and any("longest prompt" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_batch_without_its_attention_mask_warns_that_the_padding_is_read(side):
+    guarded, tokenizer = guarded_with(None)  # a guard with no recorded profile warns too
+    inputs = encode_prompts(tokenizer, MIXED_BATCH, padding_side=side)
+    padded = (inputs["attention_mask"] == 0).any(1).nonzero().flatten().tolist()
+    assert padded  # the shorter rows carry padding on that side
+    (message,) = generate_warnings(guarded, {"input_ids": inputs["input_ids"]})
+    assert f"rows {padded} open or close with the pad token (id {tokenizer.pad_token_id})" in message
+    assert generate_warnings(guarded, dict(inputs)) == []  # with its mask, the padding is not read
+    one = encode_prompts(tokenizer, MIXED_BATCH[:1])  # one row holds no padding: transformers' own rule
+    assert generate_warnings(guarded, {"input_ids": one["input_ids"]}) == []
 
 
 def test_right_padding_is_read_between_the_real_tokens():

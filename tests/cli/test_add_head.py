@@ -37,6 +37,25 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
     assert SafetyGuard.from_pretrained(guard_dir).head_names == ["anomaly"]  # --out: the source folder is kept
     card = (out / "README.md").read_text()
     assert "| `secrets` |" in card and "This guard has 2 heads" in card and "add-head" in card
+    assert "# hf-lsad guard: anomaly (freqmask-km) + secrets (logistic) on " in card  # the title names every head
+    assert f"Derived from `{guard_dir}`, whose card did not describe its data. Then: head 'secrets' added" in card
+
+
+def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(model_dir, guard_dir, tmp_path):
+    """add-head, then set-budget on its output: each card keeps what the one before said the guard was fitted on."""
+    SafetyGuard.from_pretrained(guard_dir).save_pretrained(guard_dir, data="The tiny benign prompts.")
+    unsafe, traffic = tmp_path / "secrets.txt", tmp_path / "traffic.txt"
+    unsafe.write_text("".join(t + "\n" for t in CATEGORY))
+    traffic.write_text("".join(f"how do I reset the password of my own account number {i}?\n" for i in range(60)))
+    model, mine, budgeted = ["--model", str(model_dir)], tmp_path / "mine", tmp_path / "budgeted"
+    head = ["--name", "secrets", "--unsafe", str(unsafe), "--benign-per-pool", "30", "--threshold-rows", "100"]
+    entry(["add-head", "--guard", str(guard_dir), *model, *head, "--out", str(mine)])
+    entry(["set-budget", "--guard", str(mine), *model, "--benign", str(traffic), "--out", str(budgeted)])
+    card = (budgeted / "README.md").read_text()
+    training = card.split("## Training data", 1)[1].split("\n## ", 1)[0]
+    assert training.index(f"Derived from `{mine}`:") < training.index(f"Derived from `{guard_dir}`:")
+    assert training.index("The tiny benign prompts.") < training.index("Then: head 'secrets' added")
+    assert training.index("Then: head 'secrets' added") < training.index("Then: thresholds set with `hf-lsad")
 
 
 def test_add_head_weighs_the_safe_prompts_as_asked_and_the_card_says_so(model_dir, guard_dir, tmp_path, capsys):

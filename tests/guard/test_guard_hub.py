@@ -493,7 +493,8 @@ def test_model_card_usage_snippet_runs(hub_server, repo_id, tmp_path, monkeypatc
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         exec(compile(snippet, "README.md", "exec"), {})
-    assert "SafetyReport(score=" in stdout.getvalue()
+    verdict = stdout.getvalue().splitlines()[-1]  # the report's describe(): the verdict, the score and threshold
+    assert re.fullmatch(r"(ok|FLAGGED): score \S+ (<=|>) \S+ \(cluster \d+, p-value \S+\)", verdict), verdict
 
 
 # --- CLI -------------------------------------------------------------------------------------------------------
