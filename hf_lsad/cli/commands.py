@@ -426,6 +426,8 @@ def run_add_head(args: argparse.Namespace) -> None:
     safe = read_prompt_file(args.safe, args.column) if args.safe else []
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
+    before = guard.budget
+    was = dict(zip(before.heads, before.thresholds)) if before is not None else {}
     budget = add_head(
         model,
         tokenizer,
@@ -453,7 +455,8 @@ def run_add_head(args: argparse.Namespace) -> None:
     guard.save_pretrained(out, data=derived_data(_parent(args), folder, change))
     print(f"added head {args.name!r} ({len(unsafe)} unsafe, {len(safe)} own safe prompts); wrote {out}")
     for name, share, threshold in zip(budget.heads, budget.shares, budget.thresholds):
-        print(f"  {name}: share {share:.2f}, threshold {threshold:.4g}")
+        old = f" (was {was[name]:.4g})" if name in was else ""  # the heads that were there give up budget
+        print(f"  {name}: share {share:.2f}, threshold {threshold:.4g}{old}")
     confidence = f", {budget.confidence:.0%} confidence" if budget.confidence is not None else ""
     print(
         f"  together: {budget.measured_fpr:.2%} of {budget.n_rows} rows of {budget.rows} "

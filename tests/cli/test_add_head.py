@@ -41,7 +41,7 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
     assert f"Derived from `{guard_dir}`, whose card did not describe its data. Then: head 'secrets' added" in card
 
 
-def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(model_dir, guard_dir, tmp_path):
+def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(model_dir, guard_dir, tmp_path, capsys):
     """add-head, then set-budget on its output: each card keeps what the one before said the guard was fitted on."""
     SafetyGuard.from_pretrained(guard_dir).save_pretrained(guard_dir, data="The tiny benign prompts.")
     unsafe, traffic = tmp_path / "secrets.txt", tmp_path / "traffic.txt"
@@ -56,6 +56,15 @@ def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(mode
     assert training.index(f"Derived from `{mine}`:") < training.index(f"Derived from `{guard_dir}`:")
     assert training.index("The tiny benign prompts.") < training.index("Then: head 'secrets' added")
     assert training.index("Then: head 'secrets' added") < training.index("Then: thresholds set with `hf-lsad")
+
+    capsys.readouterr()
+    codes = ["--name", "codes", "--unsafe", str(unsafe), "--benign-per-pool", "30", "--threshold-rows", "100"]
+    entry(["add-head", "--guard", str(budgeted), *model, *codes, "--out", str(tmp_path / "more")])
+    before = SafetyGuard.from_pretrained(budgeted).budget
+    printed = capsys.readouterr().out
+    for name, threshold in zip(before.heads, before.thresholds):  # the heads that were there give up budget
+        assert f"  {name}: share " in printed and f" (was {threshold:.4g})" in printed
+    assert "Then: head 'codes' added" in (tmp_path / "more" / "README.md").read_text()
 
 
 def test_add_head_weighs_the_safe_prompts_as_asked_and_the_card_says_so(model_dir, guard_dir, tmp_path, capsys):
