@@ -30,6 +30,7 @@ from huggingface_hub.utils import validate_repo_id
 from ..core.metrics import METRICS
 from ..core.serialization import config_to_dict
 from ..version import library_versions
+from .files import MODEL_CARD
 from .types import RATE_TOLERANCE
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ def describe_records(records: Iterable[Mapping[str, Any]], what: str = "prompts"
 def card_section(folder: str | os.PathLike, title: str) -> str | None:
     """The text of the section ``## {title}`` of the model card in ``folder`` (``None``: no card, or no such
     section), without its heading and the blank lines around it."""
-    card = Path(folder) / "README.md"
+    card = Path(folder) / MODEL_CARD
     if not card.is_file():
         return None
     lines = card.read_text(encoding="utf-8").splitlines()

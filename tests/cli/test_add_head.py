@@ -42,7 +42,8 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
 
 
 def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(model_dir, guard_dir, tmp_path, capsys):
-    """add-head, then set-budget on its output: each card keeps what the one before said the guard was fitted on."""
+    """add-head, set-budget on its output, add-head again: each card keeps what the one before said the guard was
+    fitted on, and add-head prints the threshold each head had before it gave up budget."""
     SafetyGuard.from_pretrained(guard_dir).save_pretrained(guard_dir, data="The tiny benign prompts.")
     unsafe, traffic = tmp_path / "secrets.txt", tmp_path / "traffic.txt"
     unsafe.write_text("".join(t + "\n" for t in CATEGORY))
@@ -61,9 +62,12 @@ def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(mode
     codes = ["--name", "codes", "--unsafe", str(unsafe), "--benign-per-pool", "30", "--threshold-rows", "100"]
     entry(["add-head", "--guard", str(budgeted), *model, *codes, "--out", str(tmp_path / "more")])
     before = SafetyGuard.from_pretrained(budgeted).budget
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()
     for name, threshold in zip(before.heads, before.thresholds):  # the heads that were there give up budget
-        assert f"  {name}: share " in printed and f" (was {threshold:.4g})" in printed
+        (line,) = [line for line in printed if line.startswith(f"  {name}: share ")]
+        assert line.endswith(f" (was {threshold:.4g})"), line
+    (line,) = [line for line in printed if line.startswith("  codes: share ")]
+    assert "(was" not in line
     assert "Then: head 'codes' added" in (tmp_path / "more" / "README.md").read_text()
 
 
