@@ -61,6 +61,7 @@ from hf_lsad.capture import EncodedPrompts
 from hf_lsad.detectors.freqmask import FreqMaskConfig
 from hf_lsad.sae import SparseAutoencoder
 safe_prompts: list[str]
+many_prompts: list[str]
 config: FreqMaskConfig
 sae: SparseAutoencoder
 inputs: EncodedPrompts

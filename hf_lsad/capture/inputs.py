@@ -85,6 +85,13 @@ def check_context(model: PreTrainedModel, input_ids: Tensor, attention_mask: Ten
     """Raise :class:`InputError` for a row longer than the model's context; return the rows' lengths."""
     check_prompt_tensors(input_ids, attention_mask)
     lengths = prompt_lengths(input_ids, attention_mask)
+    check_lengths_fit(model, lengths)
+    return lengths
+
+
+def check_lengths_fit(model: PreTrainedModel, lengths: Tensor) -> None:
+    """Raise :class:`InputError` when a row of these prompt ``lengths`` (in tokens) is longer than the model's
+    context, naming the row by its index in ``lengths``."""
     context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     longest, row = int(lengths.max()), int(lengths.argmax())
     if context and longest > context:
@@ -94,7 +101,6 @@ def check_context(model: PreTrainedModel, input_ids: Tensor, attention_mask: Ten
             f"(max_position_embeddings={context}); the model, and so the guard, cannot read it meaningfully. "
             "Truncate the prompt (e.g. tokenizer(..., truncation=True, max_length=...))"
         )
-    return lengths
 
 
 def check_generate_inputs(model: PreTrainedModel, guard: Any, kwargs: dict[str, Any]) -> None:

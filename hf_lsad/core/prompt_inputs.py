@@ -28,6 +28,7 @@ as the guard's system turn opens a prompt; for the length when it is more than
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -177,17 +178,26 @@ def input_warnings(
 ) -> list[str]:
     """One message per kind of mismatch between ``input_ids`` ``[batch, seq]`` and ``profile`` (empty: none).
 
-    Each row is read between its first and last real token (left or right padding). Without
-    ``markers`` (no tokenizer, or one without a chat template) the format is not checked; ``markers`` are those of
-    the profile's system turn (:func:`template_markers`).
+    Each row is read between its first and last real token (left or right padding): :func:`token_row_warnings` of
+    those tokens.
     """
     mask = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-    lengths = mask.sum(1)
+    return token_row_warnings(profile, markers, [input_ids[row][mask[row]].tolist() for row in range(len(input_ids))])
+
+
+def token_row_warnings(profile: InputProfile, markers: TemplateMarkers | None, rows: Sequence[list[int]]) -> list[str]:
+    """One message per kind of mismatch between prompts given as their token ids (no padding) and ``profile``, naming
+    the rows by their index in ``rows`` (empty: none).
+
+    Without ``markers`` (no tokenizer, or one without a chat template) the format is not checked; ``markers`` are those
+    of the profile's system turn (:func:`template_markers`).
+    """
+    lengths = [len(tokens) for tokens in rows]
     messages = []
-    long_rows = (lengths > LONG_PROMPT_FACTOR * profile.max_prompt_tokens).nonzero().flatten().tolist()
+    long_rows = [row for row, length in enumerate(lengths) if length > LONG_PROMPT_FACTOR * profile.max_prompt_tokens]
     if long_rows:
         messages.append(
-            f"rows {long_rows} hold prompts of up to {int(lengths.max())} tokens, more than {LONG_PROMPT_FACTOR:g}x "
+            f"rows {long_rows} hold prompts of up to {max(lengths)} tokens, more than {LONG_PROMPT_FACTOR:g}x "
             f"the "
             f"longest prompt the guard was fitted on ({profile.max_prompt_tokens} tokens): its clusters and threshold "
             "have seen nothing like them, so treat their verdicts with care"
@@ -196,8 +206,7 @@ def input_warnings(
         return messages
     odd_rows, other_turn_rows = [], []
     opening = list(markers.turn_opening)
-    for row in range(len(input_ids)):
-        tokens = input_ids[row][mask[row]].tolist()
+    for row, tokens in enumerate(rows):
         starts = bool(tokens) and tokens[0] in markers.first_tokens
         if profile.prompt_format == "raw":
             odd = starts
@@ -274,7 +283,7 @@ class InputWarner:
         return () if markers is None else markers.opening
 
     def warn(self, profile: InputProfile | None, tokenizer: Any, input_ids: Any, attention_mask: Tensor | None) -> None:
-        """Warn (attributed to the caller's caller) once per kind of mismatch: padding read as prompt
+        """Warn (attributed to the user's line) once per kind of mismatch: padding read as prompt
         (:func:`unmasked_padding_warnings`), rows unlike the guard's fitting prompts (:func:`input_warnings`)."""
         if not isinstance(input_ids, Tensor) or input_ids.ndim != 2:
             return
@@ -282,4 +291,12 @@ class InputWarner:
         if profile is not None:
             messages += input_warnings(profile, self.markers(tokenizer, profile.system), input_ids, attention_mask)
         for message in messages:
+            warn(message, UserWarning)
+
+    def warn_rows(self, profile: InputProfile | None, tokenizer: Any, rows: Sequence[list[int]]) -> None:
+        """:meth:`warn` for prompts given as their token ids, unpadded (:func:`token_row_warnings`): rows screened
+        in several batches are checked once, by their index in the caller's list."""
+        if profile is None:
+            return
+        for message in token_row_warnings(profile, self.markers(tokenizer, profile.system), rows):
             warn(message, UserWarning)

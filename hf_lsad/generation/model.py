@@ -23,9 +23,10 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from ..capture.adapters import check_adapter
-from ..capture.collect import encode_prompts
-from ..capture.inputs import check_context, check_generate_inputs
+from ..capture.collect import check_prompts, encode_prompts, prompt_texts
+from ..capture.inputs import check_context, check_generate_inputs, check_lengths_fit
 from ..capture.recorder import PROMPT_POSITIONS, read_prompts
+from ..core.batching import check_batching, length_batches
 from ..core.prompt_inputs import InputWarner
 from ..core.prompt_tokens import check_top_k
 from ..guard.fingerprint import check_fingerprint
@@ -364,6 +365,8 @@ class GuardedModelForCausalLM(nn.Module):
         system: str | None = None,
         explain: bool = False,
         top_k: int = 10,
+        batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
     ) -> list[SafetyReport]:
         """Reports for a batch of prompts without generating: a forward pass cut after the hooked block.
 
@@ -376,6 +379,12 @@ class GuardedModelForCausalLM(nn.Module):
         ``generate`` reports for the same prompts, and the same inputs are refused
         (:func:`hf_lsad.capture.inputs.check_context`: malformed tensors, prompts beyond the model's context).
         ``explain`` and ``top_k`` are ``generate``'s ``explain`` and ``explain_top_k``.
+
+        ``batch_size`` and ``max_batch_tokens`` screen strings in several forward passes, in order of token length
+        (:func:`~hf_lsad.core.batching.length_batches`: at most ``batch_size`` prompts and ``max_batch_tokens`` padded
+        tokens a pass; ``None``: no limit), so that one long prompt does not pad the others to its length; the
+        reports come back in the order of ``prompts``, and bad input is refused, and warned of, before the first
+        pass. Both ``None`` (the default): one pass over the whole list, as ``model(**inputs)``.
         """
         hook = self.guard.config.hook
         if explain:
@@ -384,20 +393,67 @@ class GuardedModelForCausalLM(nn.Module):
             raise ValueError(
                 f"screen() needs a guard that reads the prompt {PROMPT_POSITIONS}; this one reads {hook.position}"
             )
+        if batch_size is not None or max_batch_tokens is not None:
+            if isinstance(prompts, Tensor):
+                raise ValueError("batch_size and max_batch_tokens batch prompts given as strings, not input_ids")
+            return self._screen_in_batches(prompts, chat_template, system, explain, top_k, batch_size, max_batch_tokens)
         if isinstance(prompts, Tensor):
             if system is not None:
                 raise ValueError("system= formats prompts given as strings; input_ids are formatted already")
             input_ids = prompts
             attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         else:
-            if self.tokenizer is None:
-                raise ValueError(
-                    "screen() of strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)"
-                )
-            inputs = encode_prompts(self.tokenizer, prompts, chat_template=chat_template, system=system)
+            inputs = encode_prompts(self._string_tokenizer(), prompts, chat_template=chat_template, system=system)
             input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
         check_context(self.model, input_ids, attention_mask)  # the rule generate applies
         self._input_warner.warn(self.guard.inputs, self.tokenizer, input_ids, attention_mask)
+        # explanations leave out the template's opening: strings were formatted under ``system``; input_ids are
+        # expected under the guard's system turn
+        turn = self._guard_system() if isinstance(prompts, Tensor) else system
+        return self._screen_pass(input_ids, attention_mask, explain, top_k, turn)
+
+    def _screen_in_batches(
+        self,
+        prompts: Sequence[str],
+        chat_template: bool,
+        system: str | None,
+        explain: bool,
+        top_k: int,
+        batch_size: int | None,
+        max_batch_tokens: int | None,
+    ) -> list[SafetyReport]:
+        """:meth:`screen` of strings in forward passes grouped by token length; every check on the whole list first."""
+        tokenizer = self._string_tokenizer()
+        check_prompts(prompts)
+        check_batching(1 if batch_size is None else batch_size, max_batch_tokens)
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+        texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
+        rows: list[list[int]] = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+        lengths = [len(tokens) for tokens in rows]
+        check_lengths_fit(self.model, torch.tensor(lengths))  # the rule generate applies, naming the caller's row
+        self._input_warner.warn_rows(self.guard.inputs, tokenizer, rows)
+        by_row: dict[int, SafetyReport] = {}
+        for batch in length_batches(lengths, batch_size or len(rows), max_batch_tokens):
+            padded = tokenizer.pad({"input_ids": [rows[i] for i in batch]}, padding_side="left", return_tensors="pt")
+            by_row.update(
+                zip(batch, self._screen_pass(padded["input_ids"], padded["attention_mask"], explain, top_k, system))
+            )
+        return [by_row[i] for i in range(len(rows))]
+
+    def _string_tokenizer(self) -> Any:
+        """The wrapper's tokenizer, which :meth:`screen` needs for prompts given as strings."""
+        if self.tokenizer is None:
+            raise ValueError(
+                "screen() of strings needs a tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tok)"
+            )
+        return self.tokenizer
+
+    def _screen_pass(
+        self, input_ids: Tensor, attention_mask: Tensor, explain: bool, top_k: int, turn: str | None
+    ) -> list[SafetyReport]:
+        """The reports of one forward pass over ``input_ids`` ``[batch, seq]``, cut after the deepest hooked block;
+        ``turn``: the system turn whose template opening explanations leave out."""
         device = self.model.device
         keep_tokens = explain and bool(self.guard.heads)  # a supervised head names the tokens behind its score
         reader = read_prompts(
@@ -405,9 +461,6 @@ class GuardedModelForCausalLM(nn.Module):
         )
         reads = reader.features(self.guard.reads)
         activations = reads if self.guard.heads else reads[self.guard.reads[0]]
-        # explanations leave out the template's opening: strings were formatted under ``system``; input_ids are
-        # expected under the guard's system turn
-        turn = self._guard_system() if isinstance(prompts, Tensor) else system
         tokens = reader.tokens(self._input_warner.opening(self.tokenizer, turn)) if keep_tokens else None
         return self.guard.reports(activations, explain=explain, top_k=top_k, tokens=tokens)
 

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from tiny import MIXED_BATCH, PROMPTS, fresh_guard, tiny_guard
+from tiny import MIXED_BATCH, PROMPTS, fresh_guard, tiny_guard, two_headed_guard
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from hf_lsad.capture.collect import encode_prompts
@@ -201,3 +201,55 @@ def test_a_prompt_mean_guard_screens_and_generate_says_to_screen():
     assert [r.score for r in guarded.screen(BATCH)] == pytest.approx(want.scores.tolist(), abs=1e-5)
     with pytest.raises(ValueError, match="score prompts with screen"):
         guarded.generate(**inputs, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("guard_of", [lambda: fresh_guard("prompt_last"), two_headed_guard], ids=["one", "two"])
+@pytest.mark.parametrize(
+    "batching", [{"batch_size": 3}, {"max_batch_tokens": 90}, {"batch_size": 2, "max_batch_tokens": 40}]
+)
+def test_screen_in_batches_gives_the_reports_of_one_pass_in_the_callers_order(guard_of, batching):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guarded = GuardedModelForCausalLM(model, guard_of(), tokenizer=tokenizer)
+    prompts = sorted(BATCH, key=len, reverse=True)  # longest first: the batches run in another order
+    whole = guarded.screen(prompts, explain=True, top_k=3)
+    passes = []
+    handle = model.model.layers[0].register_forward_hook(lambda _m, args, _o: passes.append(args[0].shape))
+    try:
+        batched = guarded.screen(prompts, explain=True, top_k=3, **batching)
+    finally:
+        handle.remove()
+    assert len(passes) > 1  # several forward passes, each within the limits asked for
+    assert all(shape[0] <= batching.get("batch_size", len(prompts)) for shape in passes)
+    budget = batching.get("max_batch_tokens")
+    assert budget is None or all(shape[0] == 1 or shape[0] * shape[1] <= budget for shape in passes)
+    for a, b in zip(whole, batched):
+        assert a.score == pytest.approx(b.score, abs=1e-4) and (a.flagged, a.cluster) == (b.flagged, b.cluster)
+        assert [h.score for h in a.heads] == pytest.approx([h.score for h in b.heads], abs=1e-4)
+        assert [t.position for t in a.tokens or ()] == [t.position for t in b.tokens or ()]
+
+
+def test_screen_in_batches_checks_and_warns_of_the_whole_list_first_by_the_callers_rows():
+    from hf_lsad.core.prompt_inputs import InputProfile
+    from hf_lsad.errors import InputError
+
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = fresh_guard("prompt_last")
+    guard.inputs = InputProfile("chat_template", 12)
+    guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+    prompts = ["hi", "hello there", "what is the weather like on a long summer day by the sea?", "ok"]
+    with pytest.warns(UserWarning) as caught:
+        guarded.screen(prompts, batch_size=1)
+    long_prompt = [str(w.message) for w in caught if "longest prompt" in str(w.message)]
+    assert len(long_prompt) == 1 and long_prompt[0].startswith("rows [2] ")  # once, by its place in the list
+    handle = model.register_forward_pre_hook(lambda *_: pytest.fail("a forward pass ran before the refusal"))
+    try:
+        with pytest.raises(InputError, match="row 2 holds a prompt of"):
+            guarded.screen(["hi", "ok", "x " * 600], batch_size=1)
+        with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+            guarded.screen(prompts, batch_size=0)
+        with pytest.raises(ValueError, match="not input_ids"):
+            guarded.screen(encode_prompts(tokenizer, prompts)["input_ids"], batch_size=2)
+        with pytest.raises(ValueError, match="empty"):
+            guarded.screen(["hi", ""], batch_size=2)
+    finally:
+        handle.remove()
