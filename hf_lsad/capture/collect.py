@@ -133,9 +133,10 @@ def prompt_token_ids(
     chat_template: bool = True,
     system: str | None = None,
 ) -> list[list[int]]:
-    """Each prompt's token ids as the model reads it (:func:`prompt_texts`), unpadded."""
+    """Each prompt's token ids as the model reads it (:func:`prompt_texts`), unpadded (none for no prompts, which a
+    tokenizer refuses)."""
     texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
-    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
 
 
 def prompt_batches(

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..capture.adapters import adapter_digest, adapter_label
-from ..capture.collect import prompt_texts
+from ..capture.collect import prompt_token_ids
 from ..capture.recorder import PROMPT_POSITIONS
 from ..core.batching import BATCH_TOKENS, check_batching, length_batches
 from ..core.prompt_tokens import check_explain_count
@@ -258,8 +258,7 @@ def plan_batches(
     errors = [(row.id, row.error) for row in rows if row.error is not None]
     readable = [row for row in rows if row.error is None]
     prompts = [cast(str, row.text) for row in readable]  # a row without an error has its prompt (PromptRow)
-    texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
-    token_ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
+    token_ids = prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)
     context = getattr(guarded.model.config.get_text_config(), "max_position_embeddings", None)
     fits = [not context or len(ids) <= context for ids in token_ids]
     errors += [

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from ..capture.adapters import check_adapter
-from ..capture.collect import check_prompts, encode_prompts, prompt_texts
+from ..capture.collect import check_prompts, encode_prompts, prompt_token_ids
 from ..capture.inputs import check_context, check_generate_inputs, check_lengths_fit
 from ..capture.recorder import PROMPT_POSITIONS, read_prompts
 from ..core.batching import check_batching, length_batches
@@ -428,8 +428,7 @@ class GuardedModelForCausalLM(nn.Module):
         check_batching(1 if batch_size is None else batch_size, max_batch_tokens)
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
-        texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
-        rows: list[list[int]] = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+        rows = prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)
         lengths = [len(tokens) for tokens in rows]
         check_lengths_fit(self.model, torch.tensor(lengths))  # the rule generate applies, naming the caller's row
         self._input_warner.warn_rows(self.guard.inputs, tokenizer, rows)
