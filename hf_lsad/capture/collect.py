@@ -49,6 +49,19 @@ def blank_prompt(prompt: str) -> str | None:
     return f"empty: {prompt!r}" if not prompt else f"empty: whitespace only ({len(prompt)} characters)"
 
 
+def check_pad_token(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Raise ``ValueError`` for a tokenizer without a pad token: a batch of prompts of several lengths needs one."""
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+
+
+def pad_left(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+    """``input_ids`` and ``attention_mask`` ``[batch, longest]`` of prompts given as their token ids, padded on the
+    left by the tokenizer (as :func:`encode_prompts` pads)."""
+    padded = tokenizer.pad({"input_ids": [list(ids) for ids in token_ids]}, padding_side="left", return_tensors="pt")
+    return padded["input_ids"], padded["attention_mask"]
+
+
 def prompt_texts(
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
@@ -104,8 +117,7 @@ def encode_prompts(
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     check_prompts(prompts)
     texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
-    if tokenizer.pad_token is None:
-        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    check_pad_token(tokenizer)
     # padding_side as an argument, not by setting tokenizer.padding_side and back: that raced between threads.
     encoded = tokenizer(
         texts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens, padding_side=padding_side
@@ -321,8 +333,7 @@ def collect_prompt_features(
     batches that ran (1 when none did). ``system``: a system turn before each user turn (:func:`prompt_texts`).
     """
     check_prompts(prompts)
-    if tokenizer.pad_token_id is None:
-        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    check_pad_token(tokenizer)
     token_ids = prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)  # tokenised once
     batches = prompt_batches(
         tokenizer,

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..capture.adapters import adapter_digest, adapter_label
-from ..capture.collect import prompt_token_ids
+from ..capture.collect import check_pad_token, pad_left, prompt_token_ids
 from ..capture.recorder import PROMPT_POSITIONS
 from ..core.batching import BATCH_TOKENS, check_batching, length_batches
 from ..core.prompt_tokens import check_explain_count
@@ -236,8 +236,7 @@ class PromptBatch(NamedTuple):
 
     def tensors(self, tokenizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` and ``attention_mask``, padded on the left by the tokenizer."""
-        padded = tokenizer.pad({"input_ids": self.token_ids}, padding_side="left", return_tensors="pt")
-        return padded["input_ids"], padded["attention_mask"]
+        return pad_left(tokenizer, self.token_ids)
 
 
 def plan_batches(
@@ -253,8 +252,7 @@ def plan_batches(
     (:func:`~hf_lsad.core.batching.length_batches`), and ``(id, error)`` of the others: rows read without a prompt,
     then rows longer than the model's context."""
     tokenizer = guarded.tokenizer
-    if tokenizer.pad_token_id is None:
-        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    check_pad_token(tokenizer)
     errors = [(row.id, row.error) for row in rows if row.error is not None]
     readable = [row for row in rows if row.error is None]
     prompts = [cast(str, row.text) for row in readable]  # a row without an error has its prompt (PromptRow)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from ..capture.adapters import check_adapter
-from ..capture.collect import check_prompts, encode_prompts, prompt_token_ids
+from ..capture.collect import check_pad_token, check_prompts, encode_prompts, pad_left, prompt_token_ids
 from ..capture.inputs import check_context, check_generate_inputs, check_lengths_fit
 from ..capture.recorder import PROMPT_POSITIONS, read_prompts
 from ..core.batching import check_batching, length_batches
@@ -426,18 +426,15 @@ class GuardedModelForCausalLM(nn.Module):
         tokenizer = self._string_tokenizer()
         check_prompts(prompts)
         check_batching(1 if batch_size is None else batch_size, max_batch_tokens)
-        if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+        check_pad_token(tokenizer)
         rows = prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)
         lengths = [len(tokens) for tokens in rows]
         check_lengths_fit(self.model, torch.tensor(lengths))  # the rule generate applies, naming the caller's row
         self._input_warner.warn_rows(self.guard.inputs, tokenizer, rows)
         by_row: dict[int, SafetyReport] = {}
         for batch in length_batches(lengths, batch_size or len(rows), max_batch_tokens):
-            padded = tokenizer.pad({"input_ids": [rows[i] for i in batch]}, padding_side="left", return_tensors="pt")
-            by_row.update(
-                zip(batch, self._screen_pass(padded["input_ids"], padded["attention_mask"], explain, top_k, system))
-            )
+            input_ids, attention_mask = pad_left(tokenizer, [rows[i] for i in batch])
+            by_row.update(zip(batch, self._screen_pass(input_ids, attention_mask, explain, top_k, system)))
         return [by_row[i] for i in range(len(rows))]
 
     def _string_tokenizer(self) -> Any:

@@ -45,7 +45,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from ..capture.collect import check_prompts
+from ..capture.collect import check_pad_token, check_prompts
 from ..capture.inputs import check_context
 from ..capture.recorder import PROMPT_POSITIONS
 from ..core.prompt_tokens import check_explain_count
@@ -138,8 +138,7 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
     if guarded.tokenizer is None:
         raise ValueError("serving needs the tokenizer: GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)")
     tokenizer = guarded.tokenizer
-    if tokenizer.pad_token_id is None:
-        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    check_pad_token(tokenizer)
     reads_prompt = guarded.guard.config.hook.position in PROMPT_POSITIONS
     ends = answer_ends(guarded.model, tokenizer)
     vocabulary = int(guarded.model.get_output_embeddings().weight.shape[0])  # the width of the logits a bias adds to
