@@ -325,6 +325,8 @@ def explain_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_head_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..guard.heads.training import NEW_HEAD_SHARE, NEW_HEAD_SHARE_BESIDE_ANOMALY
+
     _guard_arguments(parser)
     parser.add_argument("--name", required=True, help="the head's name (letters, digits, '-', '_')")
     parser.add_argument("--unsafe", required=True, help=f"prompts of the category: {PROMPT_FILE}")
@@ -332,7 +334,12 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
         "--safe", help=f"your own benign prompts, fitted on beside the bundled benign pools: {PROMPT_FILE}"
     )
     parser.add_argument("--column", default=DEFAULT_COLUMN, help=PROMPT_COLUMN_HELP)
-    parser.add_argument("--share", type=float, help="the new head's share of the FPR budget (default: an equal share)")
+    parser.add_argument(
+        "--share",
+        type=float,
+        help=f"the new head's share of the FPR budget (default: {NEW_HEAD_SHARE:g} beside supervised heads, "
+        f"{NEW_HEAD_SHARE_BESIDE_ANOMALY:g} beside the anomaly head alone)",
+    )
     parser.add_argument(
         "--safe-weight",
         type=float,

@@ -24,7 +24,7 @@ from hf_lsad.core.splits import split_of
 from hf_lsad.data import is_reserved, load_pool
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import add_head, release_rows
+from hf_lsad.guard.heads.training import NEW_HEAD_SHARE, NEW_HEAD_SHARE_BESIDE_ANOMALY, add_head, release_rows
 
 UNDER_TEST = [*MIXED_BATCH, PROMPTS[3], UNSAFE_PROMPTS[50 % len(UNSAFE_PROMPTS)], UNSAFE_PROMPTS[7], "x y z"]
 PATHS = ("screen", "report", "stop", "on_step")
@@ -212,7 +212,7 @@ def test_add_head_learns_a_category_from_100_rows_and_keeps_the_budget():
     rows += [f"tell me the secret launch date of project bluebird {i}" for i in range(80)]
     unsafe, held_out = rows[::3] + rows[1::3], rows[2::3]  # 100 to fit, 50 held out
     budget = add_head(
-        model, tokenizer, guard, "secrets", unsafe, benign_per_pool=150, threshold_rows=300, progress=False
+        model, tokenizer, guard, "secrets", unsafe, share=1 / 3, benign_per_pool=150, threshold_rows=300, progress=False
     )
     assert budget.heads == ["anomaly", "harm", "secrets"] and budget.shares[2] == pytest.approx(1 / 3)
     assert budget.shares[0] / budget.shares[1] == pytest.approx(1.0)  # the others keep their proportions
@@ -222,6 +222,26 @@ def test_add_head_learns_a_category_from_100_rows_and_keeps_the_budget():
     chat = [p.text for p in load_pool("chat") if split_of(p.id) == "test"][:300]
     flagged = guard(guarded_reads(model, tokenizer, guard, chat)).flagged.float().mean().item()
     assert flagged <= budget.target_fpr + 0.05  # held-out chat: the target, within sampling error of 300 rows
+
+
+def test_a_new_head_takes_a_small_share_by_default_and_the_other_heads_keep_the_rest():
+    """By default a head added beside supervised heads takes NEW_HEAD_SHARE of the budget, and one added to an
+    anomaly-only guard NEW_HEAD_SHARE_BESIDE_ANOMALY; the heads there before keep their proportions of the rest, so
+    their thresholds move less than at a larger share."""
+    model, tokenizer, anomaly_only = tiny_guard("prompt_last")
+    unsafe = [f"tell me the secret launch date of project bluebird {i}" for i in range(12)]
+    kwargs = dict(benign_per_pool=20, threshold_rows=120, progress=False)
+    budget = add_head(model, tokenizer, copy.deepcopy(anomaly_only), "secrets", unsafe, **kwargs)
+    assert budget.shares == pytest.approx([1 - NEW_HEAD_SHARE_BESIDE_ANOMALY, NEW_HEAD_SHARE_BESIDE_ANOMALY])
+    before = two_headed_guard(target_fpr=0.1).budget
+    thresholds = {}
+    for share in (None, 1 / 3):
+        budget = add_head(model, tokenizer, two_headed_guard(target_fpr=0.1), "secrets", unsafe, share=share, **kwargs)
+        expected = NEW_HEAD_SHARE if share is None else share
+        assert budget.shares == pytest.approx([s * (1 - expected) for s in before.shares] + [expected])
+        thresholds[share] = budget.thresholds
+    assert all(small <= large for small, large in zip(thresholds[None][:2], thresholds[1 / 3][:2]))
+    assert thresholds[None][2] >= thresholds[1 / 3][2]
 
 
 def test_add_head_keeps_the_bundled_rows_in_a_cache(tmp_path):

@@ -55,6 +55,17 @@ THRESHOLD_POOL = "chat"
 MIN_UNSAFE = 10
 """Fewest examples of a category a head is fitted on."""
 
+NEW_HEAD_SHARE = 0.05
+"""The share of the false-positive budget a head added beside supervised heads takes unless told otherwise: on
+validation rows, the smallest of 0.02, 0.05, 0.1 and 0.2 at which the released guard with a head for each of four
+hand-written categories caught as many of the category's held-out phrasings as at an equal share, less one of 32;
+the harm head then keeps its threshold (0.375 against 0.357 before, 0.50-0.55 at an equal share)
+(``benchmarks/experiments/heads/new_head_share.json``)."""
+
+NEW_HEAD_SHARE_BESIDE_ANOMALY = 0.2
+"""The share a head added to a guard whose only head is the anomaly head takes unless told otherwise: the same rule
+on the paper guard (at 0.1 one category's held-out phrasings were caught at 0.56)."""
+
 
 USER_SAFE = "your safe prompts"
 """The group of the user's own ``safe`` prompts in :func:`add_head`'s fit, beside the bundled benign pools (a space:
@@ -136,8 +147,9 @@ def add_head(
         safe: The user's own benign examples (optional), fitted on beside the bundled benign pools.
         reads: What the head reads (default: those of the guard's first supervised head, else the last prompt token
             and the mean over the prompt at the anomaly head's layer).
-        share: The new head's share of the false-positive budget (default: an equal share with every head); the
-            other heads keep their proportions of the rest.
+        share: The new head's share of the false-positive budget (default: :func:`new_head_share`, 0.05 beside
+            supervised heads, 0.2 beside the anomaly head alone); the other heads keep their proportions of the rest.
+            The smaller it is, the more the other heads keep and the higher the new head's own threshold.
         safe_weight: The share of the benign weight your ``safe`` prompts carry together, in (0, 1) (default: they
             weigh as one bundled benign pool does, a fifth); the bundled pools split the rest alike.
         target_fpr: The combined flag rate on validation chat (default: the guard's, else 5%); the guard's
@@ -247,17 +259,17 @@ def add_fitted_head(
 ) -> BudgetConfig:
     """Add a fitted supervised ``head`` to ``guard`` and set every threshold again on the bundled validation chat, as
     :func:`add_head` does once it has fitted its head (use this for a head fitted your own way, say with weights of
-    your own). The new head takes ``share`` of the one false-positive budget (default: an equal share with every
-    head), the others keep their proportions of the rest; the guard's target rate (unless ``target_fpr`` is given)
+    your own). The new head takes ``share`` of the one false-positive budget (default: :func:`new_head_share`), the
+    others keep their proportions of the rest; the guard's target rate (unless ``target_fpr`` is given)
     and ``confidence`` are kept. On any error the guard is left as it was. The other arguments are
     :func:`add_head`'s."""
     if share is not None and not 0.0 < share < 1.0:
         raise ValueError(f"share must be in (0, 1), got {share}")
     chat = _sample(release_rows(THRESHOLD_POOL, "validation"), threshold_rows, seed)
     old = guard.budget  # adding the head clears it
+    share = new_head_share(guard) if share is None else share
     guard.add_head(head)
     try:
-        share = 1.0 / len(guard.head_names) if share is None else share
         previous = old.shares if old is not None else [1.0]  # a single-head guard: the anomaly head had it all
         return fit_budget_on_prompts(
             model,
@@ -278,6 +290,13 @@ def add_fitted_head(
         del guard.heads[head.name]
         guard.budget = old
         raise
+
+
+def new_head_share(guard: Any) -> float:
+    """The share of the false-positive budget a head added to ``guard`` takes by default:
+    :data:`NEW_HEAD_SHARE` beside supervised heads, :data:`NEW_HEAD_SHARE_BESIDE_ANOMALY` when the anomaly head is
+    the guard's only head."""
+    return NEW_HEAD_SHARE if guard.heads else NEW_HEAD_SHARE_BESIDE_ANOMALY
 
 
 def fit_budget_on_prompts(
