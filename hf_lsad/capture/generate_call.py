@@ -86,7 +86,10 @@ def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any])
     - token healing rewrites the end of the prompt before the prefill (it drops the prompt's last tokens and
       constrains the first new ones to extend them), so the guard would read another prompt than the one given;
     - chunked prefill reads the prompt in several forward calls, where the guard reads it from one (it was caught
-      at the first new token, after the prompt had run).
+      at the first new token, after the prompt had run);
+    - a ``past_key_values`` that already holds tokens (a prefix cached by the caller) leaves them out of the
+      prefill, so the guard would read part of the prompt (it failed with an ``IndexError`` inside the forward
+      pass); an empty cache is fine.
     """
 
     def setting(name: str) -> Any:
@@ -125,6 +128,14 @@ def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any])
             "several forward calls, where the guard reads it from one"
         )
 
+    cached = cached_tokens(generate_kwargs.get("past_key_values"))
+    if cached:
+        raise ValueError(
+            f"past_key_values holds {cached} tokens already: the prefill would read only the rest of the prompt, and "
+            "the guard reads every prompt token's residual from it; pass the prompt without a filled cache (an "
+            "empty one is fine)"
+        )
+
     moved = {
         "DoLa decoding (dola_layers)": setting("dola_layers") is not None,
         "contrastive search (penalty_alpha)": bool(setting("penalty_alpha"))
@@ -140,3 +151,16 @@ def check_decoding_loop(model: PreTrainedModel, generate_kwargs: dict[str, Any])
                 f"{mode} is not supported by guarded generation: transformers runs it as a custom decoding loop "
                 "from a Hub repository's code, which need not call the guard's logits processor"
             )
+
+
+def cached_tokens(cache: Any) -> int:
+    """Tokens a ``past_key_values`` given to ``generate`` holds (0 for ``None`` or an empty cache): a
+    :class:`~transformers.Cache`'s ``get_seq_length()``, or the key length of a legacy tuple of ``(key, value)``
+    pairs."""
+    if cache is None:
+        return 0
+    if hasattr(cache, "get_seq_length"):
+        return int(cache.get_seq_length())
+    if isinstance(cache, (tuple, list)) and cache and isinstance(cache[0], (tuple, list)) and cache[0]:
+        return int(cache[0][0].shape[-2])
+    return 0
