@@ -86,10 +86,11 @@ def _draw(evaluation: PromptEvaluation, path: Path) -> list[str]:
 def _html(evaluation: PromptEvaluation, path: Path, pictures: list[str], title: str, note: str) -> str:
     metrics = evaluation.metrics()
     heads = list(evaluation.thresholds)
-    header = ["source", "kind", "rows", "flagged", *[f"AUROC {h}" for h in heads]]
+    header = ["source", "kind", "rows", "flagged", *[f"by {h}" for h in heads], *[f"AUROC {h}" for h in heads]]
     lines = []
     for name, row in metrics.items():
         cells = [name, "unsafe" if row["unsafe"] else "benign", str(row["rows"]), _percent(row["flagged"])]
+        cells += [_percent(row.get(f"flagged_by_{h}")) for h in heads]
         cells += [_number(row.get(f"auroc_{h}")) for h in heads]
         lines.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     thresholds = ", ".join(f"{html.escape(h)} {t:.4g}" for h, t in evaluation.thresholds.items())
@@ -106,7 +107,8 @@ td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:right}}td:first-child{
 figure{{display:inline-block;margin:1em}}img{{max-width:100%}}</style></head>
 <body><h1>{html.escape(title)}</h1>
 <p>Thresholds: {thresholds}. <em>flagged</em> is a benign source's false-positive rate and an unsafe source's
-true-positive rate at those thresholds; AUROC is each head's score on the source against every benign row.{turn}</p>
+true-positive rate at those thresholds; <em>by</em> a head, the share above that head's own threshold (a row above
+several counts for each); AUROC is each head's score on the source against every benign row.{turn}</p>
 <table><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in header)}</tr>{"".join(lines)}</table>
 {note}{images}
 </body></html>

@@ -4,7 +4,8 @@ What ``hf-lsad evaluate --guard G --benign-prompts NAME=FILE ... --unsafe-prompt
 runs. Each source's prompts are screened as ``generate`` would screen them, under the deployment's system turn when
 given (:mod:`hf_lsad.generation.bulk`, so any guard that reads the prompt works, two-headed guards included, with no
 activation store), then each benign source gives its flag rate and each unsafe source its flag rate (the TPR at the
-guard's thresholds) and, per head, the AUROC of its score against every benign row pooled.
+guard's thresholds), the share each head flagged on its own (which head catches a category, which flags a benign
+source) and, per head, the AUROC of its score against every benign row pooled.
 :mod:`hf_lsad.evaluation.plots` draws the same numbers.
 """
 
@@ -35,6 +36,8 @@ class SourceScores:
     """``[rows]`` bool: flagged by the guard (rows that failed closed included)."""
     head_scores: dict[str, np.ndarray] = field(default_factory=dict)
     """Each head's ``[rows]`` deciding score (NaN for a row that failed closed)."""
+    head_flags: dict[str, np.ndarray] = field(default_factory=dict)
+    """Each head's ``[rows]`` bool: the head was above its threshold (one of the report's ``decided_by``)."""
     errors: list[str] = field(default_factory=list)
     """Rows not screened (empty, not text, beyond the context), with why."""
 
@@ -50,13 +53,16 @@ class PromptEvaluation:
     """The system turn every prompt was screened under (``None``: the chat template's default)."""
 
     def metrics(self) -> dict[str, dict[str, Any]]:
-        """Per source: ``rows``, ``flagged`` (the FPR of a benign source, the TPR of an unsafe one) and, for an
+        """Per source: ``rows``, ``flagged`` (the FPR of a benign source, the TPR of an unsafe one),
+        ``flagged_by_<head>`` (the share above that head's threshold; rows above several count for each) and, for an
         unsafe source, ``auroc_<head>`` against every benign row pooled; ``errors`` when rows were not screened."""
         benign = [s for s in self.sources if not s.unsafe]
         rows: dict[str, dict[str, Any]] = {}
         for source in self.sources:
             entry: dict[str, Any] = {"unsafe": source.unsafe, "rows": len(source.flagged)}
             entry["flagged"] = float(source.flagged.mean()) if len(source.flagged) else None
+            for head, flags in source.head_flags.items():
+                entry[f"flagged_by_{head}"] = float(flags.mean()) if len(flags) else None
             if source.unsafe and benign:
                 for head in self.thresholds:
                     negatives = np.concatenate([s.head_scores[head] for s in benign])
@@ -95,8 +101,9 @@ def evaluate_prompt_sources(
             head: np.array([np.nan if r.error else v[i].score for r, v in zip(reports, verdicts)], dtype=float)
             for i, head in enumerate(thresholds)
         }
+        head_flags = {head: np.array([v[i].flagged for v in verdicts], dtype=bool) for i, head in enumerate(thresholds)}
         flagged = np.array([r.flagged for r in reports], dtype=bool)
-        results.append(SourceScores(name, unsafe, flagged, scores, errors))
+        results.append(SourceScores(name, unsafe, flagged, scores, head_flags, errors))
     return PromptEvaluation(results, thresholds, system)
 
 

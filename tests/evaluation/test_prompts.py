@@ -44,7 +44,11 @@ def test_metrics_are_what_screening_each_prompt_gives(tmp_path):
         )
         want_flagged = np.mean([alone[t].flagged for t in texts])
         assert abs(metrics[name]["flagged"] - want_flagged) * len(texts) <= on_edge + 1e-9
+        for head in ("anomaly", "harm"):  # which head caught the rows, each on its own
+            want_by_head = np.mean([head in alone[t].decided_by for t in texts])
+            assert abs(metrics[name][f"flagged_by_{head}"] - want_by_head) * len(texts) <= on_edge + 1e-9
     assert metrics["stealing"]["errors"] == 1 and metrics["stealing"]["rows"] == 20
+    assert metrics["stealing"]["flagged_by_harm"] > 0
     harm = {t: alone[t].head_verdicts()[1].score for t in benign + unsafe}
     want = roc_auc_score([0] * 30 + [1] * 20, [harm[t] for t in benign + unsafe])
     assert metrics["stealing"]["auroc_harm"] == pytest.approx(want, abs=1e-6)
@@ -56,6 +60,7 @@ def test_metrics_are_what_screening_each_prompt_gives(tmp_path):
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and "<td>stealing</td>" in page and 'src="http' not in page
+    assert "<th>by harm</th>" in page
 
 
 def test_the_cli_writes_metrics_pictures_and_the_page(model_dir, tmp_path, capsys):
