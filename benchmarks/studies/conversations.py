@@ -132,7 +132,7 @@ def _screen(guarded: GuardedModelForCausalLM, rows: list[list[int]], batch_size:
     reports: list[Any] = [None] * len(rows)
     for batch in length_batches([len(r) for r in rows], batch_size, BATCH_TOKENS):
         input_ids, attention_mask = pad_left(guarded.tokenizer, [rows[i] for i in batch])
-        for i, report in zip(batch, guarded.screen(input_ids=input_ids, attention_mask=attention_mask)):
+        for i, report in zip(batch, guarded.screen(input_ids, attention_mask)):
             reports[i] = report
     errors = [r.error for r in reports if r.error]
     if errors:
