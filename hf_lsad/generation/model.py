@@ -358,9 +358,10 @@ class GuardedModelForCausalLM(nn.Module):
     @torch.no_grad()
     def screen(
         self,
-        prompts: Sequence[str] | Tensor,
+        prompts: Sequence[str] | Tensor | None = None,
         attention_mask: Tensor | None = None,
         *,
+        input_ids: Tensor | None = None,
         chat_template: bool = True,
         system: str | None = None,
         explain: bool = False,
@@ -372,8 +373,9 @@ class GuardedModelForCausalLM(nn.Module):
 
         ``prompts`` are strings (encoded with the wrapper's ``tokenizer`` as user turns of its chat
         template, after the system turn ``system`` when given, left-padded, as
-        :func:`hf_lsad.capture.collect.encode_prompts`) or ``input_ids``
-        (left- or right-padded) with their ``attention_mask``. Rows under another system turn than the one the
+        :func:`hf_lsad.capture.collect.encode_prompts`) or ``input_ids`` (left- or right-padded) with their
+        ``attention_mask``, given first or as ``input_ids=`` (so that ``screen(**inputs)`` takes what
+        ``encode_prompts`` or a tokenizer returns). Rows under another system turn than the one the
         guard's thresholds were set under (:attr:`~hf_lsad.core.prompt_inputs.InputProfile.system`) warn. Needs a
         guard that reads the prompt (``prompt_last`` or ``prompt_mean``): a ``prompt_last`` verdict equals the one
         ``generate`` reports for the same prompts, and the same inputs are refused
@@ -386,6 +388,12 @@ class GuardedModelForCausalLM(nn.Module):
         reports come back in the order of ``prompts``, and bad input is refused, and warned of, before the first
         pass. Both ``None`` (the default): one pass over the whole list, as ``model(**inputs)``.
         """
+        if input_ids is not None:
+            if prompts is not None:
+                raise ValueError("give the prompts once: as the first argument or as input_ids, not both")
+            prompts = input_ids
+        if prompts is None:
+            raise TypeError("screen() needs prompts: strings, or input_ids with their attention_mask")
         hook = self.guard.config.hook
         if explain:
             check_top_k(top_k)

@@ -151,6 +151,7 @@ def test_screen_gives_the_verdicts_of_generate():
         assert a.score == pytest.approx(b.score, abs=1e-4) and (a.flagged, a.cluster) == (b.flagged, b.cluster)
     from_ids = guarded.screen(inputs["input_ids"], inputs["attention_mask"])
     assert [r.score for r in from_ids] == [r.score for r in screened]
+    assert [r.score for r in guarded.screen(**inputs)] == [r.score for r in screened]  # what generate(**inputs) takes
     calls = []
     handle = model.lm_head.register_forward_hook(lambda *a: calls.append(1))
     try:
@@ -171,6 +172,10 @@ def test_bad_arguments_are_refused():
         GuardedModelForCausalLM(model, last_guard, tokenizer=tokenizer).screen(BATCH)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         GuardedModelForCausalLM(model, guarded.guard).screen(BATCH)
+    with pytest.raises(ValueError, match="as the first argument or as input_ids, not both"):
+        guarded.screen(BATCH, input_ids=inputs["input_ids"])
+    with pytest.raises(TypeError, match="screen\\(\\) needs prompts"):
+        guarded.screen()
     with pytest.raises(ValueError, match="needs the tokenizer"):
         GuardedModelForCausalLM(model, guarded.guard).generate(**inputs, max_new_tokens=2, on_flag="stop", refusal="no")
     beams = {"num_beams": 2, "max_new_tokens": 2, "on_flag": "stop"}
