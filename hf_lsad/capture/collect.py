@@ -11,7 +11,7 @@ after the hooked block for ``prompt_last``, greedy generation for the response p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Literal, NamedTuple, TypedDict
 
 import torch
@@ -149,6 +149,28 @@ def prompt_token_ids(
     tokenizer refuses)."""
     texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
     return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
+
+
+def conversation_token_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    conversations: Sequence[Sequence[Mapping[str, str]]],
+    *,
+    system: str | None = None,
+) -> list[list[int]]:
+    """Each conversation's token ids as a chat server reads it for its next answer: all its ``{"role", "content"}``
+    turns under the chat template, with the generation prompt (a one-turn conversation reads as
+    :func:`prompt_token_ids` reads its prompt). ``system`` goes before a conversation that has no system turn of its
+    own; a conversation's own system turn is kept."""
+    check_system_turn(system)
+    if not tokenizer.chat_template:
+        raise ValueError("reading conversations needs the tokenizer's chat template")
+    texts = []
+    for conversation in conversations:
+        turns = [dict(turn) for turn in conversation]
+        if system is not None and not any(turn.get("role") == "system" for turn in turns):
+            turns.insert(0, {"role": "system", "content": system})
+        texts.append(str(tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)))
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
 def prompt_batches(

@@ -505,6 +505,12 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="screen only the first LIMIT rows")
     parser.add_argument("--split", default="train", help="the split of a datasets dataset")
     parser.add_argument("--raw", action="store_true", help="read prompts as they are, not as chat-template user turns")
+    parser.add_argument(
+        "--conversation",
+        action="store_true",
+        help="read each row's whole conversation ('messages', or --column: role/content turns ending with a user "
+        "turn) as a chat server reads it, not its last user turn",
+    )
     system_argument(parser)
     _explain_argument(parser, "write in a line's 'tokens'")
     model_argument(parser)

@@ -111,6 +111,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error("argument --system: a system turn is part of the chat template, which --raw leaves out")
         if args.command == "evaluate" and not (args.benign_prompts or args.unsafe_prompts):
             parser.error("argument --system: prompt mode only; an activation store's prompts were formatted already")
+    if getattr(args, "conversation", False) and args.raw:
+        parser.error("argument --conversation: a conversation is read under the chat template, which --raw leaves out")
     if args.command == "generate" and args.temperature == 0:
         given = [flag for flag, value in (("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
         if given:

@@ -614,7 +614,14 @@ def run_pull(args: argparse.Namespace) -> None:
 def run_screen(args: argparse.Namespace) -> None:
     from ..generation.bulk import screen_to_jsonl
 
-    rows = _prompt_table(args.input, column=args.column, id_column=args.id_column, limit=args.limit, split=args.split)
+    rows = _prompt_table(
+        args.input,
+        column=args.column,
+        id_column=args.id_column,
+        limit=args.limit,
+        split=args.split,
+        conversation=args.conversation,
+    )
     guarded = _guarded_model(args)
     print(f"screening {len(rows)} rows of {args.input} into {args.out}", file=sys.stderr, flush=True)
     summary = screen_to_jsonl(

@@ -33,9 +33,12 @@ class PromptRow:
     """The row's ``--id-column`` value as a string, or its 0-based position in the input (``#<position>`` for a row
     whose id cannot be read, which then has an ``error``)."""
     text: str | None
-    """The prompt (``None`` when ``error`` is set)."""
+    """The prompt (``None`` when ``error`` is set); of a conversation, its last user turn."""
     error: str | None = None
     """Why the row has no prompt (empty, not text, unreadable)."""
+    conversation: tuple[dict[str, str], ...] | None = None
+    """The whole conversation, ``{"role", "content"}`` turns ending with a user turn, when the table was read with
+    ``conversation=True`` (``None`` otherwise): what a chat server reads for its next answer."""
 
 
 def read_prompt_table(
@@ -45,6 +48,7 @@ def read_prompt_table(
     id_column: str | None = None,
     limit: int | None = None,
     split: str = "train",
+    conversation: bool = False,
 ) -> list[PromptRow]:
     """The prompts of a table, one :class:`PromptRow` per row, in input order.
 
@@ -61,6 +65,9 @@ def read_prompt_table(
             JSON object, is ``#<position>`` with an error.
         limit: Read only the first ``limit`` rows.
         split: The split of a ``datasets`` dataset.
+        conversation: Read each row's whole conversation (:attr:`PromptRow.conversation`) from ``column``, or from
+            ``messages`` when ``column`` is the default: ``{"role", "content"}`` turns (roles ``system``, ``user``,
+            ``assistant``) ending with a user turn. A row whose turns are not so is that row's error.
 
     Raises:
         FileNotFoundError: a file path that does not exist.
@@ -69,7 +76,11 @@ def read_prompt_table(
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive integer, got {limit}")
+    if conversation and column == DEFAULT_COLUMN:
+        column = MESSAGES_COLUMN
     if Path(source).suffix.lower() == TEXT_SUFFIX and Path(source).is_file():
+        if conversation:
+            raise ValueError(f"{source}: a {TEXT_SUFFIX} file holds one prompt per line, not conversations")
         if column != DEFAULT_COLUMN or id_column is not None:
             raise ValueError(f"{source}: a {TEXT_SUFFIX} file holds one prompt per line and has no columns to choose")
         return [PromptRow(str(index), text) for index, text in enumerate(text_lines(Path(source))[:limit])]
@@ -85,8 +96,13 @@ def read_prompt_table(
             row = PromptRow(f"#{index}", None, f"no id in column {id_column!r}")
         else:
             row_id = str(record[id_column]) if id_column is not None else str(index)
-            text, error = _prompt_of(record, column)
-            row = PromptRow(row_id, text, error)
+            if conversation:
+                turns, error = _conversation_of(record, column)
+                last = turns[-1]["content"] if turns is not None else None
+                row = PromptRow(row_id, last, error, turns)
+            else:
+                text, error = _prompt_of(record, column)
+                row = PromptRow(row_id, text, error)
         if row.id in seen:
             raise ValueError(f"{source}: id {row.id!r} appears twice in column {id_column!r}; ids must be unique")
         seen.add(row.id)
@@ -229,3 +245,30 @@ def _prompt_of(record: dict[str, Any], column: str) -> tuple[str | None, str | N
     if not value.strip():
         return None, "empty prompt"
     return value, None
+
+
+CONVERSATION_ROLES = ("system", "user", "assistant")
+"""The roles a conversation's turns may have."""
+
+
+def _conversation_of(record: dict[str, Any], column: str) -> tuple[tuple[dict[str, str], ...] | None, str | None]:
+    """The row's conversation, or why it has none: a list of ``{"role", "content"}`` turns, roles of
+    :data:`CONVERSATION_ROLES`, text content, ending with a user turn that holds text."""
+    turns = record.get(column)
+    if isinstance(turns, str):  # a CSV cell holds the list as JSON text
+        try:
+            turns = json.loads(turns)
+        except json.JSONDecodeError:
+            return None, f"{column!r} is not a list of turns (not JSON)"
+    if not isinstance(turns, list) or not turns:
+        return None, f"{column!r} is not a non-empty list of turns"
+    kept = []
+    for number, turn in enumerate(turns):
+        if not isinstance(turn, dict) or turn.get("role") not in CONVERSATION_ROLES:
+            return None, f"turn {number} is not a {{'role', 'content'}} turn of a role in {CONVERSATION_ROLES}"
+        if not isinstance(turn.get("content"), str):
+            return None, f"turn {number} ({turn['role']}) has no text content"
+        kept.append({"role": str(turn["role"]), "content": str(turn["content"])})
+    if kept[-1]["role"] != "user" or not kept[-1]["content"].strip():
+        return None, "the conversation does not end with a user turn that holds text"
+    return tuple(kept), None

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..capture.adapters import adapter_digest, adapter_label
-from ..capture.collect import check_pad_token, pad_left, prompt_token_ids
+from ..capture.collect import check_pad_token, conversation_token_ids, pad_left, prompt_token_ids
 from ..capture.recorder import PROMPT_POSITIONS
 from ..core.batching import BATCH_TOKENS, check_batching, length_batches
 from ..core.prompt_tokens import check_explain_count
@@ -117,7 +117,8 @@ def screen_to_jsonl(
     if len(set(ids)) != len(ids):
         raise ValueError("row ids must be unique: they are what a resumed run skips")
     path = Path(out)
-    read = read_by(guarded, chat_template=chat_template, system=system)
+    conversation = any(row.conversation is not None for row in rows)
+    read = read_by(guarded, chat_template=chat_template, system=system, conversation=conversation)
     done = _finished_ids(path, guarded.guard.head_thresholds(), read)
     pending = [row for row in rows if row.id not in done]
     resumed = len(rows) - len(pending)
@@ -148,11 +149,14 @@ def screen_to_jsonl(
     return _summary(path, ids, resumed, seconds, len(pending))
 
 
-def read_by(guarded: GuardedModelForCausalLM, *, chat_template: bool, system: str | None) -> dict[str, Any]:
+def read_by(
+    guarded: GuardedModelForCausalLM, *, chat_template: bool, system: str | None, conversation: bool = False
+) -> dict[str, Any]:
     """How a screening run reads its prompts, written on each of its lines: the model's name (``None``: unnamed),
     the digest of the peft adapters it runs (:func:`hf_lsad.capture.adapters.adapter_digest`, ``None`` for none),
-    the dtype of its weights, the system turn (``None``: the template's default) and whether prompts are read as user
-    turns of the chat template. Each moves the scores, so lines read otherwise are not one run's verdicts."""
+    the dtype of its weights, the system turn (``None``: the template's default), whether prompts are read as user
+    turns of the chat template, and whether rows are whole conversations rather than one user turn. Each moves the
+    scores, so lines read otherwise are not one run's verdicts."""
     model = guarded.model
     return {
         "model": str(model.config.name_or_path) or None,
@@ -160,6 +164,7 @@ def read_by(guarded: GuardedModelForCausalLM, *, chat_template: bool, system: st
         "dtype": str(model.dtype).removeprefix("torch."),
         "system": system,
         "chat_template": chat_template,
+        "conversation": conversation,
     }
 
 
@@ -169,7 +174,10 @@ _READ_NAMES = {
     "dtype": "dtype",
     "system": "system turn",
     "chat_template": "chat template",
+    "conversation": "whole conversations",
 }
+_READ_BEFORE = {"conversation": False}
+"""What a line written before ``read`` held a key read it as."""
 
 
 def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]) -> set[str]:
@@ -191,7 +199,11 @@ def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]
             done.add(str(record["id"]))
             written = {name: head["threshold"] for name, head in record.get("heads", {}).items()}
             written_read = record.get("read")
-            differs = [key for key in read if written_read is not None and written_read.get(key) != read[key]]
+            differs = [
+                key
+                for key in read
+                if written_read is not None and written_read.get(key, _READ_BEFORE.get(key)) != read[key]
+            ]
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(
                 f"{path}:{number}: not a verdict line of hf-lsad screen ({err}); choose another --out"
@@ -204,7 +216,7 @@ def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]
             )
         if differs:
             changes = "; ".join(
-                f"{_READ_NAMES[key]} {_read_value(key, written_read.get(key))} here, "
+                f"{_READ_NAMES[key]} {_read_value(key, written_read.get(key, _READ_BEFORE.get(key)))} here, "
                 f"{_read_value(key, read[key])} in this run"
                 for key in differs
             )
@@ -250,13 +262,27 @@ def plan_batches(
 ) -> tuple[list[PromptBatch], list[tuple[str, str]]]:
     """The rows that can be screened, tokenised as ``screen`` reads them and batched in order of token length
     (:func:`~hf_lsad.core.batching.length_batches`), and ``(id, error)`` of the others: rows read without a prompt,
-    then rows longer than the model's context."""
+    then rows longer than the model's context. A row read with its conversation
+    (:attr:`~hf_lsad.data.tables.PromptRow.conversation`) is read whole, as a chat server reads it
+    (:func:`~hf_lsad.capture.collect.conversation_token_ids`)."""
     tokenizer = guarded.tokenizer
     check_pad_token(tokenizer)
     errors = [(row.id, row.error) for row in rows if row.error is not None]
     readable = [row for row in rows if row.error is None]
-    prompts = [cast(str, row.text) for row in readable]  # a row without an error has its prompt (PromptRow)
-    token_ids = prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)
+    conversations = [i for i, row in enumerate(readable) if row.conversation is not None]
+    if conversations and not chat_template:
+        raise ValueError("conversations are read under the chat template; chat_template=False reads prompts raw")
+    prompts = [i for i, row in enumerate(readable) if row.conversation is None]
+    token_ids: list[list[int]] = [[] for _ in readable]
+    # a row without an error has its prompt, or its conversation (PromptRow)
+    plain = prompt_token_ids(
+        tokenizer, [cast(str, readable[i].text) for i in prompts], chat_template=chat_template, system=system
+    )
+    whole = conversation_token_ids(
+        tokenizer, [cast(tuple, readable[i].conversation) for i in conversations], system=system
+    )
+    for i, ids in [*zip(prompts, plain), *zip(conversations, whole)]:
+        token_ids[i] = ids
     context = getattr(guarded.model.config.get_text_config(), "max_position_embeddings", None)
     fits = [not context or len(ids) <= context for ids in token_ids]
     errors += [

@@ -1,5 +1,5 @@
-"""A deployment's system turn through ``generate``, ``screen`` and ``explain``: the prompts read as the deployment
-sends them, and the refusals."""
+"""A deployment's system turn through ``generate``, ``screen`` and ``explain``, and a chat log's whole conversations
+through ``screen --conversation``: the prompts read as the deployment sends them, and the refusals."""
 
 from __future__ import annotations
 
@@ -85,3 +85,34 @@ def test_a_row_under_another_turn_than_the_guards_warns_in_one_line(model_dir, t
     err = capsys.readouterr().err
     assert "hf-lsad: warning: UserWarning: rows [0, 1] open with another system turn" in err
     assert "the chat template's default" in err and ".py:" not in err  # the command's voice, not a traceback's
+
+
+def test_screen_reads_a_chat_logs_whole_conversations_when_asked(model_dir, guard_dir, tmp_path):
+    """``--conversation``: each row's turns read as the server reads them for its next answer; without it, the last
+    user turn alone."""
+    turns = [
+        {"role": "user", "content": PROMPTS[0]},
+        {"role": "assistant", "content": "I can't help with that."},
+        {"role": "user", "content": PROMPTS[1]},
+    ]
+    (tmp_path / "log.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    common = ["screen", str(tmp_path / "log.jsonl"), "--model", str(model_dir), "--guard", str(guard_dir)]
+    entry([*common, "--out", str(tmp_path / "whole.jsonl"), "--conversation"])
+    entry([*common, "--out", str(tmp_path / "last.jsonl")])
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guarded = GuardedModelForCausalLM(model, fresh_guard("prompt_last"), tokenizer=tokenizer)
+    served = tokenizer.apply_chat_template([turns], add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    want = {"whole": guarded.screen(**served)[0].score, "last": guarded.screen([PROMPTS[1]])[0].score}
+    for name, score in want.items():
+        (line,) = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        assert line["heads"]["anomaly"]["score"] == pytest.approx(score, abs=1e-5)
+        assert line["read"]["conversation"] is (name == "whole")
+    assert want["whole"] != pytest.approx(want["last"], abs=1e-3)
+
+
+def test_conversations_without_the_template_are_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "log.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit) as info:
+        entry(["screen", "log.jsonl", "--out", "v.jsonl", "--conversation", "--raw"])
+    assert info.value.code == 2 and "argument --conversation" in capsys.readouterr().err

@@ -131,6 +131,39 @@ def test_the_last_user_turn_of_messages_when_there_is_no_prompt_column(tmp_path)
     ]
 
 
+def test_whole_conversations_with_each_malformed_one_its_rows_error(tmp_path):
+    turns = [
+        {"role": "system", "content": "be kind"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second"},
+    ]
+    records = [
+        {"messages": turns},
+        {"messages": turns[:3]},  # ends with the assistant's turn
+        {"messages": [{"role": "tool", "content": "x"}, turns[1]]},
+        {"messages": [{"role": "user", "content": 5}]},
+        {"messages": []},
+        {"messages": "not json"},
+        {"messages": json.dumps(turns[1:2])},  # a CSV cell holds the list as JSON text
+    ]
+    rows = read_prompt_table(write_jsonl(tmp_path / "m.jsonl", records), conversation=True)
+    assert rows[0] == PromptRow("0", "second", None, tuple(turns))
+    assert rows[6] == PromptRow("6", "first", None, (turns[1],))
+    assert [row.error for row in rows[1:6]] == [
+        "the conversation does not end with a user turn that holds text",
+        "turn 0 is not a {'role', 'content'} turn of a role in ('system', 'user', 'assistant')",
+        "turn 0 (user) has no text content",
+        "'messages' is not a non-empty list of turns",
+        "'messages' is not a list of turns (not JSON)",
+    ]
+    other = write_jsonl(tmp_path / "c.jsonl", [{"chat": turns}])
+    assert read_prompt_table(other, column="chat", conversation=True)[0].conversation == tuple(turns)
+    (tmp_path / "p.txt").write_text("hello\n")
+    with pytest.raises(ValueError, match="one prompt per line, not conversations"):
+        read_prompt_table(tmp_path / "p.txt", conversation=True)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "rows", "error"),
     [

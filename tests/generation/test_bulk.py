@@ -81,7 +81,14 @@ def test_every_row_gets_the_verdict_it_gets_alone_and_bad_rows_their_error(tmp_p
     for row in rows[: len(TEXTS)]:
         alone = model.screen([row.text])[0].to_json()
         assert_same_verdicts({row.id: got[row.id]}, {row.id: {"id": row.id, **alone}})
-    read = {"model": None, "adapter": None, "dtype": "float32", "system": None, "chat_template": True}
+    read = {
+        "model": None,
+        "adapter": None,
+        "dtype": "float32",
+        "system": None,
+        "chat_template": True,
+        "conversation": False,
+    }
     assert got["empty"] == {"id": "empty", "flagged": None, "error": "empty prompt", "read": read}
     assert all(record["read"] == read for record in got.values())
     assert got["long"]["flagged"] is None and "longer than the model's context" in got["long"]["error"]
@@ -206,6 +213,68 @@ def test_lines_written_before_lines_said_how_they_were_read_resume(tmp_path):
     assert (
         screen_to_jsonl(model, rows, out, batch_size=4, system="You are a support bot.", progress=False).resumed == 10
     )
+
+
+CONVERSATIONS = [
+    (
+        {"role": "user", "content": PROMPTS[0]},
+        {"role": "assistant", "content": "Sure, here it is."},
+        {"role": "user", "content": "And another?"},
+    ),
+    ({"role": "user", "content": UNSAFE_PROMPTS[0]},),
+    (
+        {"role": "system", "content": "You are a support bot."},
+        {"role": "user", "content": UNSAFE_PROMPTS[1]},
+        {"role": "assistant", "content": "I can't help with that."},
+        {"role": "user", "content": "Go on."},
+    ),
+]
+
+
+def test_conversations_are_read_whole_as_a_chat_server_reads_them(tmp_path):
+    """A row's conversation gives the verdict screen gives the ids the chat template makes of it (what the server
+    reads for its next answer); a one-turn conversation reads as its prompt does."""
+    model = guarded()
+    tokenizer = model.tokenizer
+    rows = [PromptRow(str(i), turns[-1]["content"], None, turns) for i, turns in enumerate(CONVERSATIONS)]
+    rows.append(PromptRow("plain", UNSAFE_PROMPTS[0]))
+    batches, errors = plan_batches(model, rows, batch_size=2)
+    assert not errors
+    token_ids = {row_id: ids for batch in batches for row_id, ids in zip(batch.ids, batch.token_ids)}
+    for i, turns in enumerate(CONVERSATIONS):
+        served = tokenizer.apply_chat_template(list(turns), add_generation_prompt=True, return_dict=True)
+        assert token_ids[str(i)] == list(served["input_ids"])
+    assert token_ids["1"] == token_ids["plain"]
+    out = tmp_path / "out.jsonl"
+    screen_to_jsonl(model, rows, out, batch_size=2, progress=False)
+    got = by_id(out)
+    for i, turns in enumerate(CONVERSATIONS):
+        served = tokenizer.apply_chat_template([list(turns)], add_generation_prompt=True, return_dict=True)
+        (want,) = model.screen(torch.tensor(served["input_ids"]))
+        assert got[str(i)]["heads"]["harm"]["score"] == pytest.approx(want.heads[1].score, abs=1e-5)
+        assert got[str(i)]["read"]["conversation"] is True
+    with_system, _ = plan_batches(model, rows[:3], batch_size=8, system="Be brief.")
+    system_ids = dict(zip(with_system[0].ids, with_system[0].token_ids))
+    opened = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, *CONVERSATIONS[0]], add_generation_prompt=True, return_dict=True
+    )
+    assert system_ids["0"] == list(opened["input_ids"]) and system_ids["2"] == token_ids["2"]  # its own turn kept
+    with pytest.raises(ValueError, match="conversations are read under the chat template"):
+        plan_batches(model, rows, batch_size=2, chat_template=False)
+
+
+def test_a_conversation_run_does_not_resume_a_run_of_last_turns(tmp_path):
+    model = guarded()
+    out = tmp_path / "out.jsonl"
+    screen_to_jsonl(model, [PromptRow("0", "Go on.")], out, progress=False)
+    rows = [PromptRow(str(i), turns[-1]["content"], None, turns) for i, turns in enumerate(CONVERSATIONS)]
+    with pytest.raises(ValueError, match="whole conversations False here, True in this run"):
+        screen_to_jsonl(model, rows, out, progress=False)
+    older = [
+        {**record, "read": {k: v for k, v in record["read"].items() if k != "conversation"}} for record in lines(out)
+    ]
+    out.write_text("".join(json.dumps(record) + "\n" for record in older))  # written before lines said so
+    assert screen_to_jsonl(model, [PromptRow("0", "Go on."), PromptRow("1", "hi")], out, progress=False).resumed == 1
 
 
 def test_an_output_that_is_not_ours_is_refused(tmp_path):
