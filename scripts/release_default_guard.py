@@ -28,12 +28,13 @@ The figures on the card come from ``benchmarks/results/heads--report.json`` (lea
 benchmarks/run.py heads/report``) and ``benchmarks/results/heads--shipped.json`` (the guard as shipped, ``python
 benchmarks/run.py heads/shipped``). Both fit this configuration from the stores and never read the bundled guard:
 when the configuration changes, run them first, then this script. The released guard's figures on a source found
-after the release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``), on
-benign text in other languages from ``benchmarks/results/heads--languages.json`` (``python benchmarks/run.py
+after the release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``),
+on benign text in other languages from ``benchmarks/results/heads--languages.json`` (``python benchmarks/run.py
 heads/languages``), on prompts read without the chat template from ``benchmarks/results/heads--raw_prompts.json``
-(``python benchmarks/run.py heads/raw_prompts``) and on harm asked in a few words from
-``benchmarks/results/heads--terse_requests.json`` (``python benchmarks/run.py heads/terse_requests``); these read the
-bundled guard: after a release, run them, then ``--card-only``.
+(``python benchmarks/run.py heads/raw_prompts``), on harm asked in a few words from
+``benchmarks/results/heads--terse_requests.json`` (``python benchmarks/run.py heads/terse_requests``) and on
+conversations from ``benchmarks/results/heads--conversations.json`` (``python benchmarks/run.py
+heads/conversations``); these read the bundled guard: after a release, run them, then ``--card-only``.
 
 Needs the activations of every pool (``hf-lsad collect --pool P --layer 12 16 20 24 28 --position prompt_last
 prompt_mean --out artifacts/smollm2/P``)::
@@ -81,6 +82,7 @@ UNSEEN = REPO / "benchmarks" / "results" / "heads--unseen.json"
 LANGUAGES = REPO / "benchmarks" / "results" / "heads--languages.json"
 RAW_PROMPTS = REPO / "benchmarks" / "results" / "heads--raw_prompts.json"
 TERSE_REQUESTS = REPO / "benchmarks" / "results" / "heads--terse_requests.json"
+CONVERSATIONS = REPO / "benchmarks" / "results" / "heads--conversations.json"
 
 
 def counted(share: dict) -> str:
@@ -108,13 +110,28 @@ def terse_requests(terse: dict, guard: str) -> str:
     )
 
 
+def conversations(result: dict, guard: str) -> str:
+    """What ``guard`` flags of the conversations of ``heads/conversations``: real ShareGPT second turns and harm asked,
+    refused and followed up, read whole as ``hf-lsad serve`` reads them and by their last turn alone."""
+    read = result["result"]["guards"][guard]
+    real, harm = read["ShareGPT conversations"], read["harm asked, refused, followed up"]
+    return (
+        "Read whole, as `hf-lsad serve` reads a conversation (and `hf-lsad screen --conversation` a chat log), it "
+        f"flags {counted(real['whole conversation'])} real chat conversations at their second turn "
+        f"({counted(real['first turn alone'])} of their first turns) and {counted(harm['whole conversation'])} "
+        "harmful requests asked, refused and followed up; their last turn read alone: "
+        f"{counted(real['last turn alone'])} and {counted(harm['last turn alone'])} (`python benchmarks/run.py "
+        "heads/conversations`)"
+    )
+
+
 def card_texts(
-    report: dict, as_shipped: dict, unseen: dict, languages: dict, raw_prompts: dict, terse: dict
+    report: dict, as_shipped: dict, unseen: dict, languages: dict, raw_prompts: dict, terse: dict, talks: dict
 ) -> tuple[str, str, str]:
     """The card's training-data paragraph, evaluation note and limitations, from the measured report (leave one
     source out), the measured guard as shipped, the released guard on a source no fit, threshold or choice has
-    read, on benign text in other languages, on prompts read without the chat template and on harm asked in a few
-    words."""
+    read, on benign text in other languages, on prompts read without the chat template, on harm asked in a few
+    words and on conversations."""
     methods = report["result"]["methods"]
     shipped = as_shipped["result"]["shipped"][f"anomaly share {ANOMALY_SHARE:g}"]
 
@@ -199,6 +216,7 @@ def card_texts(
         f"--raw`, `/v1/completions`) is out of its distribution: of test chat read raw, {chat('raw')} rows are "
         f"flagged ({chat('template')} under the template), of every benign domain {min(raw_rates):.0%}-"
         f"{max(raw_rates):.0%} (`python benchmarks/run.py heads/raw_prompts`). "
+        f"{conversations(talks, 'default')}: screen a chat log by its whole conversations. "
         "The supervised head recognises kinds of harm like those it was fitted on. Held out of its fit, mild risky "
         "questions (do-not-answer: requests for legal or medical advice, questions about a named person's private "
         "details, questions to the assistant about itself) are mostly missed; toxic text that is not a request "
@@ -239,7 +257,7 @@ PAPER_DATA = (
 ) + model_read("paper")
 
 
-def paper_card_texts(languages: dict, raw_prompts: dict, terse: dict) -> dict:
+def paper_card_texts(languages: dict, raw_prompts: dict, terse: dict, talks: dict) -> dict:
     """The paper guard's card: its training data, and what it flags on test rows of every bundled pool under the chat
     template, in other languages and on prompts read without the template, all measured on the guard as released."""
     read = raw_prompts["result"]["guards"]["paper"]
@@ -272,7 +290,8 @@ def paper_card_texts(languages: dict, raw_prompts: dict, terse: dict) -> dict:
         f"sentences in {spoken} other languages are flagged {other} (`python benchmarks/run.py "
         "heads/languages`). It was fitted and thresholded on prompts under the chat template: a prompt read as it "
         f"is (`hf-lsad screen --raw`, `/v1/completions`) is out of its distribution ({share('raw', 'chat')} test "
-        f"chat rows flagged read raw, {share('template', 'chat')} under the template)."
+        f"chat rows flagged read raw, {share('template', 'chat')} under the template). "
+        f"{conversations(talks, 'paper')}: it does not guard a conversation."
     )
     return dict(data=PAPER_DATA, metrics=metrics, metrics_note=note, limitations=limitations)
 
@@ -283,13 +302,13 @@ def read_results(*paths: Path) -> list[dict]:
 
 def default_card_args() -> dict:
     """The default guard's card settings, from the committed results."""
-    texts = card_texts(*read_results(REPORT, SHIPPED, UNSEEN, LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS))
+    texts = card_texts(*read_results(REPORT, SHIPPED, UNSEEN, LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS))
     return dict(zip(("data", "metrics_note", "limitations"), texts))
 
 
 def paper_card_args() -> dict:
     """The paper guard's card settings, from the committed results."""
-    return paper_card_texts(*read_results(LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS))
+    return paper_card_texts(*read_results(LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS))
 
 
 def main() -> None:
