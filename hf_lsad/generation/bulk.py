@@ -94,7 +94,8 @@ def screen_to_jsonl(
 
     Args:
         guarded: A guarded model with its ``tokenizer``, whose guard reads the prompt.
-        rows: The input rows (:func:`hf_lsad.data.tables.read_prompt_table`); ids must be unique.
+        rows: The input rows (:func:`hf_lsad.data.tables.read_prompt_table`); ids must be unique. A row read with
+            its conversation (``conversation=True``) is read whole, as a chat server reads it.
         out: The JSON-lines file to append to (created if missing).
         batch_size: Prompts per forward pass, at most.
         max_batch_tokens: Padded tokens per forward pass, at most (``None``: ``batch_size`` prompts whatever their

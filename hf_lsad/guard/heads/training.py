@@ -58,8 +58,8 @@ MIN_UNSAFE = 10
 NEW_HEAD_SHARE = 0.05
 """The share of the false-positive budget a head added beside supervised heads takes unless told otherwise: on
 validation rows, the smallest of 0.02, 0.05, 0.1 and 0.2 at which the released guard with a head for each of four
-hand-written categories caught as many of the category's held-out phrasings as at an equal share, less one of 32;
-the harm head then keeps its threshold (0.375 against 0.357 before, 0.50-0.55 at an equal share)
+hand-written categories caught as many of the category's held-out phrasings as at an equal share, less one of 32.
+The harm head's threshold then moves from 0.357 to 0.375 (to 0.50-0.55 at an equal share)
 (``benchmarks/experiments/heads/new_head_share.json``)."""
 
 NEW_HEAD_SHARE_BESIDE_ANOMALY = 0.2
