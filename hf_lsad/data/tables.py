@@ -10,9 +10,10 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import MissingColumnError
 
@@ -39,6 +40,26 @@ class PromptRow:
     conversation: tuple[dict[str, str], ...] | None = None
     """The whole conversation, ``{"role", "content"}`` turns ending with a user turn, when the table was read with
     ``conversation=True`` (``None`` otherwise): what a chat server reads for its next answer."""
+
+
+CONVERSATION_ROLES = ("system", "user", "assistant")
+"""The roles a conversation's turns may have."""
+
+
+def conversation_problem(turns: object) -> str | None:
+    """Why ``turns`` is not a conversation a guard can read for the next answer, or ``None``: a non-empty list of
+    ``{"role", "content"}`` turns, roles of :data:`CONVERSATION_ROLES`, text content, the last a user turn that holds
+    text."""
+    if not isinstance(turns, (list, tuple)) or not turns:
+        return "not a non-empty list of turns"
+    for number, turn in enumerate(turns):
+        if not isinstance(turn, Mapping) or turn.get("role") not in CONVERSATION_ROLES:
+            return f"turn {number} is not a {{'role', 'content'}} turn of a role in {CONVERSATION_ROLES}"
+        if not isinstance(turn.get("content"), str):
+            return f"turn {number} ({turn['role']}) has no text content"
+    if turns[-1]["role"] != "user" or not turns[-1]["content"].strip():
+        return "the conversation does not end with a user turn that holds text"
+    return None
 
 
 def read_prompt_table(
@@ -247,28 +268,16 @@ def _prompt_of(record: dict[str, Any], column: str) -> tuple[str | None, str | N
     return value, None
 
 
-CONVERSATION_ROLES = ("system", "user", "assistant")
-"""The roles a conversation's turns may have."""
-
-
 def _conversation_of(record: dict[str, Any], column: str) -> tuple[tuple[dict[str, str], ...] | None, str | None]:
-    """The row's conversation, or why it has none: a list of ``{"role", "content"}`` turns, roles of
-    :data:`CONVERSATION_ROLES`, text content, ending with a user turn that holds text."""
+    """The row's conversation, or why it has none (:func:`conversation_problem`)."""
     turns = record.get(column)
     if isinstance(turns, str):  # a CSV cell holds the list as JSON text
         try:
             turns = json.loads(turns)
         except json.JSONDecodeError:
             return None, f"{column!r} is not a list of turns (not JSON)"
-    if not isinstance(turns, list) or not turns:
-        return None, f"{column!r} is not a non-empty list of turns"
-    kept = []
-    for number, turn in enumerate(turns):
-        if not isinstance(turn, dict) or turn.get("role") not in CONVERSATION_ROLES:
-            return None, f"turn {number} is not a {{'role', 'content'}} turn of a role in {CONVERSATION_ROLES}"
-        if not isinstance(turn.get("content"), str):
-            return None, f"turn {number} ({turn['role']}) has no text content"
-        kept.append({"role": str(turn["role"]), "content": str(turn["content"])})
-    if kept[-1]["role"] != "user" or not kept[-1]["content"].strip():
-        return None, "the conversation does not end with a user turn that holds text"
-    return tuple(kept), None
+    problem = conversation_problem(turns)
+    if problem is not None:
+        return None, f"{column!r}: {problem}"
+    checked = cast(list, turns)  # a list of turns, with no problem
+    return tuple({"role": str(turn["role"]), "content": str(turn["content"])} for turn in checked), None

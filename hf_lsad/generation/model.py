@@ -14,21 +14,29 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import torch
 from torch import Tensor, nn
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from ..capture.adapters import check_adapter
-from ..capture.collect import check_pad_token, check_prompts, encode_prompts, pad_left, prompt_token_ids
+from ..capture.collect import (
+    check_pad_token,
+    check_prompts,
+    conversation_token_ids,
+    encode_prompts,
+    pad_left,
+    prompt_token_ids,
+)
 from ..capture.inputs import check_context, check_generate_inputs, check_lengths_fit
 from ..capture.recorder import PROMPT_POSITIONS, read_prompts
 from ..core.batching import check_batching, length_batches
 from ..core.prompt_inputs import InputWarner
 from ..core.prompt_tokens import check_top_k
+from ..data.tables import conversation_problem
 from ..guard.fingerprint import check_fingerprint
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import OnFlag, StepVerdict
@@ -50,6 +58,23 @@ __all__ = [
     "GuardedGenerateOutput",
     "GuardedModelForCausalLM",
 ]
+
+
+Conversation = Sequence[Mapping[str, str]]
+"""A conversation: ``{"role", "content"}`` turns (:func:`~hf_lsad.data.tables.conversation_problem`)."""
+
+
+def _are_conversations(prompts: object) -> bool:
+    """Whether ``prompts`` is a list of conversations (its first item a list of ``{"role", "content"}`` turns)
+    rather than of strings; anything else is read, and refused, as strings."""
+    return (
+        isinstance(prompts, Sequence)
+        and not isinstance(prompts, str)
+        and len(prompts) > 0
+        and isinstance(prompts[0], (list, tuple))
+        and len(prompts[0]) > 0
+        and isinstance(prompts[0][0], Mapping)
+    )
 
 
 class GuardedModelForCausalLM(nn.Module):
@@ -358,7 +383,7 @@ class GuardedModelForCausalLM(nn.Module):
     @torch.no_grad()
     def screen(
         self,
-        prompts: Sequence[str] | Tensor | None = None,
+        prompts: Sequence[str] | Sequence[Conversation] | Tensor | None = None,
         attention_mask: Tensor | None = None,
         *,
         input_ids: Tensor | None = None,
@@ -375,14 +400,18 @@ class GuardedModelForCausalLM(nn.Module):
         template, after the system turn ``system`` when given, left-padded, as
         :func:`hf_lsad.capture.collect.encode_prompts`) or ``input_ids`` (left- or right-padded) with their
         ``attention_mask``, given first or as ``input_ids=`` (so that ``screen(**inputs)`` takes what
-        ``encode_prompts`` or a tokenizer returns). Rows under another system turn than the one the
+        ``encode_prompts`` or a tokenizer returns), or conversations: lists of ``{"role", "content"}`` turns ending
+        with a user turn, each read whole under the chat template as a chat server reads it for its next answer
+        (:func:`~hf_lsad.capture.collect.conversation_token_ids`; ``system`` before one without a system turn of its
+        own). Rows under another system turn than the one the
         guard's thresholds were set under (:attr:`~hf_lsad.core.prompt_inputs.InputProfile.system`) warn. Needs a
         guard that reads the prompt (``prompt_last`` or ``prompt_mean``): a ``prompt_last`` verdict equals the one
         ``generate`` reports for the same prompts, and the same inputs are refused
         (:func:`hf_lsad.capture.inputs.check_context`: malformed tensors, prompts beyond the model's context).
         ``explain`` and ``top_k`` are ``generate``'s ``explain`` and ``explain_top_k``.
 
-        ``batch_size`` and ``max_batch_tokens`` screen strings in several forward passes, in order of token length
+        ``batch_size`` and ``max_batch_tokens`` screen strings or conversations in several forward passes, in order
+        of token length
         (:func:`~hf_lsad.core.batching.length_batches`: at most ``batch_size`` prompts and ``max_batch_tokens`` padded
         tokens a pass; ``None``: no limit), so that one long prompt does not pad the others to its length; the
         reports come back in the order of ``prompts``, and bad input is refused, and warned of, before the first
@@ -401,17 +430,24 @@ class GuardedModelForCausalLM(nn.Module):
             raise ValueError(
                 f"screen() needs a guard that reads the prompt {PROMPT_POSITIONS}; this one reads {hook.position}"
             )
+        if _are_conversations(prompts):
+            conversations = cast(Sequence[Conversation], prompts)
+            return self._screen_conversations(
+                conversations, chat_template, system, explain, top_k, batch_size, max_batch_tokens
+            )
         if batch_size is not None or max_batch_tokens is not None:
             if isinstance(prompts, Tensor):
                 raise ValueError("batch_size and max_batch_tokens batch prompts given as strings, not input_ids")
-            return self._screen_in_batches(prompts, chat_template, system, explain, top_k, batch_size, max_batch_tokens)
+            strings = cast(Sequence[str], prompts)
+            return self._screen_in_batches(strings, chat_template, system, explain, top_k, batch_size, max_batch_tokens)
         if isinstance(prompts, Tensor):
             if system is not None:
                 raise ValueError("system= formats prompts given as strings; input_ids are formatted already")
             input_ids = prompts
             attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         else:
-            inputs = encode_prompts(self._string_tokenizer(), prompts, chat_template=chat_template, system=system)
+            strings = cast(Sequence[str], prompts)
+            inputs = encode_prompts(self._string_tokenizer(), strings, chat_template=chat_template, system=system)
             input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
         check_context(self.model, input_ids, attention_mask)  # the rule generate applies
         self._input_warner.warn(self.guard.inputs, self.tokenizer, input_ids, attention_mask)
@@ -436,6 +472,43 @@ class GuardedModelForCausalLM(nn.Module):
         check_batching(1 if batch_size is None else batch_size, max_batch_tokens)
         check_pad_token(tokenizer)
         rows = prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)
+        return self._screen_rows(rows, explain, top_k, batch_size, max_batch_tokens, system)
+
+    def _screen_conversations(
+        self,
+        conversations: Sequence[Conversation],
+        chat_template: bool,
+        system: str | None,
+        explain: bool,
+        top_k: int,
+        batch_size: int | None,
+        max_batch_tokens: int | None,
+    ) -> list[SafetyReport]:
+        """:meth:`screen` of conversations, each read whole under the chat template; every check first."""
+        if not chat_template:
+            raise ValueError("conversations are read under the chat template; chat_template=False reads strings raw")
+        for number, turns in enumerate(conversations):
+            problem = conversation_problem(turns)
+            if problem is not None:
+                raise ValueError(f"conversation {number}: {problem}")
+        tokenizer = self._string_tokenizer()
+        check_batching(1 if batch_size is None else batch_size, max_batch_tokens)
+        check_pad_token(tokenizer)
+        rows = conversation_token_ids(tokenizer, conversations, system=system)
+        return self._screen_rows(rows, explain, top_k, batch_size, max_batch_tokens, system)
+
+    def _screen_rows(
+        self,
+        rows: list[list[int]],
+        explain: bool,
+        top_k: int,
+        batch_size: int | None,
+        max_batch_tokens: int | None,
+        system: str | None,
+    ) -> list[SafetyReport]:
+        """Reports of token ``rows`` in the caller's order, screened in forward passes grouped by token length (one
+        pass without limits); the rows' lengths are checked and their warnings given first, by the caller's rows."""
+        tokenizer = self._string_tokenizer()
         lengths = [len(tokens) for tokens in rows]
         check_lengths_fit(self.model, torch.tensor(lengths))  # the rule generate applies, naming the caller's row
         self._input_warner.warn_rows(self.guard.inputs, tokenizer, rows)

@@ -151,10 +151,10 @@ def test_whole_conversations_with_each_malformed_one_its_rows_error(tmp_path):
     assert rows[0] == PromptRow("0", "second", None, tuple(turns))
     assert rows[6] == PromptRow("6", "first", None, (turns[1],))
     assert [row.error for row in rows[1:6]] == [
-        "the conversation does not end with a user turn that holds text",
-        "turn 0 is not a {'role', 'content'} turn of a role in ('system', 'user', 'assistant')",
-        "turn 0 (user) has no text content",
-        "'messages' is not a non-empty list of turns",
+        "'messages': the conversation does not end with a user turn that holds text",
+        "'messages': turn 0 is not a {'role', 'content'} turn of a role in ('system', 'user', 'assistant')",
+        "'messages': turn 0 (user) has no text content",
+        "'messages': not a non-empty list of turns",
         "'messages' is not a list of turns (not JSON)",
     ]
     other = write_jsonl(tmp_path / "c.jsonl", [{"chat": turns}])
