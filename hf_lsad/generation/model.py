@@ -403,26 +403,26 @@ class GuardedModelForCausalLM(nn.Module):
         ``encode_prompts`` or a tokenizer returns), or conversations: lists of ``{"role", "content"}`` turns ending
         with a user turn, each read whole under the chat template as a chat server reads it for its next answer
         (:func:`~hf_lsad.capture.collect.conversation_token_ids`; ``system`` before one without a system turn of its
-        own). Rows under another system turn than the one the
-        guard's thresholds were set under (:attr:`~hf_lsad.core.prompt_inputs.InputProfile.system`) warn. Needs a
-        guard that reads the prompt (``prompt_last`` or ``prompt_mean``): a ``prompt_last`` verdict equals the one
-        ``generate`` reports for the same prompts, and the same inputs are refused
-        (:func:`hf_lsad.capture.inputs.check_context`: malformed tensors, prompts beyond the model's context).
-        ``explain`` and ``top_k`` are ``generate``'s ``explain`` and ``explain_top_k``.
+        own). Rows under another system turn than the one the guard's thresholds were set under
+        (:attr:`~hf_lsad.core.prompt_inputs.InputProfile.system`) warn. Needs a guard that reads the prompt
+        (``prompt_last`` or ``prompt_mean``): a ``prompt_last`` verdict equals the one ``generate`` reports for the
+        same prompts, and the same inputs are refused (:func:`hf_lsad.capture.inputs.check_context`: malformed
+        tensors, prompts beyond the model's context). ``explain`` and ``top_k`` are ``generate``'s ``explain`` and
+        ``explain_top_k``.
 
         ``batch_size`` and ``max_batch_tokens`` screen strings or conversations in several forward passes, in order
-        of token length
-        (:func:`~hf_lsad.core.batching.length_batches`: at most ``batch_size`` prompts and ``max_batch_tokens`` padded
-        tokens a pass; ``None``: no limit), so that one long prompt does not pad the others to its length; the
-        reports come back in the order of ``prompts``, and bad input is refused, and warned of, before the first
-        pass. Both ``None`` (the default): one pass over the whole list, as ``model(**inputs)``.
+        of token length (:func:`~hf_lsad.core.batching.length_batches`: at most ``batch_size`` prompts and
+        ``max_batch_tokens`` padded tokens a pass; ``None``: no limit), so that one long prompt does not pad the
+        others to its length; the reports come back in the order of ``prompts``, and bad input is refused, and
+        warned of, before the first pass. Both ``None`` (the default): one pass over the whole list, as
+        ``model(**inputs)``.
         """
         if input_ids is not None:
             if prompts is not None:
                 raise ValueError("give the prompts once: as the first argument or as input_ids, not both")
             prompts = input_ids
         if prompts is None:
-            raise TypeError("screen() needs prompts: strings, or input_ids with their attention_mask")
+            raise TypeError("screen() needs prompts: strings, conversations, or input_ids with their attention_mask")
         hook = self.guard.config.hook
         if explain:
             check_top_k(top_k)
