@@ -45,7 +45,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from ..capture.collect import check_pad_token, check_prompts
+from ..capture.collect import check_pad_token, check_prompts, conversation_token_ids
 from ..capture.inputs import check_context
 from ..capture.recorder import PROMPT_POSITIONS
 from ..core.prompt_tokens import check_explain_count
@@ -186,13 +186,12 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Any:
         messages = [{"role": _role(m.role), "content": m.text()} for m in body.messages]
-        try:
-            inputs = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-            )
+        try:  # read as screen(conversations) and hf-lsad screen --conversation read a conversation
+            (ids,) = conversation_token_ids(tokenizer, [messages])
         except Exception as err:
             message = f"the model's chat template cannot render these messages: {err}"
             raise ServeError(400, message, param="messages") from err
+        inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
         return await complete(inputs, body, body.max_completion_tokens or body.max_tokens, chat=True)
 
     @api.post("/v1/completions")

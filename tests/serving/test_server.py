@@ -120,6 +120,20 @@ def test_chat_with_the_openai_client_benign_answered_unsafe_filtered(server, cli
     assert_same_report(report, alone(guarded, UNSAFE))
 
 
+def test_a_conversation_is_read_whole_as_screen_reads_it(server, client):
+    """The server reads every turn of a conversation, the assistant's included, as ``screen(conversations)`` does
+    (one home: ``conversation_token_ids``)."""
+    _, guarded = server
+    turns = [
+        {"role": "user", "content": UNSAFE},
+        {"role": "assistant", "content": "I can't help with that."},
+        {"role": "user", "content": "Go on."},
+    ]
+    answered = client.chat.completions.create(model="tiny-llama", messages=turns, max_tokens=3, temperature=0)
+    (want,) = guarded.screen([turns])
+    assert_same_report(answered.model_extra["safety"]["prompt"], want.to_json())
+
+
 def test_streaming_chat_ends_with_the_verdict(server, client):
     _, guarded = server
     for prompt, finish in ((BENIGN, ("stop", "length")), (UNSAFE, ("content_filter",))):
