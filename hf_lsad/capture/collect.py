@@ -148,6 +148,11 @@ def prompt_token_ids(
     """Each prompt's token ids as the model reads it (:func:`prompt_texts`), unpadded (none for no prompts, which a
     tokenizer refuses)."""
     texts, add_special_tokens = prompt_texts(tokenizer, prompts, chat_template=chat_template, system=system)
+    return _token_ids(tokenizer, texts, add_special_tokens)
+
+
+def _token_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    """The token ids of formatted ``texts``, unpadded (none for no texts, which a tokenizer refuses)."""
     return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
 
 
@@ -170,7 +175,7 @@ def conversation_token_ids(
         if system is not None and not any(turn.get("role") == "system" for turn in turns):
             turns.insert(0, {"role": "system", "content": system})
         texts.append(str(tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)))
-    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return _token_ids(tokenizer, texts, False)  # the template holds the special tokens
 
 
 def prompt_batches(

@@ -270,20 +270,14 @@ def plan_batches(
     check_pad_token(tokenizer)
     errors = [(row.id, row.error) for row in rows if row.error is not None]
     readable = [row for row in rows if row.error is None]
-    conversations = [i for i, row in enumerate(readable) if row.conversation is not None]
+    conversations = [row.conversation for row in readable if row.conversation is not None]
     if conversations and not chat_template:
         raise ValueError("conversations are read under the chat template; chat_template=False reads prompts raw")
-    prompts = [i for i, row in enumerate(readable) if row.conversation is None]
-    token_ids: list[list[int]] = [[] for _ in readable]
     # a row without an error has its prompt, or its conversation (PromptRow)
-    plain = prompt_token_ids(
-        tokenizer, [cast(str, readable[i].text) for i in prompts], chat_template=chat_template, system=system
-    )
-    whole = conversation_token_ids(
-        tokenizer, [cast(tuple, readable[i].conversation) for i in conversations], system=system
-    )
-    for i, ids in [*zip(prompts, plain), *zip(conversations, whole)]:
-        token_ids[i] = ids
+    prompts = [cast(str, row.text) for row in readable if row.conversation is None]
+    plain = iter(prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system))
+    whole = iter(conversation_token_ids(tokenizer, conversations, system=system))
+    token_ids = [next(plain) if row.conversation is None else next(whole) for row in readable]
     context = getattr(guarded.model.config.get_text_config(), "max_position_embeddings", None)
     fits = [not context or len(ids) <= context for ids in token_ids]
     errors += [

@@ -467,11 +467,8 @@ class GuardedModelForCausalLM(nn.Module):
         max_batch_tokens: int | None,
     ) -> list[SafetyReport]:
         """:meth:`screen` of strings in forward passes grouped by token length; every check on the whole list first."""
-        tokenizer = self._string_tokenizer()
         check_prompts(prompts)
-        check_batching(1 if batch_size is None else batch_size, max_batch_tokens)
-        check_pad_token(tokenizer)
-        rows = prompt_token_ids(tokenizer, prompts, chat_template=chat_template, system=system)
+        rows = prompt_token_ids(self._string_tokenizer(), prompts, chat_template=chat_template, system=system)
         return self._screen_rows(rows, explain, top_k, batch_size, max_batch_tokens, system)
 
     def _screen_conversations(
@@ -491,10 +488,7 @@ class GuardedModelForCausalLM(nn.Module):
             problem = conversation_problem(turns)
             if problem is not None:
                 raise ValueError(f"conversation {number}: {problem}")
-        tokenizer = self._string_tokenizer()
-        check_batching(1 if batch_size is None else batch_size, max_batch_tokens)
-        check_pad_token(tokenizer)
-        rows = conversation_token_ids(tokenizer, conversations, system=system)
+        rows = conversation_token_ids(self._string_tokenizer(), conversations, system=system)
         return self._screen_rows(rows, explain, top_k, batch_size, max_batch_tokens, system)
 
     def _screen_rows(
@@ -507,8 +501,11 @@ class GuardedModelForCausalLM(nn.Module):
         system: str | None,
     ) -> list[SafetyReport]:
         """Reports of token ``rows`` in the caller's order, screened in forward passes grouped by token length (one
-        pass without limits); the rows' lengths are checked and their warnings given first, by the caller's rows."""
+        pass without limits); the batching, the pad token and the rows' lengths are checked and their warnings given
+        first, by the caller's rows."""
         tokenizer = self._string_tokenizer()
+        check_batching(1 if batch_size is None else batch_size, max_batch_tokens)
+        check_pad_token(tokenizer)
         lengths = [len(tokens) for tokens in rows]
         check_lengths_fit(self.model, torch.tensor(lengths))  # the rule generate applies, naming the caller's row
         self._input_warner.warn_rows(self.guard.inputs, tokenizer, rows)
