@@ -121,13 +121,13 @@ def second_turn(turns: list[dict[str, str]]) -> list[dict[str, str]] | None:
     return turns[:3]
 
 
-def _ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def template_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """The token ids the server reads for ``messages`` (the chat template with the generation prompt)."""
     encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
     return list(encoded["input_ids"])
 
 
-def _screen(guarded: GuardedModelForCausalLM, rows: list[list[int]], batch_size: int) -> list[Any]:
+def screen_rows(guarded: GuardedModelForCausalLM, rows: list[list[int]], batch_size: int) -> list[Any]:
     """Each token row's report, in order, screened in batches of similar length."""
     reports: list[Any] = [None] * len(rows)
     for batch in length_batches([len(r) for r in rows], batch_size, BATCH_TOKENS):
@@ -162,7 +162,7 @@ def run(settings: Settings) -> dict[str, Any]:
         if opening is None:
             no_second_turn += 1
             continue
-        if len(_ids(tokenizer, opening)) > settings.max_tokens:
+        if len(template_ids(tokenizer, opening)) > settings.max_tokens:
             too_long += 1
             continue
         real.append(opening)
@@ -181,9 +181,9 @@ def run(settings: Settings) -> dict[str, Any]:
     rows: dict[str, dict[str, list[list[int]]]] = {}
     for name, opened in sets.items():
         rows[name] = {
-            "first turn alone": [_ids(tokenizer, c[:1]) for c in opened],
-            "whole conversation": [_ids(tokenizer, c) for c in opened],
-            "last turn alone": [_ids(tokenizer, c[2:]) for c in opened],
+            "first turn alone": [template_ids(tokenizer, c[:1]) for c in opened],
+            "whole conversation": [template_ids(tokenizer, c) for c in opened],
+            "last turn alone": [template_ids(tokenizer, c[2:]) for c in opened],
         }
     result: dict[str, Any] = {
         "sharegpt_test_rows": len(chat_rows),
@@ -200,7 +200,7 @@ def run(settings: Settings) -> dict[str, Any]:
         for name in sets:
             result["guards"][guard_name][name] = {}
             for reading in READINGS:
-                summary = _summary(_screen(guarded, rows[name][reading], settings.batch_size))
+                summary = _summary(screen_rows(guarded, rows[name][reading], settings.batch_size))
                 result["guards"][guard_name][name][reading] = summary
                 print(f"{guard_name} / {name} / {reading}: {summary['count']} of {summary['rows']}", flush=True)
     return result
