@@ -26,15 +26,16 @@ The README's demo prompts are never fitted, labelled or threshold rows (``RESERV
 :mod:`hf_lsad.data.pools`).
 The figures on the card come from ``benchmarks/results/heads--report.json`` (leave-one-source-out, ``python
 benchmarks/run.py heads/report``) and ``benchmarks/results/heads--shipped.json`` (the guard as shipped, ``python
-benchmarks/run.py heads/shipped``). Both fit this configuration from the stores and never read the bundled guard:
-when the configuration changes, run them first, then this script. The released guard's figures on a source found
-after the release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``),
-on benign text in other languages from ``benchmarks/results/heads--languages.json`` (``python benchmarks/run.py
-heads/languages``), on prompts read without the chat template from ``benchmarks/results/heads--raw_prompts.json``
-(``python benchmarks/run.py heads/raw_prompts``), on harm asked in a few words from
-``benchmarks/results/heads--terse_requests.json`` (``python benchmarks/run.py heads/terse_requests``) and on
-conversations from ``benchmarks/results/heads--conversations.json`` (``python benchmarks/run.py
-heads/conversations``); these read the bundled guard: after a release, run them, then ``--card-only``.
+benchmarks/run.py heads/shipped``). Both fit this configuration from the stores and never read the bundled guard: when
+the configuration changes, run them first, then this script. The released guard's figures on a source found after the
+release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``), on benign text
+in other languages from ``benchmarks/results/heads--languages.json`` (``python benchmarks/run.py heads/languages``), on
+prompts read without the chat template from ``benchmarks/results/heads--raw_prompts.json`` (``python benchmarks/run.py
+heads/raw_prompts``), on harm asked in a few words from ``benchmarks/results/heads--terse_requests.json`` (``python
+benchmarks/run.py heads/terse_requests``) and on conversations from ``benchmarks/results/heads--conversations.json``
+(``python benchmarks/run.py heads/conversations``) and, for the paper guard,
+``benchmarks/results/heads--conversations_anomaly_test.json`` (``python benchmarks/run.py
+heads/conversations_anomaly_test``); these read the bundled guard: after a release, run them, then ``--card-only``.
 
 Needs the activations of every pool (``hf-lsad collect --pool P --layer 12 16 20 24 28 --position prompt_last
 prompt_mean --out artifacts/smollm2/P``)::
@@ -83,6 +84,7 @@ LANGUAGES = REPO / "benchmarks" / "results" / "heads--languages.json"
 RAW_PROMPTS = REPO / "benchmarks" / "results" / "heads--raw_prompts.json"
 TERSE_REQUESTS = REPO / "benchmarks" / "results" / "heads--terse_requests.json"
 CONVERSATIONS = REPO / "benchmarks" / "results" / "heads--conversations.json"
+CONVERSATIONS_ANOMALY = REPO / "benchmarks" / "results" / "heads--conversations_anomaly_test.json"
 
 
 def counted(share: dict) -> str:
@@ -257,9 +259,10 @@ PAPER_DATA = (
 ) + model_read("paper")
 
 
-def paper_card_texts(languages: dict, raw_prompts: dict, terse: dict, talks: dict) -> dict:
+def paper_card_texts(languages: dict, raw_prompts: dict, terse: dict, talks: dict, talks_anomaly: dict) -> dict:
     """The paper guard's card: its training data, and what it flags on test rows of every bundled pool under the chat
-    template, in other languages and on prompts read without the template, all measured on the guard as released."""
+    template, in other languages, on prompts read without the template and on conversations (with why no threshold
+    of its own would guard them), all measured on the guard as released."""
     read = raw_prompts["result"]["guards"]["paper"]
     unsafe_pools = raw_prompts["result"]["unsafe_pools"]
 
@@ -279,6 +282,7 @@ def paper_card_texts(languages: dict, raw_prompts: dict, terse: dict, talks: dic
         "by the released guard."
     )
     spoken, other = other_languages(languages, "paper")
+    whole = talks_anomaly["result"]["whole conversation"]
     limitations = (
         "This guard is the paper's method alone, for reproduction; its detector saw benign prompts only, and at "
         "135M parameters that score does not separate harm from benign chat. On the test rows above it flags "
@@ -291,7 +295,11 @@ def paper_card_texts(languages: dict, raw_prompts: dict, terse: dict, talks: dic
         "heads/languages`). It was fitted and thresholded on prompts under the chat template: a prompt read as it "
         f"is (`hf-lsad screen --raw`, `/v1/completions`) is out of its distribution ({share('raw', 'chat')} test "
         f"chat rows flagged read raw, {share('template', 'chat')} under the template). "
-        f"{conversations(talks, 'paper')}: it does not guard a conversation."
+        f"{conversations(talks, 'paper')}: it does not guard a conversation, and no threshold of its own would: read "
+        "whole, its raw score ranks the harmful conversations below the real ones (AUROC "
+        f"{whole['raw score']['auroc_harm_against_sharegpt']:.2f}) and its calibrated probability barely above them "
+        f"({whole['calibrated probability']['auroc_harm_against_sharegpt']:.2f}; `python benchmarks/run.py "
+        "heads/conversations_anomaly_test`)."
     )
     return dict(data=PAPER_DATA, metrics=metrics, metrics_note=note, limitations=limitations)
 
@@ -308,7 +316,7 @@ def default_card_args() -> dict:
 
 def paper_card_args() -> dict:
     """The paper guard's card settings, from the committed results."""
-    return paper_card_texts(*read_results(LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS))
+    return paper_card_texts(*read_results(LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS, CONVERSATIONS_ANOMALY))
 
 
 def main() -> None:
