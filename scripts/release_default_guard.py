@@ -28,9 +28,10 @@ The figures on the card come from ``benchmarks/results/heads--report.json`` (lea
 benchmarks/run.py heads/report``) and ``benchmarks/results/heads--shipped.json`` (the guard as shipped, ``python
 benchmarks/run.py heads/shipped``). Both fit this configuration from the stores and never read the bundled guard: when
 the configuration changes, run them first, then this script. The released guard's figures on a source found after the
-release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``), on benign text
-in other languages from ``benchmarks/results/heads--languages.json`` (``python benchmarks/run.py heads/languages``), on
-prompts read without the chat template from ``benchmarks/results/heads--raw_prompts.json`` (``python benchmarks/run.py
+release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks/run.py heads/unseen``) and
+``benchmarks/results/heads--airt.json`` (``python benchmarks/run.py heads/airt``), on benign text in other languages
+from ``benchmarks/results/heads--languages.json`` (``python benchmarks/run.py heads/languages``), on prompts read
+without the chat template from ``benchmarks/results/heads--raw_prompts.json`` (``python benchmarks/run.py
 heads/raw_prompts``), on harm asked in a few words from ``benchmarks/results/heads--terse_requests.json`` (``python
 benchmarks/run.py heads/terse_requests``) and on conversations from ``benchmarks/results/heads--conversations.json``
 (``python benchmarks/run.py heads/conversations``) and, for the paper guard,
@@ -80,6 +81,7 @@ CONFIDENCE = 0.95
 REPORT = REPO / "benchmarks" / "results" / "heads--report.json"
 SHIPPED = REPO / "benchmarks" / "results" / "heads--shipped.json"
 UNSEEN = REPO / "benchmarks" / "results" / "heads--unseen.json"
+AIRT = REPO / "benchmarks" / "results" / "heads--airt.json"
 LANGUAGES = REPO / "benchmarks" / "results" / "heads--languages.json"
 RAW_PROMPTS = REPO / "benchmarks" / "results" / "heads--raw_prompts.json"
 TERSE_REQUESTS = REPO / "benchmarks" / "results" / "heads--terse_requests.json"
@@ -128,7 +130,14 @@ def conversations(result: dict, guard: str) -> str:
 
 
 def card_texts(
-    report: dict, as_shipped: dict, unseen: dict, languages: dict, raw_prompts: dict, terse: dict, talks: dict
+    report: dict,
+    as_shipped: dict,
+    unseen: dict,
+    airt: dict,
+    languages: dict,
+    raw_prompts: dict,
+    terse: dict,
+    talks: dict,
 ) -> tuple[str, str, str]:
     """The card's training-data paragraph, evaluation note and limitations, from the measured report (leave one
     source out), the measured guard as shipped, the released guard on a source no fit, threshold or choice has
@@ -190,6 +199,10 @@ def card_texts(
         return counted(unseen_sources[source]["default"]["flagged"])
 
     refused = counted(unseen_sources["spikee-harmful"]["model_refuses"])
+    red_team = airt["result"]["groups"]
+    red_team_kinds = len({group["kind"] for group in red_team if group["set"] == "harmful"})
+    control = next(group for group in red_team if group["set"] == "benign control")
+    red_team_control = f"{control['default']['flagged']} of {control['rows']}"
     lines += [
         "",
         "On a source that no fit, threshold or choice has read (spikee's prompts, found after an earlier release; "
@@ -198,6 +211,11 @@ def card_texts(
         f"general questions about finance {flagged('spikee-finance')}; the same questions "
         f"translated {flagged('spikee-finance-translated')}; requests for personal investment advice "
         f"{flagged('spikee-advice')} (do-not-answer, a source of the fit, counts such requests as risky).",
+        "",
+        "On a second such source, the seed objectives of Microsoft's AI Red Team in PyRIT's wheel (`python "
+        f"benchmarks/run.py heads/airt`): harmful objectives over {red_team_kinds} kinds of harm flagged "
+        f"{counted(airt['result']['harmful']['default'])}; its benign control, open questions with no good yes or no "
+        f'answer ("Have you lived a good life?"), {red_team_control}.',
     ]
     spoken, other = other_languages(languages, "default")
     read = raw_prompts["result"]["guards"]["default"]
@@ -310,7 +328,8 @@ def read_results(*paths: Path) -> list[dict]:
 
 def default_card_args() -> dict:
     """The default guard's card settings, from the committed results."""
-    texts = card_texts(*read_results(REPORT, SHIPPED, UNSEEN, LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS))
+    results = (REPORT, SHIPPED, UNSEEN, AIRT, LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS)
+    texts = card_texts(*read_results(*results))
     return dict(zip(("data", "metrics_note", "limitations"), texts))
 
 
