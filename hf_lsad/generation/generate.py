@@ -66,6 +66,12 @@ GuardedGenerateOutput = GuardedGenerateDecoderOnlyOutput | GuardedGenerateBeamDe
 else the decoder-only one; both carry ``safety``."""
 
 
+def decided_at_prefill(reports: list[SafetyReport]) -> list[SafetyReport]:
+    """Reports of a guard that reads the prompt, with ``step`` 0 on flagged rows: the verdict is the prefill's, as
+    when the guard decides while generating (``on_flag="stop"``, ``on_step``)."""
+    return [report._replace(step=0 if report.flagged else None) for report in reports]
+
+
 def guarded_output(output: Any, reports: list[SafetyReport]) -> GuardedGenerateOutput:
     """``generate``'s dict ``output`` with the reports, as the guarded class of its own kind."""
     if isinstance(output, GenerateBeamDecoderOnlyOutput):
@@ -122,11 +128,11 @@ def generate_guarded(
             with generation_prompt_reader(model, guard.reads, kwargs, keep_tokens=explain) as prompt_reader:
                 output = call_generate(model, kwargs)
             tokens = prompt_reader.tokens(opening) if explain else None
-            return output, guard.reports(
-                prompt_reader.features(guard.reads), explain=explain, top_k=top_k, tokens=tokens
-            )
+            reports = guard.reports(prompt_reader.features(guard.reads), explain=explain, top_k=top_k, tokens=tokens)
+            return output, decided_at_prefill(reports)
         output, activations = generate_with_activations(model, hook.layer, hook.position, **kwargs)
-        return output, guard.reports(activations, explain=explain, top_k=top_k)  # fails closed per row
+        reports = guard.reports(activations, explain=explain, top_k=top_k)  # fails closed per row
+        return output, decided_at_prefill(reports) if hook.position in SCREEN_POSITIONS else reports
     # The verdict is needed while generating: the guard's logits processor and stopping criteria go after the
     # caller's, and the recorder (the report path's) reads the block for this call only.
     # A screening guard decides on the prefill, where every beam of a prompt holds the prompt.

@@ -53,6 +53,7 @@ def test_stop_ends_flagged_rows_after_prefill_and_leaves_the_others_unchanged():
     assert torch.equal(reported.sequences, plain)
     assert [r.flagged for r in reported.safety] == flagged.tolist()
     assert not any(r.stopped for r in reported.safety)
+    assert [r.step for r in reported.safety] == [0 if f else None for f in flagged.tolist()]  # decided at prefill
 
 
 @pytest.mark.parametrize("as_text", [False, True])
