@@ -50,6 +50,8 @@ def conversation_problem(turns: object) -> str | None:
     """Why ``turns`` is not a conversation a guard can read for the next answer, or ``None``: a non-empty list of
     ``{"role", "content"}`` turns, roles of :data:`CONVERSATION_ROLES`, text content, the last a user turn that holds
     text."""
+    if isinstance(turns, str):
+        return "a string, not a list of turns"
     if not isinstance(turns, (list, tuple)) or not turns:
         return "not a non-empty list of turns"
     for number, turn in enumerate(turns):

@@ -298,7 +298,7 @@ def test_screen_reads_conversations_whole_as_a_chat_server_does(batching):
     [
         ([CONVERSATIONS[0][:2]], {}, "conversation 0: the conversation does not end with a user turn"),
         ([CONVERSATIONS[1], [{"role": "tool", "content": "x"}]], {}, r"conversation 1: turn 0 is not a"),
-        ([CONVERSATIONS[1], "a string"], {}, "conversation 1: not a non-empty list of turns"),
+        ([CONVERSATIONS[1], "a string"], {}, "conversation 1: a string, not a list of turns"),
         ([CONVERSATIONS[1]], {"chat_template": False}, "conversations are read under the chat template"),
         ([CONVERSATIONS[1]], {"batch_size": 0}, "batch_size"),
     ],
