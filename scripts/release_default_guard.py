@@ -43,7 +43,7 @@ prompt_mean --out artifacts/smollm2/P``)::
 
     python scripts/release_default_guard.py [--folder artifacts/smollm2]
     python scripts/release_default_guard.py --card-only   # the card alone, from the report
-    python scripts/release_default_guard.py --paper-card  # the paper guard's card, from heads/raw_prompts and languages
+    python scripts/release_default_guard.py --paper-card  # the paper guard's card, from the committed results
     python scripts/release_default_guard.py --fingerprint-only  # both guards' fingerprints of the bundled model
 """
 
@@ -140,9 +140,9 @@ def card_texts(
     talks: dict,
 ) -> tuple[str, str, str]:
     """The card's training-data paragraph, evaluation note and limitations, from the measured report (leave one
-    source out), the measured guard as shipped, the released guard on a source no fit, threshold or choice has
-    read, on benign text in other languages, on prompts read without the chat template, on harm asked in a few
-    words and on conversations."""
+    source out), the measured guard as shipped, the released guard on two sources no fit, threshold or choice has
+    read (spikee's prompts, the AI Red Team's objectives), on benign text in other languages, on prompts read without
+    the chat template, on harm asked in a few words and on conversations."""
     methods = report["result"]["methods"]
     shipped = as_shipped["result"]["shipped"][f"anomaly share {ANOMALY_SHARE:g}"]
 
