@@ -15,10 +15,10 @@ its last user turn alone. This study measures both readings on conversations no 
   refused, followed by a short follow-up (``FOLLOW_UPS``, in turn): does the guard still catch the conversation
   when its last turn asks nothing harmful? The same three readings.
 
-Screened through the public path (:meth:`hf_lsad.generation.model.GuardedModelForCausalLM.screen` on token rows
-the chat template made, batched by length), each bundled guard as released. Reported: the share flagged in each
-reading with its Wilson 95% interval and the heads that decided. Nothing is fitted or chosen.
-"""
+Screened through the public path (:meth:`hf_lsad.generation.model.GuardedModelForCausalLM.screen` on the
+conversations, each read whole under the chat template as ``hf-lsad serve`` reads it, in passes of similar length),
+each bundled guard as released. Reported: the share flagged in each reading with its Wilson 95% interval and the
+heads that decided. Nothing is fitted or chosen. """
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from hf_lsad.capture.collect import pad_left
+from hf_lsad.capture.collect import conversation_token_ids
 from hf_lsad.capture.pretrained import load_model
-from hf_lsad.core.batching import BATCH_TOKENS, length_batches
+from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.training import release_rows
@@ -121,19 +121,10 @@ def second_turn(turns: list[dict[str, str]]) -> list[dict[str, str]] | None:
     return turns[:3]
 
 
-def template_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """The token ids the server reads for ``messages`` (the chat template with the generation prompt)."""
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
-    return list(encoded["input_ids"])
-
-
-def screen_rows(guarded: GuardedModelForCausalLM, rows: list[list[int]], batch_size: int) -> list[Any]:
-    """Each token row's report, in order, screened in batches of similar length."""
-    reports: list[Any] = [None] * len(rows)
-    for batch in length_batches([len(r) for r in rows], batch_size, BATCH_TOKENS):
-        input_ids, attention_mask = pad_left(guarded.tokenizer, [rows[i] for i in batch])
-        for i, report in zip(batch, guarded.screen(input_ids, attention_mask)):
-            reports[i] = report
+def screen_conversations(guarded: GuardedModelForCausalLM, conversations: list[Any], batch_size: int) -> list[Any]:
+    """Each conversation's report, in order: :meth:`GuardedModelForCausalLM.screen` of conversations, read whole
+    under the chat template as the server reads them, in passes of similar length; a row not scored is an error."""
+    reports = guarded.screen(conversations, batch_size=batch_size, max_batch_tokens=BATCH_TOKENS)
     errors = [r.error for r in reports if r.error]
     if errors:
         raise RuntimeError(f"{len(errors)} rows could not be scored, e.g. {errors[0]}")
@@ -162,7 +153,7 @@ def run(settings: Settings) -> dict[str, Any]:
         if opening is None:
             no_second_turn += 1
             continue
-        if len(template_ids(tokenizer, opening)) > settings.max_tokens:
+        if len(conversation_token_ids(tokenizer, [opening])[0]) > settings.max_tokens:
             too_long += 1
             continue
         real.append(opening)
@@ -178,19 +169,21 @@ def run(settings: Settings) -> dict[str, Any]:
             ]
         )
     sets = {"ShareGPT conversations": real, "harm asked, refused, followed up": harmful}
-    rows: dict[str, dict[str, list[list[int]]]] = {}
-    for name, opened in sets.items():
-        rows[name] = {
-            "first turn alone": [template_ids(tokenizer, c[:1]) for c in opened],
-            "whole conversation": [template_ids(tokenizer, c) for c in opened],
-            "last turn alone": [template_ids(tokenizer, c[2:]) for c in opened],
+    readings: dict[str, dict[str, list[list[dict[str, str]]]]] = {
+        name: {
+            "first turn alone": [c[:1] for c in opened],
+            "whole conversation": opened,
+            "last turn alone": [c[2:] for c in opened],
         }
+        for name, opened in sets.items()
+    }
     result: dict[str, Any] = {
         "sharegpt_test_rows": len(chat_rows),
         "left_out": {"not_in_the_wheel": unmatched, "no_second_turn": no_second_turn, "too_long": too_long},
         "conversations": {name: len(opened) for name, opened in sets.items()},
         "tokens_whole_median": {
-            name: float(torch.tensor([len(r) for r in rows[name]["whole conversation"]]).median()) for name in sets
+            name: float(torch.tensor([len(r) for r in conversation_token_ids(tokenizer, opened)]).median())
+            for name, opened in sets.items()
         },
         "guards": {},
     }
@@ -200,7 +193,7 @@ def run(settings: Settings) -> dict[str, Any]:
         for name in sets:
             result["guards"][guard_name][name] = {}
             for reading in READINGS:
-                summary = _summary(screen_rows(guarded, rows[name][reading], settings.batch_size))
+                summary = _summary(screen_conversations(guarded, readings[name][reading], settings.batch_size))
                 result["guards"][guard_name][name][reading] = summary
                 print(f"{guard_name} / {name} / {reading}: {summary['count']} of {summary['rows']}", flush=True)
     return result

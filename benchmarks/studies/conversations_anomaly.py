@@ -29,12 +29,13 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
+from hf_lsad.capture.collect import conversation_token_ids
 from hf_lsad.capture.pretrained import load_model
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.training import release_rows
 
-from .conversations import FOLLOW_UPS, REFUSAL, screen_rows, second_turn, sharegpt_conversations, template_ids
+from .conversations import FOLLOW_UPS, REFUSAL, screen_conversations, second_turn, sharegpt_conversations
 from .languages import pinned_wheel
 
 READINGS = {"first turn alone": slice(0, 1), "whole conversation": slice(0, 3)}
@@ -76,7 +77,7 @@ def run(settings: Settings) -> dict[str, Any]:
         if row.source != "sharegpt" or (turns := conversations.get(row.text.strip())) is None:
             continue
         opening = second_turn(turns)
-        if opening is not None and len(template_ids(tokenizer, opening)) <= settings.max_tokens:
+        if opening is not None and len(conversation_token_ids(tokenizer, [opening])[0]) <= settings.max_tokens:
             real.append(opening)
     unsafe_rows = [p for pool in ("harmful", "toxic", "harmful_vauban") for p in release_rows(pool, settings.split)]
     harmful = [
@@ -91,7 +92,7 @@ def run(settings: Settings) -> dict[str, Any]:
     result: dict[str, Any] = {"conversations": {"ShareGPT": len(real), "harm": len(harmful)}}
     for reading, turns in READINGS.items():
         reports = {
-            name: screen_rows(guarded, [template_ids(tokenizer, c[turns]) for c in convs], settings.batch_size)
+            name: screen_conversations(guarded, [c[turns] for c in convs], settings.batch_size)
             for name, convs in (("ShareGPT", real), ("harm", harmful))
         }
         flagged = {name: sum(report.flagged for report in rows) for name, rows in reports.items()}
