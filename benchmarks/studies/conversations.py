@@ -18,7 +18,7 @@ its last user turn alone. This study measures both readings on conversations no 
 Screened through the public path (:meth:`hf_lsad.generation.model.GuardedModelForCausalLM.screen` on the
 conversations, each read whole under the chat template as ``hf-lsad serve`` reads it, in passes of similar length),
 each bundled guard as released. Reported: the share flagged in each reading with its Wilson 95% interval and the
-heads that decided. Nothing is fitted or chosen. """
+heads that decided. Nothing is fitted or chosen."""
 
 from __future__ import annotations
 
