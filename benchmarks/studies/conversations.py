@@ -79,7 +79,8 @@ class Settings:
     """Rows per forward pass (batched by token length, at most ``BATCH_TOKENS`` padded tokens a pass)."""
 
 
-def _build_data() -> Any:
+def build_data_module() -> Any:
+    """``scripts/build_data.py`` as a module: the studies that rebuild a pool's rows call its own functions."""
     spec = importlib.util.spec_from_file_location("build_data", BUILD_DATA)
     if spec is None or spec.loader is None:
         raise FileNotFoundError(BUILD_DATA)
@@ -91,7 +92,7 @@ def _build_data() -> Any:
 def sharegpt_conversations(wheel: Path) -> dict[str, list[dict[str, str]]]:
     """Every whole conversation of the ShareGPT file, by its first human turn (stripped): its turns as
     ``{"role", "content"}`` (``human`` -> ``user``, ``gpt`` -> ``assistant``; other roles end it)."""
-    build = _build_data()
+    build = build_data_module()
     with zipfile.ZipFile(wheel) as archive:
         records, _ = build.decode_sharegpt(archive.read(build.SHAREGPT_PATH).decode("utf-8"))
     roles = {"human": "user", "gpt": "assistant"}
