@@ -16,8 +16,9 @@ Everything here was chosen on validation rows by leave-one-source-out (``benchma
   hand-written contrast pairs: 253 by ``heads/registry_mlp_seeds_contrast``, 46 of persona openings more by
   ``heads/two_heads_persona``), each source weighing alike;
 - **budget**: 5% of chat, 0.05 of it to the anomaly head (``heads/two_heads_persona``), set on validation chat with
-  confidence 0.95: few enough validation rows are flagged (4.0%) that fresh chat like them is flagged at most at 5%
-  with probability 0.95 (``heads/chat_rate_persona`` measures both rules on chat that is neither validation nor test);
+  confidence 0.95: a rule meant to flag fresh chat like the validation rows at most at 5% with probability 0.95
+  (it flags 4.0% of them; ``heads/chat_rate_persona`` measures both rules on chat that is neither validation nor
+  test, ``heads/fresh_chat`` the released guard on chat the pool's sample left out: 5.5%);
 - **fingerprint**: both heads' scores on the probe prompts through the bundled model, the one the stores were
   collected from, and the validation chat rows nearest the thresholds with their verdicts
   (:mod:`hf_lsad.guard.fingerprint`): a model whose weights differ is refused.
@@ -32,7 +33,8 @@ release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks
 ``benchmarks/results/heads--airt.json`` (``python benchmarks/run.py heads/airt``), on benign text in other languages
 from ``benchmarks/results/heads--languages.json`` (``python benchmarks/run.py heads/languages``), on prompts read
 without the chat template from ``benchmarks/results/heads--raw_prompts.json`` (``python benchmarks/run.py
-heads/raw_prompts``), on harm asked in a few words from ``benchmarks/results/heads--terse_requests.json`` (``python
+heads/raw_prompts``), on fresh chat from ``benchmarks/results/heads--fresh_chat.json`` (``python benchmarks/run.py
+heads/fresh_chat``), on harm asked in a few words from ``benchmarks/results/heads--terse_requests.json`` (``python
 benchmarks/run.py heads/terse_requests``) and on conversations from ``benchmarks/results/heads--conversations.json``
 (``python benchmarks/run.py heads/conversations``) and, for the paper guard,
 ``benchmarks/results/heads--conversations_anomaly_test.json`` (``python benchmarks/run.py
@@ -87,6 +89,7 @@ RAW_PROMPTS = REPO / "benchmarks" / "results" / "heads--raw_prompts.json"
 TERSE_REQUESTS = REPO / "benchmarks" / "results" / "heads--terse_requests.json"
 CONVERSATIONS = REPO / "benchmarks" / "results" / "heads--conversations.json"
 CONVERSATIONS_ANOMALY = REPO / "benchmarks" / "results" / "heads--conversations_anomaly_test.json"
+FRESH_CHAT = REPO / "benchmarks" / "results" / "heads--fresh_chat.json"
 
 
 def counted(share: dict) -> str:
@@ -99,6 +102,20 @@ def other_languages(languages: dict, guard: str) -> tuple[int, str]:
     sentences ``guard`` flagged."""
     result = languages["result"]
     return len(result["source"]["rows"]) - 1, counted(result["guards"][guard]["other languages"]["flagged"])
+
+
+def fresh_chat(fresh: dict, guard: str) -> str:
+    """The cards' sentence on the chat rows the chat pool's seeded sample left out, as ``guard`` flags them beside the
+    pool's own ShareGPT rows read through the same path."""
+    sets = fresh["result"]["guards"][guard]["sets"]
+    low, high = sets["fresh sharegpt"]["wilson_95"]
+    return (
+        "On fresh chat, the ShareGPT first turns that passed every filter of the chat pool and were left out only by "
+        "its seeded sample (no fit, threshold or choice read them; `python benchmarks/run.py heads/fresh_chat`), it "
+        f"flags {counted(sets['fresh sharegpt'])} ({sets['fresh sharegpt']['rate']:.1%}, 95% interval {low:.1%}-"
+        f"{high:.1%}), against {counted(sets['test sharegpt'])} of the test split's ShareGPT rows and "
+        f"{counted(sets['validation sharegpt'])} of the validation split's, screened alike"
+    )
 
 
 def terse_requests(terse: dict, guard: str) -> str:
@@ -138,11 +155,12 @@ def card_texts(
     raw_prompts: dict,
     terse: dict,
     talks: dict,
+    fresh: dict,
 ) -> tuple[str, str, str]:
     """The card's training-data paragraph, evaluation note and limitations, from the measured report (leave one
     source out), the measured guard as shipped, the released guard on two sources no fit, threshold or choice has
     read (spikee's prompts, the AI Red Team's objectives), on benign text in other languages, on prompts read without
-    the chat template, on harm asked in a few words and on conversations."""
+    the chat template, on harm asked in a few words, on conversations and on fresh chat."""
     methods = report["result"]["methods"]
     shipped = as_shipped["result"]["shipped"][f"anomaly share {ANOMALY_SHARE:g}"]
 
@@ -192,6 +210,8 @@ def card_texts(
         "Rows only the anomaly head caught at 5%: "
         + (", ".join(f"{n} of {s}" for s, n in only.items()) if only else "none")
         + ".",
+        "",
+        fresh_chat(fresh, "default") + ".",
     ]
     unseen_sources = unseen["result"]["sources"]
 
@@ -252,8 +272,8 @@ def card_texts(
         "pool: unsafe (AdvBench, HarmBench, do-not-answer, RealToxicityPrompts, in-the-wild jailbreaks, PyRIT "
         "templates, vauban harmful, prompt injections, harmful look-alike twins, slur-eliciting text) against benign "
         "(chat, task prompts, benign OOD, benign look-alikes, everyday questions, plain statements), every source "
-        "weighing alike. Thresholds on the validation split (20%) of chat, set so that fresh chat is flagged at most "
-        f"at the target with probability {CONFIDENCE:g}."
+        "weighing alike. Thresholds on the validation split (20%) of chat, set by a rule meant to flag fresh chat at "
+        f"most at the target with probability {CONFIDENCE:g} (measured on fresh chat: see the evaluation)."
     ) + model_read("default")
     return data, "\n".join(lines), limitations
 
@@ -277,10 +297,12 @@ PAPER_DATA = (
 ) + model_read("paper")
 
 
-def paper_card_texts(languages: dict, raw_prompts: dict, terse: dict, talks: dict, talks_anomaly: dict) -> dict:
+def paper_card_texts(
+    languages: dict, raw_prompts: dict, terse: dict, talks: dict, talks_anomaly: dict, fresh: dict
+) -> dict:
     """The paper guard's card: its training data, and what it flags on test rows of every bundled pool under the chat
-    template, in other languages, on prompts read without the template and on conversations (with why no threshold
-    of its own would guard them), all measured on the guard as released."""
+    template, on fresh chat, in other languages, on prompts read without the template and on conversations (with why
+    no threshold of its own would guard them), all measured on the guard as released."""
     read = raw_prompts["result"]["guards"]["paper"]
     unsafe_pools = raw_prompts["result"]["unsafe_pools"]
 
@@ -297,7 +319,7 @@ def paper_card_texts(languages: dict, raw_prompts: dict, terse: dict, talks: dic
         "Test rows of every bundled pool (never fitted, labelled or used to set a threshold; a seeded draw of up to "
         "300 rows a pool, the README's demo prompts left out), screened as user turns of the chat template through "
         "the path `hf-lsad screen` takes: `python benchmarks/run.py heads/raw_prompts`. `flagged`: the share flagged "
-        "by the released guard."
+        "by the released guard. " + fresh_chat(fresh, "paper") + "."
     )
     spoken, other = other_languages(languages, "paper")
     whole = talks_anomaly["result"]["whole conversation"]
@@ -328,14 +350,15 @@ def read_results(*paths: Path) -> list[dict]:
 
 def default_card_args() -> dict:
     """The default guard's card settings, from the committed results."""
-    results = (REPORT, SHIPPED, UNSEEN, AIRT, LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS)
+    results = (REPORT, SHIPPED, UNSEEN, AIRT, LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS, FRESH_CHAT)
     texts = card_texts(*read_results(*results))
     return dict(zip(("data", "metrics_note", "limitations"), texts))
 
 
 def paper_card_args() -> dict:
     """The paper guard's card settings, from the committed results."""
-    return paper_card_texts(*read_results(LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS, CONVERSATIONS_ANOMALY))
+    results = (LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS, CONVERSATIONS_ANOMALY, FRESH_CHAT)
+    return paper_card_texts(*read_results(*results))
 
 
 def main() -> None:
