@@ -34,10 +34,11 @@ release come from ``benchmarks/results/heads--unseen.json`` (``python benchmarks
 from ``benchmarks/results/heads--languages.json`` (``python benchmarks/run.py heads/languages``), on prompts read
 without the chat template from ``benchmarks/results/heads--raw_prompts.json`` (``python benchmarks/run.py
 heads/raw_prompts``), on fresh chat from ``benchmarks/results/heads--fresh_chat.json`` (``python benchmarks/run.py
-heads/fresh_chat``), on harm asked in a few words from ``benchmarks/results/heads--terse_requests.json`` (``python
-benchmarks/run.py heads/terse_requests``) and on conversations from ``benchmarks/results/heads--conversations.json``
-(``python benchmarks/run.py heads/conversations``) and, for the paper guard,
-``benchmarks/results/heads--conversations_anomaly_test.json`` (``python benchmarks/run.py
+heads/fresh_chat``), on benign domains no pool holds from ``benchmarks/results/heads--new_domains.json`` (``python
+benchmarks/run.py heads/new_domains``), on harm asked in a few words from
+``benchmarks/results/heads--terse_requests.json`` (``python benchmarks/run.py heads/terse_requests``) and on
+conversations from ``benchmarks/results/heads--conversations.json`` (``python benchmarks/run.py heads/conversations``)
+and, for the paper guard, ``benchmarks/results/heads--conversations_anomaly_test.json`` (``python benchmarks/run.py
 heads/conversations_anomaly_test``); these read the bundled guard: after a release, run them, then ``--card-only``.
 
 Needs the activations of every pool (``hf-lsad collect --pool P --layer 12 16 20 24 28 --position prompt_last
@@ -90,6 +91,7 @@ TERSE_REQUESTS = REPO / "benchmarks" / "results" / "heads--terse_requests.json"
 CONVERSATIONS = REPO / "benchmarks" / "results" / "heads--conversations.json"
 CONVERSATIONS_ANOMALY = REPO / "benchmarks" / "results" / "heads--conversations_anomaly_test.json"
 FRESH_CHAT = REPO / "benchmarks" / "results" / "heads--fresh_chat.json"
+NEW_DOMAINS = REPO / "benchmarks" / "results" / "heads--new_domains.json"
 
 
 def counted(share: dict) -> str:
@@ -115,6 +117,16 @@ def fresh_chat(fresh: dict, guard: str) -> str:
         f"flags {counted(sets['fresh sharegpt'])} ({sets['fresh sharegpt']['rate']:.1%}, 95% interval {low:.1%}-"
         f"{high:.1%}), against {counted(sets['test sharegpt'])} of the test split's ShareGPT rows and "
         f"{counted(sets['validation sharegpt'])} of the validation split's, screened alike"
+    )
+
+
+def new_domains(domains: dict, guard: str) -> str:
+    """The cards' sentence on benign domains that no pool holds, as ``guard`` flags them."""
+    measured = domains["result"]["guards"][guard]
+    listed = ", ".join(f"{name} {counted(entry['flagged'])}" for name, entry in measured["domains"].items())
+    return (
+        f"In front of {len(measured['domains'])} kinds of benign traffic that no bundled pool holds (`python "
+        f"benchmarks/run.py heads/new_domains`), it flags {measured['median_rate']:.1%} in the median: {listed}"
     )
 
 
@@ -156,11 +168,13 @@ def card_texts(
     terse: dict,
     talks: dict,
     fresh: dict,
+    domains: dict,
 ) -> tuple[str, str, str]:
     """The card's training-data paragraph, evaluation note and limitations, from the measured report (leave one
     source out), the measured guard as shipped, the released guard on two sources no fit, threshold or choice has
     read (spikee's prompts, the AI Red Team's objectives), on benign text in other languages, on prompts read without
-    the chat template, on harm asked in a few words, on conversations and on fresh chat."""
+    the chat template, on harm asked in a few words, on conversations, on fresh chat and on benign domains no pool
+    holds."""
     methods = report["result"]["methods"]
     shipped = as_shipped["result"]["shipped"][f"anomaly share {ANOMALY_SHARE:g}"]
 
@@ -263,7 +277,8 @@ def card_texts(
         "(RealToxicityPrompts) is caught when another source of toxic text is in the fit, not otherwise (see the "
         "leave-one-source-out table). Benign prompts that share harm's vocabulary (medicine, security, chemistry, "
         "fiction) are flagged more often than everyday chat; a benign domain unlike any it saw can be flagged far "
-        "above the target rate. The anomaly head catches little at this model size: at 135M parameters the "
+        f"above the target rate. {new_domains(domains, 'default')}. "
+        "The anomaly head catches little at this model size: at 135M parameters the "
         "unsupervised score does not separate harm from benign chat."
     )
     data = (
@@ -298,11 +313,12 @@ PAPER_DATA = (
 
 
 def paper_card_texts(
-    languages: dict, raw_prompts: dict, terse: dict, talks: dict, talks_anomaly: dict, fresh: dict
+    languages: dict, raw_prompts: dict, terse: dict, talks: dict, talks_anomaly: dict, fresh: dict, domains: dict
 ) -> dict:
     """The paper guard's card: its training data, and what it flags on test rows of every bundled pool under the chat
-    template, on fresh chat, in other languages, on prompts read without the template and on conversations (with why
-    no threshold of its own would guard them), all measured on the guard as released."""
+    template, on fresh chat, on benign domains no pool holds, in other languages, on prompts read without the template
+    and on conversations (with why no threshold of its own would guard them), all measured on the guard as
+    released."""
     read = raw_prompts["result"]["guards"]["paper"]
     unsafe_pools = raw_prompts["result"]["unsafe_pools"]
 
@@ -319,7 +335,7 @@ def paper_card_texts(
         "Test rows of every bundled pool (never fitted, labelled or used to set a threshold; a seeded draw of up to "
         "300 rows a pool, the README's demo prompts left out), screened as user turns of the chat template through "
         "the path `hf-lsad screen` takes: `python benchmarks/run.py heads/raw_prompts`. `flagged`: the share flagged "
-        "by the released guard. " + fresh_chat(fresh, "paper") + "."
+        "by the released guard. " + fresh_chat(fresh, "paper") + ". " + new_domains(domains, "paper") + "."
     )
     spoken, other = other_languages(languages, "paper")
     whole = talks_anomaly["result"]["whole conversation"]
@@ -350,14 +366,17 @@ def read_results(*paths: Path) -> list[dict]:
 
 def default_card_args() -> dict:
     """The default guard's card settings, from the committed results."""
-    results = (REPORT, SHIPPED, UNSEEN, AIRT, LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS, FRESH_CHAT)
+    results = (
+        *(REPORT, SHIPPED, UNSEEN, AIRT, LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS),
+        *(FRESH_CHAT, NEW_DOMAINS),
+    )
     texts = card_texts(*read_results(*results))
     return dict(zip(("data", "metrics_note", "limitations"), texts))
 
 
 def paper_card_args() -> dict:
     """The paper guard's card settings, from the committed results."""
-    results = (LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS, CONVERSATIONS_ANOMALY, FRESH_CHAT)
+    results = (LANGUAGES, RAW_PROMPTS, TERSE_REQUESTS, CONVERSATIONS, CONVERSATIONS_ANOMALY, FRESH_CHAT, NEW_DOMAINS)
     return paper_card_texts(*read_results(*results))
 
 

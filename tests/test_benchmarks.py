@@ -50,7 +50,20 @@ def test_every_result_belongs_to_an_experiment_and_records_its_command_and_commi
         assert path.name in names, f"{path.name} has no experiment"
         record = json.loads(path.read_text())
         assert {"experiment", "claim", "command", "commit", "settings", "result"} <= set(record), path.name
-        assert "/work/" not in path.read_text() and "/home/" not in path.read_text(), f"{path.name}: a machine path"
+        machine_paths = [text for text in _strings(record) if "/work/" in text or text.startswith("/home/")]
+        assert not machine_paths, f"{path.name}: a machine path, {machine_paths[0]!r}"
+
+
+def _strings(value: object) -> list[str]:
+    """Every string a JSON value holds, keys too. Rows of a study may quote paths ('How many hidden files are in
+    /home/agent?'); a path of the machine the study ran on starts a string or names the project's folder."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for key, item in value.items() for s in (key, *_strings(item))]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
 
 
 def test_the_index_is_current(tmp_path, monkeypatch):
