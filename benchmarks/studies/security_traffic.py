@@ -21,9 +21,10 @@ a user brings. Three guards, each through the public API on the bundled model:
   only the user's prompts go through the model.
 
 With ``chat_rows``, the sample also holds that many fresh ShareGPT first turns (``heads/fresh_chat``'s rows), as a
-deployment that serves both kinds of traffic would bring. Each guard is judged on the held-out security questions (screened through ``screen``, as ``hf-lsad screen`` does), and on
-the bundled test rows from the stores: each benign domain's flag rate, each unsafe source's catch, and the catch of
-the unsafe test rows that ask for cyber harm (:data:`CYBER`, a rule fixed before the run).
+deployment that serves both kinds of traffic would bring. Each guard is judged on the held-out security questions
+(screened through ``screen``, as ``hf-lsad screen`` does), and on the bundled test rows from the stores: each benign
+domain's flag rate, each unsafe source's catch, and the catch of the unsafe test rows that ask for cyber harm
+(:data:`CYBER`, a rule fixed before the run).
 """
 
 from __future__ import annotations
