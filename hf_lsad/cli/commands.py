@@ -7,6 +7,7 @@ imports neither torch nor transformers.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import shlex
 import sys
@@ -518,6 +519,7 @@ def run_teach(args: argparse.Namespace) -> None:
     prompts = read_prompt_file(args.benign, args.column)
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
+    taught_from = copy.deepcopy(guard) if args.chat_check else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallSampleWarning)  # said before the model loaded (cli.checks)
         budget = teach_traffic(
@@ -556,6 +558,33 @@ def run_teach(args: argparse.Namespace) -> None:
         f"(target {budget.target_fpr:.0%}{confidence})"
     )
     _echo_kept_rows(guard)
+    if taught_from is not None:  # after the guard is written: a check that fails loses nothing
+        _check_bundled_chat(args, model, tokenizer, taught_from, guard)
+
+
+def _check_bundled_chat(args: argparse.Namespace, model: Any, tokenizer: Any, taught_from: Any, taught: Any) -> None:
+    """``teach --chat-check``: what teaching did to ordinary chat, beside the guard it was taught from."""
+    from ..guard.heads.training import bundled_chat_flag_rates, chat_shift_warning, release_rows
+
+    before, after = bundled_chat_flag_rates(
+        model,
+        tokenizer,
+        [taught_from, taught],
+        rows=args.chat_check,
+        seed=args.seed,
+        cache_dir=args.cache,
+        batch_size=args.batch_size,
+        max_batch_tokens=args.max_batch_tokens,
+        system=args.system,
+    )
+    rows = min(args.chat_check, len(release_rows("chat", "validation")))
+    print(
+        f"  bundled validation chat ({rows} rows): the taught guard flags {after:.1%}, "
+        f"the guard it was taught from {before:.1%}"
+    )
+    warning = chat_shift_warning(before, after, taught.budget.target_fpr)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _echo_kept_rows(guard: Any) -> None:

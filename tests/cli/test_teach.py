@@ -18,11 +18,15 @@ from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.errors import SmallSampleWarning
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.training import (
+    CHAT_CACHE,
     PARTIAL,
     STEADY_SAMPLE,
     USER_SOURCE,
     _PartialCollection,
+    _sample,
+    bundled_chat_flag_rates,
     bundled_features,
+    chat_shift_warning,
     cut_traffic,
     read_folder,
     release_rows,
@@ -72,6 +76,9 @@ def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir
     entry(["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, "--out", str(out)])
     printed = capsys.readouterr()
     assert "head 'harm' taught 50 prompts" in printed.out and "thresholds set on the other 50" in printed.out
+    # what teaching did to ordinary chat, beside the guard it was taught from (--chat-check, 500 rows by default)
+    assert "bundled validation chat (500 rows): the taught guard flags " in printed.out
+    assert ", the guard it was taught from " in printed.out
     # 100 prompts: told once, before the model loads, that the guard will move with the sample
     assert printed.err.count("bring about 1,000") == 1
     assert "warning: 100 prompts: the thresholds are set on the 50 held back" in printed.err
@@ -120,6 +127,50 @@ def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():
     with pytest.raises(ValueError, match="reads the response"):
         teach_traffic(model, tokenizer, fresh_guard("response_last"), SAMPLE, **kwargs)
     assert guard.heads["harm"] is head and guard.budget == budget
+
+
+def test_bundled_chat_flag_rates_reads_the_validation_chat_once_for_every_guard(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    strict, loose = two_headed_guard(target_fpr=0.05), two_headed_guard(target_fpr=0.5)
+    chat = [p.text for p in _sample(release_rows("chat", "validation"), 60, seed=0)]  # the check's seeded draw
+    reads, _ = collect_prompt_features(model, tokenizer, chat, strict.reads, progress=False)
+    loose.fit_budget(reads, target_fpr=0.5, shares=[0.5, 0.5], rows="these chat rows")  # thresholds that pass some
+    expected = [float(g(reads).flagged.double().mean()) for g in (strict, loose)]
+    assert expected[0] != expected[1]  # the two guards differ on these rows, so which rate is whose is tested
+    cache = tmp_path / "cache"
+    rates = bundled_chat_flag_rates(model, tokenizer, [strict, loose], rows=60, cache_dir=cache, progress=False)
+    assert rates == pytest.approx(expected, abs=1 / 60)  # batched otherwise: a row at a threshold may flip
+    drawn = cache / CHAT_CACHE / "60-rows-seed-0"  # a folder per draw: a check of another size has its own
+    assert sorted(p.name for p in drawn.iterdir()) == sorted(read_folder(r) for r in strict.reads)
+    bundled_chat_flag_rates(model, tokenizer, [strict], rows=30, cache_dir=cache, progress=False)
+    assert sorted(p.name for p in (cache / CHAT_CACHE).iterdir()) == ["30-rows-seed-0", "60-rows-seed-0"]
+    # read back from the cache, not the model: activations changed there change the rates
+    for folder in drawn.iterdir():
+        store = load_activations(folder)
+        save_activations(folder, store.activations * 0.0, store.records, store.hook, inputs=store.inputs)
+    assert bundled_chat_flag_rates(model, tokenizer, [strict, loose], rows=60, cache_dir=cache, progress=False) != rates
+    with pytest.raises(ValueError, match="rows must be a positive number of rows or None, got 0"):
+        bundled_chat_flag_rates(model, tokenizer, [strict], rows=0, progress=False)
+    with pytest.raises(ValueError, match="reads the response"):
+        bundled_chat_flag_rates(model, tokenizer, [fresh_guard("response_last")], rows=60, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "target", "warned"),
+    [
+        (0.04, 0.149, 0.05, True),  # a security team's questions taught alone (heads/security_traffic)
+        (0.04, 0.075, 0.05, False),  # taught beside as many chat prompts
+        (0.0, 0.101, 0.05, True),
+        (0.0, 0.10, 0.05, False),  # at twice the target: not above it
+        (0.2, 0.35, 0.05, False),  # a guard that flagged much chat before: judged against what it flagged
+        (0.2, 0.41, 0.05, True),
+    ],
+)
+def test_a_taught_guard_that_flags_far_more_chat_is_warned_of(before, after, target, warned):
+    warning = chat_shift_warning(before, after, target)
+    assert bool(warning) is warned
+    if warned:
+        assert f"flags {after:.1%} of the bundled validation chat ({before:.1%} before)" in warning
 
 
 def same_guard(a: SafetyGuard, b: SafetyGuard) -> bool:
@@ -369,9 +420,10 @@ def test_teach_under_a_system_turn_fits_and_sets_thresholds_under_it(model_dir, 
     sample, out = tmp_path / "traffic.txt", tmp_path / "mine"
     sample.write_text("".join(t + "\n" for t in SAMPLE))
     argv = ["teach", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), "--fit-fraction"]
-    argv += ["0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
+    argv += ["0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL), "--chat-check", "0"]
     entry([*argv, "--system", TURN])
     entry([*argv, "--out", str(out)])
+    assert "bundled validation chat" not in capsys.readouterr().out  # --chat-check 0 skips the check
     assert SafetyGuard.from_pretrained(guard_dir).inputs.system == TURN  # taught under the turn, in place
     assert repr(TURN) in (guard_dir / "README.md").read_text()
     assert SafetyGuard.from_pretrained(out).inputs.system is None  # taught again under the template's own turn

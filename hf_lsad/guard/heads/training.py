@@ -39,6 +39,7 @@ from ...core.hook_point import HookPoint
 from ...core.prompt_inputs import InputProfile, check_system_turn, turn_label
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_reserved, is_unsafe_pool, load_pool
+from ...data.pools import CHAT_CHECK_ROWS
 from ...data.store import INDEX, ActivationSet, ActivationStore, load_activations, save_activations
 from ...errors import SmallSampleWarning, warn
 from ..fingerprint import record_fingerprint
@@ -549,6 +550,75 @@ def teach_traffic(
         raise
 
 
+CHAT_CACHE = "validation-chat"
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_chat_flag_rates` reads, a
+folder per draw (``<rows>-rows-seed-<seed>``), so that a check of another size reads or writes its own (the fit rows'
+stores sit at the cache's top)."""
+
+
+def bundled_chat_flag_rates(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    guards: Sequence[Any],
+    *,
+    rows: int | None = CHAT_CHECK_ROWS,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    batch_size: int = 16,
+    max_batch_tokens: int | None = BATCH_TOKENS,
+    progress: bool = True,
+    system: str | None = None,
+) -> list[float]:
+    """The share of the bundled validation chat that each of ``guards`` flags, the rows read once through ``model``.
+
+    Those rows set the released guards' thresholds and no head was fitted on them. A guard taught one kind of traffic
+    (:func:`teach_traffic`) sets its thresholds on that traffic alone; this says what that does to ordinary chat,
+    beside the guard it was taught from (``heads/security_traffic``: a security team's questions taught alone left
+    bundled chat flagged at 14.9%, against 7.0% as released).
+
+    Args:
+        model, tokenizer: The guards' base model and its tokenizer.
+        guards: Guards whose heads all read the prompt; every read of any of them is collected once.
+        rows: A seeded draw of this many of the 1,338 rows (``None``: all of them).
+        seed: The seed of the draw.
+        cache_dir: A :func:`bundled_features` cache: these rows are kept in its :data:`CHAT_CACHE` sub-folder, a
+            folder per draw.
+        batch_size, max_batch_tokens, progress, system: As :func:`bundled_features`.
+    """
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        raise ValueError(f"rows must be a positive number of rows or None, got {rows!r}")
+    for guard in guards:
+        check_reads_prompt(guard)
+    prompts = _sample(release_rows("chat", "validation"), rows, seed)
+    reads = sorted({read for guard in guards for read in guard.reads})
+    features = bundled_features(
+        model,
+        tokenizer,
+        prompts,
+        reads,
+        cache_dir=None if cache_dir is None else Path(cache_dir) / CHAT_CACHE / f"{len(prompts)}-rows-seed-{seed}",
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
+        system=system,
+    )
+    with torch.no_grad():
+        flagged = [guard({read: features[read] for read in guard.reads}).flagged for guard in guards]
+    return [float(flags.double().mean()) for flags in flagged]
+
+
+def chat_shift_warning(before: float, after: float, target: float) -> str:
+    """What to tell a user whose taught guard flags ``after`` of the bundled chat where the guard it was taught from
+    flagged ``before``, for a budget of ``target`` (``""`` unless ``after`` is above twice both)."""
+    if after <= 2 * max(before, target):
+        return ""
+    return (
+        f"the taught guard flags {after:.1%} of the bundled validation chat ({before:.1%} before): its thresholds are "
+        "set for the traffic you brought; if the deployment also serves ordinary chat, teach a sample that holds both "
+        "(docs/heads.md, 'Your own traffic')"
+    )
+
+
 PARTIAL = ".partial"
 """The folder of a cache holding an interrupted collection's parts (:func:`bundled_features`)."""
 CHECKPOINT_BATCHES = 32
@@ -816,7 +886,12 @@ def check_cache_turn(cache_dir: str | os.PathLike, system: str | None) -> None:
     parts, hold the bundled prompts under another system turn than ``system``, from their indexes alone: the CLI
     checks a ``--cache`` so before it loads a model. The stores are checked in full as they are read."""
     cache = Path(cache_dir)
-    indexes = sorted(cache.glob(f"layer*/{INDEX}")) + sorted(cache.glob(f"{PARTIAL}/part-*/layer*/{INDEX}"))
+    indexes = [
+        *sorted(cache.glob(f"layer*/{INDEX}")),
+        *sorted(cache.glob(f"{PARTIAL}/part-*/layer*/{INDEX}")),
+        *sorted(cache.glob(f"{CHAT_CACHE}/*/layer*/{INDEX}")),
+        *sorted(cache.glob(f"{CHAT_CACHE}/*/{PARTIAL}/part-*/layer*/{INDEX}")),
+    ]
     for index in indexes:
         _check_turn(index.parent, ActivationStore(index.parent).inputs, system)
 
