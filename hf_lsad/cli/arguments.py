@@ -446,8 +446,8 @@ def teach_arguments(parser: argparse.ArgumentParser) -> None:
         default=CHAT_CHECK_ROWS,
         metavar="ROWS",
         help="after teaching, read this many bundled validation chat rows through the model and print the share the "
-        "taught guard flags beside the share the guard it was taught from flags, warning when it is more than twice "
-        f"both that and the target; 0 skips it (default: {CHAT_CHECK_ROWS}; 41 s on a 2-core CPU)",
+        "taught guard flags beside the share the guard it was taught from flags, warning when it is more than 1.5 "
+        f"times both that and the target; 0 skips it (default: {CHAT_CHECK_ROWS}; 41 s on a 2-core CPU)",
     )
     _cache_argument(parser)
     system_argument(parser)

@@ -158,12 +158,12 @@ def test_bundled_chat_flag_rates_reads_the_validation_chat_once_for_every_guard(
 @pytest.mark.parametrize(
     ("before", "after", "target", "warned"),
     [
-        (0.04, 0.149, 0.05, True),  # a security team's questions taught alone (heads/security_traffic)
-        (0.04, 0.075, 0.05, False),  # taught beside as many chat prompts
-        (0.0, 0.101, 0.05, True),
-        (0.0, 0.10, 0.05, False),  # at twice the target: not above it
-        (0.2, 0.35, 0.05, False),  # a guard that flagged much chat before: judged against what it flagged
-        (0.2, 0.41, 0.05, True),
+        (0.046, 0.094, 0.05, True),  # a security team's questions taught alone (hf-lsad teach, 500 rows)
+        (0.04, 0.055, 0.05, False),  # within the noise of a 500-row draw
+        (0.0, 0.076, 0.05, True),
+        (0.0, 0.075, 0.05, False),  # at 1.5 times the target: not above it
+        (0.2, 0.29, 0.05, False),  # a guard that flagged much chat before: judged against what it flagged
+        (0.2, 0.31, 0.05, True),
     ],
 )
 def test_a_taught_guard_that_flags_far_more_chat_is_warned_of(before, after, target, warned):

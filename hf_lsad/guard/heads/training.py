@@ -607,10 +607,17 @@ def bundled_chat_flag_rates(
     return [float(flags.double().mean()) for flags in flagged]
 
 
+CHAT_SHIFT = 1.5
+"""How many times both the chat share of the guard a guard was taught from and the budget's target the taught guard
+must flag for :func:`chat_shift_warning` to speak. A security team's questions taught alone moved a 500-row draw of the
+bundled validation chat from 4.6% to 9.4% (``hf-lsad teach --seed 1`` on ``heads/security_traffic``'s sample; 14.9%
+of the test chat): twice would have said nothing. At 5% a 500-row draw flags 7.5% or more about once in a hundred."""
+
+
 def chat_shift_warning(before: float, after: float, target: float) -> str:
     """What to tell a user whose taught guard flags ``after`` of the bundled chat where the guard it was taught from
-    flagged ``before``, for a budget of ``target`` (``""`` unless ``after`` is above twice both)."""
-    if after <= 2 * max(before, target):
+    flagged ``before``, for a budget of ``target`` (``""`` unless ``after`` is above :data:`CHAT_SHIFT` times both)."""
+    if after <= CHAT_SHIFT * max(before, target):
         return ""
     return (
         f"the taught guard flags {after:.1%} of the bundled validation chat ({before:.1%} before): its thresholds are "
