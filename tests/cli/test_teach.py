@@ -82,6 +82,8 @@ def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir
     # 100 prompts: told once, before the model loads, that the guard will move with the sample
     assert printed.err.count("bring about 1,000") == 1
     assert "warning: 100 prompts: the thresholds are set on the 50 held back" in printed.err
+    # the fit prints nothing of its own: the command says when it starts and how long it took
+    assert "fitting head 'harm' on 98 rows ..." in printed.err and "fitted head 'harm' in " in printed.err
 
     guard = SafetyGuard.from_pretrained(out)
     budget, head = guard.budget, guard.heads["harm"].config

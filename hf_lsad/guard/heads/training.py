@@ -18,13 +18,15 @@ moves its scores instead (measured: ``benchmarks/experiments/heads/own_traffic_f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
 import shutil
 import sys
+import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -113,6 +115,19 @@ def fit_head(
         weights = balanced_weights(groups, labels)
     head.probe.fit(head.probe.features(reads), labels, weights)
     return head.eval()
+
+
+@contextlib.contextmanager
+def fitting_note(name: str, rows: int, progress: bool) -> Iterator[None]:
+    """Say on stderr that head ``name`` is being fitted on ``rows`` rows, and how long it took: the fit prints nothing
+    of its own, and three MLP fits on the release's rows take minutes on a CPU."""
+    if not progress:
+        yield
+        return
+    print(f"fitting head {name!r} on {rows:,} rows ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    yield
+    print(f"fitted head {name!r} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 
 def add_head(
@@ -226,7 +241,8 @@ def add_head(
     )
     fit_reads = {read: torch.cat([user_reads[read], bundled_reads[read]]) for read in config.reads}
     weights = None if safe_weight is None else balanced_weights(groups, labels, {USER_SAFE: safe_weight})
-    head = fit_head(name, fit_reads, labels, groups, config, weights=weights)
+    with fitting_note(name, len(labels), progress):
+        head = fit_head(name, fit_reads, labels, groups, config, weights=weights)
     return add_fitted_head(
         model,
         tokenizer,
@@ -526,7 +542,8 @@ def teach_traffic(
         system=system,
     )
     fit_reads = {read: torch.cat([bundled_reads[read], taught_reads[read]]) for read in old_head.reads}
-    new_head = fit_head(head, fit_reads, labels, groups, old_head.config.probe)
+    with fitting_note(head, len(labels), progress):
+        new_head = fit_head(head, fit_reads, labels, groups, old_head.config.probe)
     guard.heads[head] = new_head.to(old_head.probe.mean.device)
     try:
         return fit_budget_on_prompts(
