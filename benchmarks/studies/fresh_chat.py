@@ -1,13 +1,13 @@
 """The released guards on fresh chat: ShareGPT first turns that passed every filter of the chat pool and were left out
 only by its seeded sample.
 
-``scripts/build_data.py`` keeps 7,602 of ShareGPT's first human turns after the chat filters, then draws a seeded
-sample of 6,000 of them for the ``chat`` pool (``SHAREGPT_MAX``). The 1,602 it leaves out are rows of the same
-population, filtered alike, that no fit, threshold, choice or report has read: a second held-out sample of the chat a
-guard is meant to pass. This study rebuilds them exactly (:func:`fresh_sharegpt_turns` repeats the build's filters
-and its sample, and fails unless the sample is the pool's ShareGPT rows and the counts are the manifest's), then
-screens them, and the chat pool's validation and test rows, through the public path (``plan_batches`` and ``screen``,
-as ``hf-lsad screen`` does), each bundled guard as released.
+``scripts/build_data.py`` keeps 7,602 of ShareGPT's first human turns after the chat filters, then draws a seeded sample
+of 6,000 of them for the ``chat`` pool (``SHAREGPT_MAX``). The 1,602 it leaves out are rows of the same population,
+filtered alike, that no fit, threshold, choice or report has read: a second held-out sample of the chat a guard is meant
+to pass. This study rebuilds them exactly (:func:`fresh_sharegpt_turns` repeats the build's filters and its sample, and
+fails unless the sample is the pool's ShareGPT rows and the counts are the manifest's), then screens them, and the chat
+pool's validation and test rows, through the public path (``screen`` in passes of similar length, as ``hf-lsad screen``
+does), each bundled guard as released.
 
 It answers a question the chat pool's own splits cannot: the released guard flags 4.0% of the validation chat its
 thresholds were set on and 7.0% of the test chat, and either the test split is an unlucky draw or the choices made on
@@ -30,15 +30,13 @@ from hf_lsad.capture.pretrained import load_model
 from hf_lsad.core.splits import split_of
 from hf_lsad.data import RESERVED_PROMPTS, chat_filters as cf, load_pool
 from hf_lsad.data.pools import load_manifest
-from hf_lsad.data.tables import PromptRow
-from hf_lsad.generation.bulk import plan_batches
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 
 from .chat_tail import PERSONA
 from .conversations import build_data_module
 from .languages import pinned_wheel
-from .unseen import screen_batches, wilson_share
+from .unseen import screen_texts, wilson_share
 
 UNSAFE_POOLS = ("harmful", "toxic", "jailbreak", "harmful_vauban")
 """The pools the build's containment filter reads (``build_chat``)."""
@@ -117,15 +115,9 @@ def run(settings: Settings) -> dict[str, Any]:
         name: GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(name), tokenizer=tokenizer)
         for name in settings.guards
     }
-    batches, unreadable = plan_batches(
-        next(iter(guarded.values())), [PromptRow(i, text) for i, text in texts.items()], batch_size=settings.batch_size
-    )
-    if unreadable:
-        raise RuntimeError(f"{len(unreadable)} rows cannot be screened, e.g. {unreadable[0]}")
-
     result: dict[str, Any] = {"rows": {name: len(ids) for name, ids in sets.items()}, "guards": {}}
     for name, with_guard in guarded.items():
-        reports = screen_batches(with_guard, tokenizer, batches)
+        reports = screen_texts(with_guard, texts, settings.batch_size)
         head_names = list(with_guard.guard.head_names) or ["anomaly"]
         summaries = {set_name: _summary(ids, reports, texts, head_names) for set_name, ids in sets.items()}
         fresh_counts = summaries["fresh sharegpt"]

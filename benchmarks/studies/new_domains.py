@@ -16,10 +16,9 @@ holds, read by a rule fixed before any row was screened (:func:`domain_rows`):
   ``[$1000]`` removed).
 
 Each text is stripped; empty ones, ones longer than the pools' cap (1,500 characters), repeats and texts of a bundled
-pool are left out. Every row is screened through the public path (``plan_batches`` and ``screen``, as ``hf-lsad
+pool are left out. Every row is screened through the public path (``screen`` in passes of similar length, as ``hf-lsad
 screen`` does), each bundled guard as released. Reported per domain: rows, flagged with the Wilson 95% interval, the
-heads that decided and the rows flagged; over the domains, the median and the worst.
-"""
+heads that decided and the rows flagged; over the domains, the median and the worst."""
 
 from __future__ import annotations
 
@@ -35,13 +34,11 @@ from typing import Any
 
 from hf_lsad.capture.pretrained import load_model
 from hf_lsad.data import GUARD_POOLS, RESERVED_PROMPTS, chat_filters as cf, load_pool
-from hf_lsad.data.tables import PromptRow
-from hf_lsad.generation.bulk import plan_batches
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 
 from .languages import pinned_wheel
-from .unseen import screen_batches, wilson_share
+from .unseen import screen_texts, wilson_share
 
 MAX_CHARS = 1500
 """Longest text kept, the bundled pools' cap (``SAFE_MAX_CHARS`` of ``scripts/build_data.py``)."""
@@ -125,15 +122,9 @@ def run(settings: Settings) -> dict[str, Any]:
         name: GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(name), tokenizer=tokenizer)
         for name in settings.guards
     }
-    batches, unreadable = plan_batches(
-        next(iter(guarded.values())), [PromptRow(i, text) for i, text in texts.items()], batch_size=settings.batch_size
-    )
-    if unreadable:
-        raise RuntimeError(f"{len(unreadable)} rows cannot be screened, e.g. {unreadable[0]}")
-
     result: dict[str, Any] = {"rows": {domain: len(members) for domain, members in rows.items()}, "guards": {}}
     for name, with_guard in guarded.items():
-        reports = screen_batches(with_guard, tokenizer, batches)
+        reports = screen_texts(with_guard, texts, settings.batch_size)
         domains = {}
         for domain, members in rows.items():
             ids = [f"{domain}/{n}" for n in range(len(members))]

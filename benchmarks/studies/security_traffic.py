@@ -60,7 +60,7 @@ from hf_lsad.guard.heads.training import (
 from .fresh_chat import fresh_sharegpt_turns
 from .languages import pinned_wheel
 from .new_domains import bundled_texts, domain_rows
-from .unseen import wilson_share
+from .unseen import screen_texts, wilson_share
 
 DOMAINS = ("malware analysis", "threat intelligence")
 """The question sets of :func:`~.new_domains.domain_rows` that make the traffic."""
@@ -181,12 +181,11 @@ def run(settings: Settings) -> dict[str, Any]:
         "traffic": {"rows": len(traffic), "sample": len(sample), "chat_in_sample": len(chat), "held_out": len(held_out)}
     }
     for name, guard in (("released", released), ("set-budget", set_budget), ("teach", taught)):
-        reports = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer).screen(
-            list(held_out.values()), batch_size=settings.batch_size
-        )
+        guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
+        reports = screen_texts(guarded, held_out, settings.batch_size)
         by_domain = {
             domain: wilson_share(
-                sum(r.flagged for i, r in zip(held_out, reports) if i.startswith(domain)),
+                sum(r.flagged for i, r in reports.items() if i.startswith(domain)),
                 sum(i.startswith(domain) for i in held_out),
             )
             for domain in DOMAINS
@@ -194,7 +193,7 @@ def run(settings: Settings) -> dict[str, Any]:
         result[name] = {
             "thresholds": dict(zip(guard.head_names, guard.budget.thresholds)),
             "budget_rows": guard.budget.rows,
-            "held_out_security": wilson_share(sum(r.flagged for r in reports), len(reports)),
+            "held_out_security": wilson_share(sum(r.flagged for r in reports.values()), len(reports)),
             "held_out_by_set": by_domain,
             **judged(guard, rows),
         }

@@ -86,6 +86,16 @@ def _refusals(model: Any, tokenizer: Any, batches: list[PromptBatch], settings: 
     return refused
 
 
+def screen_texts(guarded: GuardedModelForCausalLM, texts: dict[str, str], batch_size: int) -> dict[str, Any]:
+    """Each prompt's report by id: :meth:`GuardedModelForCausalLM.screen` in passes of at most ``batch_size`` prompts
+    in order of token length, as ``hf-lsad screen`` batches them; a row that could not be scored is an error."""
+    reports = dict(zip(texts, guarded.screen(list(texts.values()), batch_size=batch_size)))
+    errors = [report.error for report in reports.values() if report.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} rows could not be scored, e.g. {errors[0]}")
+    return reports
+
+
 def screen_batches(guarded: GuardedModelForCausalLM, tokenizer: Any, batches: list[PromptBatch]) -> dict[str, Any]:
     """Each row's report by id, screened batch by batch; a row that could not be scored is an error."""
     reports = {}

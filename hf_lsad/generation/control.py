@@ -74,6 +74,13 @@ def refusal_token_ids(
     return ids
 
 
+def decided_at_prefill(reports: list[SafetyReport]) -> list[SafetyReport]:
+    """Reports of a guard that reads the prompt, with ``step`` 0 on flagged rows and ``None`` on the others: the
+    verdict is the prefill's, whether the guard decides while generating (``on_flag="stop"``, ``on_step``) or
+    reports after it."""
+    return [report._replace(step=0 if report.flagged else None) for report in reports]
+
+
 class StepVerdict(NamedTuple):
     """What the guard knows after scoring one step (``generate(..., on_step=...)``)."""
 
@@ -231,7 +238,7 @@ class GuardedGenerationState:
                 raise RuntimeError("generate made no forward call")
             tokens = self.prompt_reader.tokens(opening) if explain and self.prompt_reader is not None else None
             reports = self.guard.reports(self._prompt_activations(), explain=explain, top_k=top_k, tokens=tokens)
-            return [r._replace(step=0 if r.flagged else None, stopped=bool(stop)) for r, stop in zip(reports, stopped)]
+            return [r._replace(stopped=bool(stop)) for r, stop in zip(decided_at_prefill(reports), stopped)]
         from ..guard.running import sequence_statistic
 
         n = self.batch_size

@@ -39,6 +39,7 @@ from .control import (
     GuardStoppingCriteria,
     OnFlag,
     StepVerdict,
+    decided_at_prefill,
     refusal_token_ids,
 )
 
@@ -64,12 +65,6 @@ class GuardedGenerateBeamDecoderOnlyOutput(GenerateBeamDecoderOnlyOutput):
 GuardedGenerateOutput = GuardedGenerateDecoderOnlyOutput | GuardedGenerateBeamDecoderOnlyOutput
 """What guarded ``generate`` returns with ``return_dict_in_generate=True``: the beam-search output under beam search,
 else the decoder-only one; both carry ``safety``."""
-
-
-def decided_at_prefill(reports: list[SafetyReport]) -> list[SafetyReport]:
-    """Reports of a guard that reads the prompt, with ``step`` 0 on flagged rows: the verdict is the prefill's, as
-    when the guard decides while generating (``on_flag="stop"``, ``on_step``)."""
-    return [report._replace(step=0 if report.flagged else None) for report in reports]
 
 
 def guarded_output(output: Any, reports: list[SafetyReport]) -> GuardedGenerateOutput:
