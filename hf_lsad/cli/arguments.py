@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.hook_point import POSITIONS
 from ..core.runtime import FitRuntime, GuardFitRuntime, ModelRuntime
-from ..data.pools import CHAT_CHECK_ROWS
+from ..data.pools import CHAT_CHECK_ROWS, HARM_CHECK_ROWS
 from ..data.tables import DEFAULT_COLUMN
 
 RUNTIME = "runtime"
@@ -355,6 +355,7 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threshold-rows", type=int, default=1000, help="validation chat rows the thresholds are set on"
     )
+    _check_arguments(parser, chat=False)
     _cache_argument(parser)
     system_argument(parser)
     _budget_batch_arguments(parser)
@@ -363,6 +364,7 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
 
 def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
     _budget_arguments(parser, benign_required=False)
+    _check_arguments(parser, chat=True, chat_when="with --benign (without, the thresholds are set on that chat): ")
     system_argument(parser)
 
 
@@ -440,21 +442,38 @@ def teach_arguments(parser: argparse.ArgumentParser) -> None:
         help="fit rows drawn from each bundled pool (default: all of them, as the guard was released)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the cut and of --rows-per-pool's draw")
-    parser.add_argument(
-        "--chat-check",
-        type=_row_count,
-        default=CHAT_CHECK_ROWS,
-        metavar="ROWS",
-        help="after teaching, read this many bundled validation chat rows through the model and print the share the "
-        "taught guard flags beside the share the guard it was taught from flags, warning when it is more than 1.5 "
-        f"times both that and the target; 0 skips it (default: {CHAT_CHECK_ROWS}; 41 s on a 2-core CPU)",
-    )
+    _check_arguments(parser, chat=True)
     _cache_argument(parser)
     system_argument(parser)
 
 
+def _check_arguments(parser: argparse.ArgumentParser, *, chat: bool, chat_when: str = "") -> None:
+    """``--chat-check`` (with ``chat``; ``chat_when``: when it runs) and ``--harm-check``: what a command that changed
+    a guard did to ordinary chat and to the bundled harm, read once the new guard is written."""
+    if chat:
+        parser.add_argument(
+            "--chat-check",
+            type=_row_count,
+            default=CHAT_CHECK_ROWS,
+            metavar="ROWS",
+            help=f"{chat_when}once the guard is written, read this many bundled validation chat rows through the "
+            "model and print the share the new guard flags beside the share the guard it came from flags, warning when "
+            f"it is more than 1.5 times both that and the target; 0 skips it (default: {CHAT_CHECK_ROWS}; 41 s on a "
+            "2-core CPU)",
+        )
+    parser.add_argument(
+        "--harm-check",
+        type=_row_count,
+        default=HARM_CHECK_ROWS,
+        metavar="ROWS",
+        help="once the guard is written, read this many bundled validation rows of each of the 7 unsafe sources "
+        "through the model and print the share of each the new guard catches beside the guard it came from, warning "
+        f"when one falls by more than a fifth; 0 skips it (default: {HARM_CHECK_ROWS}; 68 s on a 2-core CPU)",
+    )
+
+
 def _row_count(value: str) -> int:
-    """``--chat-check``: a number of rows, 0 or more."""
+    """``--chat-check``, ``--harm-check``: a number of rows, 0 or more."""
     try:
         rows = int(value)
     except ValueError:

@@ -10,6 +10,7 @@ import argparse
 import copy
 import json
 import shlex
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -429,6 +430,7 @@ def run_add_head(args: argparse.Namespace) -> None:
     guard.config.hook.check_model(model)
     before = guard.budget
     was = dict(zip(before.heads, before.thresholds)) if before is not None else {}
+    added_to = copy.deepcopy(guard) if args.harm_check else None
     budget = add_head(
         model,
         tokenizer,
@@ -463,6 +465,8 @@ def run_add_head(args: argparse.Namespace) -> None:
         f"  together: {budget.measured_fpr:.2%} of {budget.n_rows} rows of {budget.rows} "
         f"(target {budget.target_fpr:.0%}{confidence})"
     )
+    if added_to is not None:  # its thresholds were set on bundled chat: only the harm is checked
+        _check_what_changed(args, model, tokenizer, added_to, guard, chat_rows=0, seed=0)
 
 
 def run_set_budget(args: argparse.Namespace) -> None:
@@ -476,6 +480,8 @@ def run_set_budget(args: argparse.Namespace) -> None:
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
     before = guard.budget
+    chat_rows = args.chat_check if args.benign else 0  # without --benign the thresholds are set on that chat
+    came_from = copy.deepcopy(guard) if chat_rows or args.harm_check else None
     budget = fit_budget_on_prompts(
         model,
         tokenizer,
@@ -506,6 +512,8 @@ def run_set_budget(args: argparse.Namespace) -> None:
         f"(target {budget.target_fpr:.0%}{confidence})"
     )
     _echo_kept_rows(guard)
+    if came_from is not None:
+        _check_what_changed(args, model, tokenizer, came_from, guard, chat_rows=chat_rows, seed=0)
 
 
 def run_teach(args: argparse.Namespace) -> None:
@@ -519,7 +527,7 @@ def run_teach(args: argparse.Namespace) -> None:
     prompts = read_prompt_file(args.benign, args.column)
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
-    taught_from = copy.deepcopy(guard) if args.chat_check else None
+    taught_from = copy.deepcopy(guard) if args.chat_check or args.harm_check else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallSampleWarning)  # said before the model loaded (cli.checks)
         budget = teach_traffic(
@@ -558,33 +566,65 @@ def run_teach(args: argparse.Namespace) -> None:
         f"(target {budget.target_fpr:.0%}{confidence})"
     )
     _echo_kept_rows(guard)
-    if taught_from is not None:  # after the guard is written: a check that fails loses nothing
-        _check_bundled_chat(args, model, tokenizer, taught_from, guard)
+    if taught_from is not None:
+        _check_what_changed(args, model, tokenizer, taught_from, guard, chat_rows=args.chat_check, seed=args.seed)
 
 
-def _check_bundled_chat(args: argparse.Namespace, model: Any, tokenizer: Any, taught_from: Any, taught: Any) -> None:
-    """``teach --chat-check``: what teaching did to ordinary chat, beside the guard it was taught from."""
-    from ..guard.heads.training import bundled_chat_flag_rates, chat_shift_warning, release_rows
+HARM_ADVICE = {
+    "set-budget": "thresholds set on traffic that looks like harm rise; hf-lsad teach on that traffic keeps far more "
+    "of it (docs/heads.md, 'Your own traffic')",
+    "teach": "the thresholds rose on the prompts held back; about a thousand prompts hold them steadier "
+    "(docs/heads.md, 'Your own traffic')",
+    "add-head": "the new head's share of the budget came from the other heads; a smaller --share leaves them more",
+}
+"""What ``--harm-check``'s warning advises after each command that changes a guard."""
 
-    before, after = bundled_chat_flag_rates(
-        model,
-        tokenizer,
-        [taught_from, taught],
-        rows=args.chat_check,
-        seed=args.seed,
-        cache_dir=args.cache,
-        batch_size=args.batch_size,
-        max_batch_tokens=args.max_batch_tokens,
-        system=args.system,
+
+def _check_what_changed(
+    args: argparse.Namespace, model: Any, tokenizer: Any, before: Any, after: Any, *, chat_rows: int, seed: int
+) -> None:
+    """``--chat-check`` and ``--harm-check``: what the change did to ordinary chat and to the bundled harm, beside the
+    guard it came from, once the new guard is written (a check that fails loses nothing)."""
+    from ..guard.heads.training import (
+        bundled_chat_flag_rates,
+        bundled_harm_catch_rates,
+        chat_shift_warning,
+        harm_drop_warning,
+        release_rows,
     )
-    rows = min(args.chat_check, len(release_rows("chat", "validation")))
-    print(
-        f"  bundled validation chat ({rows} rows): the taught guard flags {after:.1%}, "
-        f"the guard it was taught from {before:.1%}"
-    )
-    warning = chat_shift_warning(before, after, taught.budget.target_fpr)
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
+
+    reading = {
+        "seed": seed,
+        "cache_dir": getattr(args, "cache", None),
+        "batch_size": args.batch_size,
+        "max_batch_tokens": args.max_batch_tokens,
+        "system": args.system,
+    }
+    if chat_rows:
+        was, now = bundled_chat_flag_rates(model, tokenizer, [before, after], rows=chat_rows, **reading)
+        rows = min(chat_rows, len(release_rows("chat", "validation")))
+        print(
+            f"  bundled validation chat ({rows} rows): the new guard flags {now:.1%}, the guard it came from {was:.1%}"
+        )
+        warning = chat_shift_warning(was, now, after.budget.target_fpr)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+    if args.harm_check:
+        was_caught, now_caught = bundled_harm_catch_rates(
+            model, tokenizer, [before, after], rows_per_source=args.harm_check, **reading
+        )
+        print(
+            f"  bundled validation harm (at most {args.harm_check} rows of each of {len(now_caught)} sources): the "
+            f"new guard catches {_caught(now_caught)}, the guard it came from {_caught(was_caught)}"
+        )
+        warning = harm_drop_warning(was_caught, now_caught)
+        if warning:
+            print(f"warning: {warning}: {HARM_ADVICE[args.command]}", file=sys.stderr)
+
+
+def _caught(rates: dict[str, float]) -> str:
+    worst = min(rates, key=rates.__getitem__)
+    return f"{statistics.median(rates.values()):.0%} in the median source (worst {worst} {rates[worst]:.0%})"
 
 
 def _echo_kept_rows(guard: Any) -> None:

@@ -111,7 +111,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "against --safe (optional) and the fit rows of the bundled benign pools, then sets every head's threshold "
         "again on validation chat so that together they keep the guard's false-positive budget, the new head "
         "taking --share of it (hf_lsad.guard.heads.training.add_head). With --system, every prompt is formatted "
-        "under your deployment's system turn. The guard must read prompt_last.",
+        "under your deployment's system turn. The guard must read prompt_last. Once it is written, says what the "
+        "new head's share of the budget did to the bundled harm the other heads catch (--harm-check).",
     ),
     "set-budget": (
         "set every head's threshold on a sample of your own benign traffic",
@@ -125,7 +126,9 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "teach, which also teaches a head part of the sample (docs/heads.md, 'Your own traffic'). Too few prompts for "
         "the confidence are refused (59 at 5% and 0.95). The guard must read the prompt. Without --benign, the "
         "bundled validation chat the released thresholds were set on: the released operating point again for a "
-        "model that reads prompts otherwise, e.g. --model a peft adapter (refused by the guard until then).",
+        "model that reads prompts otherwise, e.g. --model a peft adapter (refused by the guard until then). Once "
+        "the guard is written, says what the new thresholds did to the bundled harm and, with --benign, to bundled "
+        "chat (--harm-check, --chat-check).",
     ),
     "teach": (
         "teach a supervised head a sample of your own benign traffic, and set the thresholds on the rest",
@@ -140,7 +143,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "bundled or yours, is formatted under your deployment's system turn, and the guard records it (a --cache "
         "holds one turn). Too few held-back prompts for the confidence are refused before the model loads (59 at 5% "
         "and 0.95); bring about a thousand prompts, since with fewer the guard moves with the sample (said before the "
-        "model loads).",
+        "model loads). Once the guard is written, says what teaching did to bundled chat and to the bundled harm "
+        "(--chat-check, --harm-check).",
     ),
     "screen": (
         "screen a table of prompts (JSONL, CSV, Parquet, a dataset) into a JSON-lines file of verdicts",

@@ -220,10 +220,29 @@ RESERVED_PROMPTS: tuple[str, ...] = ("How do I bake bread at home?", "Write a tu
 the demo shows the guard on prompts it never saw."""
 
 
+EVAL_SOURCES: tuple[str, ...] = (
+    "advbench",
+    "harmbench",
+    "donotanswer",
+    "realtoxicityprompts",
+    "inthewild",
+    "pyrit-templates",
+    "vauban-harmful",
+)
+"""The unsafe sources of the bundled pools that the evaluation holds out one at a time (vauban's harmful requests
+count as one; :mod:`hf_lsad.evaluation.sources`) and whose validation rows the harm check of a changed guard reads
+(:data:`HARM_CHECK_ROWS`)."""
+
 CHAT_CHECK_ROWS = 500
 """Rows of the bundled validation chat (those the released thresholds were set on) that a check of a taught guard reads
 by default (:func:`hf_lsad.guard.heads.training.bundled_chat_flag_rates`, ``hf-lsad teach --chat-check``): enough to
 tell a guard that flags 5% of them from one that flags 10%; 41 s through the bundled model on a 2-core CPU."""
+
+HARM_CHECK_ROWS = 30
+"""Validation rows of each of the :data:`EVAL_SOURCES` that a check of a guard whose thresholds or heads changed reads
+by default (:func:`hf_lsad.guard.heads.training.bundled_harm_catch_rates`, ``--harm-check`` of ``hf-lsad set-budget``,
+``teach`` and ``add-head``): 210 prompts, a drop of a fifth of a source in six of its rows; 68 s through the bundled
+model on a 2-core CPU, most of it the jailbreak templates' long rows."""
 
 
 def is_unsafe_pool(pool: str) -> bool:

@@ -34,22 +34,11 @@ from torch import Tensor
 
 from ..core.splits import split_of
 from ..data import load_pool
-from ..data.pools import is_reserved, is_unsafe_pool
+from ..data.pools import EVAL_SOURCES, is_reserved, is_unsafe_pool
 from ..data.store import load_activations
 from ..guard.threshold import budget_thresholds, fpr_threshold, union_flag_rate
 
 Read = tuple[int, str]
-
-EVAL_SOURCES: tuple[str, ...] = (
-    "advbench",
-    "harmbench",
-    "donotanswer",
-    "realtoxicityprompts",
-    "inthewild",
-    "pyrit-templates",
-    "vauban-harmful",
-)
-"""The unsafe sources held out one at a time (vauban's harmful requests count as one)."""
 
 BENIGN_DOMAINS: dict[str, str] = {
     "chat": "chat",

@@ -172,9 +172,11 @@ def test_the_command_takes_an_adapter_folder_as_its_model(model_dir, tmp_path, c
     assert "guarding it anyway (allow_adapter_mismatch=True)" in captured.err
 
     # the released operating point again, through the adapter: thresholds on the bundled validation chat
-    entry(["set-budget", *common, "--out", str(tmp_path / "through"), "--target-fpr", "0.25", "--confidence", "none"])
+    budget = ["--target-fpr", "0.25", "--confidence", "none", "--harm-check", "0"]
+    entry(["set-budget", *common, "--out", str(tmp_path / "through"), *budget])
     printed = capsys.readouterr().out
     assert "thresholds set on 1338 prompts of the bundled validation chat" in printed
+    assert "bundled validation chat (" not in printed  # the rows the thresholds were set on: no chat check
     through = SafetyGuard.from_pretrained(tmp_path / "through")
     assert through.budget.rows.startswith("validation chat, read through the peft adapter sha256:")
     assert through.inputs.adapter is not None and through.budget.n_rows == 1338

@@ -11,6 +11,9 @@ from hf_lsad.cli.main import entry
 from hf_lsad.guard import SafetyGuard
 
 CATEGORY = [f"what is the internal codename of project bluebird, version {i}?" for i in range(40)]
+NO_CHECK = ["--harm-check", "0"]
+"""What a new head does to the bundled harm is read in the first test alone (the harm rows hold jailbreaks of thousands
+of characters, which the tiny model's tokenizer reads a token each)."""
 
 
 @pytest.fixture
@@ -25,10 +28,13 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
     unsafe.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in CATEGORY))  # as hf-lsad screen reads it
     out = tmp_path / "mine"
     head = ["--name", "secrets", "--unsafe", str(unsafe), "--share", "0.4"]
-    sampling = ["--benign-per-pool", "60", "--threshold-rows", "200"]
+    sampling = ["--benign-per-pool", "60", "--threshold-rows", "200", "--harm-check", "1"]
     entry(["add-head", "--guard", str(guard_dir), "--model", str(model_dir), *head, *sampling, "--out", str(out)])
     printed = capsys.readouterr().out
     assert "added head 'secrets' (40 unsafe, 0 own safe prompts)" in printed and "secrets: share 0.40" in printed
+    # what the new head's share of the budget did to the bundled harm (--harm-check; its thresholds were set on chat)
+    assert "  bundled validation harm (at most 1 rows of each of 7 sources): the new guard catches " in printed
+    assert "bundled validation chat (" not in printed
     guard = SafetyGuard.from_pretrained(out)
     assert guard.head_names == ["anomaly", "secrets"] and guard.budget.shares == pytest.approx([0.6, 0.4])
     assert guard.budget.n_rows == 200 and 0.0 < guard.budget.measured_fpr <= guard.budget.target_fpr
@@ -50,8 +56,22 @@ def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(mode
     traffic.write_text("".join(f"how do I reset the password of my own account number {i}?\n" for i in range(60)))
     model, mine, budgeted = ["--model", str(model_dir)], tmp_path / "mine", tmp_path / "budgeted"
     head = ["--name", "secrets", "--unsafe", str(unsafe), "--benign-per-pool", "30", "--threshold-rows", "100"]
-    entry(["add-head", "--guard", str(guard_dir), *model, *head, "--out", str(mine)])
-    entry(["set-budget", "--guard", str(mine), *model, "--benign", str(traffic), "--out", str(budgeted)])
+    entry(["add-head", "--guard", str(guard_dir), *model, *head, *NO_CHECK, "--out", str(mine)])
+    entry(
+        [
+            "set-budget",
+            "--guard",
+            str(mine),
+            *model,
+            "--benign",
+            str(traffic),
+            "--chat-check",
+            "0",
+            *NO_CHECK,
+            "--out",
+            str(budgeted),
+        ]
+    )
     card = (budgeted / "README.md").read_text()
     training = card.split("## Training data", 1)[1].split("\n## ", 1)[0]
     assert training.index(f"Derived from `{mine}`:") < training.index(f"Derived from `{guard_dir}`:")
@@ -60,7 +80,7 @@ def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(mode
 
     capsys.readouterr()
     codes = ["--name", "codes", "--unsafe", str(unsafe), "--benign-per-pool", "30", "--threshold-rows", "100"]
-    entry(["add-head", "--guard", str(budgeted), *model, *codes, "--out", str(tmp_path / "more")])
+    entry(["add-head", "--guard", str(budgeted), *model, *codes, *NO_CHECK, "--out", str(tmp_path / "more")])
     before = SafetyGuard.from_pretrained(budgeted).budget
     printed = capsys.readouterr().out.splitlines()
     for name, threshold in zip(before.heads, before.thresholds):  # the heads that were there give up budget
@@ -76,7 +96,7 @@ def test_add_head_weighs_the_safe_prompts_as_asked_and_the_card_says_so(model_di
     unsafe.write_text("".join(t + "\n" for t in CATEGORY))
     safe.write_text("".join(f"what is the public name of project bluebird, version {i}?\n" for i in range(20)))
     head = ["--name", "secrets", "--unsafe", str(unsafe), "--safe", str(safe), "--safe-weight", "0.6"]
-    sampling = ["--benign-per-pool", "30", "--threshold-rows", "100"]
+    sampling = ["--benign-per-pool", "30", "--threshold-rows", "100", *NO_CHECK]
     out = tmp_path / "mine"
     entry(["add-head", "--guard", str(guard_dir), "--model", str(model_dir), *head, *sampling, "--out", str(out)])
     assert "added head 'secrets' (40 unsafe, 20 own safe prompts)" in capsys.readouterr().out
@@ -118,7 +138,7 @@ def test_add_head_under_a_system_turn_formats_every_prompt_under_it(model_dir, g
     unsafe.write_text("".join(t + "\n" for t in CATEGORY))
     turn = "You are the assistant of the Bluebird team."
     head = ["--name", "secrets", "--unsafe", str(unsafe), "--benign-per-pool", "60", "--threshold-rows", "200"]
-    argv = ["add-head", "--guard", str(guard_dir), "--model", str(model_dir), *head]
+    argv = ["add-head", "--guard", str(guard_dir), "--model", str(model_dir), *head, *NO_CHECK]
     entry([*argv, "--out", str(tmp_path / "default")])
     entry([*argv, "--out", str(tmp_path / "turned"), "--system", turn])
     assert f"200 rows of validation chat, under the system turn {turn!r}" in capsys.readouterr().out

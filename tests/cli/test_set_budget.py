@@ -19,6 +19,9 @@ TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in
 SAMPLE = [t for i, t in enumerate(TRAFFIC) if i % 3]
 HELD_OUT = [t for i, t in enumerate(TRAFFIC) if not i % 3]
 """The user's sample (100 prompts) and more traffic of the same kind (50)."""
+NO_CHECKS = ["--chat-check", "0", "--harm-check", "0"]
+"""What a changed guard does to bundled chat and harm is read in the first test alone (the harm rows hold jailbreaks
+of thousands of characters, which the tiny model's tokenizer reads a token each)."""
 
 
 def flag_rate(guard: SafetyGuard, prompts: list[str]) -> float:
@@ -42,11 +45,20 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
     assert flag_rate(before, HELD_OUT) == 1.0  # the traffic the heads never saw: all of it flagged
 
     argv = ["set-budget", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample)]
-    entry([*argv, "--column", "text", "--out", str(out)])
-    printed = capsys.readouterr().out
+    entry([*argv, "--column", "text", "--out", str(out), "--harm-check", "1"])
+    printed = capsys.readouterr()
     assert (
-        "thresholds set on 100 prompts" in printed and "harm: share 0.50, threshold" in printed and "(was " in printed
+        "thresholds set on 100 prompts" in printed.out
+        and "harm: share 0.50, threshold" in printed.out
+        and "(was " in printed.out
     )
+    # what the new thresholds did to ordinary chat and to the bundled harm, beside the guard they came from
+    assert "  bundled validation chat (500 rows): the new guard flags " in printed.out
+    harm = "  bundled validation harm (at most 1 rows of each of 7 sources): the new guard catches "
+    assert harm in printed.out and "in the median source (worst " in printed.out
+    # thresholds raised until the password resets pass let harm through, and the user is told what costs less
+    assert "warning: the new guard lets through more of the bundled harm it was taught (" in printed.err
+    assert "hf-lsad teach on that traffic keeps far more of it" in printed.err
 
     guard = SafetyGuard.from_pretrained(out)
     budget = guard.budget
@@ -67,12 +79,13 @@ def test_set_budget_keeps_the_users_prompts_nearest_the_thresholds_only_when_ask
     sample = tmp_path / "traffic.txt"
     sample.write_text("\n".join(SAMPLE) + "\n")
     arguments = ["set-budget", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample)]
-    entry([*arguments, "--out", str(tmp_path / "unasked")])
-    assert "kept in the folder" not in capsys.readouterr().out
+    entry([*arguments, *NO_CHECKS, "--out", str(tmp_path / "unasked")])
+    printed = capsys.readouterr().out
+    assert "kept in the folder" not in printed and "bundled validation" not in printed  # 0 rows skip each check
     assert SafetyGuard.from_pretrained(tmp_path / "unasked").fingerprint.boundary is None
 
     out = tmp_path / "kept"
-    entry([*arguments, "--out", str(out), "--keep-nearest"])
+    entry([*arguments, *NO_CHECKS, "--out", str(out), "--keep-nearest"])
     guard = SafetyGuard.from_pretrained(out)
     boundary = guard.fingerprint.boundary
     assert boundary is not None and boundary.n_rows == 100 and "traffic.txt" in boundary.rows
@@ -93,7 +106,7 @@ def test_set_budget_sets_the_thresholds_under_the_deployments_system_turn(model_
     system = "You are the support assistant of a bank."
     out = tmp_path / "mine"
     arguments = ["--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), "--out", str(out)]
-    entry(["set-budget", *arguments, "--system", system])
+    entry(["set-budget", *arguments, *NO_CHECKS, "--system", system])
     budget = SafetyGuard.from_pretrained(out).budget
     assert repr(system) in budget.rows and repr(system) in (out / "README.md").read_text()
     assert SafetyGuard.from_pretrained(out).inputs.system == system  # what generate and screen check rows against
@@ -104,7 +117,20 @@ def test_set_budget_sets_the_thresholds_under_the_deployments_system_turn(model_
     assert budget.thresholds == pytest.approx(under.thresholds, rel=1e-5)  # the prompts as the deployment sends them
     assert budget.thresholds != pytest.approx(default.thresholds, rel=1e-3)
     again = tmp_path / "default"
-    entry(["set-budget", "--guard", str(out), "--model", str(model_dir), "--benign", str(sample), "--out", str(again)])
+    entry(
+        [
+            "set-budget",
+            "--guard",
+            str(out),
+            "--model",
+            str(model_dir),
+            "--benign",
+            str(sample),
+            *NO_CHECKS,
+            "--out",
+            str(again),
+        ]
+    )
     assert SafetyGuard.from_pretrained(again).inputs.system is None  # set again under the template's own turn
     with pytest.raises(SystemExit):
         entry(["set-budget", "--guard", str(guard_dir), "--benign", str(sample), "--out", str(out), "--system", " "])

@@ -14,11 +14,13 @@ from tiny import fresh_guard, tiny_guard, two_headed_guard
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.main import entry, parse
 from hf_lsad.core.batching import BATCH_TOKENS
+from hf_lsad.data.pools import EVAL_SOURCES, GUARD_POOLS, is_unsafe_pool
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.errors import SmallSampleWarning
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.training import (
     CHAT_CACHE,
+    HARM_CACHE,
     PARTIAL,
     STEADY_SAMPLE,
     USER_SOURCE,
@@ -26,8 +28,11 @@ from hf_lsad.guard.heads.training import (
     _sample,
     bundled_chat_flag_rates,
     bundled_features,
+    bundled_harm_catch_rates,
     chat_shift_warning,
+    check_cache_turn,
     cut_traffic,
+    harm_drop_warning,
     read_folder,
     release_rows,
     small_sample_warning,
@@ -73,12 +78,16 @@ def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir
     assert flag_rate(before, HELD_OUT) == 1.0  # the traffic the heads never saw: all of it flagged
 
     flags = ["--benign", str(sample), "--fit-fraction", "0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
-    entry(["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, "--out", str(out)])
+    entry(
+        ["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, "--harm-check", "1", "--out", str(out)]
+    )
     printed = capsys.readouterr()
     assert "head 'harm' taught 50 prompts" in printed.out and "thresholds set on the other 50" in printed.out
-    # what teaching did to ordinary chat, beside the guard it was taught from (--chat-check, 500 rows by default)
-    assert "bundled validation chat (500 rows): the taught guard flags " in printed.out
-    assert ", the guard it was taught from " in printed.out
+    # what teaching did to ordinary chat (--chat-check, 500 rows by default) and to the bundled harm (--harm-check),
+    # beside the guard it was taught from
+    assert "bundled validation chat (500 rows): the new guard flags " in printed.out
+    assert "bundled validation harm (at most 1 rows of each of 7 sources): the new guard catches " in printed.out
+    assert printed.out.count(", the guard it came from ") == 2
     # 100 prompts: told once, before the model loads, that the guard will move with the sample
     assert printed.err.count("bring about 1,000") == 1
     assert "warning: 100 prompts: the thresholds are set on the 50 held back" in printed.err
@@ -173,6 +182,64 @@ def test_a_taught_guard_that_flags_far_more_chat_is_warned_of(before, after, tar
     assert bool(warning) is warned
     if warned:
         assert f"flags {after:.1%} of the bundled validation chat ({before:.1%} before)" in warning
+
+
+def test_bundled_harm_catch_rates_reads_each_unsafe_sources_validation_rows_once_for_every_guard(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    strict, loose = two_headed_guard(target_fpr=0.1), two_headed_guard(target_fpr=0.1)
+    reads, _ = collect_prompt_features(model, tokenizer, TRAFFIC, strict.reads, progress=False)
+    loose.fit_budget(reads, target_fpr=0.05, shares=[0.5, 0.5], rows="password resets")  # thresholds raised
+    unsafe = [p for pool in GUARD_POOLS if is_unsafe_pool(pool) for p in release_rows(pool, "validation")]
+    drawn = {
+        s: _sample([p for p in unsafe if p.source == s], 2, seed=7) for s in EVAL_SOURCES
+    }  # the check's draw, short rows
+    assert all(len(rows) == 2 for rows in drawn.values())
+    texts = [p.text for rows in drawn.values() for p in rows]
+    features, _ = collect_prompt_features(model, tokenizer, texts, strict.reads, batch_size=1, progress=False)
+    expected = []
+    for guard in (strict, loose):
+        flags = guard(features).flagged.view(len(EVAL_SOURCES), 2).double().mean(dim=1)  # [sources]: 2 rows each
+        expected.append(dict(zip(EVAL_SOURCES, flags.tolist())))
+    assert expected[0] != expected[1]  # the two guards differ on these rows, so which rate is whose is tested
+    cache = tmp_path / "cache"
+    rates = bundled_harm_catch_rates(
+        model, tokenizer, [strict, loose], rows_per_source=2, seed=7, cache_dir=cache, progress=False
+    )
+    assert [list(r) for r in rates] == [list(EVAL_SOURCES)] * 2  # every source, in the evaluation's order
+    for got, want in zip(rates, expected):  # batched otherwise: a row at a threshold may flip, one at most
+        assert sum(abs(got[s] - want[s]) for s in EVAL_SOURCES) <= 0.5 + 1e-9
+    folder = cache / HARM_CACHE / "2-per-source-seed-7"  # a folder per draw
+    assert sorted(p.name for p in folder.iterdir()) == sorted(read_folder(r) for r in strict.reads)
+    # read back from the cache, not the model: activations changed there change the rates
+    for store_folder in folder.iterdir():
+        store = load_activations(store_folder)
+        save_activations(store_folder, store.activations * 0.0, store.records, store.hook, inputs=store.inputs)
+    kwargs = dict(rows_per_source=2, seed=7, cache_dir=cache, progress=False)
+    assert bundled_harm_catch_rates(model, tokenizer, [strict, loose], **kwargs) != rates
+    # the CLI checks the draw's system turn before it loads a model, as it checks the fit rows'
+    check_cache_turn(cache, None)
+    with pytest.raises(ValueError, match="under the system turn the chat template's default, not"):
+        check_cache_turn(cache, TURN)
+    with pytest.raises(ValueError, match="rows_per_source must be a positive number of rows or None, got 0"):
+        bundled_harm_catch_rates(model, tokenizer, [strict], rows_per_source=0, progress=False)
+    with pytest.raises(ValueError, match="reads the response"):
+        bundled_harm_catch_rates(model, tokenizer, [fresh_guard("response_last")], rows_per_source=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "fallen"),
+    [
+        ({"donotanswer": 0.97, "advbench": 1.0}, {"donotanswer": 0.47, "advbench": 0.97}, ["donotanswer 97% to 47%"]),
+        ({"donotanswer": 0.95, "advbench": 1.0}, {"donotanswer": 0.80, "advbench": 0.9}, []),  # shell tasks' 0.15
+        ({"donotanswer": 0.5, "advbench": 1.0}, {"donotanswer": 0.3, "advbench": 0.79}, ["advbench 100% to 79%"]),
+        ({"donotanswer": 0.5}, {"donotanswer": 0.7}, []),  # caught more: nothing to say
+    ],
+)
+def test_a_guard_that_lets_through_far_more_of_a_source_is_warned_of(before, after, fallen):
+    warning = harm_drop_warning(before, after)
+    assert bool(warning) is bool(fallen)
+    if fallen:
+        assert f"lets through more of the bundled harm it was taught ({', '.join(fallen)})" in warning
 
 
 def same_guard(a: SafetyGuard, b: SafetyGuard) -> bool:
@@ -423,9 +490,10 @@ def test_teach_under_a_system_turn_fits_and_sets_thresholds_under_it(model_dir, 
     sample.write_text("".join(t + "\n" for t in SAMPLE))
     argv = ["teach", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), "--fit-fraction"]
     argv += ["0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL), "--chat-check", "0"]
+    argv += ["--harm-check", "0"]
     entry([*argv, "--system", TURN])
     entry([*argv, "--out", str(out)])
-    assert "bundled validation chat" not in capsys.readouterr().out  # --chat-check 0 skips the check
+    assert "bundled validation" not in capsys.readouterr().out  # --chat-check 0 and --harm-check 0 skip the checks
     assert SafetyGuard.from_pretrained(guard_dir).inputs.system == TURN  # taught under the turn, in place
     assert repr(TURN) in (guard_dir / "README.md").read_text()
     assert SafetyGuard.from_pretrained(out).inputs.system is None  # taught again under the template's own turn
