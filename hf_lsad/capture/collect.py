@@ -342,6 +342,7 @@ def collect_prompt_features(
     progress: bool = True,
     skip: Collection[int] = (),
     on_batch: Callable[[list[int], dict[tuple[int, str], Tensor], int], None] | None = None,
+    desc: str = "collect",
 ) -> tuple[dict[tuple[int, str], Tensor], InputProfile]:
     """``[n_prompts, hidden]`` float32 CPU activations of every ``(layer, position)`` read (prompt positions),
     one forward pass per batch cut after the deepest layer; results in input order.
@@ -358,6 +359,7 @@ def collect_prompt_features(
     for the caller to fill; ``on_batch(positions, features, longest)`` is called after each batch that runs, with its
     ``[batch, hidden]`` features per read and its longest prompt in tokens. The profile's longest prompt is of the
     batches that ran (1 when none did). ``system``: a system turn before each user turn (:func:`prompt_texts`).
+    ``desc``: the progress bar's label.
     """
     check_prompts(prompts)
     check_pad_token(tokenizer)
@@ -376,7 +378,7 @@ def collect_prompt_features(
     out = {read: torch.empty(len(prompts), model.config.get_text_config().hidden_size) for read in reads}
     longest = 0
     ran = read_token_batches(
-        model, reads, token_ids, batches, pad_token_id=tokenizer.pad_token_id, progress=progress, desc="collect"
+        model, reads, token_ids, batches, pad_token_id=tokenizer.pad_token_id, progress=progress, desc=desc
     )
     for batch, features in ran:
         batch_longest = max(len(token_ids[i]) for i in batch)

@@ -56,6 +56,7 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
     assert "  bundled validation chat (500 rows): the new guard flags " in printed.out
     harm = "  bundled validation harm (at most 1 rows of each of 7 sources): the new guard catches "
     assert harm in printed.out and "in the median source (worst " in printed.out
+    assert "chat check 2 reads" in printed.err and "harm check 2 reads" in printed.err  # the progress bars say which
     # thresholds raised until the password resets pass let harm through, and the user is told what costs less
     assert "warning: the new guard lets through more of the bundled harm it was taught (" in printed.err
     assert "hf-lsad teach on that traffic keeps far more of it" in printed.err

@@ -610,7 +610,16 @@ def bundled_chat_flag_rates(
     prompts = _sample(release_rows("chat", "validation"), rows, seed)
     folder = None if cache_dir is None else Path(cache_dir) / CHAT_CACHE / f"{len(prompts)}-rows-seed-{seed}"
     flagged = _bundled_flags(
-        model, tokenizer, guards, prompts, folder, batch_size, max_batch_tokens, progress=progress, system=system
+        model,
+        tokenizer,
+        guards,
+        prompts,
+        folder,
+        batch_size,
+        max_batch_tokens,
+        progress=progress,
+        system=system,
+        desc="chat check",
     )
     return [float(flags.double().mean()) for flags in flagged]
 
@@ -658,7 +667,16 @@ def bundled_harm_catch_rates(
     draw = "all" if rows_per_source is None else str(rows_per_source)
     folder = None if cache_dir is None else Path(cache_dir) / HARM_CACHE / f"{draw}-per-source-seed-{seed}"
     flagged = _bundled_flags(
-        model, tokenizer, guards, prompts, folder, batch_size, max_batch_tokens, progress=progress, system=system
+        model,
+        tokenizer,
+        guards,
+        prompts,
+        folder,
+        batch_size,
+        max_batch_tokens,
+        progress=progress,
+        system=system,
+        desc="harm check",
     )
     rates = []
     for flags in flagged:
@@ -686,8 +704,10 @@ def _bundled_flags(
     *,
     progress: bool,
     system: str | None,
+    desc: str,
 ) -> list[Tensor]:
-    """Each guard's flags ``[rows]`` on bundled ``prompts``, every read of any guard collected once (into ``cache``)."""
+    """Each guard's flags ``[rows]`` on bundled ``prompts``, every read of any guard collected once (into ``cache``);
+    ``desc`` labels the progress bar."""
     for guard in guards:
         check_reads_prompt(guard)
     reads = sorted({read for guard in guards for read in guard.reads})
@@ -701,6 +721,7 @@ def _bundled_flags(
         max_batch_tokens=max_batch_tokens,
         progress=progress,
         system=system,
+        desc=desc,
     )
     with torch.no_grad():
         return [guard({read: features[read] for read in guard.reads}).flagged for guard in guards]
@@ -761,6 +782,7 @@ def bundled_features(
     progress: bool = True,
     checkpoint_batches: int = CHECKPOINT_BATCHES,
     system: str | None = None,
+    desc: str = "collect",
 ) -> dict[Read, Tensor]:
     """``[n_prompts, hidden]`` activations of bundled pool ``prompts`` (:class:`~hf_lsad.data.Prompt`) at each read,
     kept in ``cache_dir`` when given.
@@ -778,7 +800,7 @@ def bundled_features(
     ``<cache_dir>/.partial/`` (a part per checkpoint, a store per read in it, checked as the cache's are), and a run
     on the same cache collects only the prompts no part holds, in the same batches, for the same activations bit for
     bit. The parts are removed once the stores are written (by the next run on the cache, if one stopped between the
-    two).
+    two). ``desc``: the progress bar's label.
     """
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
@@ -817,6 +839,7 @@ def bundled_features(
         skip=done,
         on_batch=None if partial is None else partial.batch_writer(checkpoint_batches),
         system=system,
+        desc=desc,
     )
     if partial is not None:
         if done:  # the rows an earlier run collected, in their place
