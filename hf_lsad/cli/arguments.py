@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.hook_point import POSITIONS
 from ..core.runtime import FitRuntime, GuardFitRuntime, ModelRuntime
-from ..data.pools import CHAT_CHECK_ROWS, HARM_CHECK_ROWS
+from ..data.pools import CHAT_CHECK_ROWS, EVAL_SOURCES, HARM_CHECK_ROWS
 from ..data.tables import DEFAULT_COLUMN
 
 RUNTIME = "runtime"
@@ -466,7 +466,8 @@ def _check_arguments(parser: argparse.ArgumentParser, *, chat: bool, chat_when: 
         type=_row_count,
         default=HARM_CHECK_ROWS,
         metavar="ROWS",
-        help="once the guard is written, read this many bundled validation rows of each of the 7 unsafe sources "
+        help=f"once the guard is written, read this many bundled validation rows of each of the {len(EVAL_SOURCES)} "
+        "unsafe sources "
         "through the model and print the share of each the new guard catches beside the guard it came from, warning "
         f"when one falls by more than a fifth; 0 skips it (default: {HARM_CHECK_ROWS}; 68 s on a 2-core CPU)",
     )

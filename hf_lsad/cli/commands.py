@@ -466,7 +466,7 @@ def run_add_head(args: argparse.Namespace) -> None:
         f"(target {budget.target_fpr:.0%}{confidence})"
     )
     if added_to is not None:  # its thresholds were set on bundled chat: only the harm is checked
-        _check_what_changed(args, model, tokenizer, added_to, guard, chat_rows=0, seed=0)
+        _check_what_changed(args, model, tokenizer, added_to, guard, chat_rows=0, seed=0, cache=args.cache)
 
 
 def run_set_budget(args: argparse.Namespace) -> None:
@@ -513,7 +513,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
     )
     _echo_kept_rows(guard)
     if came_from is not None:
-        _check_what_changed(args, model, tokenizer, came_from, guard, chat_rows=chat_rows, seed=0)
+        _check_what_changed(args, model, tokenizer, came_from, guard, chat_rows=chat_rows, seed=0, cache=None)
 
 
 def run_teach(args: argparse.Namespace) -> None:
@@ -567,7 +567,8 @@ def run_teach(args: argparse.Namespace) -> None:
     )
     _echo_kept_rows(guard)
     if taught_from is not None:
-        _check_what_changed(args, model, tokenizer, taught_from, guard, chat_rows=args.chat_check, seed=args.seed)
+        check = {"chat_rows": args.chat_check, "seed": args.seed, "cache": args.cache}
+        _check_what_changed(args, model, tokenizer, taught_from, guard, **check)
 
 
 HARM_ADVICE = {
@@ -581,10 +582,19 @@ HARM_ADVICE = {
 
 
 def _check_what_changed(
-    args: argparse.Namespace, model: Any, tokenizer: Any, before: Any, after: Any, *, chat_rows: int, seed: int
+    args: argparse.Namespace,
+    model: Any,
+    tokenizer: Any,
+    before: Any,
+    after: Any,
+    *,
+    chat_rows: int,
+    seed: int,
+    cache: str | None,
 ) -> None:
-    """``--chat-check`` and ``--harm-check``: what the change did to ordinary chat and to the bundled harm, beside the
-    guard it came from, once the new guard is written (a check that fails loses nothing)."""
+    """``--chat-check`` and ``--harm-check``: what the change did to ordinary chat (``chat_rows`` of it, 0: not read)
+    and to the bundled harm, beside the guard it came from, once the new guard is written (a check that fails loses
+    nothing); the rows are drawn with ``seed`` and kept in the ``cache`` of the bundled rows, if any."""
     from ..guard.heads.training import (
         bundled_chat_flag_rates,
         bundled_harm_catch_rates,
@@ -595,7 +605,7 @@ def _check_what_changed(
 
     reading = {
         "seed": seed,
-        "cache_dir": getattr(args, "cache", None),
+        "cache_dir": cache,
         "batch_size": args.batch_size,
         "max_batch_tokens": args.max_batch_tokens,
         "system": args.system,
