@@ -43,6 +43,7 @@ from hf_lsad.evaluation.sources import (
     threshold_reference,
 )
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.guard.heads.training import drawn_fit_rows
 from hf_lsad.guard.threshold import union_flag_rate
 
 from .two_heads import anomaly_lookup, anomaly_scores, fit_supervised, probe_config, two_headed
@@ -83,6 +84,10 @@ class Settings:
     fit_on_sample_part: bool = False
     """Also fit the supervised head with about 60% of the domain's validation rows and set the thresholds on the rest
     (the rules ``part of your traffic in the fit``)."""
+    rows_per_pool: int | None = None
+    """With ``fit_on_sample_part``: beside the taught part, only the fit rows of each other pool that ``hf-lsad teach
+    --rows-per-pool`` draws with ``--seed`` equal to ``seed`` (``drawn_fit_rows``; ``None``: every fit row, as
+    released)."""
     domains: list[str] = field(default_factory=lambda: list(EVAL_DOMAINS))
     """The benign domains held out one at a time, each playing the user's own traffic."""
     sources: list[str] = field(default_factory=lambda: list(EVAL_SOURCES))
@@ -123,9 +128,15 @@ def run(settings: Settings) -> dict[str, Any]:
         if settings.fit_on_sample_part:
             print("  fit again with part of the sample", flush=True)
             part = [split_of(i, settings.seed + 1) == "fit" for i in rows.ids]
+            drawn = None
+            if settings.rows_per_pool is not None:
+                drawn = {
+                    p.id for pool in settings.pools for p in drawn_fit_rows(pool, settings.rows_per_pool, settings.seed)
+                }
             part_in_fit = [
-                (s == "fit" and d != domain) or (s == "validation" and d == domain and taught)
-                for s, d, taught in zip(rows.splits, rows.domains, part)
+                (s == "fit" and d != domain and (drawn is None or i in drawn))
+                or (s == "validation" and d == domain and taught)
+                for i, s, d, taught in zip(rows.ids, rows.splits, rows.domains, part)
             ]
             scorers["part in fit"] = two_headed(anomaly_of, fit_supervised(rows.select(part_in_fit), config))
             rest = rows.select(

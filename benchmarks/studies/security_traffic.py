@@ -50,7 +50,7 @@ from hf_lsad.evaluation.sources import EVAL_DOMAINS, EVAL_SOURCES, load_source_r
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.training import (
-    _digest,
+    cache_record,
     fit_budget_on_prompts,
     read_folder,
     release_rows,
@@ -108,11 +108,7 @@ def write_bundled_cache(folder: str, cache: Path, reads: list[tuple[int, str]]) 
     if cache.exists():
         shutil.rmtree(cache)
     fit_rows = {pool: release_rows(pool, "fit") for pool in GUARD_POOLS}
-    records = [
-        {"id": p.id, "digest": _digest(p.text), "source": p.source, "category": p.category}
-        for prompts in fit_rows.values()
-        for p in prompts
-    ]
+    records = [cache_record(p) for prompts in fit_rows.values() for p in prompts]
     for read in reads:
         stores = [load_activations(Path(folder) / pool / read_folder(read)) for pool in GUARD_POOLS]
         first = stores[0]

@@ -14,6 +14,7 @@ from tiny import fresh_guard, tiny_guard, two_headed_guard
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.main import entry, parse
 from hf_lsad.core.batching import BATCH_TOKENS
+from hf_lsad.core.hook_point import HookPoint
 from hf_lsad.data.pools import EVAL_SOURCES, GUARD_POOLS, is_unsafe_pool
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.errors import SmallSampleWarning
@@ -29,6 +30,7 @@ from hf_lsad.guard.heads.training import (
     bundled_chat_flag_rates,
     bundled_features,
     bundled_harm_catch_rates,
+    cache_record,
     chat_shift_warning,
     check_cache_turn,
     cut_traffic,
@@ -384,6 +386,27 @@ def forward_passes(model, interrupt_at: int | None = None):
 
 def fit_prompts():
     return [p for pool in POOLS for p in release_rows(pool, "fit")[:ROWS_PER_POOL]]
+
+
+def test_a_cache_written_from_other_stores_with_cache_records_is_read_without_the_model(tmp_path):
+    """A study writes teach's cache from the stores hf-lsad collect wrote; the records are the cache's own."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
+    collected, inputs = collect_prompt_features(model, tokenizer, [p.text for p in prompts], reads, progress=False)
+    cache = tmp_path / "cache"
+    records = [cache_record(p) for p in prompts]
+    for read in reads:
+        marked = collected[read] + 1.0  # activations no forward pass gives: read back, they show the cache was read
+        save_activations(cache / read_folder(read), marked, records, HookPoint.from_model(model, *read), inputs=inputs)
+    with forward_passes(model) as passes:
+        features = bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, progress=False)
+    assert not passes
+    assert all(torch.equal(features[read], collected[read] + 1.0) for read in reads)
+    record = cache_record(prompts[0])
+    assert set(record) == {"id", "digest", "source", "category"} and record["id"] == prompts[0].id
+    changed = prompts[0]._replace(text=prompts[0].text + " (edited)")
+    with pytest.raises(ValueError, match="different"):  # a store written when a prompt's text was other
+        bundled_features(model, tokenizer, [changed, *prompts[1:]], reads, cache_dir=cache, progress=False)
 
 
 def test_an_interrupted_collection_into_a_cache_resumes_where_it_stopped(tmp_path):

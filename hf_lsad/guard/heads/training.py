@@ -516,7 +516,7 @@ def teach_traffic(
 
     bundled = []
     for pool in pools:
-        bundled += [(p, is_unsafe_pool(pool)) for p in _sample(release_rows(pool, "fit"), rows_per_pool, seed)]
+        bundled += [(p, is_unsafe_pool(pool)) for p in drawn_fit_rows(pool, rows_per_pool, seed)]
     groups = [p.source for p, _ in bundled] + [USER_SOURCE] * len(taught)
     labels = torch.tensor([int(unsafe) for _, unsafe in bundled] + [0] * len(taught))
     old_head, old_budget = guard.heads[head], guard.budget
@@ -820,7 +820,7 @@ def bundled_features(
     missing = [read for read in reads if read not in features]
     if not missing:
         return features
-    records = [{"id": p.id, "digest": d, "source": p.source, "category": p.category} for p, d in zip(prompts, digests)]
+    records = [cache_record(p) for p in prompts]
     partial = None
     if cache_dir is not None:
         inputs_format = prompt_format(tokenizer)
@@ -976,6 +976,13 @@ class _PartialCollection:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def cache_record(prompt: Prompt) -> dict[str, str]:
+    """The record a :func:`bundled_features` cache keeps of a bundled prompt: its id, a digest of its text (a store
+    written when the text was different is refused), its source and category. A cache written otherwise, say from the
+    stores ``hf-lsad collect`` wrote, is read when its records are these."""
+    return {"id": prompt.id, "digest": _digest(prompt.text), "source": prompt.source, "category": prompt.category}
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -1108,6 +1115,12 @@ def release_rows(pool: str, split: Literal["fit", "validation", "test"]) -> list
     The split is the one the bundled heads were fitted on, whatever seed draws a sample of these rows, so their
     validation and test rows stay out of every fit and no threshold is set on a row a head was fitted on."""
     return [p for p in load_pool(pool) if split_of(p.id) == split and not is_reserved(p.text)]
+
+
+def drawn_fit_rows(pool: str, rows_per_pool: int | None, seed: int) -> list[Prompt]:
+    """The bundled ``pool``'s fit rows that :func:`teach_traffic` fits a head on again: a seeded draw of
+    ``rows_per_pool`` of them (``None``: all of them, as released)."""
+    return _sample(release_rows(pool, "fit"), rows_per_pool, seed)
 
 
 def _sample(items: list[Any], limit: int | None, seed: int) -> list[Any]:
