@@ -97,6 +97,8 @@ class Settings:
 
 
 def run(settings: Settings) -> dict[str, Any]:
+    if settings.rows_per_pool is not None and not settings.fit_on_sample_part:
+        raise ValueError("rows_per_pool draws the fit rows of the rule fit_on_sample_part, which is not asked for")
     guard = SafetyGuard.from_pretrained(settings.anomaly_guard)
     config = probe_config(settings)
     rows = load_source_rows(
