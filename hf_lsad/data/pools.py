@@ -234,9 +234,10 @@ count as one; :mod:`hf_lsad.evaluation.sources`) and whose validation rows the h
 (:data:`HARM_CHECK_ROWS`)."""
 
 CHAT_CHECK_ROWS = 500
-"""Rows of the bundled validation chat (those the released thresholds were set on) that a check of a taught guard reads
-by default (:func:`hf_lsad.guard.heads.training.bundled_chat_flag_rates`, ``hf-lsad teach --chat-check``): enough to
-tell a guard that flags 5% of them from one that flags 10%; 41 s through the bundled model on a 2-core CPU."""
+"""Rows of the bundled validation chat (those the released thresholds were set on) that a check of a guard taught, or
+thresholded on, a user's traffic reads by default (:func:`hf_lsad.guard.heads.training.bundled_chat_flag_rates`,
+``--chat-check`` of ``hf-lsad teach`` and ``set-budget``): enough to tell a guard that flags 5% of them from one that
+flags 10%; 41 s through the bundled model on a 2-core CPU."""
 
 HARM_CHECK_ROWS = 30
 """Validation rows of each of the :data:`EVAL_SOURCES` that a check of a guard whose thresholds or heads changed reads
