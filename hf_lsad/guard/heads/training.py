@@ -1040,15 +1040,13 @@ def check_cache_turn(cache_dir: str | os.PathLike, system: str | None) -> None:
     parts, hold the bundled prompts under another system turn than ``system``, from their indexes alone: the CLI
     checks a ``--cache`` so before it loads a model. The stores are checked in full as they are read."""
     cache = Path(cache_dir)
+    # the fit rows' stores at the top, each check's draw in a folder of its own; each with an interrupted part
+    folders = [cache, *sorted(cache.glob(f"{CHAT_CACHE}/*")), *sorted(cache.glob(f"{HARM_CACHE}/*"))]
     indexes = [
-        *sorted(cache.glob(f"layer*/{INDEX}")),
-        *sorted(cache.glob(f"{PARTIAL}/part-*/layer*/{INDEX}")),
-        *(index for sub in (CHAT_CACHE, HARM_CACHE) for index in sorted(cache.glob(f"{sub}/*/layer*/{INDEX}"))),
-        *(
-            index
-            for sub in (CHAT_CACHE, HARM_CACHE)
-            for index in sorted(cache.glob(f"{sub}/*/{PARTIAL}/part-*/layer*/{INDEX}"))
-        ),
+        index
+        for folder in folders
+        for pattern in (f"layer*/{INDEX}", f"{PARTIAL}/part-*/layer*/{INDEX}")
+        for index in sorted(folder.glob(pattern))
     ]
     for index in indexes:
         _check_turn(index.parent, ActivationStore(index.parent).inputs, system)
