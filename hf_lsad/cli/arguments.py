@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.hook_point import POSITIONS
 from ..core.runtime import FitRuntime, GuardFitRuntime, ModelRuntime
-from ..data.pools import CHAT_CHECK_ROWS, EVAL_SOURCES, HARM_CHECK_ROWS
+from ..data.pools import CHAT_CHECK_ROWS, CHECK_DOMAINS, DOMAIN_CHECK_ROWS, EVAL_SOURCES, HARM_CHECK_ROWS
 from ..data.tables import DEFAULT_COLUMN
 
 RUNTIME = "runtime"
@@ -365,6 +365,7 @@ def add_head_arguments(parser: argparse.ArgumentParser) -> None:
 def set_budget_arguments(parser: argparse.ArgumentParser) -> None:
     _budget_arguments(parser, benign_required=False)
     _check_arguments(parser, chat=True, chat_when="with --benign (without, the thresholds are set on that chat): ")
+    _cache_argument(parser, kept="the bundled rows the checks read")
     system_argument(parser)
 
 
@@ -448,8 +449,9 @@ def teach_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_arguments(parser: argparse.ArgumentParser, *, chat: bool, chat_when: str = "") -> None:
-    """``--chat-check`` (with ``chat``; ``chat_when``: when it runs) and ``--harm-check``: what a command that changed
-    a guard did to ordinary chat and to the bundled harm, read once the new guard is written."""
+    """``--chat-check`` (with ``chat``; ``chat_when``: when it runs), ``--domain-check`` and ``--harm-check``: what a
+    command that changed a guard did to ordinary chat, to the other kinds of benign traffic and to the bundled harm,
+    read once the new guard is written."""
     if chat:
         parser.add_argument(
             "--chat-check",
@@ -461,6 +463,17 @@ def _check_arguments(parser: argparse.ArgumentParser, *, chat: bool, chat_when: 
             f"it is more than 1.5 times both that and the target; 0 skips it (default: {CHAT_CHECK_ROWS}; 41 s on a "
             "2-core CPU)",
         )
+    domains = ", ".join(CHECK_DOMAINS.values())
+    parser.add_argument(
+        "--domain-check",
+        type=_row_count,
+        default=DOMAIN_CHECK_ROWS,
+        metavar="ROWS",
+        help=f"once the guard is written, read this many bundled validation rows of each kind of benign traffic "
+        f"beside chat ({domains}) through the model and print the share of each the new guard flags beside the guard "
+        "it came from, warning when one is more than 1.5 times both that and the target; 0 skips it (default: "
+        f"{DOMAIN_CHECK_ROWS}; 25 s on a 2-core CPU)",
+    )
     parser.add_argument(
         "--harm-check",
         type=_row_count,
@@ -474,7 +487,7 @@ def _check_arguments(parser: argparse.ArgumentParser, *, chat: bool, chat_when: 
 
 
 def _row_count(value: str) -> int:
-    """``--chat-check``, ``--harm-check``: a number of rows, 0 or more."""
+    """``--chat-check``, ``--domain-check``, ``--harm-check``: a number of rows, 0 or more."""
     try:
         rows = int(value)
     except ValueError:
@@ -484,10 +497,10 @@ def _row_count(value: str) -> int:
     return rows
 
 
-def _cache_argument(parser: argparse.ArgumentParser) -> None:
+def _cache_argument(parser: argparse.ArgumentParser, kept: str = "the bundled rows") -> None:
     parser.add_argument(
         "--cache",
-        help="a folder that keeps the bundled rows' activations: written as they are collected (an interrupted run "
+        help=f"a folder that keeps the activations of {kept}: written as they are collected (an interrupted run "
         "resumes from it), read by later runs with the same model, reads and --system, one folder per system turn "
         "(default: collected every time, kept nowhere)",
     )

@@ -126,15 +126,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             check_prompts(args.prompts)
         except (TypeError, ValueError) as err:
             parser.error(f"argument prompts: {_one_line(err)}")
-    cache = getattr(args, "cache", None)  # teach and add-head
-    if (
-        args.command in ("teach", "add-head")
-        and cache is not None
-        and Path(cache).exists()
-        and not Path(cache).is_dir()
-    ):
+    cache = getattr(args, "cache", None)  # a cache of the bundled rows: teach, add-head, set-budget
+    if cache is not None and Path(cache).exists() and not Path(cache).is_dir():
         parser.error(f"argument --cache: {cache!r} is a file, not a folder")
-    if args.command in ("teach", "add-head") and cache is not None and Path(cache).is_dir():
+    if cache is not None and Path(cache).is_dir():
         from ..guard.heads.training import check_cache_turn
 
         try:

@@ -430,7 +430,7 @@ def run_add_head(args: argparse.Namespace) -> None:
     guard.config.hook.check_model(model)
     before = guard.budget
     was = dict(zip(before.heads, before.thresholds)) if before is not None else {}
-    added_to = copy.deepcopy(guard) if args.harm_check else None
+    added_to = copy.deepcopy(guard) if args.domain_check or args.harm_check else None
     budget = add_head(
         model,
         tokenizer,
@@ -465,7 +465,7 @@ def run_add_head(args: argparse.Namespace) -> None:
         f"  together: {budget.measured_fpr:.2%} of {budget.n_rows} rows of {budget.rows} "
         f"(target {budget.target_fpr:.0%}{confidence})"
     )
-    if added_to is not None:  # its thresholds were set on bundled chat: only the harm is checked
+    if added_to is not None:  # its thresholds were set on bundled chat: the other domains and the harm are checked
         _check_what_changed(args, model, tokenizer, added_to, guard, chat_rows=0, seed=0, cache=args.cache)
 
 
@@ -481,7 +481,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
     guard.config.hook.check_model(model)
     before = guard.budget
     chat_rows = args.chat_check if args.benign else 0  # without --benign the thresholds are set on that chat
-    came_from = copy.deepcopy(guard) if chat_rows or args.harm_check else None
+    came_from = copy.deepcopy(guard) if chat_rows or args.domain_check or args.harm_check else None
     budget = fit_budget_on_prompts(
         model,
         tokenizer,
@@ -513,7 +513,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
     )
     _echo_kept_rows(guard)
     if came_from is not None:
-        _check_what_changed(args, model, tokenizer, came_from, guard, chat_rows=chat_rows, seed=0, cache=None)
+        _check_what_changed(args, model, tokenizer, came_from, guard, chat_rows=chat_rows, seed=0, cache=args.cache)
 
 
 def run_teach(args: argparse.Namespace) -> None:
@@ -527,7 +527,7 @@ def run_teach(args: argparse.Namespace) -> None:
     prompts = read_prompt_file(args.benign, args.column)
     model, tokenizer = _load_model(args, runtime)
     guard.config.hook.check_model(model)
-    taught_from = copy.deepcopy(guard) if args.chat_check or args.harm_check else None
+    taught_from = copy.deepcopy(guard) if args.chat_check or args.domain_check or args.harm_check else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallSampleWarning)  # said before the model loaded (cli.checks)
         budget = teach_traffic(
@@ -580,6 +580,15 @@ HARM_ADVICE = {
 }
 """What ``--harm-check``'s warning advises after each command that changes a guard."""
 
+DOMAIN_ADVICE = {
+    "set-budget": "the thresholds hold the budget on the traffic you brought; if the deployment also serves these, "
+    "bring a sample that holds them too (docs/heads.md, 'Your own traffic')",
+    "teach": "the head and thresholds hold the budget on the traffic you brought; if the deployment also serves these, "
+    "bring a sample that holds them too (docs/heads.md, 'Your own traffic')",
+    "add-head": "the new head flags them: bring prompts of these kinds as --safe, or give it a smaller --share",
+}
+"""What ``--domain-check``'s warning advises after each command that changes a guard."""
+
 
 def _check_what_changed(
     args: argparse.Namespace,
@@ -592,13 +601,17 @@ def _check_what_changed(
     seed: int,
     cache: str | None,
 ) -> None:
-    """``--chat-check`` and ``--harm-check``: what the change did to ordinary chat (``chat_rows`` of it, 0: not read)
-    and to the bundled harm, beside the guard it came from, once the new guard is written (a check that fails loses
-    nothing); the rows are drawn with ``seed`` and kept in the ``cache`` of the bundled rows, if any."""
+    """``--chat-check``, ``--domain-check`` and ``--harm-check``: what the change did to ordinary chat (``chat_rows``
+    of it, 0: not read), to the other kinds of benign traffic and to the bundled harm, beside the guard it came from,
+    once the new guard is written (a check that fails loses nothing); the rows are drawn with ``seed`` and kept in the
+    ``cache`` of the bundled rows, if any."""
+    from ..data.pools import CHECK_DOMAINS
     from ..guard.heads.training import (
         bundled_chat_flag_rates,
+        bundled_domain_flag_rates,
         bundled_harm_catch_rates,
         chat_shift_warning,
+        domain_shift_warning,
         harm_drop_warning,
         release_rows,
     )
@@ -619,6 +632,20 @@ def _check_what_changed(
         warning = chat_shift_warning(was, now, after.budget.target_fpr)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
+    if args.domain_check:
+        was_flagged, now_flagged = bundled_domain_flag_rates(
+            model, tokenizer, [before, after], rows_per_domain=args.domain_check, **reading
+        )
+        shares = ", ".join(
+            f"{CHECK_DOMAINS[pool]} {now_flagged[pool]:.1%} ({was_flagged[pool]:.1%})" for pool in now_flagged
+        )
+        print(
+            f"  bundled validation benign domains (at most {args.domain_check} rows of each): the new guard flags "
+            f"{shares}; in brackets, the guard it came from"
+        )
+        warning = domain_shift_warning(was_flagged, now_flagged, after.budget.target_fpr)
+        if warning:
+            print(f"warning: {warning}: {DOMAIN_ADVICE[args.command]}", file=sys.stderr)
     if args.harm_check:
         was_caught, now_caught = bundled_harm_catch_rates(
             model, tokenizer, [before, after], rows_per_source=args.harm_check, **reading

@@ -104,7 +104,9 @@ from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
     "CHAT_CHECK_ROWS",
+    "CHECK_DOMAINS",
     "DOMAINS",
+    "DOMAIN_CHECK_ROWS",
     "GUARD_POOLS",
     "POOLS",
     "POOL_CATEGORY",
@@ -238,6 +240,22 @@ CHAT_CHECK_ROWS = 500
 thresholded on, a user's traffic reads by default (:func:`hf_lsad.guard.heads.training.bundled_chat_flag_rates`,
 ``--chat-check`` of ``hf-lsad teach`` and ``set-budget``): enough to tell a guard that flags 5% of them from one that
 flags 10%; 41 s through the bundled model on a 2-core CPU."""
+
+CHECK_DOMAINS: dict[str, str] = {
+    "safe": "task prompts",
+    "benign_ood": "benign out-of-domain text",
+    "lookalike": "benign look-alikes",
+    "questions": "everyday questions",
+    "statements": "plain statements",
+}
+"""The bundled benign pools beside chat, each a kind of benign traffic, with the name a check prints: the pools whose
+validation rows the domain check of a changed guard reads (:data:`DOMAIN_CHECK_ROWS`)."""
+
+DOMAIN_CHECK_ROWS = 100
+"""Validation rows of each of the :data:`CHECK_DOMAINS` that a check of a guard whose thresholds or heads changed reads
+by default (:func:`hf_lsad.guard.heads.training.bundled_domain_flag_rates`, ``--domain-check`` of ``hf-lsad
+set-budget``, ``teach`` and ``add-head``): 487 short prompts (the look-alikes have 87); 22-28 s through the bundled
+model on a 2-core CPU."""
 
 HARM_CHECK_ROWS = 30
 """Validation rows of each of the :data:`EVAL_SOURCES` that a check of a guard whose thresholds or heads changed reads

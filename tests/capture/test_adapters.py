@@ -172,7 +172,7 @@ def test_the_command_takes_an_adapter_folder_as_its_model(model_dir, tmp_path, c
     assert "guarding it anyway (allow_adapter_mismatch=True)" in captured.err
 
     # the released operating point again, through the adapter: thresholds on the bundled validation chat
-    budget = ["--target-fpr", "0.25", "--confidence", "none", "--harm-check", "0"]
+    budget = ["--target-fpr", "0.25", "--confidence", "none", "--domain-check", "0", "--harm-check", "0"]
     entry(["set-budget", *common, "--out", str(tmp_path / "through"), *budget])
     printed = capsys.readouterr().out
     assert "thresholds set on 1338 prompts of the bundled validation chat" in printed

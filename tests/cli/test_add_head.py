@@ -11,9 +11,9 @@ from hf_lsad.cli.main import entry
 from hf_lsad.guard import SafetyGuard
 
 CATEGORY = [f"what is the internal codename of project bluebird, version {i}?" for i in range(40)]
-NO_CHECK = ["--harm-check", "0"]
-"""What a new head does to the bundled harm is read in the first test alone (the harm rows hold jailbreaks of thousands
-of characters, which the tiny model's tokenizer reads a token each)."""
+NO_CHECK = ["--domain-check", "0", "--harm-check", "0"]
+"""What a new head does to the bundled benign domains and harm is read in the first test alone (the harm rows hold
+jailbreaks of thousands of characters, which the tiny model's tokenizer reads a token each)."""
 
 
 @pytest.fixture
@@ -28,11 +28,13 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
     unsafe.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in CATEGORY))  # as hf-lsad screen reads it
     out = tmp_path / "mine"
     head = ["--name", "secrets", "--unsafe", str(unsafe), "--share", "0.4"]
-    sampling = ["--benign-per-pool", "60", "--threshold-rows", "200", "--harm-check", "1"]
+    sampling = ["--benign-per-pool", "60", "--threshold-rows", "200", "--domain-check", "1", "--harm-check", "1"]
     entry(["add-head", "--guard", str(guard_dir), "--model", str(model_dir), *head, *sampling, "--out", str(out)])
     printed = capsys.readouterr().out
     assert "added head 'secrets' (40 unsafe, 0 own safe prompts)" in printed and "secrets: share 0.40" in printed
-    # what the new head's share of the budget did to the bundled harm (--harm-check; its thresholds were set on chat)
+    # what the new head did to the other benign domains and its share of the budget to the bundled harm
+    # (--domain-check, --harm-check; its thresholds were set on chat, which is not checked)
+    assert "  bundled validation benign domains (at most 1 rows of each): the new guard flags task prompts " in printed
     assert "  bundled validation harm (at most 1 rows of each of 7 sources): the new guard catches " in printed
     assert "bundled validation chat (" not in printed
     guard = SafetyGuard.from_pretrained(out)

@@ -19,9 +19,9 @@ TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in
 SAMPLE = [t for i, t in enumerate(TRAFFIC) if i % 3]
 HELD_OUT = [t for i, t in enumerate(TRAFFIC) if not i % 3]
 """The user's sample (100 prompts) and more traffic of the same kind (50)."""
-NO_CHECKS = ["--chat-check", "0", "--harm-check", "0"]
-"""What a changed guard does to bundled chat and harm is read in the first test alone (the harm rows hold jailbreaks
-of thousands of characters, which the tiny model's tokenizer reads a token each)."""
+NO_CHECKS = ["--chat-check", "0", "--domain-check", "0", "--harm-check", "0"]
+"""What a changed guard does to bundled chat, the other benign domains and harm is read in the first test alone (the
+harm rows hold jailbreaks of thousands of characters, which the tiny model's tokenizer reads a token each)."""
 
 
 def flag_rate(guard: SafetyGuard, prompts: list[str]) -> float:
@@ -45,18 +45,47 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
     assert flag_rate(before, HELD_OUT) == 1.0  # the traffic the heads never saw: all of it flagged
 
     argv = ["set-budget", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample)]
-    entry([*argv, "--column", "text", "--out", str(out), "--harm-check", "1"])
+    cache = tmp_path / "cache"
+    entry(
+        [
+            *argv,
+            "--column",
+            "text",
+            "--out",
+            str(out),
+            "--domain-check",
+            "2",
+            "--harm-check",
+            "1",
+            "--cache",
+            str(cache),
+        ]
+    )
     printed = capsys.readouterr()
     assert (
         "thresholds set on 100 prompts" in printed.out
         and "harm: share 0.50, threshold" in printed.out
         and "(was " in printed.out
     )
-    # what the new thresholds did to ordinary chat and to the bundled harm, beside the guard they came from
+    # what the new thresholds did to ordinary chat, the other benign domains and the bundled harm, beside the guard
+    # they came from
     assert "  bundled validation chat (500 rows): the new guard flags " in printed.out
+    domains = "  bundled validation benign domains (at most 2 rows of each): the new guard flags task prompts "
+    assert (
+        domains in printed.out
+        and "plain statements " in printed.out
+        and "; in brackets, the guard it came" in printed.out
+    )
     harm = "  bundled validation harm (at most 1 rows of each of 7 sources): the new guard catches "
     assert harm in printed.out and "in the median source (worst " in printed.out
-    assert "chat check 2 reads" in printed.err and "harm check 2 reads" in printed.err  # the progress bars say which
+    assert all(f"{check} check 2 reads" in printed.err for check in ("chat", "domain", "harm"))  # the bars say which
+    # --cache keeps each check's draw, so that the next set-budget reads none of them through the model
+    drawn = sorted(str(p.relative_to(cache)) for p in cache.glob("validation-*/*"))
+    assert drawn == [
+        "validation-chat/500-rows-seed-0",
+        "validation-domains/2-per-domain-seed-0",
+        "validation-harm/1-per-source-seed-0",
+    ]
     # thresholds raised until the password resets pass let harm through, and the user is told what costs less
     assert "warning: the new guard lets through more of the bundled harm it was taught (" in printed.err
     assert "hf-lsad teach on that traffic keeps far more of it" in printed.err

@@ -15,12 +15,13 @@ from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.main import entry, parse
 from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.core.hook_point import HookPoint
-from hf_lsad.data.pools import EVAL_SOURCES, GUARD_POOLS, is_unsafe_pool
+from hf_lsad.data.pools import CHECK_DOMAINS, EVAL_SOURCES, GUARD_POOLS, is_unsafe_pool
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.errors import SmallSampleWarning
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.training import (
     CHAT_CACHE,
+    DOMAIN_CACHE,
     HARM_CACHE,
     PARTIAL,
     STEADY_SAMPLE,
@@ -28,12 +29,14 @@ from hf_lsad.guard.heads.training import (
     _PartialCollection,
     _sample,
     bundled_chat_flag_rates,
+    bundled_domain_flag_rates,
     bundled_features,
     bundled_harm_catch_rates,
     cache_record,
     chat_shift_warning,
     check_cache_turn,
     cut_traffic,
+    domain_shift_warning,
     harm_drop_warning,
     read_folder,
     release_rows,
@@ -46,6 +49,9 @@ TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in
 SAMPLE = [t for i, t in enumerate(TRAFFIC) if i % 3]
 HELD_OUT = [t for i, t in enumerate(TRAFFIC) if not i % 3]
 """The user's sample (100 prompts) and more traffic of the same kind (50)."""
+CHECKS = ["--domain-check", "1", "--harm-check", "1"]
+"""The checks of the first test: a row of each domain and source (the harm rows hold jailbreaks of thousands of
+characters, which the tiny model's tokenizer reads a token each)."""
 POOLS = ["harmful", "toxic_text", "questions", "statements"]
 ROWS_PER_POOL = 12
 """Bundled pools of short prompts and fit rows per pool in these tests (the release fits on every row of 13 pools)."""
@@ -80,16 +86,17 @@ def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir
     assert flag_rate(before, HELD_OUT) == 1.0  # the traffic the heads never saw: all of it flagged
 
     flags = ["--benign", str(sample), "--fit-fraction", "0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
-    entry(
-        ["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, "--harm-check", "1", "--out", str(out)]
-    )
+    entry(["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, *CHECKS, "--out", str(out)])
     printed = capsys.readouterr()
     assert "head 'harm' taught 50 prompts" in printed.out and "thresholds set on the other 50" in printed.out
-    # what teaching did to ordinary chat (--chat-check, 500 rows by default) and to the bundled harm (--harm-check),
-    # beside the guard it was taught from
+    # what teaching did to ordinary chat (--chat-check, 500 rows by default), to the other benign domains
+    # (--domain-check) and to the bundled harm (--harm-check), beside the guard it was taught from
     assert "bundled validation chat (500 rows): the new guard flags " in printed.out
+    assert (
+        "bundled validation benign domains (at most 1 rows of each): the new guard flags task prompts " in printed.out
+    )
     assert "bundled validation harm (at most 1 rows of each of 7 sources): the new guard catches " in printed.out
-    assert printed.out.count(", the guard it came from ") == 2
+    assert printed.out.count(", the guard it came from ") == 2 and printed.out.count("the guard it came from") == 3
     # 100 prompts: told once, before the model loads, that the guard will move with the sample
     assert printed.err.count("bring about 1,000") == 1
     assert "warning: 100 prompts: the thresholds are set on the 50 held back" in printed.err
@@ -242,6 +249,64 @@ def test_a_guard_that_lets_through_far_more_of_a_source_is_warned_of(before, aft
     assert bool(warning) is bool(fallen)
     if fallen:
         assert f"lets through more of the bundled harm it was taught ({', '.join(fallen)})" in warning
+
+
+def test_bundled_domain_flag_rates_reads_each_benign_domains_validation_rows_once_for_every_guard(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    strict, loose = two_headed_guard(target_fpr=0.1), two_headed_guard(target_fpr=0.1)
+    drawn = {pool: _sample(release_rows(pool, "validation"), 3, seed=7) for pool in CHECK_DOMAINS}  # the check's draw
+    texts = [p.text for rows in drawn.values() for p in rows]
+    features, _ = collect_prompt_features(model, tokenizer, texts, strict.reads, batch_size=1, progress=False)
+    loose.fit_budget(features, target_fpr=0.5, shares=[0.5, 0.5], rows="these rows")  # thresholds that pass some
+    expected = []
+    for guard in (strict, loose):
+        flags = guard(features).flagged.view(len(CHECK_DOMAINS), 3).double().mean(dim=1)  # [domains]: 3 rows each
+        expected.append(dict(zip(CHECK_DOMAINS, flags.tolist())))
+    assert expected[0] != expected[1]  # the two guards differ on these rows, so which rate is whose is tested
+    cache = tmp_path / "cache"
+    kwargs = dict(rows_per_domain=3, seed=7, cache_dir=cache, progress=False)
+    rates = bundled_domain_flag_rates(model, tokenizer, [strict, loose], **kwargs)
+    assert [list(r) for r in rates] == [list(CHECK_DOMAINS)] * 2  # every domain beside chat, in the pools' order
+    for got, want in zip(rates, expected):  # batched otherwise: a row at a threshold may flip, one at most
+        assert sum(abs(got[pool] - want[pool]) for pool in CHECK_DOMAINS) <= 1 / 3 + 1e-9
+    folder = cache / DOMAIN_CACHE / "3-per-domain-seed-7"  # a folder per draw
+    assert sorted(p.name for p in folder.iterdir()) == sorted(read_folder(r) for r in strict.reads)
+    # read back from the cache, not the model: activations changed there change the rates
+    for store_folder in folder.iterdir():
+        store = load_activations(store_folder)
+        save_activations(store_folder, store.activations * 0.0, store.records, store.hook, inputs=store.inputs)
+    assert bundled_domain_flag_rates(model, tokenizer, [strict, loose], **kwargs) != rates
+    # the CLI checks the draw's system turn before it loads a model, as it checks the fit rows'
+    check_cache_turn(cache, None)
+    with pytest.raises(ValueError, match="under the system turn the chat template's default, not"):
+        check_cache_turn(cache, TURN)
+    with pytest.raises(ValueError, match="rows_per_domain must be a positive number of rows or None, got 0"):
+        bundled_domain_flag_rates(model, tokenizer, [strict], rows_per_domain=0, progress=False)
+    with pytest.raises(ValueError, match="reads the response"):
+        bundled_domain_flag_rates(model, tokenizer, [fresh_guard("response_last")], rows_per_domain=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "target", "risen"),
+    [
+        # a security team's questions taught (hf-lsad teach; every validation row of each domain)
+        (
+            {"safe": 0.019, "benign_ood": 0.007, "lookalike": 0.218, "statements": 0.025},
+            {"safe": 0.084, "benign_ood": 0.052, "lookalike": 0.414, "statements": 0.333},
+            0.05,
+            ["task prompts 2% to 8%", "benign look-alikes 22% to 41%", "plain statements 2% to 33%"],
+        ),
+        ({"safe": 0.0}, {"safe": 0.075}, 0.05, []),  # at 1.5 times the target: not above it
+        ({"lookalike": 0.3}, {"lookalike": 0.44}, 0.05, []),  # judged against what it flagged before
+        ({"lookalike": 0.3}, {"lookalike": 0.46}, 0.05, ["benign look-alikes 30% to 46%"]),
+        ({"safe": 0.02, "questions": 0.1}, {"safe": 0.0, "questions": 0.0}, 0.05, []),  # flags less: nothing to say
+    ],
+)
+def test_a_guard_that_flags_far_more_of_another_benign_domain_is_warned_of(before, after, target, risen):
+    warning = domain_shift_warning(before, after, target)
+    assert bool(warning) is bool(risen)
+    if risen:
+        assert f"flags far more of other kinds of benign traffic ({', '.join(risen)})" in warning
 
 
 def same_guard(a: SafetyGuard, b: SafetyGuard) -> bool:
@@ -513,10 +578,10 @@ def test_teach_under_a_system_turn_fits_and_sets_thresholds_under_it(model_dir, 
     sample.write_text("".join(t + "\n" for t in SAMPLE))
     argv = ["teach", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), "--fit-fraction"]
     argv += ["0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL), "--chat-check", "0"]
-    argv += ["--harm-check", "0"]
+    argv += ["--domain-check", "0", "--harm-check", "0"]
     entry([*argv, "--system", TURN])
     entry([*argv, "--out", str(out)])
-    assert "bundled validation" not in capsys.readouterr().out  # --chat-check 0 and --harm-check 0 skip the checks
+    assert "bundled validation" not in capsys.readouterr().out  # each check is skipped with 0 rows
     assert SafetyGuard.from_pretrained(guard_dir).inputs.system == TURN  # taught under the turn, in place
     assert repr(TURN) in (guard_dir / "README.md").read_text()
     assert SafetyGuard.from_pretrained(out).inputs.system is None  # taught again under the template's own turn
@@ -559,6 +624,7 @@ def test_a_cache_of_the_bundled_rows_holds_one_system_turn(model_dir, guard_dir,
             str(benign),
         ],
         ["add-head", *tiny, "--benign-per-pool", rows, "--name", "mine", "--unsafe", str(benign)],
+        ["set-budget", *tiny, "--benign", str(benign)],  # its cache keeps the checks' draws
     ]
     for command in commands:
         for cache, system, stored in (

@@ -41,7 +41,7 @@ from ...core.hook_point import HookPoint
 from ...core.prompt_inputs import InputProfile, check_system_turn, turn_label
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_reserved, is_unsafe_pool, load_pool
-from ...data.pools import CHAT_CHECK_ROWS, EVAL_SOURCES, HARM_CHECK_ROWS
+from ...data.pools import CHAT_CHECK_ROWS, CHECK_DOMAINS, DOMAIN_CHECK_ROWS, EVAL_SOURCES, HARM_CHECK_ROWS
 from ...data.store import INDEX, ActivationSet, ActivationStore, load_activations, save_activations
 from ...errors import SmallSampleWarning, warn
 from ..fingerprint import record_fingerprint
@@ -574,6 +574,9 @@ stores sit at the cache's top)."""
 HARM_CACHE = "validation-harm"
 """The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_harm_catch_rates` reads, a
 folder per draw (``<rows>-per-source-seed-<seed>``)."""
+DOMAIN_CACHE = "validation-domains"
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_domain_flag_rates` reads, a
+folder per draw (``<rows>-per-domain-seed-<seed>``)."""
 
 
 def bundled_chat_flag_rates(
@@ -615,8 +618,8 @@ def bundled_chat_flag_rates(
         guards,
         prompts,
         folder,
-        batch_size,
-        max_batch_tokens,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
         progress=progress,
         system=system,
         desc="chat check",
@@ -663,34 +666,82 @@ def bundled_harm_catch_rates(
     by_source = {
         source: _sample([p for p in unsafe if p.source == source], rows_per_source, seed) for source in EVAL_SOURCES
     }
-    prompts = [p for rows in by_source.values() for p in rows]
     draw = "all" if rows_per_source is None else str(rows_per_source)
     folder = None if cache_dir is None else Path(cache_dir) / HARM_CACHE / f"{draw}-per-source-seed-{seed}"
-    flagged = _bundled_flags(
-        model,
-        tokenizer,
-        guards,
-        prompts,
-        folder,
-        batch_size,
-        max_batch_tokens,
-        progress=progress,
-        system=system,
-        desc="harm check",
-    )
-    rates = []
-    for flags in flagged:
-        caught, start = {}, 0
-        for source, rows in by_source.items():
-            caught[source] = float(flags[start : start + len(rows)].double().mean())
-            start += len(rows)
-        rates.append(caught)
-    return rates
+    reading = {"batch_size": batch_size, "max_batch_tokens": max_batch_tokens, "progress": progress, "system": system}
+    return _group_flag_rates(model, tokenizer, guards, by_source, folder, desc="harm check", **reading)
+
+
+def bundled_domain_flag_rates(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    guards: Sequence[Any],
+    *,
+    rows_per_domain: int | None = DOMAIN_CHECK_ROWS,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    batch_size: int = 16,
+    max_batch_tokens: int | None = BATCH_TOKENS,
+    progress: bool = True,
+    system: str | None = None,
+) -> list[dict[str, float]]:
+    """The share of each bundled benign domain beside chat (:data:`~hf_lsad.data.pools.CHECK_DOMAINS`: task prompts,
+    benign out-of-domain text, benign look-alikes, everyday questions, plain statements) that each of ``guards`` flags
+    on its validation rows, the rows read once through ``model``.
+
+    No head of a bundled guard was fitted on those rows. A guard taught one kind of traffic, or whose thresholds were
+    set on it, holds its budget on that traffic alone, and :func:`bundled_chat_flag_rates` says what that does to
+    chat only: a security team's questions taught (``hf-lsad teach``) left chat at 11.6% of its validation rows
+    (4.1% as released) and plain statements at 33.3% (2.5%), task prompts at 8.4% (1.9%), the look-alikes at 41.4%
+    (21.8%). This says it of every other kind of benign traffic the pools hold, beside the guard it came from.
+
+    Args:
+        model, tokenizer: The guards' base model and its tokenizer.
+        guards: Guards whose heads all read the prompt; every read of any of them is collected once.
+        rows_per_domain: A seeded draw of this many validation rows of each domain (``None``: all 2,850).
+        seed: The seed of the draws.
+        cache_dir: A :func:`bundled_features` cache: these rows are kept in its :data:`DOMAIN_CACHE` sub-folder, a
+            folder per draw.
+        batch_size, max_batch_tokens, progress, system: As :func:`bundled_features`.
+
+    Returns:
+        Per guard, ``{pool: share flagged}`` in the order of ``CHECK_DOMAINS``.
+    """
+    _check_rows(rows_per_domain, "rows_per_domain")
+    by_pool = {pool: _sample(release_rows(pool, "validation"), rows_per_domain, seed) for pool in CHECK_DOMAINS}
+    draw = "all" if rows_per_domain is None else str(rows_per_domain)
+    folder = None if cache_dir is None else Path(cache_dir) / DOMAIN_CACHE / f"{draw}-per-domain-seed-{seed}"
+    reading = {"batch_size": batch_size, "max_batch_tokens": max_batch_tokens, "progress": progress, "system": system}
+    return _group_flag_rates(model, tokenizer, guards, by_pool, folder, desc="domain check", **reading)
 
 
 def _check_rows(rows: int | None, name: str) -> None:
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise ValueError(f"{name} must be a positive number of rows or None, got {rows!r}")
+
+
+def _group_flag_rates(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    guards: Sequence[Any],
+    groups: dict[str, list[Prompt]],
+    cache: Path | None,
+    *,
+    desc: str,
+    **reading: Any,
+) -> list[dict[str, float]]:
+    """Per guard, the share of each group of bundled prompts it flags, ``{group: share}`` in the order of
+    ``groups``; every group read in one collection (into ``cache``)."""
+    prompts = [p for rows in groups.values() for p in rows]
+    flagged = _bundled_flags(model, tokenizer, guards, prompts, cache, desc=desc, **reading)
+    rates = []
+    for flags in flagged:  # [rows], the groups one after the other
+        shares, start = {}, 0
+        for group, rows in groups.items():
+            shares[group] = float(flags[start : start + len(rows)].double().mean())
+            start += len(rows)
+        rates.append(shares)
+    return rates
 
 
 def _bundled_flags(
@@ -699,9 +750,9 @@ def _bundled_flags(
     guards: Sequence[Any],
     prompts: list[Prompt],
     cache: Path | None,
+    *,
     batch_size: int,
     max_batch_tokens: int | None,
-    *,
     progress: bool,
     system: str | None,
     desc: str,
@@ -727,24 +778,37 @@ def _bundled_flags(
         return [guard({read: features[read] for read in guard.reads}).flagged for guard in guards]
 
 
-CHAT_SHIFT = 1.5
-"""How many times both the chat share of the guard a guard came from and the budget's target the changed guard must
-flag for :func:`chat_shift_warning` to speak. A security team's questions taught alone moved a 500-row draw of the
-bundled validation chat from 4.6% to 9.4% (``hf-lsad teach --seed 1`` on ``heads/security_traffic``'s sample; 14.9%
-of the test chat): twice would have said nothing. At 5% a 500-row draw flags 7.5% or more about once in a hundred."""
+BENIGN_SHIFT = 1.5
+"""How many times both the share of a kind of benign traffic the guard it came from flags and the budget's target a
+changed guard must flag for :func:`chat_shift_warning` and :func:`domain_shift_warning` to speak. A security team's
+questions taught alone moved a 500-row draw of the bundled validation chat from 4.6% to 9.4% (``hf-lsad teach --seed 1``
+on ``heads/security_traffic``'s sample; 14.9% of the test chat): twice would have said nothing. At 5% a 500-row draw
+flags 7.5% or more about once in a hundred; both guards are read on the same rows, so a guard that did not move is not
+warned of on any draw."""
 
 
 def chat_shift_warning(before: float, after: float, target: float) -> str:
     """What to tell a user whose changed guard (taught, or thresholds set on their traffic) flags ``after`` of the
     bundled chat where the guard it came from flagged ``before``, for a budget of ``target`` (``""`` unless ``after``
-    is above :data:`CHAT_SHIFT` times both)."""
-    if after <= CHAT_SHIFT * max(before, target):
+    is above :data:`BENIGN_SHIFT` times both)."""
+    if after <= BENIGN_SHIFT * max(before, target):
         return ""
     return (
         f"the new guard flags {after:.1%} of the bundled validation chat ({before:.1%} before): its thresholds are "
         "set for the traffic you brought; if the deployment also serves ordinary chat, bring a sample that holds both "
         "(docs/heads.md, 'Your own traffic')"
     )
+
+
+def domain_shift_warning(before: dict[str, float], after: dict[str, float], target: float) -> str:
+    """What to tell a user whose changed guard flags ``after`` of each bundled benign domain beside chat where the
+    guard it came from flagged ``before`` (:func:`bundled_domain_flag_rates`), for a budget of ``target`` (``""``
+    unless a domain is above :data:`BENIGN_SHIFT` times both its share before and the target)."""
+    risen = [pool for pool in after if after[pool] > BENIGN_SHIFT * max(before[pool], target)]
+    if not risen:
+        return ""
+    listed = ", ".join(f"{CHECK_DOMAINS.get(pool, pool)} {before[pool]:.0%} to {after[pool]:.0%}" for pool in risen)
+    return f"the new guard flags far more of other kinds of benign traffic ({listed})"
 
 
 HARM_DROP = 0.2
@@ -763,6 +827,9 @@ def harm_drop_warning(before: dict[str, float], after: dict[str, float]) -> str:
     listed = ", ".join(f"{source} {before[source]:.0%} to {after[source]:.0%}" for source in fallen)
     return f"the new guard lets through more of the bundled harm it was taught ({listed})"
 
+
+CHECK_CACHES = (CHAT_CACHE, DOMAIN_CACHE, HARM_CACHE)
+"""The sub-folders of a :func:`bundled_features` cache that keep the checks' draws."""
 
 PARTIAL = ".partial"
 """The folder of a cache holding an interrupted collection's parts (:func:`bundled_features`)."""
@@ -1041,7 +1108,7 @@ def check_cache_turn(cache_dir: str | os.PathLike, system: str | None) -> None:
     checks a ``--cache`` so before it loads a model. The stores are checked in full as they are read."""
     cache = Path(cache_dir)
     # the fit rows' stores at the top, each check's draw in a folder of its own; each with an interrupted part
-    folders = [cache, *sorted(cache.glob(f"{CHAT_CACHE}/*")), *sorted(cache.glob(f"{HARM_CACHE}/*"))]
+    folders = [cache, *(folder for check in CHECK_CACHES for folder in sorted(cache.glob(f"{check}/*")))]
     indexes = [
         index
         for folder in folders
