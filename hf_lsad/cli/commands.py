@@ -742,6 +742,40 @@ def run_screen(args: argparse.Namespace) -> None:
         progress=True,
     )
     print(summary.describe())
+    advice = _flagged_often_advice(args, guarded.guard, summary)
+    if advice:
+        print(f"note: {advice}", file=sys.stderr)
+
+
+def _flagged_often_advice(args: argparse.Namespace, guard: Any, summary: Any) -> str:
+    """What to do about a table the guard flags often (:meth:`~hf_lsad.generation.bulk.ScreenSummary.flagged_often`):
+    teach the guard a sample of it, if it is benign traffic the deployment serves, with the ``hf-lsad teach`` command
+    that reads it as this screen did. ``""`` for a table flagged less, one read whole (``--conversation``) or without
+    the chat template (``--raw``), which ``teach`` does not read so, or a guard without a budget or supervised head."""
+    from ..generation.bulk import FLAGGED_OFTEN
+    from ..guard.heads.probe import SupervisedHead
+
+    budget = guard.budget
+    supervised = [name for name, head in guard.heads.items() if isinstance(head, SupervisedHead)]
+    if budget is None or not supervised or args.conversation or args.raw:
+        return ""
+    if not summary.flagged_often(budget.target_fpr):
+        return ""
+    sample = args.input if Path(args.input).is_file() else "YOUR_SAMPLE"
+    command = ["hf-lsad", "teach", "--guard", args.guard, "--benign", sample]
+    command += [] if args.column == DEFAULT_COLUMN else ["--column", args.column]
+    command += [] if supervised[0] == "harm" else ["--head", supervised[0]]
+    command += [] if args.model == "default" else ["--model", args.model]
+    command += [] if args.system is None else ["--system", args.system]
+    command += ["--rows-per-pool", "1000", "--out", "my-guard"]
+    scored = summary.written - summary.errors - summary.failed_closed
+    share = (summary.flagged - summary.failed_closed) / scored
+    return (
+        f"{share:.0%} of the rows scored were flagged, more than {FLAGGED_OFTEN:g} times the {budget.target_fpr:.0%} "
+        "of benign traffic the guard's thresholds allow (beyond chance, 95% confidence). If they are benign traffic "
+        "your deployment serves, the guard does not know their kind: teach it about a thousand of them "
+        f"({shlex.join(command)}; docs/heads.md, 'Your own traffic'). If they hold harm, it is doing its work."
+    )
 
 
 def run_serve(args: argparse.Namespace) -> None:

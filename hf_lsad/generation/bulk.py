@@ -32,6 +32,13 @@ from ..core.prompt_tokens import check_explain_count
 from ..data.tables import PromptRow
 from .model import GuardedModelForCausalLM
 
+FLAGGED_OFTEN = 2.0
+"""How many times the guard's target a table's flagged share must exceed for :meth:`ScreenSummary.flagged_often`:
+benign traffic of a kind the guard does not know, or a table that holds much harm. Twice the 5% budget of chat sits
+above every benign domain the guard was fitted on (chat 7.0% of test rows, the others 0.5-4.0%) and below the kinds
+of traffic teaching was measured to help (bug-report titles 47%, security questions 57%); agent tasks (8-9%) are not
+told."""
+
 
 @dataclass
 class ScreenSummary:
@@ -66,6 +73,19 @@ class ScreenSummary:
             f"failed closed {self.failed_closed}; errors {self.errors}; "
             f"{self.rows_per_second:.1f} rows/s over {self.seconds:.1f} s"
         )
+
+    def flagged_often(self, target_fpr: float, confidence: float = 0.95) -> bool:
+        """Whether the rows scored (not an error, not failed closed) are flagged more often than :data:`FLAGGED_OFTEN`
+        times ``target_fpr``, the share of benign traffic the guard's thresholds allow, with ``confidence``: traffic
+        flagged at that rate would give this many flags or more with probability below ``1 - confidence``, so that a
+        small table's chance share does not count (7 of 60 web-agent tasks, a kind flagged at 8%)."""
+        from scipy.stats import binom  # over a second to import: read once, at the end of a run
+
+        scored = self.written - self.errors - self.failed_closed
+        if scored <= 0:
+            return False
+        flagged = self.flagged - self.failed_closed
+        return float(binom.sf(flagged - 1, scored, FLAGGED_OFTEN * target_fpr)) < 1.0 - confidence
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -6,10 +6,11 @@ import contextlib
 import copy
 import dataclasses
 import json
+import shlex
 
 import pytest
 import torch
-from tiny import fresh_guard, tiny_guard, two_headed_guard
+from tiny import PROMPTS, fresh_guard, tiny_guard, two_headed_guard
 
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.main import entry, parse
@@ -115,6 +116,34 @@ def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir
     assert flag_rate(guard, HELD_OUT) <= 0.2
     assert SafetyGuard.from_pretrained(guard_dir).budget == before.budget  # --out: the source folder is kept
     assert "hf-lsad teach" in (out / "README.md").read_text()
+
+
+def test_screen_advises_teaching_a_table_flagged_far_more_often_than_the_budget(model_dir, guard_dir, tmp_path, capsys):
+    table = tmp_path / "traffic.jsonl"
+    table.write_text("".join(json.dumps({"text": t}) + "\n" for t in SAMPLE))  # flagged all of it by the tiny guard
+    turn = "You are a support bot."
+    common = ["screen", str(table), "--model", str(model_dir), "--guard", str(guard_dir), "--column", "text"]
+    entry([*common, "--out", str(tmp_path / "v.jsonl"), "--system", turn])
+    err = capsys.readouterr().err
+    assert "note: 100% of the rows scored were flagged, more than 2 times the 10% of benign traffic" in err
+    # the teach command that reads the table as this screen did, ready to run
+    advised = shlex.split(err.split("teach it about a thousand of them (")[1].split("; docs/heads.md")[0])
+    assert advised[:2] == ["hf-lsad", "teach"]
+    _, args = parse(advised[1:])
+    assert (args.guard, args.benign, args.column, args.system) == (str(guard_dir), str(table), "text", turn)
+    assert (args.model, args.rows_per_pool, args.head) == (str(model_dir), 1000, "harm")
+    # no note for a table flagged at most twice the budget, read without the template, or a guard it cannot teach
+    plain = tmp_path / "plain.txt"
+    plain.write_text("".join(t + "\n" for t in PROMPTS[:30]))
+    entry(["screen", str(plain), "--model", str(model_dir), "--guard", str(guard_dir), "--out", str(tmp_path / "p")])
+    printed = capsys.readouterr()
+    assert "rows have a verdict" in printed.out and "note:" not in printed.err
+    entry([*common, "--out", str(tmp_path / "raw.jsonl"), "--raw"])
+    assert "note:" not in capsys.readouterr().err
+    anomaly_only = tmp_path / "anomaly-only"
+    fresh_guard("prompt_last").save_pretrained(anomaly_only)
+    entry([*common[:4], "--guard", str(anomaly_only), "--column", "text", "--out", str(tmp_path / "a.jsonl")])
+    assert "note:" not in capsys.readouterr().err
 
 
 def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():

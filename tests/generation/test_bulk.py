@@ -15,7 +15,7 @@ import torch
 from tiny import PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
 
 from hf_lsad.data.tables import PromptRow, read_prompt_table
-from hf_lsad.generation.bulk import plan_batches, screen_to_jsonl
+from hf_lsad.generation.bulk import ScreenSummary, plan_batches, screen_to_jsonl
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 
@@ -309,3 +309,24 @@ def test_killed_mid_run_and_started_again_nothing_lost_nothing_twice(model_dir, 
     fresh = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(guard_dir), tokenizer=tokenizer)
     screen_to_jsonl(fresh, read_prompt_table(table), tmp_path / "fresh.jsonl", batch_size=1, progress=False)
     assert_same_verdicts(by_id(out), by_id(tmp_path / "fresh.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("written", "flagged", "failed_closed", "errors", "often"),
+    [
+        (100, 72, 0, 0, True),  # security questions against a 5% target
+        (1000, 130, 0, 0, True),
+        (1000, 110, 0, 0, False),  # above twice the target, within chance of it
+        (60, 7, 0, 0, False),  # a small table's chance share: web-agent tasks, a kind flagged at 8%
+        (1000, 130, 40, 0, False),  # rows that failed closed are flagged, not scored: 90 of 960
+        (1000, 110, 0, 300, True),  # rows not screened are left out: 110 of 700
+        (100, 0, 0, 100, False),  # nothing scored
+    ],
+)
+def test_a_table_is_flagged_often_when_its_share_is_surely_above_twice_the_target(
+    written, flagged, failed_closed, errors, often
+):
+    summary = ScreenSummary(
+        rows=written, written=written, resumed=0, flagged=flagged, failed_closed=failed_closed, errors=errors
+    )
+    assert summary.flagged_often(0.05) is often
