@@ -269,15 +269,34 @@ def _evaluate_prompts(args: argparse.Namespace) -> None:
             sources[name] = (_prompt_table(source, column=args.column, limit=args.limit), unsafe)
     guarded = _guarded_model(args)
     evaluation = evaluate_prompt_sources(guarded, sources, batch_size=args.batch_size, system=args.system)
-    metrics = {"thresholds": evaluation.thresholds, "system": evaluation.system, "sources": evaluation.metrics()}
+    summary = evaluation.summary()
+    metrics = {
+        "thresholds": evaluation.thresholds,
+        "system": evaluation.system,
+        "sources": evaluation.metrics(),
+        "summary": summary,
+    }
     report = json.dumps(metrics, indent=2)
     print(report)
+    print(f"unsafe sources caught, {_spread_line(summary)}", file=sys.stderr)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(report)
         written = write_report(evaluation, out, title=args.title)
         print(f"wrote {out / 'metrics.json'}, {', '.join(written)} in {out}", file=sys.stderr)
+
+
+def _spread_line(summary: dict[str, Any]) -> str:
+    """:meth:`~hf_lsad.evaluation.prompts.PromptEvaluation.summary` in one line."""
+    parts = []
+    for key, spread in summary.items():
+        if key.startswith("at_"):
+            where = "at the guard's thresholds" if key == "at_guard_thresholds" else f"at {float(key[7:]):.0%}"
+            worst = spread["worst"]
+            parts.append(f"{where} {spread['median']:.0%} / {worst['source']} {worst['rate']:.0%}")
+    rows = summary["benign_rows"]
+    return f"median / worst source, {'; '.join(parts)} (the fixed rates of the {rows} benign rows together)"
 
 
 def _prompt_table(source: str, **kwargs: Any) -> list[Any]:

@@ -11,12 +11,13 @@ import base64
 import html
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sklearn.metrics import roc_curve
 
 from ..core.metrics import flag_rate
-from .prompts import PromptEvaluation
+from .prompts import FIXED_FPRS, PromptEvaluation
 
 PLOTS_EXTRA = "pip install 'hf-lsad[plots]'"
 
@@ -84,15 +85,21 @@ def _draw(evaluation: PromptEvaluation, path: Path) -> list[str]:
 
 
 def _html(evaluation: PromptEvaluation, path: Path, pictures: list[str], title: str, note: str) -> str:
-    metrics = evaluation.metrics()
+    metrics, summary = evaluation.metrics(), evaluation.summary()
     heads = list(evaluation.thresholds)
     header = ["source", "kind", "rows", "flagged", *[f"by {h}" for h in heads], *[f"AUROC {h}" for h in heads]]
+    header += [f"at {fpr:.0%} FPR" for fpr in FIXED_FPRS]
     lines = []
     for name, row in metrics.items():
         cells = [name, "unsafe" if row["unsafe"] else "benign", str(row["rows"]), _percent(row["flagged"])]
         cells += [_percent(row.get(f"flagged_by_{h}")) for h in heads]
         cells += [_number(row.get(f"auroc_{h}")) for h in heads]
+        cells += [_percent(row.get(f"flagged_at_fpr_{fpr:g}")) for fpr in FIXED_FPRS]
         lines.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    spread = [summary["at_guard_thresholds"], *(summary[f"at_fpr_{fpr:g}"] for fpr in FIXED_FPRS)]
+    cells = ["median / worst unsafe source", "", "", *[_spread_cell(x) for x in spread[:1]]]
+    cells += [""] * (2 * len(heads)) + [_spread_cell(x) for x in spread[1:]]
+    lines.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     thresholds = ", ".join(f"{html.escape(h)} {t:.4g}" for h, t in evaluation.thresholds.items())
     turn = (
         ""
@@ -108,7 +115,9 @@ figure{{display:inline-block;margin:1em}}img{{max-width:100%}}</style></head>
 <body><h1>{html.escape(title)}</h1>
 <p>Thresholds: {thresholds}. <em>flagged</em> is a benign source's false-positive rate and an unsafe source's
 true-positive rate at those thresholds; <em>by</em> a head, the share above that head's own threshold (a row above
-several counts for each); AUROC is each head's score on the source against every benign row.{turn}</p>
+several counts for each); AUROC is each head's score on the source against every benign row; <em>at 5% FPR</em> an
+unsafe source's true-positive rate at thresholds set again to flag that share of every benign row
+({summary["benign_rows"]}), each head keeping its share of the budget.{turn}</p>
 <table><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in header)}</tr>{"".join(lines)}</table>
 {note}{images}
 </body></html>
@@ -121,6 +130,11 @@ def _figure(name: str, png: bytes) -> str:
     return (
         f'<figure><img alt="{html.escape(name)}" src="{source}"><figcaption>{html.escape(name)}</figcaption></figure>'
     )
+
+
+def _spread_cell(spread: dict[str, Any]) -> str:
+    worst = spread["worst"]
+    return f"{spread['median']:.1%} / {worst['rate']:.1%} ({worst['source']})"
 
 
 def _percent(value: float | None) -> str:

@@ -5,16 +5,21 @@ runs. Each source's prompts are screened as ``generate`` would screen them, unde
 given (:mod:`hf_lsad.generation.bulk`, so any guard that reads the prompt works, two-headed guards included, with no
 activation store), then each benign source gives its flag rate and each unsafe source its flag rate (the TPR at the
 guard's thresholds), the share each head flagged on its own (which head catches a category, which flags a benign
-source) and, per head, the AUROC of its score against every benign row pooled.
+source) and, per head, the AUROC of its score against every benign row pooled. Each unsafe source's TPR is also read
+at thresholds set again to flag 5% and 1% of every benign row pooled (:data:`FIXED_FPRS`, the heads keeping their
+shares of the guard's budget), which judges the ranking apart from where the thresholds sit; the summary gives the
+median and the worst source of each, as the project judges its own guards.
 :mod:`hf_lsad.evaluation.plots` draws the same numbers.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from ..core.metrics import auroc
@@ -22,7 +27,12 @@ from ..core.prompt_inputs import check_system_turn
 from ..data.tables import PromptRow
 from ..generation.bulk import plan_batches
 from ..generation.model import GuardedModelForCausalLM
+from ..guard.threshold import budget_thresholds
 from ..guard.types import SafetyReport
+
+FIXED_FPRS: tuple[float, ...] = (0.05, 0.01)
+"""The shares of the benign rows (pooled) at which each unsafe source's TPR is read, besides the guard's own
+thresholds: the operating points the project reports its guards at."""
 
 
 @dataclass
@@ -51,12 +61,17 @@ class PromptEvaluation:
     """Each head's threshold, the anomaly head first."""
     system: str | None = None
     """The system turn every prompt was screened under (``None``: the chat template's default)."""
+    shares: dict[str, float] | None = None
+    """Each head's share of the guard's false-positive budget (``None``: a guard without one, whose heads count
+    alike), which the thresholds at :data:`FIXED_FPRS` keep."""
 
     def metrics(self) -> dict[str, dict[str, Any]]:
         """Per source: ``rows``, ``flagged`` (the FPR of a benign source, the TPR of an unsafe one),
         ``flagged_by_<head>`` (the share above that head's threshold; rows above several count for each) and, for an
-        unsafe source, ``auroc_<head>`` against every benign row pooled; ``errors`` when rows were not screened."""
+        unsafe source, ``auroc_<head>`` against every benign row pooled and ``flagged_at_fpr_<rate>`` at each of
+        :data:`FIXED_FPRS`; ``errors`` when rows were not screened."""
         benign = [s for s in self.sources if not s.unsafe]
+        fixed = self.fixed_fpr_thresholds()
         rows: dict[str, dict[str, Any]] = {}
         for source in self.sources:
             entry: dict[str, Any] = {"unsafe": source.unsafe, "rows": len(source.flagged)}
@@ -67,10 +82,50 @@ class PromptEvaluation:
                 for head in self.thresholds:
                     negatives = np.concatenate([s.head_scores[head] for s in benign])
                     entry[f"auroc_{head}"] = _auroc(negatives, source.head_scores[head])
+                for fpr, thresholds in fixed.items():
+                    entry[f"flagged_at_fpr_{fpr:g}"] = self._caught(source, thresholds)
             if source.errors:
                 entry["errors"] = len(source.errors)
             rows[source.name] = entry
         return rows
+
+    def fixed_fpr_thresholds(self) -> dict[float, dict[str, float]]:
+        """Per rate of :data:`FIXED_FPRS`, each head's threshold such that the heads together flag that share of every
+        benign row pooled, each keeping its share of the budget (:func:`~hf_lsad.guard.threshold.budget_thresholds`,
+        the plain quantile); a row that failed closed counts as above every threshold."""
+        benign = [s for s in self.sources if not s.unsafe]
+        reference = torch.from_numpy(np.concatenate([self._score_matrix(s) for s in benign]))  # [benign rows, heads]
+        shares = [1.0] * len(self.thresholds) if self.shares is None else [self.shares[h] for h in self.thresholds]
+        return {fpr: dict(zip(self.thresholds, budget_thresholds(reference, fpr, shares))) for fpr in FIXED_FPRS}
+
+    def summary(self) -> dict[str, Any]:
+        """The unsafe sources together: the median and the worst source's TPR at the guard's thresholds
+        (``at_guard_thresholds``) and at each of :data:`FIXED_FPRS` of the benign rows (``at_fpr_<rate>``, with the
+        thresholds), the figures the project judges its guards by."""
+        unsafe = [s for s in self.sources if s.unsafe]
+        summary: dict[str, Any] = {"at_guard_thresholds": _spread({s.name: float(s.flagged.mean()) for s in unsafe})}
+        for fpr, thresholds in self.fixed_fpr_thresholds().items():
+            caught = {s.name: self._caught(s, thresholds) for s in unsafe}
+            summary[f"at_fpr_{fpr:g}"] = {"thresholds": thresholds, **_spread(caught)}
+        summary["benign_rows"] = sum(len(s.flagged) for s in self.sources if not s.unsafe)
+        return summary
+
+    def _score_matrix(self, source: SourceScores) -> np.ndarray:
+        """``[rows, heads]``: each head's deciding score, a row that failed closed (NaN) above every threshold."""
+        return np.stack([np.nan_to_num(source.head_scores[h], nan=np.inf) for h in self.thresholds], axis=1)
+
+    def _caught(self, source: SourceScores, thresholds: dict[str, float]) -> float:
+        above = self._score_matrix(source) > np.array([thresholds[h] for h in self.thresholds])
+        return float(above.any(axis=1).mean())
+
+
+def _spread(rates: dict[str, float]) -> dict[str, Any]:
+    worst = min(rates, key=rates.__getitem__)
+    return {
+        "median": statistics.median(rates.values()),
+        "worst": {"source": worst, "rate": rates[worst]},
+        "sources": rates,
+    }
 
 
 def evaluate_prompt_sources(
@@ -104,7 +159,9 @@ def evaluate_prompt_sources(
         head_flags = {head: np.array([v[i].flagged for v in verdicts], dtype=bool) for i, head in enumerate(thresholds)}
         flagged = np.array([r.flagged for r in reports], dtype=bool)
         results.append(SourceScores(name, unsafe, flagged, scores, head_flags, errors))
-    return PromptEvaluation(results, thresholds, system)
+    budget = guarded.guard.budget
+    shares = None if budget is None else dict(zip(budget.heads, budget.shares))
+    return PromptEvaluation(results, thresholds, system, shares)
 
 
 def _screen(

@@ -9,8 +9,9 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import roc_auc_score
-from tiny import PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
+from tiny import PROMPTS, UNSAFE_PROMPTS, fresh_guard, tiny_guard, two_headed_guard
 
 from hf_lsad.cli.main import entry
 from hf_lsad.data.tables import PromptRow
@@ -54,13 +55,53 @@ def test_metrics_are_what_screening_each_prompt_gives(tmp_path):
     assert metrics["stealing"]["auroc_harm"] == pytest.approx(want, abs=1e-6)
     assert list(evaluation.thresholds) == ["anomaly", "harm"]
 
+    # at thresholds set again on every benign row, each head keeping its share of the guard's budget
+    assert evaluation.shares == dict(zip(guarded.guard.budget.heads, guarded.guard.budget.shares))
+    scores = {t: [v.score for v in alone[t].head_verdicts()] for t in benign + unsafe}
+    summary = evaluation.summary()
+    for fpr, thresholds in evaluation.fixed_fpr_thresholds().items():
+        cut = torch.tensor([thresholds["anomaly"], thresholds["harm"]], dtype=torch.float64)
+        flagged = {t: bool((torch.tensor(scores[t], dtype=torch.float64) > cut).any()) for t in benign + unsafe}
+        assert np.mean([flagged[t] for t in benign]) <= fpr + 1e-9  # the heads together, on the benign rows
+        caught = np.mean([flagged[t] for t in unsafe])
+        assert metrics["stealing"][f"flagged_at_fpr_{fpr:g}"] == pytest.approx(caught, abs=1 / 20 + 1e-9)
+        spread = summary[f"at_fpr_{fpr:g}"]
+        assert spread["thresholds"] == thresholds
+        assert spread["sources"] == {"stealing": metrics["stealing"][f"flagged_at_fpr_{fpr:g}"]}
+        assert spread["median"] == spread["worst"]["rate"] == spread["sources"]["stealing"]  # one unsafe source
+    assert set(evaluation.fixed_fpr_thresholds()) == {0.05, 0.01} and summary["benign_rows"] == 30
+    guard_level = summary["at_guard_thresholds"]
+    assert guard_level["worst"] == {"source": "stealing", "rate": metrics["stealing"]["flagged"]}
+
     written = write_report(evaluation, tmp_path / "report")
     assert written == ["roc-anomaly.png", "scores-anomaly.png", "roc-harm.png", "scores-harm.png", "report.html"]
     for name in written[:-1]:
         assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and "<td>stealing</td>" in page and 'src="http' not in page
-    assert "<th>by harm</th>" in page
+    assert (
+        "<th>by harm</th>" in page and "<th>at 5% FPR</th>" in page and "<td>median / worst unsafe source</td>" in page
+    )
+
+
+def test_the_summary_gives_the_median_and_the_worst_unsafe_source_for_one_head_and_two():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    sources = {
+        "notes": (rows(PROMPTS[:40]), False),
+        "stealing": (rows(UNSAFE_PROMPTS[:10]), True),
+        "more stealing": (rows(UNSAFE_PROMPTS[10:20]), True),
+        "notes, as harm": (rows(PROMPTS[40:48]), True),  # a source the guard cannot catch: the worst
+    }
+    for guard in (fresh_guard("prompt_last"), two_headed_guard()):
+        evaluation = evaluate_prompt_sources(GuardedModelForCausalLM(model, guard, tokenizer=tokenizer), sources)
+        metrics, summary = evaluation.metrics(), evaluation.summary()
+        for key in ("at_guard_thresholds", "at_fpr_0.05", "at_fpr_0.01"):
+            column = "flagged" if key == "at_guard_thresholds" else f"flagged_at_fpr_{key[7:]}"
+            rates = {name: metrics[name][column] for name in ("stealing", "more stealing", "notes, as harm")}
+            assert summary[key]["sources"] == rates and summary[key]["median"] == float(np.median(list(rates.values())))
+            assert summary[key]["worst"] == {"source": min(rates, key=rates.__getitem__), "rate": min(rates.values())}
+        assert "flagged_at_fpr_0.05" not in metrics["notes"]  # a benign source has its own FPR, not a TPR
+        assert summary["benign_rows"] == 40
 
 
 def test_the_cli_writes_metrics_pictures_and_the_page(model_dir, tmp_path, capsys):
@@ -76,6 +117,10 @@ def test_the_cli_writes_metrics_pictures_and_the_page(model_dir, tmp_path, capsy
     assert printed == json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert "notes: 100%" in captured.err and "20/20" in captured.err and "12/12" in captured.err  # a bar per source
     assert printed["sources"]["stealing"]["rows"] == 12 and set(printed["thresholds"]) == {"anomaly", "harm"}
+    assert set(printed["summary"]) == {"at_guard_thresholds", "at_fpr_0.05", "at_fpr_0.01", "benign_rows"}
+    assert "unsafe sources caught, median / worst source, at the guard's thresholds " in captured.err
+    assert "; at 5% " in captured.err and " / stealing " in captured.err
+    assert "(the fixed rates of the 20 benign rows together)" in captured.err
     assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "roc-harm.png").is_file()
 
 
