@@ -26,7 +26,7 @@ from hf_lsad.capture.adapters import adapter_digest
 from hf_lsad.capture.pretrained import load_model, load_tokenizer
 from hf_lsad.cli.main import entry
 from hf_lsad.core.prompt_inputs import InputProfile
-from hf_lsad.guard.heads.training import bundled_features
+from hf_lsad.guard.heads.training import bundled_features, release_rows
 from hf_lsad.testing import tiny_model
 
 LORA_TARGETS = ["q_proj", "v_proj"]
@@ -135,10 +135,8 @@ def test_load_model_puts_an_adapter_on_its_base_with_the_base_tokenizer_unless_i
 
 
 def test_a_cache_of_the_bundled_rows_read_through_another_adapter_is_refused(tmp_path):
-    from tests.cli.test_teach import fit_prompts
-
     _, tokenizer = tiny_model("llama", seed=0)
-    prompts, reads = fit_prompts()[:8], sorted(two_headed_guard().heads["harm"].reads)
+    prompts, reads = release_rows("harmful", "fit")[:8], sorted(two_headed_guard().heads["harm"].reads)
     kwargs = dict(batch_size=4, progress=False, cache_dir=tmp_path / "cache")
     bundled_features(tiny_model("llama", seed=0)[0], tokenizer, prompts, reads, **kwargs)
     with pytest.raises(ValueError, match="read through no adapter, and the model runs the peft adapter sha256:"):
