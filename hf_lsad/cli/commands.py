@@ -289,12 +289,11 @@ def _evaluate_prompts(args: argparse.Namespace) -> None:
 
 def _spread_line(summary: dict[str, Any]) -> str:
     """:meth:`~hf_lsad.evaluation.prompts.PromptEvaluation.summary` in one line."""
-    parts = []
-    for key, spread in summary.items():
-        if key.startswith("at_"):
-            where = "at the guard's thresholds" if key == "at_guard_thresholds" else f"at {float(key[7:]):.0%}"
-            worst = spread["worst"]
-            parts.append(f"{where} {spread['median']:.0%} / {worst['source']} {worst['rate']:.0%}")
+    from ..evaluation.prompts import FIXED_FPRS
+
+    points = [("at the guard's thresholds", summary["at_guard_thresholds"])]
+    points += [(f"at {fpr:.0%}", summary[f"at_fpr_{fpr:g}"]) for fpr in FIXED_FPRS]
+    parts = [f"{where} {s['median']:.0%} / {s['worst']['source']} {s['worst']['rate']:.0%}" for where, s in points]
     rows = summary["benign_rows"]
     return f"median / worst source, {'; '.join(parts)} (the fixed rates of the {rows} benign rows together)"
 
@@ -782,17 +781,18 @@ def _flagged_often_advice(args: argparse.Namespace, guard: Any, summary: Any) ->
         return ""
     sample = args.input if Path(args.input).is_file() else "YOUR_SAMPLE"
     command = ["hf-lsad", "teach", "--guard", args.guard, "--benign", sample]
+    command += [] if args.revision is None else ["--revision", args.revision]
+    command += [] if not args.subfolder else ["--subfolder", args.subfolder]
     command += [] if args.column == DEFAULT_COLUMN else ["--column", args.column]
     command += [] if supervised[0] == "harm" else ["--head", supervised[0]]
     command += [] if args.model == "default" else ["--model", args.model]
     command += [] if args.system is None else ["--system", args.system]
     command += ["--rows-per-pool", "1000", "--out", "my-guard"]
-    scored = summary.written - summary.errors - summary.failed_closed
-    share = (summary.flagged - summary.failed_closed) / scored
     return (
-        f"{share:.0%} of the rows scored were flagged, more than {FLAGGED_OFTEN:g} times the {budget.target_fpr:.0%} "
-        "of benign traffic the guard's thresholds allow (beyond chance, 95% confidence). If they are benign traffic "
-        "your deployment serves, the guard does not know their kind: teach it about a thousand of them "
+        f"{summary.scored_flagged / summary.scored:.0%} of the rows scored were flagged, more than {FLAGGED_OFTEN:g} "
+        f"times the {budget.target_fpr:.0%} of benign traffic the guard's thresholds allow (beyond chance, 95% "
+        "confidence). If they are benign traffic your deployment serves, the guard does not know their kind: teach it "
+        "about a thousand of them "
         f"({shlex.join(command)}; docs/heads.md, 'Your own traffic'). If they hold harm, it is doing its work."
     )
 

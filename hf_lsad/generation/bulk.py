@@ -74,18 +74,26 @@ class ScreenSummary:
             f"{self.rows_per_second:.1f} rows/s over {self.seconds:.1f} s"
         )
 
+    @property
+    def scored(self) -> int:
+        """Rows with a score: not an error, not failed closed."""
+        return self.written - self.errors - self.failed_closed
+
+    @property
+    def scored_flagged(self) -> int:
+        """Rows with a score that the guard flagged."""
+        return self.flagged - self.failed_closed
+
     def flagged_often(self, target_fpr: float, confidence: float = 0.95) -> bool:
-        """Whether the rows scored (not an error, not failed closed) are flagged more often than :data:`FLAGGED_OFTEN`
-        times ``target_fpr``, the share of benign traffic the guard's thresholds allow, with ``confidence``: traffic
-        flagged at that rate would give this many flags or more with probability below ``1 - confidence``, so that a
-        small table's chance share does not count (7 of 60 web-agent tasks, a kind flagged at 8%)."""
+        """Whether the rows scored are flagged more often than :data:`FLAGGED_OFTEN` times ``target_fpr``, the share of
+        benign traffic the guard's thresholds allow, with ``confidence``: traffic flagged at that rate would give this
+        many flags or more with probability below ``1 - confidence``, so that a small table's chance share does not
+        count (7 of 60 web-agent tasks, a kind flagged at 8%)."""
         from scipy.stats import binom  # over a second to import: read once, at the end of a run
 
-        scored = self.written - self.errors - self.failed_closed
-        if scored <= 0:
+        if self.scored <= 0:
             return False
-        flagged = self.flagged - self.failed_closed
-        return float(binom.sf(flagged - 1, scored, FLAGGED_OFTEN * target_fpr)) < 1.0 - confidence
+        return float(binom.sf(self.scored_flagged - 1, self.scored, FLAGGED_OFTEN * target_fpr)) < 1.0 - confidence
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

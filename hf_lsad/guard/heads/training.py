@@ -577,6 +577,8 @@ folder per draw (``<rows>-per-source-seed-<seed>``)."""
 DOMAIN_CACHE = "validation-domains"
 """The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_domain_flag_rates` reads, a
 folder per draw (``<rows>-per-domain-seed-<seed>``)."""
+CHECK_CACHES = (CHAT_CACHE, DOMAIN_CACHE, HARM_CACHE)
+"""The sub-folders of a :func:`bundled_features` cache that keep the checks' draws."""
 
 
 def bundled_chat_flag_rates(
@@ -827,9 +829,6 @@ def harm_drop_warning(before: dict[str, float], after: dict[str, float]) -> str:
     listed = ", ".join(f"{source} {before[source]:.0%} to {after[source]:.0%}" for source in fallen)
     return f"the new guard lets through more of the bundled harm it was taught ({listed})"
 
-
-CHECK_CACHES = (CHAT_CACHE, DOMAIN_CACHE, HARM_CACHE)
-"""The sub-folders of a :func:`bundled_features` cache that keep the checks' draws."""
 
 PARTIAL = ".partial"
 """The folder of a cache holding an interrupted collection's parts (:func:`bundled_features`)."""
