@@ -14,7 +14,14 @@ from typing import Any
 
 from ..core.hook_point import POSITIONS
 from ..core.runtime import FitRuntime, GuardFitRuntime, ModelRuntime
-from ..data.pools import CHAT_CHECK_ROWS, CHECK_DOMAINS, DOMAIN_CHECK_ROWS, EVAL_SOURCES, HARM_CHECK_ROWS
+from ..data.pools import (
+    CHAT_CHECK_ROWS,
+    CHECK_DOMAINS,
+    DOMAIN_CHECK_ROWS,
+    EVAL_SOURCES,
+    HARM_CHECK_POOLS,
+    HARM_CHECK_ROWS,
+)
 from ..data.tables import DEFAULT_COLUMN
 
 RUNTIME = "runtime"
@@ -480,9 +487,10 @@ def _check_arguments(parser: argparse.ArgumentParser, *, chat: bool, chat_when: 
         default=HARM_CHECK_ROWS,
         metavar="ROWS",
         help=f"once the guard is written, read this many bundled validation rows of each of the {len(EVAL_SOURCES)} "
-        "unsafe sources "
-        "through the model and print the share of each the new guard catches beside the guard it came from, warning "
-        f"when one falls by more than a fifth; 0 skips it (default: {HARM_CHECK_ROWS}; 68 s on a 2-core CPU)",
+        f"unsafe sources the evaluation holds out and of the {len(HARM_CHECK_POOLS)} other unsafe pools "
+        f"({', '.join(HARM_CHECK_POOLS)}) through the model and print the share of each the new guard catches beside "
+        "the guard it came from, warning when one falls by more than a fifth; 0 skips it (default: "
+        f"{HARM_CHECK_ROWS}; about a minute on a 2-core CPU)",
     )
 
 

@@ -669,8 +669,8 @@ def _check_what_changed(
             model, tokenizer, [before, after], rows_per_source=args.harm_check, **reading
         )
         print(
-            f"  bundled validation harm (at most {args.harm_check} rows of each of {len(now_caught)} sources): the "
-            f"new guard catches {_caught(now_caught)}, the guard it came from {_caught(was_caught)}"
+            f"  bundled validation harm (at most {args.harm_check} rows of each of {len(now_caught)} sources and "
+            f"pools): the new guard catches {_caught(now_caught)}, the guard it came from {_caught(was_caught)}"
         )
         warning = harm_drop_warning(was_caught, now_caught)
         if warning:
@@ -679,7 +679,7 @@ def _check_what_changed(
 
 def _caught(rates: dict[str, float]) -> str:
     worst = min(rates, key=rates.__getitem__)
-    return f"{statistics.median(rates.values()):.0%} in the median source (worst {worst} {rates[worst]:.0%})"
+    return f"{statistics.median(rates.values()):.0%} in the median (worst {worst} {rates[worst]:.0%})"
 
 
 def _echo_kept_rows(guard: Any) -> None:

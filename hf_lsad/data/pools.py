@@ -107,7 +107,10 @@ __all__ = [
     "CHECK_DOMAINS",
     "DOMAINS",
     "DOMAIN_CHECK_ROWS",
+    "EVAL_SOURCES",
     "GUARD_POOLS",
+    "HARM_CHECK_POOLS",
+    "HARM_CHECK_ROWS",
     "POOLS",
     "POOL_CATEGORY",
     "RESERVED_PROMPTS",
@@ -257,11 +260,17 @@ by default (:func:`hf_lsad.guard.heads.training.bundled_domain_flag_rates`, ``--
 set-budget``, ``teach`` and ``add-head``): 487 short prompts (the look-alikes have 87); 22-28 s through the bundled
 model on a 2-core CPU."""
 
+HARM_CHECK_POOLS: tuple[str, ...] = ("injection", "harmful_contrast", "toxic_text")
+"""The unsafe pools the default guard is taught beside the sources of :data:`EVAL_SOURCES` (prompt injections, the
+harmful twins of the look-alikes, slur-eliciting text), each read as one group by the harm check of a changed guard:
+their sources are small (2-58 validation rows, 150 for the slur prompts)."""
+
 HARM_CHECK_ROWS = 30
-"""Validation rows of each of the :data:`EVAL_SOURCES` that a check of a guard whose thresholds or heads changed reads
-by default (:func:`hf_lsad.guard.heads.training.bundled_harm_catch_rates`, ``--harm-check`` of ``hf-lsad set-budget``,
-``teach`` and ``add-head``): 210 prompts, a drop of a fifth of a source in six of its rows; 68 s through the bundled
-model on a 2-core CPU, most of it the jailbreak templates' long rows."""
+"""Validation rows of each of the :data:`EVAL_SOURCES` and :data:`HARM_CHECK_POOLS` that a check of a guard whose
+thresholds or heads changed reads by default (:func:`hf_lsad.guard.heads.training.bundled_harm_catch_rates`,
+``--harm-check`` of ``hf-lsad set-budget``, ``teach`` and ``add-head``): 294 prompts, a drop of a fifth of a group in
+six of its rows (five of the 24 prompt injections); about a minute through the bundled model on a 2-core CPU, most of
+it the jailbreak templates' long rows."""
 
 
 def is_unsafe_pool(pool: str) -> bool:

@@ -35,7 +35,9 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
     # what the new head did to the other benign domains and its share of the budget to the bundled harm
     # (--domain-check, --harm-check; its thresholds were set on chat, which is not checked)
     assert "  bundled validation benign domains (at most 1 rows of each): the new guard flags task prompts " in printed
-    assert "  bundled validation harm (at most 1 rows of each of 7 sources): the new guard catches " in printed
+    assert (
+        "  bundled validation harm (at most 1 rows of each of 10 sources and pools): the new guard catches " in printed
+    )
     assert "bundled validation chat (" not in printed
     guard = SafetyGuard.from_pretrained(out)
     assert guard.head_names == ["anomaly", "secrets"] and guard.budget.shares == pytest.approx([0.6, 0.4])

@@ -76,15 +76,15 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
         and "plain statements " in printed.out
         and "; in brackets, the guard it came" in printed.out
     )
-    harm = "  bundled validation harm (at most 1 rows of each of 7 sources): the new guard catches "
-    assert harm in printed.out and "in the median source (worst " in printed.out
+    harm = "  bundled validation harm (at most 1 rows of each of 10 sources and pools): the new guard catches "
+    assert harm in printed.out and "in the median (worst " in printed.out
     assert all(f"{check} check 2 reads" in printed.err for check in ("chat", "domain", "harm"))  # the bars say which
     # --cache keeps each check's draw, so that the next set-budget reads none of them through the model
     drawn = sorted(str(p.relative_to(cache)) for p in cache.glob("validation-*/*"))
     assert drawn == [
         "validation-chat/500-rows-seed-0",
         "validation-domains/2-per-domain-seed-0",
-        "validation-harm/1-per-source-seed-0",
+        "validation-harm/1-per-group-seed-0",
     ]
     # thresholds raised until the password resets pass let harm through, and the user is told what costs less
     assert "warning: the new guard lets through more of the bundled harm it was taught (" in printed.err

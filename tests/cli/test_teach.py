@@ -16,7 +16,7 @@ from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.main import entry, parse
 from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.core.hook_point import HookPoint
-from hf_lsad.data.pools import CHECK_DOMAINS, EVAL_SOURCES, GUARD_POOLS, is_unsafe_pool
+from hf_lsad.data.pools import CHECK_DOMAINS, EVAL_SOURCES, GUARD_POOLS, HARM_CHECK_POOLS, is_unsafe_pool
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.errors import SmallSampleWarning
 from hf_lsad.guard import SafetyGuard
@@ -96,7 +96,10 @@ def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir
     assert (
         "bundled validation benign domains (at most 1 rows of each): the new guard flags task prompts " in printed.out
     )
-    assert "bundled validation harm (at most 1 rows of each of 7 sources): the new guard catches " in printed.out
+    assert (
+        "bundled validation harm (at most 1 rows of each of 10 sources and pools): the new guard catches "
+        in printed.out
+    )
     assert printed.out.count(", the guard it came from ") == 2 and printed.out.count("the guard it came from") == 3
     # 100 prompts: told once, before the model loads, that the guard will move with the sample
     assert printed.err.count("bring about 1,000") == 1
@@ -228,25 +231,26 @@ def test_bundled_harm_catch_rates_reads_each_unsafe_sources_validation_rows_once
     reads, _ = collect_prompt_features(model, tokenizer, TRAFFIC, strict.reads, progress=False)
     loose.fit_budget(reads, target_fpr=0.05, shares=[0.5, 0.5], rows="password resets")  # thresholds raised
     unsafe = [p for pool in GUARD_POOLS if is_unsafe_pool(pool) for p in release_rows(pool, "validation")]
-    drawn = {
-        s: _sample([p for p in unsafe if p.source == s], 2, seed=7) for s in EVAL_SOURCES
-    }  # the check's draw, short rows
-    assert all(len(rows) == 2 for rows in drawn.values())
+    # the check's draw (short rows): each source the evaluation holds out, then each other unsafe pool as one group
+    drawn = {s: _sample([p for p in unsafe if p.source == s], 2, seed=7) for s in EVAL_SOURCES}
+    drawn |= {pool: _sample(release_rows(pool, "validation"), 2, seed=7) for pool in HARM_CHECK_POOLS}
+    groups = [*EVAL_SOURCES, *HARM_CHECK_POOLS]
+    assert list(drawn) == groups and all(len(rows) == 2 for rows in drawn.values())
     texts = [p.text for rows in drawn.values() for p in rows]
     features, _ = collect_prompt_features(model, tokenizer, texts, strict.reads, batch_size=1, progress=False)
     expected = []
     for guard in (strict, loose):
-        flags = guard(features).flagged.view(len(EVAL_SOURCES), 2).double().mean(dim=1)  # [sources]: 2 rows each
-        expected.append(dict(zip(EVAL_SOURCES, flags.tolist())))
+        flags = guard(features).flagged.view(len(groups), 2).double().mean(dim=1)  # [groups]: 2 rows each
+        expected.append(dict(zip(groups, flags.tolist())))
     assert expected[0] != expected[1]  # the two guards differ on these rows, so which rate is whose is tested
     cache = tmp_path / "cache"
     rates = bundled_harm_catch_rates(
         model, tokenizer, [strict, loose], rows_per_source=2, seed=7, cache_dir=cache, progress=False
     )
-    assert [list(r) for r in rates] == [list(EVAL_SOURCES)] * 2  # every source, in the evaluation's order
+    assert [list(r) for r in rates] == [groups] * 2  # every source in the evaluation's order, then the pools
     for got, want in zip(rates, expected):  # batched otherwise: a row at a threshold may flip, one at most
-        assert sum(abs(got[s] - want[s]) for s in EVAL_SOURCES) <= 0.5 + 1e-9
-    folder = cache / HARM_CACHE / "2-per-source-seed-7"  # a folder per draw
+        assert sum(abs(got[s] - want[s]) for s in groups) <= 0.5 + 1e-9
+    folder = cache / HARM_CACHE / "2-per-group-seed-7"  # a folder per draw
     assert sorted(p.name for p in folder.iterdir()) == sorted(read_folder(r) for r in strict.reads)
     # read back from the cache, not the model: activations changed there change the rates
     for store_folder in folder.iterdir():

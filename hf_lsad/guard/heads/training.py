@@ -41,7 +41,14 @@ from ...core.hook_point import HookPoint
 from ...core.prompt_inputs import InputProfile, check_system_turn, turn_label
 from ...core.splits import seeded_parts, split_of
 from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_reserved, is_unsafe_pool, load_pool
-from ...data.pools import CHAT_CHECK_ROWS, CHECK_DOMAINS, DOMAIN_CHECK_ROWS, EVAL_SOURCES, HARM_CHECK_ROWS
+from ...data.pools import (
+    CHAT_CHECK_ROWS,
+    CHECK_DOMAINS,
+    DOMAIN_CHECK_ROWS,
+    EVAL_SOURCES,
+    HARM_CHECK_POOLS,
+    HARM_CHECK_ROWS,
+)
 from ...data.store import INDEX, ActivationSet, ActivationStore, load_activations, save_activations
 from ...errors import SmallSampleWarning, warn
 from ..fingerprint import record_fingerprint
@@ -573,7 +580,7 @@ folder per draw (``<rows>-rows-seed-<seed>``), so that a check of another size r
 stores sit at the cache's top)."""
 HARM_CACHE = "validation-harm"
 """The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_harm_catch_rates` reads, a
-folder per draw (``<rows>-per-source-seed-<seed>``)."""
+folder per draw (``<rows>-per-group-seed-<seed>``)."""
 DOMAIN_CACHE = "validation-domains"
 """The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_domain_flag_rates` reads, a
 folder per draw (``<rows>-per-domain-seed-<seed>``)."""
@@ -642,9 +649,10 @@ def bundled_harm_catch_rates(
     progress: bool = True,
     system: str | None = None,
 ) -> list[dict[str, float]]:
-    """The share of each bundled unsafe source's validation rows that each of ``guards`` catches, per source of
-    :data:`~hf_lsad.data.pools.EVAL_SOURCES` (the sources the evaluation holds out one at a time), the rows read once
-    through ``model``.
+    """The share of each bundled unsafe source of :data:`~hf_lsad.data.pools.EVAL_SOURCES` (the sources the evaluation
+    holds out one at a time) and of each other unsafe pool the guard is taught (prompt injections, harmful look-alikes,
+    slur-eliciting text: :data:`~hf_lsad.data.pools.HARM_CHECK_POOLS`, a pool one group) that each of ``guards``
+    catches on its validation rows, the rows read once through ``model``.
 
     No head of a bundled guard was fitted on those rows. Thresholds set on traffic that looks more like harm than chat
     does rise, and the harm they let through is not in the user's sample: on 366 bug-report titles, which the
@@ -654,24 +662,24 @@ def bundled_harm_catch_rates(
     Args:
         model, tokenizer: The guards' base model and its tokenizer.
         guards: Guards whose heads all read the prompt; every read of any of them is collected once.
-        rows_per_source: A seeded draw of this many validation rows of each source (``None``: all 781).
+        rows_per_source: A seeded draw of this many validation rows of each source and pool (``None``: all 1,037).
         seed: The seed of the draws.
         cache_dir: A :func:`bundled_features` cache: these rows are kept in its :data:`HARM_CACHE` sub-folder, a
             folder per draw.
         batch_size, max_batch_tokens, progress, system: As :func:`bundled_features`.
 
     Returns:
-        Per guard, ``{source: share caught}`` in the order of ``EVAL_SOURCES``.
+        Per guard, ``{source or pool: share caught}``, the sources in the order of ``EVAL_SOURCES``, then the pools.
     """
     _check_rows(rows_per_source, "rows_per_source")
     unsafe = [p for pool in GUARD_POOLS if is_unsafe_pool(pool) for p in release_rows(pool, "validation")]
-    by_source = {
-        source: _sample([p for p in unsafe if p.source == source], rows_per_source, seed) for source in EVAL_SOURCES
-    }
+    groups = {source: [p for p in unsafe if p.source == source] for source in EVAL_SOURCES}
+    groups |= {pool: release_rows(pool, "validation") for pool in HARM_CHECK_POOLS}
+    drawn = {group: _sample(rows, rows_per_source, seed) for group, rows in groups.items()}
     draw = "all" if rows_per_source is None else str(rows_per_source)
-    folder = None if cache_dir is None else Path(cache_dir) / HARM_CACHE / f"{draw}-per-source-seed-{seed}"
+    folder = None if cache_dir is None else Path(cache_dir) / HARM_CACHE / f"{draw}-per-group-seed-{seed}"
     reading = {"batch_size": batch_size, "max_batch_tokens": max_batch_tokens, "progress": progress, "system": system}
-    return _group_flag_rates(model, tokenizer, guards, by_source, folder, desc="harm check", **reading)
+    return _group_flag_rates(model, tokenizer, guards, drawn, folder, desc="harm check", **reading)
 
 
 def bundled_domain_flag_rates(
