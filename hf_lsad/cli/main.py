@@ -112,7 +112,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "again on validation chat so that together they keep the guard's false-positive budget, the new head "
         "taking --share of it (hf_lsad.guard.heads.training.add_head). With --system, every prompt is formatted "
         "under your deployment's system turn. The guard must read prompt_last. Once it is written, says what the "
-        "new head's share of the budget did to the bundled harm the other heads catch (--harm-check).",
+        "new head did to the other kinds of benign traffic the pools hold and its share of the budget to the bundled "
+        "harm the other heads catch (--domain-check, --harm-check).",
     ),
     "set-budget": (
         "set every head's threshold on a sample of your own benign traffic",
@@ -127,8 +128,9 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "the confidence are refused (59 at 5% and 0.95). The guard must read the prompt. Without --benign, the "
         "bundled validation chat the released thresholds were set on: the released operating point again for a "
         "model that reads prompts otherwise, e.g. --model a peft adapter (refused by the guard until then). Once "
-        "the guard is written, says what the new thresholds did to the bundled harm and, with --benign, to bundled "
-        "chat (--harm-check, --chat-check).",
+        "the guard is written, says what the new thresholds did to the bundled harm, to the other kinds of benign "
+        "traffic the pools hold and, with --benign, to bundled chat (--harm-check, --domain-check, --chat-check). "
+        "--cache keeps the rows those checks read.",
     ),
     "teach": (
         "teach a supervised head a sample of your own benign traffic, and set the thresholds on the rest",
@@ -143,8 +145,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "bundled or yours, is formatted under your deployment's system turn, and the guard records it (a --cache "
         "holds one turn). Too few held-back prompts for the confidence are refused before the model loads (59 at 5% "
         "and 0.95); bring about a thousand prompts, since with fewer the guard moves with the sample (said before the "
-        "model loads). Once the guard is written, says what teaching did to bundled chat and to the bundled harm "
-        "(--chat-check, --harm-check).",
+        "model loads). Once the guard is written, says what teaching did to bundled chat, to the other kinds of benign "
+        "traffic the pools hold and to the bundled harm (--chat-check, --domain-check, --harm-check).",
     ),
     "screen": (
         "screen a table of prompts (JSONL, CSV, Parquet, a dataset) into a JSON-lines file of verdicts",
@@ -156,7 +158,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "Run it again on the same --out to finish an interrupted run: rows already there are skipped (an --out "
         "written at other thresholds or read otherwise is refused). Bad "
         "rows (empty, not text, without the prompt column or an id, longer than the context) become per-row errors "
-        "(hf_lsad.generation.bulk).",
+        "(hf_lsad.generation.bulk). A table flagged more than twice as often as the guard's budget allows of benign "
+        "traffic gets a note with the teach command for it.",
     ),
     "serve": (
         "serve the guarded model over an OpenAI-compatible HTTP API (needs: pip install 'hf-lsad[serve]')",
