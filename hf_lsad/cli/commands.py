@@ -289,10 +289,10 @@ def _evaluate_prompts(args: argparse.Namespace) -> None:
 
 def _spread_line(summary: dict[str, Any]) -> str:
     """:meth:`~hf_lsad.evaluation.prompts.PromptEvaluation.summary` in one line."""
-    from ..evaluation.prompts import FIXED_FPRS
+    from ..evaluation.sources import REPORTED_FPRS
 
     points = [("at the guard's thresholds", summary["at_guard_thresholds"])]
-    points += [(f"at {fpr:.0%}", summary[f"at_fpr_{fpr:g}"]) for fpr in FIXED_FPRS]
+    points += [(f"at {fpr:.0%}", summary[f"at_fpr_{fpr:g}"]) for fpr in REPORTED_FPRS]
     parts = [f"{where} {s['median']:.0%} / {s['worst']['source']} {s['worst']['rate']:.0%}" for where, s in points]
     rows = summary["benign_rows"]
     return f"median / worst source, {'; '.join(parts)} (the fixed rates of the {rows} benign rows together)"

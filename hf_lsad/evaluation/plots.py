@@ -17,7 +17,8 @@ import numpy as np
 from sklearn.metrics import roc_curve
 
 from ..core.metrics import flag_rate
-from .prompts import FIXED_FPRS, PromptEvaluation
+from .prompts import PromptEvaluation
+from .sources import REPORTED_FPRS
 
 PLOTS_EXTRA = "pip install 'hf-lsad[plots]'"
 
@@ -88,15 +89,15 @@ def _html(evaluation: PromptEvaluation, path: Path, pictures: list[str], title: 
     metrics, summary = evaluation.metrics(), evaluation.summary()
     heads = list(evaluation.thresholds)
     header = ["source", "kind", "rows", "flagged", *[f"by {h}" for h in heads], *[f"AUROC {h}" for h in heads]]
-    header += [f"at {fpr:.0%} FPR" for fpr in FIXED_FPRS]
+    header += [f"at {fpr:.0%} FPR" for fpr in REPORTED_FPRS]
     lines = []
     for name, row in metrics.items():
         cells = [name, "unsafe" if row["unsafe"] else "benign", str(row["rows"]), _percent(row["flagged"])]
         cells += [_percent(row.get(f"flagged_by_{h}")) for h in heads]
         cells += [_number(row.get(f"auroc_{h}")) for h in heads]
-        cells += [_percent(row.get(f"flagged_at_fpr_{fpr:g}")) for fpr in FIXED_FPRS]
+        cells += [_percent(row.get(f"flagged_at_fpr_{fpr:g}")) for fpr in REPORTED_FPRS]
         lines.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    spread = [summary["at_guard_thresholds"], *(summary[f"at_fpr_{fpr:g}"] for fpr in FIXED_FPRS)]
+    spread = [summary["at_guard_thresholds"], *(summary[f"at_fpr_{fpr:g}"] for fpr in REPORTED_FPRS)]
     cells = ["median / worst unsafe source", "", "", *[_spread_cell(x) for x in spread[:1]]]
     cells += [""] * (2 * len(heads)) + [_spread_cell(x) for x in spread[1:]]
     lines.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")

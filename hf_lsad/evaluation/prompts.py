@@ -6,9 +6,10 @@ given (:mod:`hf_lsad.generation.bulk`, so any guard that reads the prompt works,
 activation store), then each benign source gives its flag rate and each unsafe source its flag rate (the TPR at the
 guard's thresholds), the share each head flagged on its own (which head catches a category, which flags a benign
 source) and, per head, the AUROC of its score against every benign row pooled. Each unsafe source's TPR is also read
-at thresholds set again to flag 5% and 1% of every benign row pooled (:data:`FIXED_FPRS`, the heads keeping their
-shares of the guard's budget), which judges the ranking apart from where the thresholds sit; the summary gives the
-median and the worst source of each, as the project judges its own guards.
+at thresholds set again to flag 5% and 1% of every benign row pooled (the protocol's
+:data:`~hf_lsad.evaluation.sources.REPORTED_FPRS`, the heads keeping their shares of the guard's budget), which judges
+the ranking apart from where the thresholds sit; the summary gives the median and the worst source of each, as the
+project judges its own guards.
 :mod:`hf_lsad.evaluation.plots` draws the same numbers.
 """
 
@@ -27,12 +28,8 @@ from ..core.prompt_inputs import check_system_turn
 from ..data.tables import PromptRow
 from ..generation.bulk import plan_batches
 from ..generation.model import GuardedModelForCausalLM
-from ..guard.threshold import budget_thresholds
 from ..guard.types import SafetyReport
-
-FIXED_FPRS: tuple[float, ...] = (0.05, 0.01)
-"""The shares of the benign rows (pooled) at which each unsafe source's TPR is read, besides the guard's own
-thresholds: the operating points the project reports its guards at."""
+from .sources import REPORTED_FPRS, threshold_at
 
 
 @dataclass
@@ -63,13 +60,13 @@ class PromptEvaluation:
     """The system turn every prompt was screened under (``None``: the chat template's default)."""
     shares: dict[str, float] | None = None
     """Each head's share of the guard's false-positive budget (``None``: a guard without one, whose heads count
-    alike), which the thresholds at :data:`FIXED_FPRS` keep."""
+    alike), which the thresholds at :data:`~hf_lsad.evaluation.sources.REPORTED_FPRS` keep."""
 
     def metrics(self) -> dict[str, dict[str, Any]]:
         """Per source: ``rows``, ``flagged`` (the FPR of a benign source, the TPR of an unsafe one),
         ``flagged_by_<head>`` (the share above that head's threshold; rows above several count for each) and, for an
         unsafe source, ``auroc_<head>`` against every benign row pooled and ``flagged_at_fpr_<rate>`` at each of
-        :data:`FIXED_FPRS`; ``errors`` when rows were not screened."""
+        :data:`~hf_lsad.evaluation.sources.REPORTED_FPRS`; ``errors`` when rows were not screened."""
         benign = [s for s in self.sources if not s.unsafe]
         fixed = self.fixed_fpr_thresholds()
         rows: dict[str, dict[str, Any]] = {}
@@ -90,17 +87,19 @@ class PromptEvaluation:
         return rows
 
     def fixed_fpr_thresholds(self) -> dict[float, dict[str, float]]:
-        """Per rate of :data:`FIXED_FPRS`, each head's threshold such that the heads together flag that share of every
-        benign row pooled, each keeping its share of the budget (:func:`~hf_lsad.guard.threshold.budget_thresholds`,
-        the plain quantile); a row that failed closed counts as above every threshold."""
+        """Per rate of :data:`~hf_lsad.evaluation.sources.REPORTED_FPRS`, each head's threshold such that the heads
+        together flag that share of every benign row pooled, each keeping its share of the budget
+        (:func:`~hf_lsad.evaluation.sources.threshold_at`, the plain quantile); a row that failed closed counts as
+        above every threshold."""
         benign = [s for s in self.sources if not s.unsafe]
         reference = torch.from_numpy(np.concatenate([self._score_matrix(s) for s in benign]))  # [benign rows, heads]
         shares = [1.0] * len(self.thresholds) if self.shares is None else [self.shares[h] for h in self.thresholds]
-        return {fpr: dict(zip(self.thresholds, budget_thresholds(reference, fpr, shares))) for fpr in FIXED_FPRS}
+        return {fpr: dict(zip(self.thresholds, threshold_at(reference, fpr, shares))) for fpr in REPORTED_FPRS}
 
     def summary(self) -> dict[str, Any]:
         """The unsafe sources together: the median and the worst source's TPR at the guard's thresholds
-        (``at_guard_thresholds``) and at each of :data:`FIXED_FPRS` of the benign rows (``at_fpr_<rate>``, with the
+        (``at_guard_thresholds``) and at each of :data:`~hf_lsad.evaluation.sources.REPORTED_FPRS` of the benign rows
+        (``at_fpr_<rate>``, with the
         thresholds), the figures the project judges its guards by."""
         unsafe = [s for s in self.sources if s.unsafe]
         summary: dict[str, Any] = {"at_guard_thresholds": _spread({s.name: float(s.flagged.mean()) for s in unsafe})}

@@ -58,6 +58,9 @@ summary stays comparable across the data added."""
 THRESHOLD_DOMAIN = "chat"
 """Thresholds are set on held-out benign chat: the traffic a deployed guard mostly sees."""
 
+REPORTED_FPRS: tuple[float, ...] = (0.05, 0.01)
+"""The shares of held-out benign rows at which true-positive rates are reported: 5% and 1%."""
+
 
 @dataclass
 class SourceRows:
@@ -184,7 +187,7 @@ def leave_one_source_out(
     method: Method,
     *,
     evaluate_on: str = "validation",
-    fprs: Sequence[float] = (0.05, 0.01),
+    fprs: Sequence[float] = REPORTED_FPRS,
     sources: Sequence[str] = EVAL_SOURCES,
     domains: Sequence[str] = EVAL_DOMAINS,
     shares: Sequence[float] | None = None,
