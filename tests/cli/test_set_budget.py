@@ -46,21 +46,8 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
 
     argv = ["set-budget", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample)]
     cache = tmp_path / "cache"
-    entry(
-        [
-            *argv,
-            "--column",
-            "text",
-            "--out",
-            str(out),
-            "--domain-check",
-            "2",
-            "--harm-check",
-            "1",
-            "--cache",
-            str(cache),
-        ]
-    )
+    checks = ["--domain-check", "2", "--harm-check", "1", "--cache", str(cache)]
+    entry([*argv, "--column", "text", "--out", str(out), *checks])
     printed = capsys.readouterr()
     assert (
         "thresholds set on 100 prompts" in printed.out
@@ -79,7 +66,7 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
     harm = "  bundled validation harm (at most 1 rows of each of 10 sources and pools): the new guard catches "
     assert harm in printed.out and "in the median (worst " in printed.out
     assert all(f"{check} check 2 reads" in printed.err for check in ("chat", "domain", "harm"))  # the bars say which
-    # --cache keeps each check's draw, so that the next set-budget reads none of them through the model
+    # --cache keeps each check's draw, a folder each (read back instead of through the model: the checks' own tests)
     drawn = sorted(str(p.relative_to(cache)) for p in cache.glob("validation-*/*"))
     assert drawn == [
         "validation-chat/500-rows-seed-0",
