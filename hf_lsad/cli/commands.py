@@ -597,6 +597,17 @@ HARM_ADVICE = {
     "add-head": "the new head's share of the budget came from the other heads; a smaller --share leaves them more",
 }
 """What ``--harm-check``'s warning advises after each command that changes a guard."""
+NO_TEACH_ADVICE = (
+    "thresholds set on traffic that looks like harm rise; this guard has no supervised head to teach that traffic: "
+    "the default guard's hf-lsad teach keeps far more of it (docs/heads.md, 'Your own traffic')"
+)
+"""``set-budget``'s advice instead, for a guard that ``teach`` cannot teach (no supervised head, as the paper's)."""
+
+
+def harm_advice(command: str, guard: Any) -> str:
+    """What ``--harm-check``'s warning advises after ``command`` changed ``guard``."""
+    return NO_TEACH_ADVICE if command == "set-budget" and not guard.heads else HARM_ADVICE[command]
+
 
 DOMAIN_ADVICE = {
     "set-budget": "the thresholds hold the budget on the traffic you brought; if the deployment also serves these, "
@@ -674,7 +685,7 @@ def _check_what_changed(
         )
         warning = harm_drop_warning(was_caught, now_caught)
         if warning:
-            print(f"warning: {warning}: {HARM_ADVICE[args.command]}", file=sys.stderr)
+            print(f"warning: {warning}: {harm_advice(args.command, after)}", file=sys.stderr)
 
 
 def _caught(rates: dict[str, float]) -> str:
@@ -771,10 +782,9 @@ def _flagged_often_advice(args: argparse.Namespace, guard: Any, summary: Any) ->
     that reads it as this screen did. ``""`` for a table flagged less, one read whole (``--conversation``) or without
     the chat template (``--raw``), which ``teach`` does not read so, or a guard without a budget or supervised head."""
     from ..generation.bulk import FLAGGED_OFTEN
-    from ..guard.heads.probe import SupervisedHead
 
     budget = guard.budget
-    supervised = [name for name, head in guard.heads.items() if isinstance(head, SupervisedHead)]
+    supervised = list(guard.heads)  # the anomaly head is not among them
     if budget is None or not supervised or args.conversation or args.raw:
         return ""
     if not summary.flagged_often(budget.target_fpr):

@@ -9,6 +9,7 @@ from tiny import fresh_guard, tiny_guard, two_headed_guard
 
 from hf_lsad import load_model
 from hf_lsad.capture.collect import collect_prompt_features
+from hf_lsad.cli.commands import harm_advice
 from hf_lsad.cli.main import entry
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.fingerprint import boundary_flag_rate
@@ -74,7 +75,7 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
         "validation-harm/1-per-group-seed-0",
     ]
     # thresholds raised until the password resets pass let harm through, and the user is told what costs less
-    assert "warning: the new guard lets through more of the bundled harm it was taught (" in printed.err
+    assert "warning: the new guard lets through more of the bundled harm (" in printed.err
     assert "hf-lsad teach on that traffic keeps far more of it" in printed.err
 
     guard = SafetyGuard.from_pretrained(out)
@@ -197,3 +198,17 @@ def test_set_budget_refuses_bad_input_before_loading_a_model(lines, flags, error
     with pytest.raises(SystemExit) as info:
         entry(["set-budget", "--guard", str(guard_dir), "--benign", str(benign), *flags])
     assert info.value.code == 2 and error in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "two_headed", "advice"),
+    [
+        ("set-budget", True, "hf-lsad teach on that traffic keeps far more of it"),
+        ("set-budget", False, "this guard has no supervised head to teach that traffic"),  # the paper's guard
+        ("teach", True, "about a thousand prompts hold them steadier"),
+        ("add-head", False, "a smaller --share leaves them more"),
+    ],
+)
+def test_the_harm_warning_advises_what_the_guard_can_do(command, two_headed, advice):
+    guard = two_headed_guard() if two_headed else fresh_guard("prompt_last")
+    assert advice in harm_advice(command, guard)

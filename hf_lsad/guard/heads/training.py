@@ -835,7 +835,7 @@ def harm_drop_warning(before: dict[str, float], after: dict[str, float]) -> str:
     if not fallen:
         return ""
     listed = ", ".join(f"{source} {before[source]:.0%} to {after[source]:.0%}" for source in fallen)
-    return f"the new guard lets through more of the bundled harm it was taught ({listed})"
+    return f"the new guard lets through more of the bundled harm ({listed})"
 
 
 PARTIAL = ".partial"
