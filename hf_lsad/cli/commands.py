@@ -10,7 +10,6 @@ import argparse
 import copy
 import json
 import shlex
-import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -689,8 +688,10 @@ def _check_what_changed(
 
 
 def _caught(rates: dict[str, float]) -> str:
-    worst = min(rates, key=rates.__getitem__)
-    return f"{statistics.median(rates.values()):.0%} in the median (worst {worst} {rates[worst]:.0%})"
+    from ..evaluation.prompts import median_and_worst
+
+    spread = median_and_worst(rates)
+    return f"{spread['median']:.0%} in the median (worst {spread['worst']['source']} {spread['worst']['rate']:.0%})"
 
 
 def _echo_kept_rows(guard: Any) -> None:

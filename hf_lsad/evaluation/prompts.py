@@ -61,6 +61,8 @@ class PromptEvaluation:
     shares: dict[str, float] | None = None
     """Each head's share of the guard's false-positive budget (``None``: a guard without one, whose heads count
     alike), which the thresholds at :data:`~hf_lsad.evaluation.sources.REPORTED_FPRS` keep."""
+    _fixed: dict[float, dict[str, float]] | None = field(default=None, init=False, repr=False, compare=False)
+    """:meth:`fixed_fpr_thresholds`, set once: the metrics, the summary and the page all read them."""
 
     def metrics(self) -> dict[str, dict[str, Any]]:
         """Per source: ``rows``, ``flagged`` (the FPR of a benign source, the TPR of an unsafe one),
@@ -91,10 +93,14 @@ class PromptEvaluation:
         together flag that share of every benign row pooled, each keeping its share of the budget
         (:func:`~hf_lsad.evaluation.sources.threshold_at`, the plain quantile); a row that failed closed counts as
         above every threshold."""
-        benign = [s for s in self.sources if not s.unsafe]
-        reference = torch.from_numpy(np.concatenate([self._score_matrix(s) for s in benign]))  # [benign rows, heads]
-        shares = [1.0] * len(self.thresholds) if self.shares is None else [self.shares[h] for h in self.thresholds]
-        return {fpr: dict(zip(self.thresholds, threshold_at(reference, fpr, shares))) for fpr in REPORTED_FPRS}
+        if self._fixed is None:
+            benign = [s for s in self.sources if not s.unsafe]
+            reference = torch.from_numpy(np.concatenate([self._score_matrix(s) for s in benign]))  # [benign, heads]
+            shares = [1.0] * len(self.thresholds) if self.shares is None else [self.shares[h] for h in self.thresholds]
+            self._fixed = {
+                fpr: dict(zip(self.thresholds, threshold_at(reference, fpr, shares))) for fpr in REPORTED_FPRS
+            }
+        return self._fixed
 
     def summary(self) -> dict[str, Any]:
         """The unsafe sources together: the median and the worst source's TPR at the guard's thresholds
@@ -102,10 +108,12 @@ class PromptEvaluation:
         (``at_fpr_<rate>``, with the
         thresholds), the figures the project judges its guards by."""
         unsafe = [s for s in self.sources if s.unsafe]
-        summary: dict[str, Any] = {"at_guard_thresholds": _spread({s.name: float(s.flagged.mean()) for s in unsafe})}
+        summary: dict[str, Any] = {
+            "at_guard_thresholds": median_and_worst({s.name: float(s.flagged.mean()) for s in unsafe})
+        }
         for fpr, thresholds in self.fixed_fpr_thresholds().items():
             caught = {s.name: self._caught(s, thresholds) for s in unsafe}
-            summary[f"at_fpr_{fpr:g}"] = {"thresholds": thresholds, **_spread(caught)}
+            summary[f"at_fpr_{fpr:g}"] = {"thresholds": thresholds, **median_and_worst(caught)}
         summary["benign_rows"] = sum(len(s.flagged) for s in self.sources if not s.unsafe)
         return summary
 
@@ -118,7 +126,8 @@ class PromptEvaluation:
         return float(above.any(axis=1).mean())
 
 
-def _spread(rates: dict[str, float]) -> dict[str, Any]:
+def median_and_worst(rates: dict[str, float]) -> dict[str, Any]:
+    """``rates`` by source with their median and the worst (lowest) source: how the project reads a guard's catch."""
     worst = min(rates, key=rates.__getitem__)
     return {
         "median": statistics.median(rates.values()),

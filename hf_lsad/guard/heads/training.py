@@ -621,19 +621,19 @@ def bundled_chat_flag_rates(
     _check_rows(rows, "rows")
     prompts = _sample(release_rows("chat", "validation"), rows, seed)
     folder = None if cache_dir is None else Path(cache_dir) / CHAT_CACHE / f"{len(prompts)}-rows-seed-{seed}"
-    flagged = _bundled_flags(
+    rates = _group_flag_rates(
         model,
         tokenizer,
         guards,
-        prompts,
+        {"chat": prompts},
         folder,
+        desc="chat check",
         batch_size=batch_size,
         max_batch_tokens=max_batch_tokens,
         progress=progress,
         system=system,
-        desc="chat check",
     )
-    return [float(flags.double().mean()) for flags in flagged]
+    return [shares["chat"] for shares in rates]
 
 
 def bundled_harm_catch_rates(
@@ -672,14 +672,24 @@ def bundled_harm_catch_rates(
         Per guard, ``{source or pool: share caught}``, the sources in the order of ``EVAL_SOURCES``, then the pools.
     """
     _check_rows(rows_per_source, "rows_per_source")
-    unsafe = [p for pool in GUARD_POOLS if is_unsafe_pool(pool) for p in release_rows(pool, "validation")]
-    groups = {source: [p for p in unsafe if p.source == source] for source in EVAL_SOURCES}
-    groups |= {pool: release_rows(pool, "validation") for pool in HARM_CHECK_POOLS}
+    by_pool = {pool: release_rows(pool, "validation") for pool in GUARD_POOLS if is_unsafe_pool(pool)}
+    groups = {source: [p for rows in by_pool.values() for p in rows if p.source == source] for source in EVAL_SOURCES}
+    groups |= {pool: by_pool[pool] for pool in HARM_CHECK_POOLS}
     drawn = {group: _sample(rows, rows_per_source, seed) for group, rows in groups.items()}
     draw = "all" if rows_per_source is None else str(rows_per_source)
     folder = None if cache_dir is None else Path(cache_dir) / HARM_CACHE / f"{draw}-per-group-seed-{seed}"
-    reading = {"batch_size": batch_size, "max_batch_tokens": max_batch_tokens, "progress": progress, "system": system}
-    return _group_flag_rates(model, tokenizer, guards, drawn, folder, desc="harm check", **reading)
+    return _group_flag_rates(
+        model,
+        tokenizer,
+        guards,
+        drawn,
+        folder,
+        desc="harm check",
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
+        system=system,
+    )
 
 
 def bundled_domain_flag_rates(
@@ -721,8 +731,18 @@ def bundled_domain_flag_rates(
     by_pool = {pool: _sample(release_rows(pool, "validation"), rows_per_domain, seed) for pool in CHECK_DOMAINS}
     draw = "all" if rows_per_domain is None else str(rows_per_domain)
     folder = None if cache_dir is None else Path(cache_dir) / DOMAIN_CACHE / f"{draw}-per-domain-seed-{seed}"
-    reading = {"batch_size": batch_size, "max_batch_tokens": max_batch_tokens, "progress": progress, "system": system}
-    return _group_flag_rates(model, tokenizer, guards, by_pool, folder, desc="domain check", **reading)
+    return _group_flag_rates(
+        model,
+        tokenizer,
+        guards,
+        by_pool,
+        folder,
+        desc="domain check",
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
+        system=system,
+    )
 
 
 def _check_rows(rows: int | None, name: str) -> None:
@@ -737,40 +757,18 @@ def _group_flag_rates(
     groups: dict[str, list[Prompt]],
     cache: Path | None,
     *,
-    desc: str,
-    **reading: Any,
-) -> list[dict[str, float]]:
-    """Per guard, the share of each group of bundled prompts it flags, ``{group: share}`` in the order of
-    ``groups``; every group read in one collection (into ``cache``)."""
-    prompts = [p for rows in groups.values() for p in rows]
-    flagged = _bundled_flags(model, tokenizer, guards, prompts, cache, desc=desc, **reading)
-    rates = []
-    for flags in flagged:  # [rows], the groups one after the other
-        shares, start = {}, 0
-        for group, rows in groups.items():
-            shares[group] = float(flags[start : start + len(rows)].double().mean())
-            start += len(rows)
-        rates.append(shares)
-    return rates
-
-
-def _bundled_flags(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    guards: Sequence[Any],
-    prompts: list[Prompt],
-    cache: Path | None,
-    *,
     batch_size: int,
     max_batch_tokens: int | None,
     progress: bool,
     system: str | None,
     desc: str,
-) -> list[Tensor]:
-    """Each guard's flags ``[rows]`` on bundled ``prompts``, every read of any guard collected once (into ``cache``);
-    ``desc`` labels the progress bar."""
+) -> list[dict[str, float]]:
+    """Per guard, the share of each group of bundled prompts it flags, ``{group: share}`` in the order of ``groups``:
+    every group read in one collection (into ``cache``), every read of any guard collected once; ``desc`` labels the
+    progress bar."""
     for guard in guards:
         check_reads_prompt(guard)
+    prompts = [p for rows in groups.values() for p in rows]
     reads = sorted({read for guard in guards for read in guard.reads})
     features = bundled_features(
         model,
@@ -784,8 +782,16 @@ def _bundled_flags(
         system=system,
         desc=desc,
     )
-    with torch.no_grad():
-        return [guard({read: features[read] for read in guard.reads}).flagged for guard in guards]
+    rates = []
+    for guard in guards:
+        with torch.no_grad():
+            flags = guard({read: features[read] for read in guard.reads}).flagged  # [rows], the groups in order
+        shares, start = {}, 0
+        for group, rows in groups.items():
+            shares[group] = float(flags[start : start + len(rows)].double().mean())
+            start += len(rows)
+        rates.append(shares)
+    return rates
 
 
 BENIGN_SHIFT = 1.5
@@ -797,11 +803,16 @@ flags 7.5% or more about once in a hundred; both guards are read on the same row
 warned of on any draw."""
 
 
+def _shifted(before: float, after: float, target: float) -> bool:
+    """Whether a kind of benign traffic flagged at ``before`` now flagged at ``after`` moved far enough to warn of."""
+    return after > BENIGN_SHIFT * max(before, target)
+
+
 def chat_shift_warning(before: float, after: float, target: float) -> str:
     """What to tell a user whose changed guard (taught, or thresholds set on their traffic) flags ``after`` of the
     bundled chat where the guard it came from flagged ``before``, for a budget of ``target`` (``""`` unless ``after``
     is above :data:`BENIGN_SHIFT` times both)."""
-    if after <= BENIGN_SHIFT * max(before, target):
+    if not _shifted(before, after, target):
         return ""
     return (
         f"the new guard flags {after:.1%} of the bundled validation chat ({before:.1%} before): its thresholds are "
@@ -814,7 +825,7 @@ def domain_shift_warning(before: dict[str, float], after: dict[str, float], targ
     """What to tell a user whose changed guard flags ``after`` of each bundled benign domain beside chat where the
     guard it came from flagged ``before`` (:func:`bundled_domain_flag_rates`), for a budget of ``target`` (``""``
     unless a domain is above :data:`BENIGN_SHIFT` times both its share before and the target)."""
-    risen = [pool for pool in after if after[pool] > BENIGN_SHIFT * max(before[pool], target)]
+    risen = [pool for pool in after if _shifted(before[pool], after[pool], target)]
     if not risen:
         return ""
     listed = ", ".join(f"{CHECK_DOMAINS.get(pool, pool)} {before[pool]:.0%} to {after[pool]:.0%}" for pool in risen)
