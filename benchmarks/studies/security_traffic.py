@@ -25,6 +25,10 @@ deployment that serves both kinds of traffic would bring. Each guard is judged o
 (screened through ``screen``, as ``hf-lsad screen`` does), and on the bundled test rows from the stores: each benign
 domain's flag rate, each unsafe source's catch, and the catch of the unsafe test rows that ask for cyber harm
 (:data:`CYBER`, a rule fixed before the run).
+
+With ``keep_bundled``, set-budget and teach also keep the validation rows of those bundled benign pools within the
+budget, each on its own, beside the user's prompts: a deployment that serves the pools' kinds of traffic beside its
+own, without bringing a sample of them.
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ CYBER = re.compile(
 template (:data:`TEMPLATES`), whose persona text names hacking without asking for it."""
 TEMPLATES = ("pyrit-templates", "inthewild")
 """The jailbreak templates' sources, left out of the cyber-harm rows."""
+JUDGED_DOMAINS = (*EVAL_DOMAINS, "questions", "statements")
+"""The benign domains whose test rows each guard is judged on: the evaluation's four, and the registry search's
+everyday questions and plain statements, which a guard taught one kind of traffic was found to flag far more."""
 
 
 @dataclass
@@ -100,6 +107,9 @@ class Settings:
     """Ordinary chat brought beside the questions, as a deployment that serves both would: a seeded draw of this many
     of the fresh ShareGPT first turns (``heads/fresh_chat``'s rows, which no fit, threshold or choice read). 0: the
     questions alone."""
+    keep_bundled: list[str] = dataclasses.field(default_factory=list)
+    """Bundled benign pools whose validation rows set-budget and teach also keep within the budget, each on its own
+    (``fit_budget_on_prompts(keep_bundled=...)``; their activations kept in ``cache``). Empty: the sample alone."""
 
 
 def write_bundled_cache(folder: str, cache: Path, reads: list[tuple[int, str]]) -> None:
@@ -132,7 +142,7 @@ def judged(guard: SafetyGuard, rows: Any) -> dict[str, Any]:
     def caught(mask: list[bool]) -> dict[str, Any]:
         return wilson_share(int(flagged[torch.tensor(mask)].sum()), sum(mask))
 
-    domains = {domain: caught(rows.where(domain=domain)) for domain in EVAL_DOMAINS}
+    domains = {domain: caught(rows.where(domain=domain)) for domain in JUDGED_DOMAINS}
     sources = {source: caught(rows.where(source=source)) for source in EVAL_SOURCES}
     cyber = {
         i
@@ -165,11 +175,10 @@ def run(settings: Settings) -> dict[str, Any]:
     released = SafetyGuard.from_pretrained(settings.guard)
     write_bundled_cache(settings.folder, Path(settings.cache), list(released.heads["harm"].reads))
     set_budget = copy.deepcopy(released)
-    fit_budget_on_prompts(model, tokenizer, set_budget, sample + chat, rows=sample_rows, progress=False)
+    kept = {"keep_bundled": settings.keep_bundled, "cache_dir": settings.cache}
+    fit_budget_on_prompts(model, tokenizer, set_budget, sample + chat, rows=sample_rows, progress=False, **kept)
     taught = copy.deepcopy(released)
-    teach_traffic(
-        model, tokenizer, taught, sample + chat, rows=sample_rows, cache_dir=settings.cache, seed=settings.seed
-    )
+    teach_traffic(model, tokenizer, taught, sample + chat, rows=sample_rows, seed=settings.seed, **kept)
 
     rows = load_source_rows(settings.folder, GUARD_POOLS, released.reads)
     rows = rows.select(rows.where(split="test"))

@@ -167,19 +167,22 @@ class SafetyGuard(nn.Module):
         shares: Sequence[float] | None = None,
         rows: str = "validation chat",
         confidence: float | None = None,
+        groups: Tensor | None = None,
     ) -> BudgetConfig:
         """Set every head's threshold so that, together, they flag at most ``target_fpr`` of the held-out
         ``benign`` rows (each of :attr:`reads`, ``[n, hidden]``), head ``h`` taking ``shares[h]`` of the budget
         (default: equal shares); see :func:`hf_lsad.guard.threshold.budget_thresholds`. With ``confidence``, fewer
         rows are flagged, so that fresh benign rows of the same kind are flagged at most at ``target_fpr`` with that
-        probability. ``rows`` says which rows these are (recorded). Returns the :class:`BudgetConfig` it set."""
+        probability. ``rows`` says which rows these are (recorded). ``groups`` (``[n]`` integers) names several kinds
+        of benign rows, each of which the heads together must flag within the budget on its own
+        (:func:`~hf_lsad.guard.threshold.budget_thresholds`). Returns the :class:`BudgetConfig` it set."""
         shares = [1.0 / len(self.head_names)] * len(self.head_names) if shares is None else list(shares)
         if len(shares) != len(self.head_names) or any(share <= 0 for share in shares):
             raise ValueError(f"need a positive share for each of the heads {self.head_names}, got {shares}")
         total = sum(shares)
         deciding = self._head_scores(self._check_reads(benign))[1]
         scores = torch.stack([deciding[name] for name in self.head_names], dim=1)  # [n, heads]
-        thresholds = budget_thresholds(scores.cpu(), target_fpr, shares, confidence=confidence)
+        thresholds = budget_thresholds(scores.cpu(), target_fpr, shares, confidence=confidence, groups=groups)
         budget = BudgetConfig(
             heads=self.head_names,
             shares=[share / total for share in shares],

@@ -106,6 +106,7 @@ def budget_thresholds(
     shares: Sequence[float],
     *,
     confidence: float | None = None,
+    groups: Tensor | None = None,
     iterations: int = 60,
 ) -> list[float]:
     """Thresholds for several heads that share one false-positive budget on held-out benign rows.
@@ -114,8 +115,13 @@ def budget_thresholds(
     :func:`fpr_threshold` gives at ``shares[h] * alpha``, and ``alpha`` is the largest (found by bisection) for
     which the rows flagged by *any* head are at most :func:`allowed_flags` of the ``n`` (``target_fpr`` of them
     without ``confidence``): the union, not each head, meets the target. Heads that flag the same rows leave more
-    budget to each other. The thresholds grow with ``alpha``, so the union is one nested family of rules and the
+    budget to each other. The thresholds fall as ``alpha`` grows, so the union is one nested family of rules and the
     ``confidence`` guarantee of :func:`allowed_flags` holds for it as for one head.
+
+    ``groups`` (``[n]`` integers, default one group) names several kinds of benign rows, a user's traffic and the
+    bundled chat for instance: the union then meets the target in *every* group, each bounded on its own rows (the
+    quantiles stay those of all rows pooled, one nested family still). A group too small for the ``confidence`` is
+    refused, as too few rows are.
     """
     if benign_scores.ndim != 2 or benign_scores.shape[1] != len(shares):
         raise ValueError(f"expected benign scores [n, {len(shares)}], got {tuple(benign_scores.shape)}")
@@ -124,7 +130,13 @@ def budget_thresholds(
     if any(share <= 0 for share in shares):
         raise ValueError(f"every head needs a positive share of the budget, got {list(shares)}")
     scores = benign_scores.double()
-    allowed = allowed_flags(len(scores), target_fpr, confidence)
+    if groups is None:
+        groups = torch.zeros(len(scores), dtype=torch.long)
+    if groups.shape != (len(scores),) or groups.dtype.is_floating_point or groups.dtype == torch.bool:
+        shape = tuple(groups.shape)
+        raise ValueError(f"groups must be [n] integers for {len(scores)} rows, got {groups.dtype} {shape}")
+    members = [groups == group for group in groups.unique().tolist()]  # [n] masks, one per group
+    allowed = [allowed_flags(int(member.sum()), target_fpr, confidence) for member in members]
     total = sum(shares)
     shares = [share / total for share in shares]
 
@@ -134,14 +146,14 @@ def budget_thresholds(
             fpr_threshold(scores[:, h], min(max(share * alpha, 1e-12), 1.0 - 1e-9)) for h, share in enumerate(shares)
         ]
 
-    def union_count(alpha: float) -> int:
-        flagged = scores > torch.tensor(thresholds(alpha), dtype=torch.float64)
-        return int(flagged.any(1).sum())
+    def within_budget(alpha: float) -> bool:
+        flagged = (scores > torch.tensor(thresholds(alpha), dtype=torch.float64)).any(1)  # [n]
+        return all(int(flagged[member].sum()) <= limit for member, limit in zip(members, allowed))
 
-    low, high = 0.0, 1.0 / max(shares)  # union_count(low) = 0 <= allowed
+    low, high = 0.0, 1.0 / max(shares)  # within_budget(low): no row is flagged
     for _ in range(iterations):
         middle = (low + high) / 2
-        low, high = (middle, high) if union_count(middle) <= allowed else (low, middle)
+        low, high = (middle, high) if within_budget(middle) else (low, middle)
     return thresholds(low)
 
 

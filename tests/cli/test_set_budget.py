@@ -11,9 +11,11 @@ from hf_lsad import load_model
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.commands import harm_advice
 from hf_lsad.cli.main import entry
+from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.fingerprint import boundary_flag_rate
-from hf_lsad.guard.heads.training import fit_budget_on_prompts
+from hf_lsad.guard.heads.training import KEPT_CACHE, fit_budget_on_prompts, read_folder, release_rows
+from hf_lsad.guard.threshold import allowed_flags
 
 TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
 """A benign kind of traffic the tiny guard's heads were not fitted on: it flags all of it at its thresholds."""
@@ -212,3 +214,52 @@ def test_set_budget_refuses_bad_input_before_loading_a_model(lines, flags, error
 def test_the_harm_warning_advises_what_the_guard_can_do(command, two_headed, advice):
     guard = two_headed_guard() if two_headed else fresh_guard("prompt_last")
     assert advice in harm_advice(command, guard)
+
+
+def test_fit_budget_on_prompts_keeps_each_bundled_pool_within_the_budget(tmp_path):
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard, cache = two_headed_guard(target_fpr=0.1), tmp_path / "cache"
+    kept = ["chat", "statements"]
+    budget = fit_budget_on_prompts(model, tokenizer, guard, SAMPLE, keep_bundled=kept, cache_dir=cache, progress=False)
+    chat, statements = (len(release_rows(pool, "validation")) for pool in kept)
+    assert budget.rows == (
+        f"the user's own benign prompts, and the bundled validation chat ({chat:,}), validation statements "
+        f"({statements:,}), each within the budget"
+    )
+    assert budget.n_rows == len(SAMPLE) + chat + statements
+    # the heads together flag at most the budget of each kind of rows on its own: the prompts, and each kept pool
+    # as the cache keeps its rows (a folder per pool)
+    own, _ = collect_prompt_features(model, tokenizer, SAMPLE, guard.reads, progress=False)
+    groups = {"prompts": own} | {
+        pool: {
+            read: load_activations(cache / KEPT_CACHE / pool / read_folder(read)).activations for read in guard.reads
+        }
+        for pool in kept
+    }
+    for name, reads in groups.items():
+        rows = len(next(iter(reads.values())))
+        assert int(guard(reads).flagged.sum()) <= allowed_flags(rows, 0.1), name
+    # read back from the cache, not the model: activations changed there change the thresholds
+    for folder in (cache / KEPT_CACHE / "chat").iterdir():
+        store = load_activations(folder)
+        save_activations(folder, store.activations * 0.0, store.records, store.hook, inputs=store.inputs)
+    again = fit_budget_on_prompts(
+        model, tokenizer, two_headed_guard(target_fpr=0.1), SAMPLE, keep_bundled=kept, cache_dir=cache, progress=False
+    )
+    assert again.thresholds != budget.thresholds
+
+
+@pytest.mark.parametrize(
+    ("prompts", "keep_bundled", "options", "error"),
+    [
+        (SAMPLE, "chat", {}, "a list of pool names"),
+        (SAMPLE, ["nonesuch"], {}, "keep_bundled takes distinct pools of"),
+        (SAMPLE, ["chat", "chat"], {}, "keep_bundled takes distinct pools of"),
+        (None, ["chat"], {}, "set on the chat pool's rows already"),
+        (TRAFFIC * 3, ["lookalike"], {"target_fpr": 0.01, "confidence": 0.95}, "87 held-out safe rows cannot bound"),
+    ],
+)
+def test_fit_budget_on_prompts_refuses_bad_kept_pools_before_any_forward_pass(prompts, keep_bundled, options, error):
+    _, tokenizer, _ = tiny_guard("prompt_last")
+    with pytest.raises((TypeError, ValueError), match=error):  # no model: refused before it would be used
+        fit_budget_on_prompts(None, tokenizer, two_headed_guard(), prompts, keep_bundled=keep_bundled, **options)

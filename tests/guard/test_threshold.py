@@ -141,3 +141,41 @@ def test_budget_with_confidence_flags_at_most_the_allowed_rows():
         flagged = int((scores > torch.tensor(thresholds, dtype=torch.float32)).any(1).sum())
         assert flagged <= allowed_flags(1338, 0.05, confidence)
         assert flagged >= allowed_flags(1338, 0.05, confidence) - 2  # the budget is used, not wasted
+
+
+def test_budget_with_groups_holds_every_group_within_the_target():
+    generator = torch.Generator().manual_seed(2)
+    # a user's traffic the heads score low, beside chat they score higher: thresholds on the traffic alone flag chat
+    traffic, chat = torch.rand(400, 2, generator=generator) * 0.5, torch.rand(1338, 2, generator=generator)
+    scores = torch.cat([traffic, chat])
+    groups = torch.cat([torch.zeros(400, dtype=torch.long), torch.ones(1338, dtype=torch.long)])
+    alone = torch.tensor(budget_thresholds(traffic, 0.05, [0.5, 0.5], confidence=0.95))
+    assert float((chat > alone).any(1).double().mean()) > 0.3
+    thresholds = torch.tensor(budget_thresholds(scores, 0.05, [0.5, 0.5], confidence=0.95, groups=groups))
+    for rows in (traffic, chat):
+        flagged = int((rows > thresholds).any(1).sum())
+        assert flagged <= allowed_flags(len(rows), 0.05, 0.95)
+    assert (
+        int((chat > thresholds).any(1).sum()) >= allowed_flags(1338, 0.05, 0.95) - 2
+    )  # the binding group's budget is used
+
+
+def test_budget_with_one_group_is_the_budget_without_groups():
+    scores = torch.rand(500, 2, generator=torch.Generator().manual_seed(3))
+    one = torch.full((500,), 7, dtype=torch.long)
+    assert budget_thresholds(scores, 0.05, [0.2, 0.8], groups=one) == budget_thresholds(scores, 0.05, [0.2, 0.8])
+
+
+@pytest.mark.parametrize(
+    "groups, message",
+    [
+        (torch.zeros(499, dtype=torch.long), "groups must be"),
+        (torch.zeros(500), "groups must be"),
+        (torch.zeros(500, dtype=torch.bool), "groups must be"),
+        (torch.cat([torch.zeros(490, dtype=torch.long), torch.ones(10, dtype=torch.long)]), "need at least 59"),
+    ],
+)
+def test_budget_refuses_bad_groups(groups, message):
+    scores = torch.rand(500, 2, generator=torch.Generator().manual_seed(4))
+    with pytest.raises(ValueError, match=message):
+        budget_thresholds(scores, 0.05, [0.5, 0.5], confidence=0.95, groups=groups)

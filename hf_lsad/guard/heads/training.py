@@ -62,6 +62,10 @@ BENIGN_POOLS: tuple[str, ...] = ("chat", "safe", "benign_ood", "lookalike")
 THRESHOLD_POOL = "chat"
 """The pool whose validation rows set every head's threshold again: the traffic a deployed guard mostly sees."""
 
+KEEPABLE_POOLS: tuple[str, ...] = (THRESHOLD_POOL, *CHECK_DOMAINS)
+"""The bundled benign pools whose validation rows :func:`fit_budget_on_prompts` can keep within the budget beside a
+user's prompts (``keep_bundled``)."""
+
 MIN_UNSAFE = 10
 """Fewest examples of a category a head is fitted on."""
 
@@ -338,6 +342,8 @@ def fit_budget_on_prompts(
     progress: bool = True,
     system: str | None = None,
     keep_nearest: bool | None = None,
+    keep_bundled: Sequence[str] = (),
+    cache_dir: str | os.PathLike | None = None,
 ) -> BudgetConfig:
     """Set every head's threshold on benign ``prompts`` (a sample of the traffic the guard will see, fitted on by no
     head), so that together the heads flag at most ``target_fpr`` of them
@@ -374,10 +380,17 @@ def fit_budget_on_prompts(
             (:func:`hf_lsad.guard.fingerprint.boundary_rows`), so that a smaller change of the model is refused.
             Default: only with the bundled rows (``prompts=None``); pass ``True`` only for prompts the guard folder
             may carry wherever it is pushed.
+        keep_bundled: Bundled benign pools (of :data:`KEEPABLE_POOLS`; ``"chat"``: the rows the released thresholds
+            were set on) whose validation rows the heads must also flag within the budget, each pool on its own
+            rows beside ``prompts``: thresholds set on traffic the heads score lower than chat fall, and flag more
+            of the chat and other traffic the deployment also serves. No head was fitted on those rows.
+        cache_dir: A :func:`bundled_features` cache that keeps the ``keep_bundled`` rows' activations, a folder per
+            pool in its :data:`KEPT_CACHE` sub-folder (``None``: read every time).
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
     """
+    kept = check_keep_bundled(keep_bundled, own_prompts=prompts is not None)
     if keep_nearest is None:  # only bundled rows are kept in the fingerprint, never a user's own traffic unasked
         keep_nearest = prompts is None
     if prompts is None:
@@ -391,6 +404,7 @@ def fit_budget_on_prompts(
     if shares is None:
         shares = budget.shares if budget is not None and budget.heads == guard.head_names else None
     allowed_flags(len(prompts), target_fpr, confidence)  # too few prompts for the confidence: refused here
+    kept_rows = kept_pool_rows(kept, target_fpr, confidence)
     benign, profile = collect_prompt_features(
         model,
         tokenizer,
@@ -401,11 +415,34 @@ def fit_budget_on_prompts(
         progress=progress,
         system=system,
     )
+    groups = torch.zeros(len(prompts), dtype=torch.long)  # [n]: the prompts are group 0, each kept pool one more
+    for group, (pool, pool_rows) in enumerate(kept_rows.items(), start=1):
+        folder = None if cache_dir is None else Path(cache_dir) / KEPT_CACHE / pool
+        pool_features = bundled_features(
+            model,
+            tokenizer,
+            pool_rows,
+            guard.reads,
+            cache_dir=folder,
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            progress=progress,
+            system=system,
+            desc=f"kept {pool}",
+        )
+        benign = {read: torch.cat([benign[read], pool_features[read]]) for read in guard.reads}
+        groups = torch.cat([groups, torch.full((len(pool_rows),), group, dtype=torch.long)])
+        prompts = [*prompts, *(p.text for p in pool_rows)]
+    if kept:
+        listed = ", ".join(f"validation {pool} ({len(kept_rows[pool]):,})" for pool in kept)
+        rows = f"{rows}, and the bundled {listed}, each within the budget"
     if system is not None:
         rows = f"{rows}, under the system turn {system!r}"
     if profile.adapter is not None:
         rows = f"{rows}, read through {adapter_label(profile.adapter)}"
-    budget = guard.fit_budget(benign, target_fpr=target_fpr, shares=shares, rows=rows, confidence=confidence)
+    budget = guard.fit_budget(
+        benign, target_fpr=target_fpr, shares=shares, rows=rows, confidence=confidence, groups=groups
+    )
     # the thresholds, and so the verdicts, now hold for this system turn and the adapters the model runs; a guard
     # without a profile takes the one of the prompts its thresholds were set on
     if guard.inputs is not None:
@@ -428,6 +465,29 @@ STEADY_SAMPLE = 1000
 scores of the part held back, and which sample is brought moves both the traffic flagged and the harm caught; with
 a thousand far less (measured with chat, task prompts and benign OOD as the user's traffic:
 ``benchmarks/experiments/heads/own_traffic_sample.json`` and ``own_traffic_sample_domains.json``)."""
+
+
+def check_keep_bundled(pools: Sequence[str], *, own_prompts: bool) -> list[str]:
+    """The pools of ``keep_bundled`` as a list, checked: distinct names of :data:`KEEPABLE_POOLS`, and not
+    :data:`THRESHOLD_POOL` when the thresholds are set on its rows already (``own_prompts=False``)."""
+    if isinstance(pools, str):
+        raise TypeError(f"keep_bundled takes a list of pool names, got the string {pools!r}")
+    pools = list(pools)
+    unknown = [pool for pool in pools if pool not in KEEPABLE_POOLS]
+    if unknown or len(set(pools)) != len(pools):
+        raise ValueError(f"keep_bundled takes distinct pools of {list(KEEPABLE_POOLS)}, got {pools}")
+    if not own_prompts and THRESHOLD_POOL in pools:
+        raise ValueError(f"without prompts the thresholds are set on the {THRESHOLD_POOL} pool's rows already")
+    return pools
+
+
+def kept_pool_rows(pools: Sequence[str], target_fpr: float, confidence: float | None) -> dict[str, list[Prompt]]:
+    """The validation rows of each kept pool (:func:`check_keep_bundled`), each checked to be as many as the
+    ``confidence`` needs to bound the rate at ``target_fpr`` on its own."""
+    rows = {pool: release_rows(pool, "validation") for pool in pools}
+    for pool_rows in rows.values():
+        allowed_flags(len(pool_rows), target_fpr, confidence)
+    return rows
 
 
 def small_sample_warning(n_prompts: int, n_held_back: int, allowed: int) -> str:
@@ -462,6 +522,7 @@ def teach_traffic(
     progress: bool = True,
     system: str | None = None,
     keep_nearest: bool = False,
+    keep_bundled: Sequence[str] = (),
 ) -> BudgetConfig:
     """Fit supervised head ``head`` again with part of the user's benign ``prompts`` beside the bundled pools' fit rows,
     and set every head's threshold on the rest of them (the guard is changed in place).
@@ -502,6 +563,9 @@ def teach_traffic(
             A ``cache_dir`` holds the bundled rows under one turn: keep one per turn.
         keep_nearest: Keep the held-back prompts nearest the thresholds in the guard's fingerprint, as
             :func:`fit_budget_on_prompts` does when asked (they travel with the guard folder).
+        keep_bundled: Bundled benign pools whose validation rows the heads must also flag within the budget, each
+            on its own beside the held-back prompts (:func:`fit_budget_on_prompts`; ``["chat"]``: a deployment that
+            also serves ordinary chat). Their activations are kept in ``cache_dir`` when given.
 
     Returns:
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
@@ -509,6 +573,7 @@ def teach_traffic(
     check_prompts(prompts)
     check_reads_prompt(guard)
     check_system_turn(system)
+    kept = check_keep_bundled(keep_bundled, own_prompts=True)
     if head not in guard.heads:
         raise ValueError(f"the guard has no supervised head named {head!r}; it has {guard.head_names}")
     unknown = sorted(set(pools) - set(POOL_CATEGORY))
@@ -517,6 +582,7 @@ def teach_traffic(
     taught, held_back = cut_traffic(prompts, fit_fraction, seed)
     target, rule = budget_rule(guard, target_fpr, confidence)
     allowed = allowed_flags(len(held_back), target, rule)  # too few for the confidence: refused before any pass
+    kept_pool_rows(kept, target, rule)
     warning = small_sample_warning(len(prompts), len(held_back), allowed)
     if warning:
         warn(warning, SmallSampleWarning)
@@ -567,6 +633,8 @@ def teach_traffic(
             progress=progress,
             system=system,
             keep_nearest=keep_nearest,
+            keep_bundled=keep_bundled,
+            cache_dir=cache_dir,
         )
     except BaseException:  # leave the guard as it was
         guard.heads[head] = old_head
@@ -584,8 +652,12 @@ folder per draw (``<rows>-per-group-seed-<seed>``)."""
 DOMAIN_CACHE = "validation-domains"
 """The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_domain_flag_rates` reads, a
 folder per draw (``<rows>-per-domain-seed-<seed>``)."""
-CHECK_CACHES = (CHAT_CACHE, DOMAIN_CACHE, HARM_CACHE)
-"""The sub-folders of a :func:`bundled_features` cache that keep the checks' draws."""
+KEPT_CACHE = "validation-kept"
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows of each pool :func:`fit_budget_on_prompts`
+keeps within the budget (``keep_bundled``), a folder per pool."""
+CHECK_CACHES = (CHAT_CACHE, DOMAIN_CACHE, HARM_CACHE, KEPT_CACHE)
+"""The sub-folders of a :func:`bundled_features` cache that keep bundled validation rows: the checks' draws and the
+kept pools."""
 
 
 def bundled_chat_flag_rates(
