@@ -21,6 +21,7 @@ from ..data.pools import (
     EVAL_SOURCES,
     HARM_CHECK_POOLS,
     HARM_CHECK_ROWS,
+    KEEPABLE_POOLS,
 )
 from ..data.tables import DEFAULT_COLUMN
 
@@ -409,6 +410,17 @@ def _budget_arguments(parser: argparse.ArgumentParser, *, benign_required: bool)
         help="keep the --benign prompts nearest the thresholds, as token ids, in the guard folder, so that a model "
         "that moves them is refused; they travel with the folder wherever it is pushed (default: kept only for the "
         "bundled rows)",
+    )
+    parser.add_argument(
+        "--keep-bundled",
+        nargs="+",
+        default=[],
+        choices=KEEPABLE_POOLS,
+        metavar="POOL",
+        help="bundled benign pools whose validation rows the heads must also flag within the budget, each on its "
+        "own, beside the --benign prompts: for a deployment that also serves that traffic, e.g. 'chat' (the rows the "
+        f"released thresholds were set on); one or more of {', '.join(KEEPABLE_POOLS)} (default: none). Their "
+        "activations are kept in --cache",
     )
     model_argument(parser)
     _budget_batch_arguments(parser)

@@ -366,10 +366,17 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The prompt file (readable, not empty, enough rows for the confidence: for ``teach``, in the part held back for
-    the thresholds; ``set-budget`` without one takes the bundled validation chat), the head ``teach`` fits again, and
-    where the guard goes."""
+    the thresholds; ``set-budget`` without one takes the bundled validation chat), the head ``teach`` fits again, the
+    pools kept within the budget, and where the guard goes."""
     from ..guard.guard import SafetyGuard
-    from ..guard.heads.training import budget_rule, check_reads_prompt, cut_traffic, small_sample_warning
+    from ..guard.heads.training import (
+        budget_rule,
+        check_keep_bundled,
+        check_reads_prompt,
+        cut_traffic,
+        kept_pool_rows,
+        small_sample_warning,
+    )
     from ..guard.threshold import allowed_flags
     from .arguments import guard_location
     from .commands import read_prompt_file
@@ -418,6 +425,12 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
     except ValueError as err:
         held_back = " held back for the thresholds" if args.command == "teach" else ""
         parser.error(f"argument --benign: {len(prompts)} prompts{held_back}: {_one_line(err)}")
+    try:
+        kept_pool_rows(
+            check_keep_bundled(args.keep_bundled, own_prompts=args.benign is not None), target_fpr, confidence
+        )
+    except ValueError as err:
+        parser.error(f"argument --keep-bundled: {_one_line(err)}")
     warning = small_sample_warning(brought, len(prompts), allowed) if args.command == "teach" else ""
     if warning:  # said before the model loads, not after an hour's forward pass
         print(f"warning: {warning}", file=sys.stderr)

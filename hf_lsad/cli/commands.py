@@ -511,14 +511,18 @@ def run_set_budget(args: argparse.Namespace) -> None:
         max_batch_tokens=args.max_batch_tokens,
         system=args.system,
         keep_nearest=True if args.keep_nearest else None,  # None: the bundled rows are kept, a user's only when asked
+        keep_bundled=args.keep_bundled,
+        cache_dir=args.cache,
     )
     out = args.out or args.guard
     # a new card: the old card's figures were measured at the old thresholds
     # budget.rows also names the system turn and the adapter, which _how_read says once for every command
+    kept_rows, kept = _kept_pools(args)
+    own_rows = budget.n_rows - kept_rows
     rows = "of the user's own benign prompts" if args.benign else "bundled validation chat rows"
-    change = f"thresholds set with `hf-lsad set-budget` on {budget.n_rows} {rows}" + _how_read(args, guard)
+    change = f"thresholds set with `hf-lsad set-budget` on {own_rows} {rows}{kept}" + _how_read(args, guard)
     guard.save_pretrained(out, data=derived_data(_parent(args), folder, change))
-    print(f"thresholds set on {budget.n_rows} prompts of {args.benign or 'the bundled validation chat'}; wrote {out}")
+    print(f"thresholds set on {own_rows} prompts of {args.benign or 'the bundled validation chat'}{kept}; wrote {out}")
     old_thresholds = before.thresholds if before is not None and before.heads == budget.heads else None
     for i, (name, share, threshold) in enumerate(zip(budget.heads, budget.shares, budget.thresholds)):
         was = f" (was {old_thresholds[i]:.4g})" if old_thresholds is not None else ""
@@ -526,7 +530,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
     confidence = f", {budget.confidence:.0%} confidence" if budget.confidence is not None else ""
     print(
         f"  together: {budget.measured_fpr:.2%} of the {budget.n_rows} prompts "
-        f"(target {budget.target_fpr:.0%}{confidence})"
+        f"(target {budget.target_fpr:.0%}{confidence}{KEPT_WITHIN * bool(kept)})"
     )
     _echo_kept_rows(guard)
     if came_from is not None:
@@ -565,27 +569,48 @@ def run_teach(args: argparse.Namespace) -> None:
             seed=args.seed,
             system=args.system,
             keep_nearest=args.keep_nearest,
+            keep_bundled=args.keep_bundled,
         )
     out = args.out or args.guard
-    taught = len(prompts) - budget.n_rows
+    kept_rows, kept = _kept_pools(args)
+    held_back = budget.n_rows - kept_rows
+    taught = len(prompts) - held_back
     change = (
         f"head `{args.head}` fitted again with `hf-lsad teach` on {taught} of the user's own benign prompts beside "
-        f"the bundled pools' fit rows; thresholds set on the other {budget.n_rows}"
+        f"the bundled pools' fit rows; thresholds set on the other {held_back}{kept}"
     ) + _how_read(args, guard)
     guard.save_pretrained(out, data=derived_data(_parent(args), folder, change))
-    print(f"head {args.head!r} taught {taught} prompts of {args.benign}; thresholds set on the other {budget.n_rows}")
+    print(f"head {args.head!r} taught {taught} prompts of {args.benign}; thresholds set on the other {held_back}{kept}")
     print(f"wrote {out}")
     for name, share, threshold in zip(budget.heads, budget.shares, budget.thresholds):
         print(f"  {name}: share {share:.2f}, threshold {threshold:.4g}")
     confidence = f", {budget.confidence:.0%} confidence" if budget.confidence is not None else ""
+    rows = "held-back prompts and kept rows" if kept else "held-back prompts"
     print(
-        f"  together: {budget.measured_fpr:.2%} of the {budget.n_rows} held-back prompts "
-        f"(target {budget.target_fpr:.0%}{confidence})"
+        f"  together: {budget.measured_fpr:.2%} of the {budget.n_rows} {rows} "
+        f"(target {budget.target_fpr:.0%}{confidence}{KEPT_WITHIN * bool(kept)})"
     )
     _echo_kept_rows(guard)
     if taught_from is not None:
         check = {"chat_rows": args.chat_check, "seed": args.seed, "cache": args.cache}
         _check_what_changed(args, model, tokenizer, taught_from, guard, **check)
+
+
+KEPT_WITHIN = ", each kind of rows within it"
+"""What the ``together`` line of ``set-budget`` and ``teach`` adds when ``--keep-bundled`` kept pools within the budget:
+the rate over all rows is not the rule, each kind's is."""
+
+
+def _kept_pools(args: argparse.Namespace) -> tuple[int, str]:
+    """``--keep-bundled``: how many bundled validation rows the thresholds also kept within the budget, and the words
+    that say which (``""`` for none)."""
+    from ..guard.heads.training import release_rows
+
+    sizes = {pool: len(release_rows(pool, "validation")) for pool in args.keep_bundled}
+    if not sizes:
+        return 0, ""
+    listed = ", ".join(f"{pool} ({rows:,} rows)" for pool, rows in sizes.items())
+    return sum(sizes.values()), f", beside the bundled validation {listed}, each kept within the budget"
 
 
 HARM_ADVICE = {

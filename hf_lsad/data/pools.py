@@ -111,6 +111,7 @@ __all__ = [
     "GUARD_POOLS",
     "HARM_CHECK_POOLS",
     "HARM_CHECK_ROWS",
+    "KEEPABLE_POOLS",
     "POOLS",
     "POOL_CATEGORY",
     "RESERVED_PROMPTS",
@@ -253,6 +254,12 @@ CHECK_DOMAINS: dict[str, str] = {
 }
 """The bundled benign pools beside chat, each a kind of benign traffic, with the name a check prints: the pools whose
 validation rows the domain check of a changed guard reads (:data:`DOMAIN_CHECK_ROWS`)."""
+
+KEEPABLE_POOLS: tuple[str, ...] = ("chat", *CHECK_DOMAINS)
+"""The bundled benign pools whose validation rows thresholds set on a user's prompts can also keep within the budget
+(``keep_bundled`` of :func:`hf_lsad.guard.heads.training.fit_budget_on_prompts`, ``--keep-bundled`` of ``hf-lsad
+set-budget`` and ``teach``): chat, the rows the released thresholds were set on, and every other kind of benign
+traffic the pools hold."""
 
 DOMAIN_CHECK_ROWS = 100
 """Validation rows of each of the :data:`CHECK_DOMAINS` that a check of a guard whose thresholds or heads changed reads

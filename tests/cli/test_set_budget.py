@@ -187,6 +187,13 @@ def test_fit_budget_on_prompts_keeps_or_sets_the_confidence():
         (SAMPLE, ["--guard", "default"], "argument --out: needed"),
         (SAMPLE, ["--benign", "missing.txt"], "no file"),
         (SAMPLE, ["--guard", "RESPONSE"], "reads the response"),
+        (SAMPLE, ["--keep-bundled", "nonesuch"], "argument --keep-bundled: invalid choice: 'nonesuch'"),
+        (SAMPLE, ["--keep-bundled", "chat", "chat"], "argument --keep-bundled: keep_bundled takes distinct pools"),
+        (  # 300 prompts bound the rate at 2% with 95% confidence; the 87 look-alikes cannot on their own
+            TRAFFIC * 2,
+            ["--keep-bundled", "lookalike", "--target-fpr", "0.02", "--confidence", "0.95"],
+            "argument --keep-bundled: 87 held-out safe rows cannot bound the rate",
+        ),
     ],
 )
 def test_set_budget_refuses_bad_input_before_loading_a_model(lines, flags, error, guard_dir, tmp_path, capsys):
@@ -219,14 +226,14 @@ def test_the_harm_warning_advises_what_the_guard_can_do(command, two_headed, adv
 def test_fit_budget_on_prompts_keeps_each_bundled_pool_within_the_budget(tmp_path):
     model, tokenizer, _ = tiny_guard("prompt_last")
     guard, cache = two_headed_guard(target_fpr=0.1), tmp_path / "cache"
-    kept = ["chat", "statements"]
+    kept = ["questions", "statements"]  # the shortest pools: "chat" is read the same way
     budget = fit_budget_on_prompts(model, tokenizer, guard, SAMPLE, keep_bundled=kept, cache_dir=cache, progress=False)
-    chat, statements = (len(release_rows(pool, "validation")) for pool in kept)
+    questions, statements = (len(release_rows(pool, "validation")) for pool in kept)
     assert budget.rows == (
-        f"the user's own benign prompts, and the bundled validation chat ({chat:,}), validation statements "
+        f"the user's own benign prompts, and the bundled validation questions ({questions:,}), validation statements "
         f"({statements:,}), each within the budget"
     )
-    assert budget.n_rows == len(SAMPLE) + chat + statements
+    assert budget.n_rows == len(SAMPLE) + questions + statements
     # the heads together flag at most the budget of each kind of rows on its own: the prompts, and each kept pool
     # as the cache keeps its rows (a folder per pool)
     own, _ = collect_prompt_features(model, tokenizer, SAMPLE, guard.reads, progress=False)
@@ -240,7 +247,7 @@ def test_fit_budget_on_prompts_keeps_each_bundled_pool_within_the_budget(tmp_pat
         rows = len(next(iter(reads.values())))
         assert int(guard(reads).flagged.sum()) <= allowed_flags(rows, 0.1), name
     # read back from the cache, not the model: activations changed there change the thresholds
-    for folder in (cache / KEPT_CACHE / "chat").iterdir():
+    for folder in (cache / KEPT_CACHE / "questions").iterdir():
         store = load_activations(folder)
         save_activations(folder, store.activations * 0.0, store.records, store.hook, inputs=store.inputs)
     again = fit_budget_on_prompts(
@@ -263,3 +270,25 @@ def test_fit_budget_on_prompts_refuses_bad_kept_pools_before_any_forward_pass(pr
     _, tokenizer, _ = tiny_guard("prompt_last")
     with pytest.raises((TypeError, ValueError), match=error):  # no model: refused before it would be used
         fit_budget_on_prompts(None, tokenizer, two_headed_guard(), prompts, keep_bundled=keep_bundled, **options)
+
+
+def test_set_budget_keeps_bundled_pools_within_the_budget(model_dir, guard_dir, tmp_path, capsys):
+    sample, out, cache = tmp_path / "traffic.txt", tmp_path / "mine", tmp_path / "cache"
+    sample.write_text("".join(t + "\n" for t in SAMPLE))
+    argv = ["set-budget", "--guard", str(guard_dir), "--model", str(model_dir), *NO_CHECKS, "--out", str(out)]
+    entry([*argv, "--benign", str(sample), "--keep-bundled", "statements", "--cache", str(cache)])
+    printed = capsys.readouterr().out
+    statements = len(release_rows("statements", "validation"))
+    assert (
+        f"thresholds set on 100 prompts of {sample}, beside the bundled validation statements ({statements:,} rows), "
+        "each kept within the budget" in printed
+    )
+    assert "(target 10%, each kind of rows within it)" in printed
+    assert SafetyGuard.from_pretrained(out).budget.n_rows == 100 + statements
+    assert sorted(p.name for p in (cache / KEPT_CACHE).iterdir()) == ["statements"]
+    # without --benign the thresholds are set on the bundled chat already: refused before the model loads
+    with pytest.raises(SystemExit):
+        entry([*argv, "--keep-bundled", "chat"])
+    assert "argument --keep-bundled: without prompts the thresholds are set on the chat pool's rows" in (
+        capsys.readouterr().err
+    )

@@ -24,6 +24,7 @@ from hf_lsad.guard.heads.training import (
     CHAT_CACHE,
     DOMAIN_CACHE,
     HARM_CACHE,
+    KEPT_CACHE,
     PARTIAL,
     STEADY_SAMPLE,
     USER_SOURCE,
@@ -684,3 +685,27 @@ def test_a_cache_of_the_bundled_rows_holds_one_system_turn(model_dir, guard_dir,
     alone = bundled_features(model, tokenizer, prompts, reads, system=TURN, progress=False)
     assert all(torch.allclose(resumed[read], alone[read], atol=1e-5) for read in reads)
     assert load_activations(tmp_path / "turned" / read_folder(reads[0])).inputs.system == TURN
+
+
+def test_teach_keeps_bundled_pools_within_the_budget_beside_the_held_back_prompts(
+    model_dir, guard_dir, tmp_path, capsys
+):
+    sample, out = tmp_path / "traffic.txt", tmp_path / "mine"
+    sample.write_text("".join(t + "\n" for t in SAMPLE))
+    flags = ["--benign", str(sample), "--fit-fraction", "0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
+    checks = ["--chat-check", "0", "--domain-check", "0", "--harm-check", "0"]
+    kept = ["--keep-bundled", "statements", "--cache", str(tmp_path / "cache")]
+    entry(["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, *checks, *kept, "--out", str(out)])
+    printed = capsys.readouterr().out
+    statements = len(release_rows("statements", "validation"))
+    assert (
+        f"head 'harm' taught 50 prompts of {sample}; thresholds set on the other 50, beside the bundled validation "
+        f"statements ({statements:,} rows), each kept within the budget" in printed
+    )
+    assert (
+        f"of the {50 + statements} held-back prompts and kept rows (target 10%, each kind of rows within it)" in printed
+    )
+    budget = SafetyGuard.from_pretrained(out).budget
+    assert budget.n_rows == 50 + statements and f"validation statements ({statements:,})" in budget.rows
+    assert "thresholds set on the other 50, beside the bundled validation statements" in (out / "README.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "cache" / KEPT_CACHE).iterdir()) == ["statements"]

@@ -48,6 +48,7 @@ from ...data.pools import (
     EVAL_SOURCES,
     HARM_CHECK_POOLS,
     HARM_CHECK_ROWS,
+    KEEPABLE_POOLS,
 )
 from ...data.store import INDEX, ActivationSet, ActivationStore, load_activations, save_activations
 from ...errors import SmallSampleWarning, warn
@@ -61,10 +62,6 @@ BENIGN_POOLS: tuple[str, ...] = ("chat", "safe", "benign_ood", "lookalike")
 
 THRESHOLD_POOL = "chat"
 """The pool whose validation rows set every head's threshold again: the traffic a deployed guard mostly sees."""
-
-KEEPABLE_POOLS: tuple[str, ...] = (THRESHOLD_POOL, *CHECK_DOMAINS)
-"""The bundled benign pools whose validation rows :func:`fit_budget_on_prompts` can keep within the budget beside a
-user's prompts (``keep_bundled``)."""
 
 MIN_UNSAFE = 10
 """Fewest examples of a category a head is fitted on."""
