@@ -609,8 +609,8 @@ def _kept_pools(args: argparse.Namespace) -> tuple[int, str]:
     sizes = {pool: len(release_rows(pool, "validation")) for pool in args.keep_bundled}
     if not sizes:
         return 0, ""
-    listed = ", ".join(f"{pool} ({rows:,} rows)" for pool, rows in sizes.items())
-    return sum(sizes.values()), f", beside the bundled validation {listed}, each kept within the budget"
+    listed = ", ".join(f"{pool} ({rows:,})" for pool, rows in sizes.items())
+    return sum(sizes.values()), f", beside the bundled validation rows of {listed}, each kind kept within the budget"
 
 
 HARM_ADVICE = {
@@ -635,12 +635,24 @@ def harm_advice(command: str, guard: Any) -> str:
 
 DOMAIN_ADVICE = {
     "set-budget": "the thresholds hold the budget on the traffic you brought; if the deployment also serves these, "
-    "bring a sample that holds them too (docs/heads.md, 'Your own traffic')",
+    "{keep}bring a sample that holds them too (docs/heads.md, 'Your own traffic')",
     "teach": "the head and thresholds hold the budget on the traffic you brought; if the deployment also serves these, "
-    "bring a sample that holds them too (docs/heads.md, 'Your own traffic')",
+    "{keep}bring a sample that holds them too (docs/heads.md, 'Your own traffic')",
     "add-head": "the new head flags them: bring prompts of these kinds as --safe, or give it a smaller --share",
 }
-"""What ``--domain-check``'s warning advises after each command that changes a guard."""
+"""What ``--domain-check``'s warning advises after each command that changes a guard (``{keep}``: the
+``--keep-bundled`` that would keep the risen kinds within the budget, :func:`domain_advice`)."""
+UNKEPT_DOMAINS = ("lookalike",)
+"""Kinds of benign traffic the advice does not offer to keep within the budget: the released guard flags 22% of the
+look-alikes' validation rows, above any budget of a few percent, so keeping them would raise the thresholds far."""
+
+
+def domain_advice(command: str, risen: list[str]) -> str:
+    """What ``--domain-check``'s warning advises after ``command`` changed a guard that now flags far more of the
+    ``risen`` pools: for ``set-budget`` and ``teach``, to keep those it can within the budget by ``--keep-bundled``."""
+    keep = [pool for pool in risen if pool not in UNKEPT_DOMAINS]
+    offered = f"keep them within the budget too (--keep-bundled {' '.join(keep)}) or " if keep else ""
+    return DOMAIN_ADVICE[command].format(keep=offered)
 
 
 def _check_what_changed(
@@ -667,6 +679,7 @@ def _check_what_changed(
         domain_shift_warning,
         harm_drop_warning,
         release_rows,
+        risen_domains,
     )
 
     reading = {
@@ -698,7 +711,8 @@ def _check_what_changed(
         )
         warning = domain_shift_warning(was_flagged, now_flagged, after.budget.target_fpr)
         if warning:
-            print(f"warning: {warning}: {DOMAIN_ADVICE[args.command]}", file=sys.stderr)
+            risen = risen_domains(was_flagged, now_flagged, after.budget.target_fpr)
+            print(f"warning: {warning}: {domain_advice(args.command, risen)}", file=sys.stderr)
     if args.harm_check:
         was_caught, now_caught = bundled_harm_catch_rates(
             model, tokenizer, [before, after], rows_per_source=args.harm_check, **reading

@@ -230,8 +230,8 @@ def test_fit_budget_on_prompts_keeps_each_bundled_pool_within_the_budget(tmp_pat
     budget = fit_budget_on_prompts(model, tokenizer, guard, SAMPLE, keep_bundled=kept, cache_dir=cache, progress=False)
     questions, statements = (len(release_rows(pool, "validation")) for pool in kept)
     assert budget.rows == (
-        f"the user's own benign prompts, and the bundled validation questions ({questions:,}), validation statements "
-        f"({statements:,}), each within the budget"
+        f"the user's own benign prompts, and the bundled validation rows of questions ({questions:,}), statements "
+        f"({statements:,}), each kind within the budget"
     )
     assert budget.n_rows == len(SAMPLE) + questions + statements
     # the heads together flag at most the budget of each kind of rows on its own: the prompts, and each kept pool
@@ -280,8 +280,8 @@ def test_set_budget_keeps_bundled_pools_within_the_budget(model_dir, guard_dir, 
     printed = capsys.readouterr().out
     statements = len(release_rows("statements", "validation"))
     assert (
-        f"thresholds set on 100 prompts of {sample}, beside the bundled validation statements ({statements:,} rows), "
-        "each kept within the budget" in printed
+        f"thresholds set on 100 prompts of {sample}, beside the bundled validation rows of statements "
+        f"({statements:,}), each kind kept within the budget" in printed
     )
     assert "(target 10%, each kind of rows within it)" in printed
     assert SafetyGuard.from_pretrained(out).budget.n_rows == 100 + statements

@@ -13,6 +13,7 @@ import torch
 from tiny import PROMPTS, fresh_guard, tiny_guard, two_headed_guard
 
 from hf_lsad.capture.collect import collect_prompt_features
+from hf_lsad.cli.commands import domain_advice
 from hf_lsad.cli.main import entry, parse
 from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.core.hook_point import HookPoint
@@ -700,12 +701,30 @@ def test_teach_keeps_bundled_pools_within_the_budget_beside_the_held_back_prompt
     statements = len(release_rows("statements", "validation"))
     assert (
         f"head 'harm' taught 50 prompts of {sample}; thresholds set on the other 50, beside the bundled validation "
-        f"statements ({statements:,} rows), each kept within the budget" in printed
+        f"rows of statements ({statements:,}), each kind kept within the budget" in printed
     )
     assert (
         f"of the {50 + statements} held-back prompts and kept rows (target 10%, each kind of rows within it)" in printed
     )
     budget = SafetyGuard.from_pretrained(out).budget
-    assert budget.n_rows == 50 + statements and f"validation statements ({statements:,})" in budget.rows
-    assert "thresholds set on the other 50, beside the bundled validation statements" in (out / "README.md").read_text()
+    assert budget.n_rows == 50 + statements and f"validation rows of statements ({statements:,})" in budget.rows
+    card = (out / "README.md").read_text()
+    assert "thresholds set on the other 50, beside the bundled validation rows of statements" in card
     assert sorted(p.name for p in (tmp_path / "cache" / KEPT_CACHE).iterdir()) == ["statements"]
+
+
+@pytest.mark.parametrize(
+    ("command", "risen", "advice"),
+    [
+        (
+            "teach",
+            ["safe", "lookalike", "statements"],
+            "keep them within the budget too (--keep-bundled safe statements)",
+        ),
+        ("set-budget", ["benign_ood"], "keep them within the budget too (--keep-bundled benign_ood) or bring a sample"),
+        ("teach", ["lookalike"], "if the deployment also serves these, bring a sample that holds them too"),
+        ("add-head", ["safe"], "bring prompts of these kinds as --safe"),
+    ],
+)
+def test_the_domain_warning_offers_to_keep_the_kinds_it_can_within_the_budget(command, risen, advice):
+    assert advice in domain_advice(command, risen)

@@ -431,8 +431,8 @@ def fit_budget_on_prompts(
         groups = torch.cat([groups, torch.full((len(pool_rows),), group, dtype=torch.long)])
         prompts = [*prompts, *(p.text for p in pool_rows)]
     if kept:
-        listed = ", ".join(f"validation {pool} ({len(kept_rows[pool]):,})" for pool in kept)
-        rows = f"{rows}, and the bundled {listed}, each within the budget"
+        listed = ", ".join(f"{pool} ({len(kept_rows[pool]):,})" for pool in kept)
+        rows = f"{rows}, and the bundled validation rows of {listed}, each kind within the budget"
     if system is not None:
         rows = f"{rows}, under the system turn {system!r}"
     if profile.adapter is not None:
@@ -885,19 +885,26 @@ def chat_shift_warning(before: float, after: float, target: float) -> str:
         return ""
     return (
         f"the new guard flags {after:.1%} of the bundled validation chat ({before:.1%} before): its thresholds are "
-        "set for the traffic you brought; if the deployment also serves ordinary chat, bring a sample that holds both "
+        "set for the traffic you brought; if the deployment also serves ordinary chat, keep the bundled chat within "
+        "the budget too (--keep-bundled chat; keep_bundled=['chat'] in Python) or bring a sample that holds both "
         "(docs/heads.md, 'Your own traffic')"
     )
+
+
+def risen_domains(before: dict[str, float], after: dict[str, float], target: float) -> list[str]:
+    """The pools of :func:`domain_shift_warning`'s warning: each flagged at ``after`` above :data:`BENIGN_SHIFT` times
+    both its share ``before`` and the ``target``, in the order of ``after``."""
+    return [pool for pool in after if _shifted(before[pool], after[pool], target)]
 
 
 def domain_shift_warning(before: dict[str, float], after: dict[str, float], target: float) -> str:
     """What to tell a user whose changed guard flags ``after`` of each bundled benign domain beside chat where the
     guard it came from flagged ``before`` (:func:`bundled_domain_flag_rates`), for a budget of ``target`` (``""``
     unless a domain is above :data:`BENIGN_SHIFT` times both its share before and the target)."""
-    risen = [pool for pool in after if _shifted(before[pool], after[pool], target)]
+    risen = risen_domains(before, after, target)
     if not risen:
         return ""
-    listed = ", ".join(f"{CHECK_DOMAINS.get(pool, pool)} {before[pool]:.0%} to {after[pool]:.0%}" for pool in risen)
+    listed = ", ".join(f"{CHECK_DOMAINS[pool]} {before[pool]:.0%} to {after[pool]:.0%}" for pool in risen)
     return f"the new guard flags far more of other kinds of benign traffic ({listed})"
 
 
