@@ -843,7 +843,8 @@ def _flagged_often_advice(args: argparse.Namespace, guard: Any, summary: Any) ->
         f"times the {budget.target_fpr:.0%} of benign traffic the guard's thresholds allow (beyond chance, 95% "
         "confidence). If they are benign traffic your deployment serves, the guard does not know their kind: teach it "
         "about a thousand of them "
-        f"({shlex.join(command)}; docs/heads.md, 'Your own traffic'). If they hold harm, it is doing its work."
+        f"({shlex.join(command)}; add --keep-bundled chat if it serves ordinary chat too; docs/heads.md, 'Your own "
+        "traffic'). If they hold harm, it is doing its work."
     )
 
 

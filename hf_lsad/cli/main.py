@@ -130,7 +130,8 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "model that reads prompts otherwise, e.g. --model a peft adapter (refused by the guard until then). Once "
         "the guard is written, says what the new thresholds did to the bundled harm, to the other kinds of benign "
         "traffic the pools hold and, with --benign, to bundled chat (--harm-check, --domain-check, --chat-check). "
-        "--cache keeps the rows those checks read.",
+        "--keep-bundled holds the budget on bundled pools as well as on --benign, each on its own. --cache keeps the "
+        "rows those checks and pools read.",
     ),
     "teach": (
         "teach a supervised head a sample of your own benign traffic, and set the thresholds on the rest",
@@ -146,7 +147,9 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "holds one turn). Too few held-back prompts for the confidence are refused before the model loads (59 at 5% "
         "and 0.95); bring about a thousand prompts, since with fewer the guard moves with the sample (said before the "
         "model loads). Once the guard is written, says what teaching did to bundled chat, to the other kinds of benign "
-        "traffic the pools hold and to the bundled harm (--chat-check, --domain-check, --harm-check).",
+        "traffic the pools hold and to the bundled harm (--chat-check, --domain-check, --harm-check). With "
+        "--keep-bundled chat the thresholds hold the budget on the bundled chat as well as on the held-back prompts, "
+        "each on its own: for a deployment that serves chat too.",
     ),
     "screen": (
         "screen a table of prompts (JSONL, CSV, Parquet, a dataset) into a JSON-lines file of verdicts",

@@ -132,7 +132,8 @@ def test_screen_advises_teaching_a_table_flagged_far_more_often_than_the_budget(
     err = capsys.readouterr().err
     assert "note: 100% of the rows scored were flagged, more than 2 times the 10% of benign traffic" in err
     # the teach command that reads the table as this screen did, ready to run
-    advised = shlex.split(err.split("teach it about a thousand of them (")[1].split("; docs/heads.md")[0])
+    advised = shlex.split(err.split("teach it about a thousand of them (")[1].split("; add --keep-bundled")[0])
+    assert "; add --keep-bundled chat if it serves ordinary chat too; docs/heads.md" in err
     assert advised[:2] == ["hf-lsad", "teach"]
     _, args = parse(advised[1:])
     assert (args.guard, args.benign, args.column, args.system) == (str(guard_dir), str(table), "text", turn)
