@@ -40,6 +40,7 @@ _EXPORTS = {
     "SafetyGuard": "guard",
     "SafetyReport": "guard",
     "SmallSampleWarning": "errors",
+    "ThresholdsResetWarning": "errors",
     "SparseAutoencoder": "sae",
     "SupervisedHead": "guard.heads",
     "add_head": "guard.heads.training",
@@ -82,6 +83,7 @@ __all__ = [
     "SmallSampleWarning",
     "SparseAutoencoder",
     "SupervisedHead",
+    "ThresholdsResetWarning",
     "UnsafeGuardFileError",
     "__version__",
     "add_head",
@@ -121,6 +123,7 @@ if TYPE_CHECKING:
         ModelMismatchError,
         ScoreShiftWarning,
         SmallSampleWarning,
+        ThresholdsResetWarning,
         UnsafeGuardFileError,
     )
     from .generation import (

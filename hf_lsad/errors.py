@@ -70,6 +70,12 @@ class SmallSampleWarning(UserWarning):
     give another guard (the message gives the count and what to bring)."""
 
 
+class ThresholdsResetWarning(UserWarning):
+    """A head was added to a guard whose thresholds had been set on other rows than the bundled validation chat (a
+    user's own traffic): every threshold is set again on that chat, and the message says how to set them on the
+    traffic again."""
+
+
 class AdapterWarning(UserWarning):
     """A guarded model runs other peft adapters than the guard's thresholds were set through
     (:func:`hf_lsad.capture.adapters.check_adapter`)."""
@@ -103,5 +109,6 @@ __all__ = [
     "InputError",
     "ModelMismatchError",
     "ScoreShiftWarning",
+    "ThresholdsResetWarning",
     "UnsafeGuardFileError",
 ]

@@ -512,3 +512,32 @@ def test_a_head_fitted_your_own_way_is_added_with_its_share_and_a_failure_leaves
     with pytest.raises(ValueError):  # fails inside the threshold fit: the head is taken out again
         add_fitted_head(model, tokenizer, before, other, threshold_rows=120, max_batch_tokens=-1, progress=False)
     assert before.head_names == ["anomaly", "harm"] and before.budget.shares == pytest.approx([0.5, 0.5])
+
+
+@pytest.mark.parametrize(
+    ("rows", "warned"),
+    [
+        ("validation chat", False),  # the released guard's: set on that chat again
+        ("validation chat, under the system turn 'You are a bank.'", False),
+        ("the user's own benign prompts, traffic.txt", True),  # set-budget or teach on the user's traffic
+        ("traffic.txt, and the bundled validation rows of chat (1,338), each kind within the budget", True),
+        ("validation chat, and the bundled validation rows of statements (201), each kind within the budget", True),
+    ],
+)
+def test_adding_a_head_says_when_it_sets_thresholds_set_on_other_rows_again_on_chat(rows, warned):
+    from hf_lsad.errors import ThresholdsResetWarning
+    from hf_lsad.guard.heads.training import add_fitted_head
+
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard()
+    guard.budget = replace(guard.budget, rows=rows)
+    head = copy.deepcopy(tiny_head())
+    head.config = replace(head.config, name="mine")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        add_fitted_head(model, tokenizer, guard, head, threshold_rows=120, progress=False)
+    reset = [w for w in caught if issubclass(w.category, ThresholdsResetWarning)]
+    assert len(reset) == int(warned)
+    if warned:
+        assert f"the guard's thresholds had been set on {rows}; with head 'mine' added" in str(reset[0].message)
+        assert reset[0].filename == __file__  # attributed to the caller's line

@@ -51,7 +51,7 @@ from ...data.pools import (
     KEEPABLE_POOLS,
 )
 from ...data.store import INDEX, ActivationSet, ActivationStore, load_activations, save_activations
-from ...errors import SmallSampleWarning, warn
+from ...errors import SmallSampleWarning, ThresholdsResetWarning, warn
 from ..fingerprint import record_fingerprint
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
@@ -62,6 +62,12 @@ BENIGN_POOLS: tuple[str, ...] = ("chat", "safe", "benign_ood", "lookalike")
 
 THRESHOLD_POOL = "chat"
 """The pool whose validation rows set every head's threshold again: the traffic a deployed guard mostly sees."""
+
+BUNDLED_CHAT_ROWS = f"validation {THRESHOLD_POOL}"
+"""How a budget set on the bundled validation chat names its rows (:func:`fit_budget_on_prompts` without prompts,
+:func:`add_fitted_head`), before the system turn or adapter it was read under."""
+KEPT_ROWS = ", and the bundled validation rows of "
+"""What a budget's rows add when :func:`fit_budget_on_prompts` kept bundled pools within the budget beside them."""
 
 MIN_UNSAFE = 10
 """Fewest examples of a category a head is fitted on."""
@@ -296,7 +302,7 @@ def add_fitted_head(
     guard.add_head(head)
     try:
         previous = old.shares if old is not None else [1.0]  # a single-head guard: the anomaly head had it all
-        return fit_budget_on_prompts(
+        budget = fit_budget_on_prompts(
             model,
             tokenizer,
             guard,
@@ -304,7 +310,7 @@ def add_fitted_head(
             target_fpr=target_fpr if target_fpr is not None else old.target_fpr if old is not None else None,
             shares=[s * (1.0 - share) for s in previous] + [share],
             confidence=old.confidence if old is not None else None,
-            rows=f"validation {THRESHOLD_POOL}",
+            rows=BUNDLED_CHAT_ROWS,
             batch_size=batch_size,
             max_batch_tokens=max_batch_tokens,
             progress=progress,
@@ -315,6 +321,20 @@ def add_fitted_head(
         del guard.heads[head.name]
         guard.budget = old
         raise
+    if old is not None and not set_on_bundled_chat(old):  # the user's traffic no longer sets them: say so
+        warn(
+            f"the guard's thresholds had been set on {old.rows}; with head {head.name!r} added they are set again on "
+            "the bundled validation chat: set them on that traffic again (hf-lsad set-budget --benign YOUR_SAMPLE, "
+            "or hf-lsad teach; docs/heads.md, 'Your own traffic')",
+            ThresholdsResetWarning,
+        )
+    return budget
+
+
+def set_on_bundled_chat(budget: BudgetConfig) -> bool:
+    """Whether ``budget``'s thresholds were set on the bundled validation chat alone (under any system turn or
+    adapter), not on a user's own traffic or beside kept pools: what :func:`add_fitted_head` sets them on again."""
+    return budget.rows.startswith(BUNDLED_CHAT_ROWS) and KEPT_ROWS not in budget.rows
 
 
 def new_head_share(guard: Any) -> float:
@@ -392,7 +412,7 @@ def fit_budget_on_prompts(
         keep_nearest = prompts is None
     if prompts is None:
         prompts = released_threshold_prompts()
-        rows = rows or f"validation {THRESHOLD_POOL}"
+        rows = rows or BUNDLED_CHAT_ROWS
     rows = rows or "the user's own benign prompts"
     check_prompts(prompts)
     check_reads_prompt(guard)
@@ -432,7 +452,7 @@ def fit_budget_on_prompts(
         prompts = [*prompts, *(p.text for p in pool_rows)]
     if kept:
         listed = ", ".join(f"{pool} ({len(kept_rows[pool]):,})" for pool in kept)
-        rows = f"{rows}, and the bundled validation rows of {listed}, each kind within the budget"
+        rows = f"{rows}{KEPT_ROWS}{listed}, each kind within the budget"
     if system is not None:
         rows = f"{rows}, under the system turn {system!r}"
     if profile.adapter is not None:
