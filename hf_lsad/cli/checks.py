@@ -136,6 +136,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             check_cache_turn(cache, args.system)
         except ValueError as err:  # another turn, or a store that cannot be read
             parser.error(f"argument --cache: {_one_line(err)}")
+    if getattr(args, "guard", None):  # first: the checks below read the guard
+        _check_guard(parser, args.guard, getattr(args, "subfolder", "") if args.command != "fit" else "")
     if args.command == "add-head":
         _check_add_head(parser, args)
     if args.command in ("set-budget", "teach"):
@@ -185,8 +187,6 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             kmeans_device("gpu")
         except RuntimeError as err:
             parser.error(f"argument --kmeans-device: {_one_line(err)}")
-    if getattr(args, "guard", None):
-        _check_guard(parser, args.guard, getattr(args, "subfolder", "") if args.command != "fit" else "")
     if args.command == "collect":
         _check_pool(parser, args)
         _check_layers(parser, args.model, args.layer)
@@ -324,9 +324,12 @@ def run(main: Callable[[Sequence[str]], None], argv: Sequence[str] | None = None
 
 
 def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The head's name, its prompt files (readable, not empty, both labels) and where the guard goes."""
+    """The head's name, its prompt files (readable, not empty, both labels), where the guard goes, and whether
+    adding the head sets thresholds set on the user's traffic again on bundled chat."""
+    from ..guard.guard import SafetyGuard
     from ..guard.heads import check_head_name
-    from ..guard.heads.training import MIN_UNSAFE
+    from ..guard.heads.training import MIN_UNSAFE, thresholds_reset_warning
+    from .arguments import guard_location
     from .commands import read_prompt_file
 
     try:
@@ -362,6 +365,10 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(
             "argument --out: needed unless --guard is a local guard folder (the bundled guards stay as shipped)"
         )
+    guard = SafetyGuard.from_pretrained(args.guard, **guard_location(args))  # loaded and checked by _check_guard
+    reset = thresholds_reset_warning(guard.budget, args.name)
+    if reset:  # said before the model loads, not after the head's fit
+        print(f"warning: {reset}", file=sys.stderr)
 
 
 def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

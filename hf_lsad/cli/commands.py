@@ -436,6 +436,7 @@ def _how_read(args: argparse.Namespace, guard: Any) -> str:
 
 def run_add_head(args: argparse.Namespace) -> None:
     from ..core.runtime import ModelRuntime
+    from ..errors import ThresholdsResetWarning
     from ..guard.card import derived_data
     from ..guard.heads.training import add_head
 
@@ -448,22 +449,24 @@ def run_add_head(args: argparse.Namespace) -> None:
     before = guard.budget
     was = dict(zip(before.heads, before.thresholds)) if before is not None else {}
     added_to = copy.deepcopy(guard) if args.domain_check or args.harm_check else None
-    budget = add_head(
-        model,
-        tokenizer,
-        guard,
-        args.name,
-        unsafe,
-        safe,
-        share=args.share,
-        safe_weight=args.safe_weight,
-        benign_per_pool=args.benign_per_pool,
-        threshold_rows=args.threshold_rows,
-        cache_dir=args.cache,
-        batch_size=args.batch_size,
-        max_batch_tokens=args.max_batch_tokens,
-        system=args.system,
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ThresholdsResetWarning)  # said before the model loaded (cli.checks)
+        budget = add_head(
+            model,
+            tokenizer,
+            guard,
+            args.name,
+            unsafe,
+            safe,
+            share=args.share,
+            safe_weight=args.safe_weight,
+            benign_per_pool=args.benign_per_pool,
+            threshold_rows=args.threshold_rows,
+            cache_dir=args.cache,
+            batch_size=args.batch_size,
+            max_batch_tokens=args.max_batch_tokens,
+            system=args.system,
+        )
     out = args.out or args.guard
     # a new card: the old card's figures described the guard without this head
     change = (

@@ -61,6 +61,7 @@ def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(mode
     model, mine, budgeted = ["--model", str(model_dir)], tmp_path / "mine", tmp_path / "budgeted"
     head = ["--name", "secrets", "--unsafe", str(unsafe), "--benign-per-pool", "30", "--threshold-rows", "100"]
     entry(["add-head", "--guard", str(guard_dir), *model, *head, *NO_CHECK, "--out", str(mine)])
+    assert "had been set on" not in capsys.readouterr().err  # the anomaly head's own threshold: nothing to reset
     entry(
         [
             "set-budget",
@@ -86,7 +87,11 @@ def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(mode
     codes = ["--name", "codes", "--unsafe", str(unsafe), "--benign-per-pool", "30", "--threshold-rows", "100"]
     entry(["add-head", "--guard", str(budgeted), *model, *codes, *NO_CHECK, "--out", str(tmp_path / "more")])
     before = SafetyGuard.from_pretrained(budgeted).budget
-    printed = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    printed = captured.out.splitlines()
+    # its thresholds had been set on the traffic, and are set on bundled chat again: said once, before the model loads
+    assert "warning: the guard's thresholds had been set on the user's own benign prompts, traffic.txt;" in captured.err
+    assert captured.err.count("had been set on") == 1 and "ThresholdsResetWarning" not in captured.err
     for name, threshold in zip(before.heads, before.thresholds):  # the heads that were there give up budget
         (line,) = [line for line in printed if line.startswith(f"  {name}: share ")]
         assert line.endswith(f" (was {threshold:.4g})"), line

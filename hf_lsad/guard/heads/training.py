@@ -321,20 +321,23 @@ def add_fitted_head(
         del guard.heads[head.name]
         guard.budget = old
         raise
-    if old is not None and not set_on_bundled_chat(old):  # the user's traffic no longer sets them: say so
-        warn(
-            f"the guard's thresholds had been set on {old.rows}; with head {head.name!r} added they are set again on "
-            "the bundled validation chat: set them on that traffic again (hf-lsad set-budget --benign YOUR_SAMPLE, "
-            "or hf-lsad teach; docs/heads.md, 'Your own traffic')",
-            ThresholdsResetWarning,
-        )
+    reset = thresholds_reset_warning(old, head.name)
+    if reset:  # the user's traffic no longer sets them: say so
+        warn(reset, ThresholdsResetWarning)
     return budget
 
 
-def set_on_bundled_chat(budget: BudgetConfig) -> bool:
-    """Whether ``budget``'s thresholds were set on the bundled validation chat alone (under any system turn or
-    adapter), not on a user's own traffic or beside kept pools: what :func:`add_fitted_head` sets them on again."""
-    return budget.rows.startswith(BUNDLED_CHAT_ROWS) and KEPT_ROWS not in budget.rows
+def thresholds_reset_warning(budget: BudgetConfig | None, name: str) -> str:
+    """What to tell a user who adds head ``name`` to a guard with ``budget`` (``""`` unless its thresholds were set on
+    other rows than the bundled validation chat alone, under any system turn or adapter: a user's own traffic, or
+    beside kept pools), since :func:`add_fitted_head` sets them again on that chat."""
+    if budget is None or (budget.rows.startswith(BUNDLED_CHAT_ROWS) and KEPT_ROWS not in budget.rows):
+        return ""
+    return (
+        f"the guard's thresholds had been set on {budget.rows}; with head {name!r} added they are set again on the "
+        "bundled validation chat: set them on that traffic again afterwards (hf-lsad set-budget --benign "
+        "YOUR_SAMPLE, or hf-lsad teach; docs/heads.md, 'Your own traffic')"
+    )
 
 
 def new_head_share(guard: Any) -> float:
