@@ -607,13 +607,12 @@ the rate over all rows is not the rule, each kind's is."""
 def _kept_pools(args: argparse.Namespace) -> tuple[int, str]:
     """``--keep-bundled``: how many bundled validation rows the thresholds also kept within the budget, and the words
     that say which (``""`` for none)."""
-    from ..guard.heads.training import release_rows
+    from ..guard.heads.training import kept_pools_label, release_rows
 
     sizes = {pool: len(release_rows(pool, "validation")) for pool in args.keep_bundled}
     if not sizes:
         return 0, ""
-    listed = ", ".join(f"{pool} ({rows:,})" for pool, rows in sizes.items())
-    return sum(sizes.values()), f", beside the bundled validation rows of {listed}, each kind kept within the budget"
+    return sum(sizes.values()), f", beside {kept_pools_label(sizes)}, each kind kept within the budget"
 
 
 HARM_ADVICE = {

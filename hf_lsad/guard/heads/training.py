@@ -66,8 +66,9 @@ THRESHOLD_POOL = "chat"
 BUNDLED_CHAT_ROWS = f"validation {THRESHOLD_POOL}"
 """How a budget set on the bundled validation chat names its rows (:func:`fit_budget_on_prompts` without prompts,
 :func:`add_fitted_head`), before the system turn or adapter it was read under."""
-KEPT_ROWS = ", and the bundled validation rows of "
-"""What a budget's rows add when :func:`fit_budget_on_prompts` kept bundled pools within the budget beside them."""
+KEPT_LABEL = "the bundled validation rows of"
+"""The words that open the naming of the pools :func:`fit_budget_on_prompts` kept within the budget
+(:func:`kept_pools_label`), in a budget's rows after ``", and "`` and in the commands' lines."""
 
 MIN_UNSAFE = 10
 """Fewest examples of a category a head is fitted on."""
@@ -331,7 +332,7 @@ def thresholds_reset_warning(budget: BudgetConfig | None, name: str) -> str:
     """What to tell a user who adds head ``name`` to a guard with ``budget`` (``""`` unless its thresholds were set on
     other rows than the bundled validation chat alone, under any system turn or adapter: a user's own traffic, or
     beside kept pools), since :func:`add_fitted_head` sets them again on that chat."""
-    if budget is None or (budget.rows.startswith(BUNDLED_CHAT_ROWS) and KEPT_ROWS not in budget.rows):
+    if budget is None or (budget.rows.startswith(BUNDLED_CHAT_ROWS) and f", and {KEPT_LABEL} " not in budget.rows):
         return ""
     return (
         f"the guard's thresholds had been set on {budget.rows}; with head {name!r} added they are set again on the "
@@ -454,8 +455,8 @@ def fit_budget_on_prompts(
         groups = torch.cat([groups, torch.full((len(pool_rows),), group, dtype=torch.long)])
         prompts = [*prompts, *(p.text for p in pool_rows)]
     if kept:
-        listed = ", ".join(f"{pool} ({len(kept_rows[pool]):,})" for pool in kept)
-        rows = f"{rows}{KEPT_ROWS}{listed}, each kind within the budget"
+        label = kept_pools_label({pool: len(pool_rows) for pool, pool_rows in kept_rows.items()})
+        rows = f"{rows}, and {label}, each kind within the budget"
     if system is not None:
         rows = f"{rows}, under the system turn {system!r}"
     if profile.adapter is not None:
@@ -499,6 +500,12 @@ def check_keep_bundled(pools: Sequence[str], *, own_prompts: bool) -> list[str]:
     if not own_prompts and THRESHOLD_POOL in pools:
         raise ValueError(f"without prompts the thresholds are set on the {THRESHOLD_POOL} pool's rows already")
     return pools
+
+
+def kept_pools_label(sizes: dict[str, int]) -> str:
+    """The words that name the kept pools' validation rows, ``{pool: rows}``, as a budget's rows and the commands'
+    lines say them: "the bundled validation rows of chat (1,338), statements (201)"."""
+    return f"{KEPT_LABEL} " + ", ".join(f"{pool} ({rows:,})" for pool, rows in sizes.items())
 
 
 def kept_pool_rows(pools: Sequence[str], target_fpr: float, confidence: float | None) -> dict[str, list[Prompt]]:
