@@ -48,7 +48,7 @@ _EXPORTS = {
     "encode_prompts": "capture",
     "load_model": "capture.pretrained",
     "load_sae": "sae.formats",
-    "fit_budget_on_prompts": "guard.heads.training",
+    "fit_budget_on_prompts": "guard.heads.budget",
     "fit_guard": "guard",
     "generate_with_activations": "capture",
     "register_detector": "detectors",
@@ -134,5 +134,6 @@ if TYPE_CHECKING:
     )
     from .guard import GuardConfig, SafetyGuard, SafetyReport, fit_guard
     from .guard.heads import SupervisedHead
-    from .guard.heads.training import add_head, fit_budget_on_prompts, teach_traffic
+    from .guard.heads.budget import fit_budget_on_prompts
+    from .guard.heads.training import add_head, teach_traffic
     from .sae import SAEConfig, SAETrainConfig, SparseAutoencoder, load_sae, train_sae

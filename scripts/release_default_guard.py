@@ -68,7 +68,8 @@ from hf_lsad.guard import DEFAULT_GUARD, SafetyGuard
 from hf_lsad.guard.files import PAPER_GUARD
 from hf_lsad.guard.fingerprint import record_fingerprint
 from hf_lsad.guard.heads import ProbeConfig
-from hf_lsad.guard.heads.training import fit_head, released_threshold_prompts
+from hf_lsad.guard.heads.budget import released_threshold_prompts
+from hf_lsad.guard.heads.training import fit_head
 
 REPO = Path(__file__).resolve().parent.parent
 HARM_PROBE = ProbeConfig(

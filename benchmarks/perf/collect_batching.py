@@ -23,9 +23,8 @@ from hf_lsad.capture.collect import collect_prompt_features, prompt_token_length
 from hf_lsad.capture.pretrained import load_model
 from hf_lsad.core.batching import length_batches
 from hf_lsad.core.splits import split_of
-from hf_lsad.data import GUARD_POOLS, load_pool
+from hf_lsad.data import GUARD_POOLS, is_reserved, load_pool
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import is_reserved
 from perf.harness import environment, interleaved_medians, load_average, timed
 
 

@@ -29,7 +29,7 @@ from hf_lsad.capture.pretrained import load_model
 from hf_lsad.capture.recorder import prompt_features
 from hf_lsad.data import GUARD_POOLS
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import release_rows
+from hf_lsad.guard.heads.bundled import release_rows
 from perf.harness import environment, interleaved_medians
 
 

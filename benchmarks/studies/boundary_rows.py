@@ -31,7 +31,7 @@ from typing import Any
 from hf_lsad import SafetyGuard, load_model
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.guard.fingerprint import SHIFT_TOLERANCE, boundary_flag_rate, record_fingerprint, score_shift
-from hf_lsad.guard.heads.training import released_threshold_prompts
+from hf_lsad.guard.heads.budget import released_threshold_prompts
 
 from .fingerprint_statistics import Settings as CopySettings, _copies
 

@@ -36,7 +36,7 @@ from hf_lsad.capture.pretrained import load_model
 from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import release_rows
+from hf_lsad.guard.heads.bundled import release_rows
 
 from .languages import pinned_wheel
 from .unseen import wilson_share

@@ -33,7 +33,7 @@ from hf_lsad.capture.collect import conversation_token_ids
 from hf_lsad.capture.pretrained import load_model
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import release_rows
+from hf_lsad.guard.heads.bundled import release_rows
 
 from .conversations import FOLLOW_UPS, REFUSAL, screen_conversations, second_turn, sharegpt_conversations
 from .languages import pinned_wheel

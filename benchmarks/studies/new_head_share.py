@@ -40,15 +40,10 @@ from hf_lsad import SafetyGuard, load_model
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.data import GUARD_POOLS
 from hf_lsad.evaluation.sources import EVAL_SOURCES, SourceRows, load_source_rows
+from hf_lsad.guard.heads.budget import THRESHOLD_POOL, budget_rule
+from hf_lsad.guard.heads.bundled import release_rows, sample_rows
 from hf_lsad.guard.heads.probe import ProbeConfig
-from hf_lsad.guard.heads.training import (
-    BENIGN_POOLS,
-    THRESHOLD_POOL,
-    _sample,
-    budget_rule,
-    fit_head,
-    release_rows,
-)
+from hf_lsad.guard.heads.training import BENIGN_POOLS, fit_head
 
 HERE = Path(__file__).resolve().parent
 
@@ -120,7 +115,7 @@ def run(settings: Settings) -> dict[str, Any]:
     validation = rows.select(rows.where(split="validation"))
 
     chat = release_rows(THRESHOLD_POOL, "validation")
-    threshold_ids = {p.id for p in _sample(chat, settings.threshold_rows, settings.seed)}
+    threshold_ids = {p.id for p in sample_rows(chat, settings.threshold_rows, settings.seed)}
     threshold_index = [at[p.id] for p in chat if p.id in threshold_ids]
     unseen_chat = [
         i
@@ -128,7 +123,7 @@ def run(settings: Settings) -> dict[str, Any]:
         if d == "chat" and row_id not in threshold_ids
     ]
     bundled = {
-        pool: [at[p.id] for p in _sample(release_rows(pool, "fit"), settings.benign_per_pool, settings.seed)]
+        pool: [at[p.id] for p in sample_rows(release_rows(pool, "fit"), settings.benign_per_pool, settings.seed)]
         for pool in BENIGN_POOLS
     }
 

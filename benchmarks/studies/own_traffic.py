@@ -43,7 +43,7 @@ from hf_lsad.evaluation.sources import (
     threshold_reference,
 )
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import drawn_fit_rows
+from hf_lsad.guard.heads.bundled import drawn_fit_rows
 from hf_lsad.guard.threshold import union_flag_rate
 
 from .two_heads import anomaly_lookup, anomaly_scores, fit_supervised, probe_config, two_headed

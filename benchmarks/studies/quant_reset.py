@@ -4,7 +4,7 @@ point back on it?
 ``heads/quant_shift`` found that copies of the bundled model as far from its weights as the float weights it was
 quantised from are refused by the released guard's fingerprint, and that at the released thresholds they flag less
 chat and let some harm through. The remedy the refusal names is to set the thresholds through the copy
-(:func:`hf_lsad.guard.heads.training.fit_budget_on_prompts` on the bundled validation chat rows, the release's rule,
+(:func:`hf_lsad.guard.heads.budget.fit_budget_on_prompts` on the bundled validation chat rows, the release's rule,
 what ``hf-lsad set-budget --model COPY --guard default`` runs). This study does that for each float-like copy of
 ``heads/quant_shift`` (the same seeds) and screens the same draw of test rows through the copy with its own
 thresholds: chat flagged and harm caught, against the bundled model with the released guard. The heads are not fitted
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_lsad import SafetyGuard, load_model
-from hf_lsad.guard.heads.training import fit_budget_on_prompts
+from hf_lsad.guard.heads.budget import fit_budget_on_prompts
 
 from .dtype_shift import Settings as DrawSettings, _draw
 from .quant_shift import _float_like_copy

@@ -45,8 +45,8 @@ from hf_lsad.core.hook_point import decoder_layer
 from hf_lsad.data.refusal import is_refusal
 from hf_lsad.data.tables import PromptRow
 from hf_lsad.generation.bulk import plan_batches
+from hf_lsad.guard.heads.bundled import release_rows, sample_rows
 from hf_lsad.guard.heads.probe import ProbeConfig, balanced_weights, make_probe
-from hf_lsad.guard.heads.training import _sample, release_rows
 from hf_lsad.guard.threshold import fpr_threshold
 
 from .terse_fresh import FRESH_KINDS, Settings as FreshSettings, fresh_checks, fresh_groups, load_fresh, pooled_rate
@@ -174,7 +174,7 @@ def fit_rows(settings: Settings) -> list[tuple[str, str, int]]:
     """``(source or domain, text, label)`` of every row the head is fitted on."""
     rows = [(p.source, p.text, 1) for pool in UNSAFE_POOLS for p in release_rows(pool, "fit")]
     for pool, limit in settings.benign_fit.items():
-        rows += [(pool, p.text, 0) for p in _sample(release_rows(pool, "fit"), limit, settings.seed)]
+        rows += [(pool, p.text, 0) for p in sample_rows(release_rows(pool, "fit"), limit, settings.seed)]
     return rows
 
 
@@ -186,7 +186,9 @@ def validation_groups(settings: Settings) -> dict[str, list[str]]:
         for p in release_rows(pool, "validation"):
             groups.setdefault(f"unsafe: {p.source}", []).append(p.text)
     for pool, limit in settings.benign_validation.items():
-        groups[f"benign: {pool}"] = [p.text for p in _sample(release_rows(pool, "validation"), limit, settings.seed)]
+        groups[f"benign: {pool}"] = [
+            p.text for p in sample_rows(release_rows(pool, "validation"), limit, settings.seed)
+        ]
     return groups
 
 

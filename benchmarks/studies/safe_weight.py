@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, add_head, load_model
-from hf_lsad.guard.heads.training import _sample, release_rows
+from hf_lsad.guard.heads.bundled import release_rows, sample_rows
 
 from .terse_head import _rates
 from .unseen import wilson_share
@@ -50,14 +50,15 @@ class Settings:
 
 def run(settings: Settings) -> dict[str, Any]:
     category = [row for row in release_rows("toxic", "fit") if row.source == settings.category]
-    unsafe = [row.text for row in _sample(category, settings.examples, settings.seed)]
-    safe = [row.text for row in _sample(release_rows(settings.safe_pool, "fit"), settings.examples, settings.seed)]
+    unsafe = [row.text for row in sample_rows(category, settings.examples, settings.seed)]
+    safe = [row.text for row in sample_rows(release_rows(settings.safe_pool, "fit"), settings.examples, settings.seed)]
     groups = {
         "category": [r.text for r in release_rows("toxic", "validation") if r.source == settings.category],
         "own safe pool": [r.text for r in release_rows(settings.safe_pool, "validation")],
         "chat": [r.text for r in release_rows("chat", "validation")],
         "benign_ood": [
-            r.text for r in _sample(release_rows("benign_ood", "validation"), settings.validation_rows, settings.seed)
+            r.text
+            for r in sample_rows(release_rows("benign_ood", "validation"), settings.validation_rows, settings.seed)
         ],
     }
     model, tokenizer = load_model(settings.model)

@@ -3,7 +3,7 @@
 ``heads/new_domains`` found the released guard flagging three in four of CyberSOCEval's questions about malware
 sandbox reports and a third of its questions about threat reports: a defender's questions in harm's vocabulary,
 look-alikes of a kind no bundled pool teaches. The docs' remedy for a domain flagged that often is to bring a sample of
-it: thresholds on the sample (``hf-lsad set-budget``, :func:`~hf_lsad.guard.heads.training.fit_budget_on_prompts`)
+it: thresholds on the sample (``hf-lsad set-budget``, :func:`~hf_lsad.guard.heads.budget.fit_budget_on_prompts`)
 or part of it taught to the supervised head and the thresholds on the rest (``hf-lsad teach``,
 :func:`~hf_lsad.guard.heads.training.teach_traffic`). Both were measured on bundled domains held out of the fit
 (``heads/own_traffic``, ``heads/own_traffic_fit``); this study measures them on this traffic, where the cost that
@@ -17,7 +17,7 @@ a user brings. Three guards, each through the public API on the bundled model:
 - **set-budget**: the released guard with its thresholds set on the whole sample (``fit_budget_on_prompts``);
 - **teach**: the released guard taught the sample (``teach_traffic``: 60% of it beside the bundled pools' fit rows,
   the thresholds on the rest). The bundled rows' activations come from a cache this study writes from the collected
-  stores (``folder``), in the format :func:`~hf_lsad.guard.heads.training.bundled_features` reads and checks, so that
+  stores (``folder``), in the format :func:`~hf_lsad.guard.heads.bundled.bundled_features` reads and checks, so that
   only the user's prompts go through the model.
 
 With ``chat_rows``, the sample also holds that many fresh ShareGPT first turns (``heads/fresh_chat``'s rows), as a
@@ -53,13 +53,9 @@ from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.evaluation.sources import EVAL_DOMAINS, EVAL_SOURCES, load_source_rows
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import (
-    cache_record,
-    fit_budget_on_prompts,
-    read_folder,
-    release_rows,
-    teach_traffic,
-)
+from hf_lsad.guard.heads.budget import fit_budget_on_prompts
+from hf_lsad.guard.heads.bundled import cache_record, read_folder, release_rows
+from hf_lsad.guard.heads.training import teach_traffic
 
 from .fresh_chat import fresh_sharegpt_turns
 from .languages import pinned_wheel

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, load_model
-from hf_lsad.guard.heads.training import release_rows
+from hf_lsad.guard.heads.bundled import release_rows
 
 from .terse_head import _rates, _rows_of
 from .terse_negatives import (

@@ -31,7 +31,7 @@ from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.data import GUARD_POOLS
 from hf_lsad.data.tables import PromptRow
 from hf_lsad.generation.bulk import plan_batches
-from hf_lsad.guard.heads.training import _sample, release_rows
+from hf_lsad.guard.heads.bundled import release_rows, sample_rows
 
 from .unseen import screen_batches
 
@@ -189,7 +189,7 @@ def terse_fit_rows(settings: Settings) -> tuple[list[tuple[Any, str]], list[tupl
     """The terse head's fit rows, each with its terse form: the unsafe sources' and a seeded draw of the benign
     sources' (a benign form that is also an unsafe one left out)."""
     fit_unsafe = _terse(_rows_of(settings.unsafe_sources, "fit"), settings.max_words)
-    fit_benign = _sample(
+    fit_benign = sample_rows(
         _terse(_rows_of(settings.benign_sources, "fit"), settings.max_words), settings.benign_terse_rows, settings.seed
     )
     unsafe_texts = {short for _, short in fit_unsafe}
@@ -230,7 +230,7 @@ def run(settings: Settings) -> dict[str, Any]:
         groups[f"benign terse: {source}"] = [short for row, short in val_benign_terse if row.source == source]
     for pool in ("chat", "safe", "benign_ood", "lookalike", "questions", "statements"):
         rows = release_rows(pool, "validation")
-        rows = rows if pool == "chat" else _sample(rows, settings.validation_rows, settings.seed)
+        rows = rows if pool == "chat" else sample_rows(rows, settings.validation_rows, settings.seed)
         groups[f"benign: {pool}"] = [row.text for row in rows]
     groups = {name: texts for name, texts in groups.items() if texts}
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, load_model
-from hf_lsad.guard.heads.training import _sample, release_rows
+from hf_lsad.guard.heads.bundled import release_rows, sample_rows
 
 from .terse_head import Settings as HeadSettings, _rates, _rows_of, with_terse_head
 from .terse_requests import load_triples
@@ -38,7 +38,7 @@ def run(settings: Settings) -> dict[str, Any]:
         groups[f"unsafe test: {source}"] = [row.text for row in _rows_of([source], "test")]
     for pool in ("chat", "lookalike", "safe", "benign_ood", "questions", "statements"):
         rows = release_rows(pool, "test")
-        rows = rows if pool in ("chat", "lookalike") else _sample(rows, settings.test_rows, settings.head.seed)
+        rows = rows if pool in ("chat", "lookalike") else sample_rows(rows, settings.test_rows, settings.head.seed)
         groups[f"benign test: {pool}"] = [row.text for row in rows]
     groups = {name: texts for name, texts in groups.items() if texts}
 

@@ -40,15 +40,9 @@ import torch
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, load_model
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.core.batching import BATCH_TOKENS
+from hf_lsad.guard.heads.bundled import bundled_features, release_rows, sample_rows
 from hf_lsad.guard.heads.probe import ProbeConfig, Read, balanced_weights
-from hf_lsad.guard.heads.training import (
-    BENIGN_POOLS,
-    _sample,
-    add_fitted_head,
-    bundled_features,
-    fit_head,
-    release_rows,
-)
+from hf_lsad.guard.heads.training import BENIGN_POOLS, add_fitted_head, fit_head
 
 from .terse_head import Settings as HeadSettings, _rates, _rows_of, _terse, terse_fit_rows
 from .terse_requests import KINDS, load_rows, load_triples
@@ -158,7 +152,7 @@ def terse_fit_features(model: Any, tokenizer: Any, settings: Settings) -> FitRow
     groups += ["terse: hand-written"] * len(hand_texts) + ["terse: rule-made"] * len(rule_texts)
     bundled = []
     for pool in BENIGN_POOLS:
-        rows = _sample(release_rows(pool, "fit"), settings.benign_per_pool, settings.seed)
+        rows = sample_rows(release_rows(pool, "fit"), settings.benign_per_pool, settings.seed)
         bundled += rows
         groups += [pool] * len(rows)
     labels = [1] * len(fit_unsafe) + [0] * (len(texts) - len(fit_unsafe) + len(bundled))
@@ -203,7 +197,7 @@ def validation_groups(settings: Settings) -> dict[str, list[str]]:
     groups["hand-written terse"] = [row["text"] for row in hand_validation]
     for pool in ("chat", "safe", "benign_ood", "lookalike", "questions", "statements"):
         rows = release_rows(pool, "validation")
-        rows = rows if pool == "chat" else _sample(rows, settings.validation_rows, settings.seed)
+        rows = rows if pool == "chat" else sample_rows(rows, settings.validation_rows, settings.seed)
         groups[f"benign: {pool}"] = [row.text for row in rows]
     return {name: texts for name, texts in groups.items() if texts}
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from hf_lsad import GuardedModelForCausalLM, SafetyGuard, encode_prompts, load_model
-from hf_lsad.guard.heads.training import release_rows
+from hf_lsad.guard.heads.bundled import release_rows
 
 WAYS = ("named", "random", "last_named")
 

@@ -130,7 +130,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if cache is not None and Path(cache).exists() and not Path(cache).is_dir():
         parser.error(f"argument --cache: {cache!r} is a file, not a folder")
     if cache is not None and Path(cache).is_dir():
-        from ..guard.heads.training import check_cache_turn
+        from ..guard.heads.bundled import check_cache_turn
 
         try:
             check_cache_turn(cache, args.system)
@@ -376,21 +376,15 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
     the thresholds; ``set-budget`` without one takes the bundled validation chat), the head ``teach`` fits again, the
     pools kept within the budget, and where the guard goes."""
     from ..guard.guard import SafetyGuard
-    from ..guard.heads.training import (
-        budget_rule,
-        check_keep_bundled,
-        check_reads_prompt,
-        cut_traffic,
-        kept_pool_rows,
-        small_sample_warning,
-    )
+    from ..guard.heads.budget import budget_rule, check_keep_bundled, check_reads_prompt, kept_pool_rows
+    from ..guard.heads.training import cut_traffic, small_sample_warning
     from ..guard.threshold import allowed_flags
     from .arguments import guard_location
     from .commands import read_prompt_file
 
     if args.benign is None:  # set-budget on the bundled rows the released thresholds were set on
         from ..data.tables import DEFAULT_COLUMN
-        from ..guard.heads.training import released_threshold_prompts
+        from ..guard.heads.budget import released_threshold_prompts
 
         if args.column != DEFAULT_COLUMN:
             parser.error("argument --column: names the column of --benign's table; no --benign was given")

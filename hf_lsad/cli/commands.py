@@ -492,7 +492,7 @@ def run_add_head(args: argparse.Namespace) -> None:
 def run_set_budget(args: argparse.Namespace) -> None:
     from ..core.runtime import ModelRuntime
     from ..guard.card import derived_data
-    from ..guard.heads.training import fit_budget_on_prompts
+    from ..guard.heads.budget import fit_budget_on_prompts
 
     runtime = _runtime(args, ModelRuntime)
     guard, folder = _guard_and_folder(args)
@@ -607,7 +607,8 @@ the rate over all rows is not the rule, each kind's is."""
 def _kept_pools(args: argparse.Namespace) -> tuple[int, str]:
     """``--keep-bundled``: how many bundled validation rows the thresholds also kept within the budget, and the words
     that say which (``""`` for none)."""
-    from ..guard.heads.training import kept_pools_label, release_rows
+    from ..guard.heads.budget import kept_pools_label
+    from ..guard.heads.bundled import release_rows
 
     sizes = {pool: len(release_rows(pool, "validation")) for pool in args.keep_bundled}
     if not sizes:
@@ -673,14 +674,14 @@ def _check_what_changed(
     once the new guard is written (a check that fails loses nothing); the rows are drawn with ``seed`` and kept in the
     ``cache`` of the bundled rows, if any."""
     from ..data.pools import CHECK_DOMAINS
-    from ..guard.heads.training import (
+    from ..guard.heads.bundled import release_rows
+    from ..guard.heads.bundled_checks import (
         bundled_chat_flag_rates,
         bundled_domain_flag_rates,
         bundled_harm_catch_rates,
         chat_shift_warning,
         domain_shift_warning,
         harm_drop_warning,
-        release_rows,
         risen_domains,
     )
 

@@ -122,7 +122,7 @@ COMMANDS: dict[str, tuple[str, Callable[..., None], Callable[[argparse.Namespace
         "Screens the --benign prompts (one per line, or a table's --column; a sample of your traffic "
         "that no head was fitted on) and sets every head's threshold so that together they flag at most "
         "--target-fpr of them, each head keeping its share of the budget and the budget its confidence unless "
-        "--confidence says otherwise (hf_lsad.guard.heads.training.fit_budget_on_prompts). For traffic the heads "
+        "--confidence says otherwise (hf_lsad.guard.heads.budget.fit_budget_on_prompts). For traffic the heads "
         "flag more often than chat: they were not fitted on its kind. Passes more of the harm the guard catches than "
         "teach, which also teaches a head part of the sample (docs/heads.md, 'Your own traffic'). Too few prompts for "
         "the confidence are refused (59 at 5% and 0.95). The guard must read the prompt. Without --benign, the "

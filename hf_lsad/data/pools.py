@@ -241,7 +241,7 @@ count as one; :mod:`hf_lsad.evaluation.sources`) and whose validation rows the h
 
 CHAT_CHECK_ROWS = 500
 """Rows of the bundled validation chat (those the released thresholds were set on) that a check of a guard taught, or
-thresholded on, a user's traffic reads by default (:func:`hf_lsad.guard.heads.training.bundled_chat_flag_rates`,
+thresholded on, a user's traffic reads by default (:func:`hf_lsad.guard.heads.bundled_checks.bundled_chat_flag_rates`,
 ``--chat-check`` of ``hf-lsad teach`` and ``set-budget``): enough to tell a guard that flags 5% of them from one that
 flags 10%; 41 s through the bundled model on a 2-core CPU."""
 
@@ -257,13 +257,13 @@ validation rows the domain check of a changed guard reads (:data:`DOMAIN_CHECK_R
 
 KEEPABLE_POOLS: tuple[str, ...] = ("chat", *CHECK_DOMAINS)
 """The bundled benign pools whose validation rows thresholds set on a user's prompts can also keep within the budget
-(``keep_bundled`` of :func:`hf_lsad.guard.heads.training.fit_budget_on_prompts`, ``--keep-bundled`` of ``hf-lsad
+(``keep_bundled`` of :func:`hf_lsad.guard.heads.budget.fit_budget_on_prompts`, ``--keep-bundled`` of ``hf-lsad
 set-budget`` and ``teach``): chat, the rows the released thresholds were set on, and every other kind of benign
 traffic the pools hold."""
 
 DOMAIN_CHECK_ROWS = 100
 """Validation rows of each of the :data:`CHECK_DOMAINS` that a check of a guard whose thresholds or heads changed reads
-by default (:func:`hf_lsad.guard.heads.training.bundled_domain_flag_rates`, ``--domain-check`` of ``hf-lsad
+by default (:func:`hf_lsad.guard.heads.bundled_checks.bundled_domain_flag_rates`, ``--domain-check`` of ``hf-lsad
 set-budget``, ``teach`` and ``add-head``): 487 short prompts (the look-alikes have 87); 22-28 s through the bundled
 model on a 2-core CPU."""
 
@@ -274,7 +274,7 @@ their sources are small (2-58 validation rows, 150 for the slur prompts)."""
 
 HARM_CHECK_ROWS = 30
 """Validation rows of each of the :data:`EVAL_SOURCES` and :data:`HARM_CHECK_POOLS` that a check of a guard whose
-thresholds or heads changed reads by default (:func:`hf_lsad.guard.heads.training.bundled_harm_catch_rates`,
+thresholds or heads changed reads by default (:func:`hf_lsad.guard.heads.bundled_checks.bundled_harm_catch_rates`,
 ``--harm-check`` of ``hf-lsad set-budget``, ``teach`` and ``add-head``): 294 prompts, a drop of a fifth of a group in
 six of its rows (five of the 24 prompt injections); about a minute through the bundled model on a 2-core CPU, most of
 it the jailbreak templates' long rows."""

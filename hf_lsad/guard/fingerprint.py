@@ -7,7 +7,7 @@ sees the weights: a model fine-tuned in full, or with an adapter merged into its
 ``merge_and_unload``), keeps the base model's name and modules while its residual stream moves, and the thresholds
 with it. Two LoRA fine-tunes of SmolLM2 let half of one source's harm through at the released thresholds
 (``heads/adapter_shift``). So when thresholds are set through a model (:func:`record_fingerprint`, run by
-:func:`hf_lsad.guard.heads.training.fit_budget_on_prompts` and the release script), the guard keeps every head's score
+:func:`hf_lsad.guard.heads.budget.fit_budget_on_prompts` and the release script), the guard keeps every head's score
 on :data:`PROBE_PROMPTS` as that model read them; :func:`check_fingerprint` reads the same token ids through the
 model it is given (one batch of 16 short prompts to the deepest read, their shared opening run once, as collections
 are read) and refuses a model on which the scores moved.

@@ -26,7 +26,7 @@ from hf_lsad.capture.adapters import adapter_digest
 from hf_lsad.capture.pretrained import load_model, load_tokenizer
 from hf_lsad.cli.main import entry
 from hf_lsad.core.prompt_inputs import InputProfile
-from hf_lsad.guard.heads.training import bundled_features, release_rows
+from hf_lsad.guard.heads.bundled import bundled_features, release_rows
 from hf_lsad.testing import tiny_model
 
 LORA_TARGETS = ["q_proj", "v_proj"]

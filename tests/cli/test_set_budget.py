@@ -14,7 +14,8 @@ from hf_lsad.cli.main import entry
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.fingerprint import boundary_flag_rate
-from hf_lsad.guard.heads.training import KEPT_CACHE, fit_budget_on_prompts, read_folder, release_rows
+from hf_lsad.guard.heads.budget import fit_budget_on_prompts
+from hf_lsad.guard.heads.bundled import KEPT_CACHE, read_folder, release_rows
 from hf_lsad.guard.threshold import allowed_flags
 
 TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]

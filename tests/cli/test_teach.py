@@ -21,31 +21,29 @@ from hf_lsad.data.pools import CHECK_DOMAINS, EVAL_SOURCES, GUARD_POOLS, HARM_CH
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.errors import SmallSampleWarning
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import (
+from hf_lsad.guard.heads.bundled import (
     CHAT_CACHE,
     DOMAIN_CACHE,
     HARM_CACHE,
     KEPT_CACHE,
     PARTIAL,
-    STEADY_SAMPLE,
-    USER_SOURCE,
     _PartialCollection,
-    _sample,
-    bundled_chat_flag_rates,
-    bundled_domain_flag_rates,
     bundled_features,
-    bundled_harm_catch_rates,
     cache_record,
-    chat_shift_warning,
     check_cache_turn,
-    cut_traffic,
-    domain_shift_warning,
-    harm_drop_warning,
     read_folder,
     release_rows,
-    small_sample_warning,
-    teach_traffic,
+    sample_rows,
 )
+from hf_lsad.guard.heads.bundled_checks import (
+    bundled_chat_flag_rates,
+    bundled_domain_flag_rates,
+    bundled_harm_catch_rates,
+    chat_shift_warning,
+    domain_shift_warning,
+    harm_drop_warning,
+)
+from hf_lsad.guard.heads.training import STEADY_SAMPLE, USER_SOURCE, cut_traffic, small_sample_warning, teach_traffic
 
 TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
 """A benign kind of traffic the tiny guard's heads were not fitted on: it flags all of it at its thresholds."""
@@ -187,7 +185,7 @@ def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():
 def test_bundled_chat_flag_rates_reads_the_validation_chat_once_for_every_guard(tmp_path):
     model, tokenizer, _ = tiny_guard("prompt_last")
     strict, loose = two_headed_guard(target_fpr=0.05), two_headed_guard(target_fpr=0.5)
-    chat = [p.text for p in _sample(release_rows("chat", "validation"), 60, seed=0)]  # the check's seeded draw
+    chat = [p.text for p in sample_rows(release_rows("chat", "validation"), 60, seed=0)]  # the check's seeded draw
     reads, _ = collect_prompt_features(model, tokenizer, chat, strict.reads, progress=False)
     loose.fit_budget(reads, target_fpr=0.5, shares=[0.5, 0.5], rows="these chat rows")  # thresholds that pass some
     expected = [float(g(reads).flagged.double().mean()) for g in (strict, loose)]
@@ -235,8 +233,8 @@ def test_bundled_harm_catch_rates_reads_each_unsafe_sources_validation_rows_once
     loose.fit_budget(reads, target_fpr=0.05, shares=[0.5, 0.5], rows="password resets")  # thresholds raised
     unsafe = [p for pool in GUARD_POOLS if is_unsafe_pool(pool) for p in release_rows(pool, "validation")]
     # the check's draw (short rows): each source the evaluation holds out, then each other unsafe pool as one group
-    drawn = {s: _sample([p for p in unsafe if p.source == s], 2, seed=7) for s in EVAL_SOURCES}
-    drawn |= {pool: _sample(release_rows(pool, "validation"), 2, seed=7) for pool in HARM_CHECK_POOLS}
+    drawn = {s: sample_rows([p for p in unsafe if p.source == s], 2, seed=7) for s in EVAL_SOURCES}
+    drawn |= {pool: sample_rows(release_rows(pool, "validation"), 2, seed=7) for pool in HARM_CHECK_POOLS}
     groups = [*EVAL_SOURCES, *HARM_CHECK_POOLS]
     assert list(drawn) == groups and all(len(rows) == 2 for rows in drawn.values())
     texts = [p.text for rows in drawn.values() for p in rows]
@@ -290,7 +288,9 @@ def test_a_guard_that_lets_through_far_more_of_a_source_is_warned_of(before, aft
 def test_bundled_domain_flag_rates_reads_each_benign_domains_validation_rows_once_for_every_guard(tmp_path):
     model, tokenizer, _ = tiny_guard("prompt_last")
     strict, loose = two_headed_guard(target_fpr=0.1), two_headed_guard(target_fpr=0.1)
-    drawn = {pool: _sample(release_rows(pool, "validation"), 3, seed=7) for pool in CHECK_DOMAINS}  # the check's draw
+    drawn = {
+        pool: sample_rows(release_rows(pool, "validation"), 3, seed=7) for pool in CHECK_DOMAINS
+    }  # the check's draw
     texts = [p.text for rows in drawn.values() for p in rows]
     features, _ = collect_prompt_features(model, tokenizer, texts, strict.reads, batch_size=1, progress=False)
     loose.fit_budget(features, target_fpr=0.5, shares=[0.5, 0.5], rows="these rows")  # thresholds that pass some

@@ -24,7 +24,8 @@ from hf_lsad.core.splits import split_of
 from hf_lsad.data import is_reserved, load_pool
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
-from hf_lsad.guard.heads.training import NEW_HEAD_SHARE, NEW_HEAD_SHARE_BESIDE_ANOMALY, add_head, release_rows
+from hf_lsad.guard.heads.bundled import release_rows
+from hf_lsad.guard.heads.training import NEW_HEAD_SHARE, NEW_HEAD_SHARE_BESIDE_ANOMALY, add_head
 
 UNDER_TEST = [*MIXED_BATCH, PROMPTS[3], UNSAFE_PROMPTS[50 % len(UNSAFE_PROMPTS)], UNSAFE_PROMPTS[7], "x y z"]
 PATHS = ("screen", "report", "stop", "on_step")

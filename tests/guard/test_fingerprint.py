@@ -28,7 +28,7 @@ from hf_lsad.guard.fingerprint import (
     record_fingerprint,
     score_shift,
 )
-from hf_lsad.guard.heads.training import fit_budget_on_prompts, released_threshold_prompts
+from hf_lsad.guard.heads.budget import fit_budget_on_prompts, released_threshold_prompts
 from hf_lsad.testing import tiny_model
 
 

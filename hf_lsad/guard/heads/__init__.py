@@ -1,5 +1,8 @@
 """The heads a guard decides with besides the paper's anomaly head (in :mod:`hf_lsad.guard.guard`): supervised heads
-(:mod:`hf_lsad.guard.heads.probe`) and how one is fitted from labelled prompts (:mod:`hf_lsad.guard.heads.training`)."""
+(:mod:`hf_lsad.guard.heads.probe`), how one is fitted (:mod:`hf_lsad.guard.heads.training`), thresholds set on a
+user's prompts (:mod:`hf_lsad.guard.heads.budget`), the bundled rows they read and their cache
+(:mod:`hf_lsad.guard.heads.bundled`), and what a change does to the bundled traffic
+(:mod:`hf_lsad.guard.heads.bundled_checks`)."""
 
 from .probe import (
     PROBES,

@@ -1,0 +1,375 @@
+"""The bundled pools' rows a head is fitted or thresholded on (the release's split), and their activations, kept in
+a cache (:func:`bundled_features`): ``hf-lsad add-head``, ``teach`` and ``set-budget`` read the same rows through the
+model every time, so a ``--cache`` folder keeps them, checked against the model, the read, the prompts' text, the
+system turn and the adapter, and an interrupted collection resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ...capture.adapters import adapter_digest, adapter_label
+from ...capture.collect import collect_prompt_features, prompt_format
+from ...core.batching import BATCH_TOKENS
+from ...core.hook_point import HookPoint
+from ...core.prompt_inputs import InputProfile, turn_label
+from ...core.splits import split_of
+from ...data import Prompt, is_reserved, load_pool
+from ...data.store import INDEX, ActivationSet, ActivationStore, load_activations, save_activations
+from .probe import Read
+
+
+def release_rows(pool: str, split: Literal["fit", "validation", "test"]) -> list[Prompt]:
+    """The bundled ``pool``'s rows in ``split`` of the release's split (:func:`~hf_lsad.core.splits.split_of`, seed
+    0), the README's reserved prompts left out: what a head added to a bundled guard may fit or set thresholds on.
+    The split is the one the bundled heads were fitted on, whatever seed draws a sample of these rows, so their
+    validation and test rows stay out of every fit and no threshold is set on a row a head was fitted on."""
+    return [p for p in load_pool(pool) if split_of(p.id) == split and not is_reserved(p.text)]
+
+
+def drawn_fit_rows(pool: str, rows_per_pool: int | None, seed: int) -> list[Prompt]:
+    """The bundled ``pool``'s fit rows that :func:`teach_traffic` fits a head on again: a seeded draw of
+    ``rows_per_pool`` of them (``None``: all of them, as released)."""
+    return sample_rows(release_rows(pool, "fit"), rows_per_pool, seed)
+
+
+def sample_rows(items: list[Any], limit: int | None, seed: int) -> list[Any]:
+    """A seeded draw of ``limit`` of ``items`` in their order (``None``, or as many as there are: all of them): the
+    draw of bundled rows a head is fitted or thresholded on, and a check reads."""
+    if limit is None or limit >= len(items):
+        return items
+    picked = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
+    return [items[i] for i in picked.tolist()]
+
+
+CHAT_CACHE = "validation-chat"
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_chat_flag_rates` reads, a
+folder per draw (``<rows>-rows-seed-<seed>``), so that a check of another size reads or writes its own (the fit rows'
+stores sit at the cache's top)."""
+
+HARM_CACHE = "validation-harm"
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_harm_catch_rates` reads, a
+folder per draw (``<rows>-per-group-seed-<seed>``)."""
+
+DOMAIN_CACHE = "validation-domains"
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_domain_flag_rates` reads, a
+folder per draw (``<rows>-per-domain-seed-<seed>``)."""
+
+KEPT_CACHE = "validation-kept"
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows of each pool :func:`fit_budget_on_prompts`
+keeps within the budget (``keep_bundled``), a folder per pool."""
+
+CHECK_CACHES = (CHAT_CACHE, DOMAIN_CACHE, HARM_CACHE, KEPT_CACHE)
+"""The sub-folders of a :func:`bundled_features` cache that keep bundled validation rows: the checks' draws and the
+kept pools."""
+
+PARTIAL = ".partial"
+"""The folder of a cache holding an interrupted collection's parts (:func:`bundled_features`)."""
+
+CHECKPOINT_BATCHES = 32
+"""Batches collected between two parts of a collection into a cache (about 500 prompts)."""
+
+
+def bundled_features(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Any],
+    reads: Sequence[Read],
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    batch_size: int = 16,
+    max_batch_tokens: int | None = BATCH_TOKENS,
+    progress: bool = True,
+    checkpoint_batches: int = CHECKPOINT_BATCHES,
+    system: str | None = None,
+    desc: str = "collect",
+) -> dict[Read, Tensor]:
+    """``[n_prompts, hidden]`` activations of bundled pool ``prompts`` (:class:`~hf_lsad.data.Prompt`) at each read,
+    kept in ``cache_dir`` when given.
+
+    The cache holds one activation store per read (``layer<L>-<position>/``, :mod:`hf_lsad.data.store`), its records
+    the prompts' ids and a digest of their text. A read whose store is there is read from it: any prompts it holds,
+    in any order, so a cache written for every bundled pool serves a fit on fewer. A read whose store is not there is
+    collected and written. A store of another model or read, one that lacks some of the prompts, or one written when
+    a prompt's text was different or under another system turn, is refused (``ValueError``) rather than collected
+    again over it. ``system``: the system turn before each prompt (``None``: the template's default). ``batch_size``
+    and ``max_batch_tokens`` batch the forward pass as :func:`~hf_lsad.capture.collect.collect_prompt_features` does
+    (another batching than the cache's moves the features by float round-off alone).
+
+    Nothing collected into a cache is lost to an interruption: every ``checkpoint_batches`` batches are written to
+    ``<cache_dir>/.partial/`` (a part per checkpoint, a store per read in it, checked as the cache's are), and a run
+    on the same cache collects only the prompts no part holds, in the same batches, for the same activations bit for
+    bit. The parts are removed once the stores are written (by the next run on the cache, if one stopped between the
+    two). ``desc``: the progress bar's label.
+    """
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise ValueError("the bundled prompts hold repeated ids")
+    if checkpoint_batches < 1:
+        raise ValueError(f"checkpoint_batches must be a positive integer, got {checkpoint_batches}")
+    digests = [_digest(p.text) for p in prompts]
+    if cache_dir is not None:
+        _drop_finished_parts(Path(cache_dir))
+    folders = {read: None if cache_dir is None else Path(cache_dir) / read_folder(read) for read in reads}
+    adapter = adapter_digest(model)  # what every store read or written here is checked against and records
+    features = {
+        read: _cached_read(model, folder, read, ids, digests, system, adapter)
+        for read, folder in folders.items()
+        if folder is not None and (folder / INDEX).exists()
+    }
+    missing = [read for read in reads if read not in features]
+    if not missing:
+        return features
+    records = [cache_record(p) for p in prompts]
+    partial = None
+    if cache_dir is not None:
+        inputs_format = prompt_format(tokenizer)
+        partial = _PartialCollection(Path(cache_dir) / PARTIAL, model, missing, records, inputs_format, system, adapter)
+    done = partial.resume(ids, digests) if partial is not None else {}
+    if done and progress:
+        print(f"resuming: {len(done)} of {len(ids)} bundled prompts collected before", file=sys.stderr, flush=True)
+    collected, inputs = collect_prompt_features(
+        model,
+        tokenizer,
+        [p.text for p in prompts],
+        missing,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
+        skip=done,
+        on_batch=None if partial is None else partial.batch_writer(checkpoint_batches),
+        system=system,
+        desc=desc,
+    )
+    if partial is not None:
+        if done:  # the rows an earlier run collected, in their place
+            rows, part_rows = torch.tensor(list(done)), torch.tensor(list(done.values()))
+            for read in missing:
+                collected[read][rows] = partial.values[read][part_rows]
+        ran = len(done) < len(ids)  # a prompt no part holds: its batch ran
+        longest = max(partial.longest, inputs.max_prompt_tokens if ran else 0)
+        inputs = dataclasses.replace(inputs, max_prompt_tokens=longest)
+    for read in missing:
+        folder = folders[read]
+        if folder is not None:
+            save_activations(folder, collected[read], records, HookPoint.from_model(model, *read), inputs=inputs)
+        features[read] = collected[read]
+    if partial is not None:
+        partial.remove()
+    return features
+
+
+def _drop_finished_parts(cache: Path) -> None:
+    """Remove a cache's parts when the stores of every read they hold are in the cache: a run stopped after writing
+    its stores and before removing its parts left them, and they would refuse a later collection of other reads."""
+    folder = cache / PARTIAL
+    parts = sorted(folder.glob("part-*")) if folder.is_dir() else []
+    stores = [store.name for part in parts for store in part.iterdir() if (store / INDEX).is_file()]
+    if parts and all((cache / name / INDEX).is_file() for name in stores):
+        shutil.rmtree(folder)
+
+
+def read_folder(read: Read) -> str:
+    """The folder of a cache holding the store of ``read``: ``layer<L>-<position>``."""
+    return f"layer{read[0]}-{read[1]}"
+
+
+class _PartialCollection:
+    """An interrupted collection into a cache (:func:`bundled_features`): parts written as it goes, read by the next
+    run. A part is a folder ``part-<n>`` holding a store per read (whose input profile records the part's longest
+    prompt), renamed into place when complete."""
+
+    def __init__(
+        self,
+        folder: Path,
+        model: PreTrainedModel,
+        reads: list[Read],
+        records: list[dict[str, Any]],
+        inputs: str,
+        system: str | None,
+        adapter: str | None,
+    ) -> None:
+        self.folder, self.model, self.reads, self.records = folder, model, reads, records
+        self.prompt_format = inputs
+        """How the prompts reach the model (``InputProfile.prompt_format``), recorded in each part."""
+        self.system = system
+        """The system turn before each prompt (``InputProfile.system``), recorded in each part."""
+        self.adapter = adapter
+        """The peft adapters the model runs (``InputProfile.adapter``), recorded in each part."""
+        self.values: dict[Read, Tensor] = {}
+        """Per read, ``[rows, hidden]``: every row the parts hold, in part order (:meth:`resume`)."""
+        self.longest = 0
+        """The longest prompt of the parts, in tokens."""
+        self._positions: list[int] = []
+        self._features: dict[Read, list[Tensor]] = {read: [] for read in reads}
+        self._batches = self._batch_longest = 0
+
+    def resume(self, ids: list[str], digests: list[str]) -> dict[int, int]:
+        """``{position in ids: row of values}`` for every prompt a part holds, each part checked as the cache's
+        stores are: of this model, of each read, of the prompts' text as it is now."""
+        position = {prompt_id: i for i, prompt_id in enumerate(ids)}
+        done: dict[int, int] = {}
+        chunks: dict[Read, list[Tensor]] = {read: [] for read in self.reads}
+        offset = 0
+        for part in sorted(self.folder.glob("part-*")) if self.folder.is_dir() else []:
+            absent = [read for read in self.reads if not (part / read_folder(read) / INDEX).is_file()]
+            if absent:
+                raise ValueError(
+                    f"{part} holds an interrupted collection of other reads (not {absent[0]}): pass another cache "
+                    "folder, or delete this one"
+                )
+            stores = {
+                read: _checked_store(self.model, part / read_folder(read), read, self.system, self.adapter)
+                for read in self.reads
+            }
+            part_ids = [record["id"] for record in stores[self.reads[0]].records]
+            for read, store in stores.items():
+                if [record["id"] for record in store.records] != part_ids or store.inputs is None:
+                    raise ValueError(f"{part / read_folder(read)} is not a part of this collection; delete {part}")
+                chunks[read].append(store.activations)
+            for row, record in enumerate(stores[self.reads[0]].records):
+                i = position.get(record["id"])
+                if i is None:  # a prompt of a fit on more pools: not needed by this one
+                    continue
+                if record.get("digest") != digests[i]:
+                    raise ValueError(
+                        f"{part} was written when the text of bundled prompt {record['id']!r} was different; "
+                        "pass another cache folder, or delete this one"
+                    )
+                done[i] = offset + row
+            offset += len(part_ids)
+            longest = [store.inputs.max_prompt_tokens for store in stores.values() if store.inputs is not None]
+            self.longest = max(self.longest, *longest)  # every store of a part has its profile (checked above)
+        self.values = {read: torch.cat(chunks[read]) for read in self.reads if chunks[read]}
+        return done
+
+    def batch_writer(self, every: int) -> Callable[[list[int], dict[Read, Tensor], int], None]:
+        """The ``on_batch`` of :func:`~hf_lsad.capture.collect.collect_prompt_features`: a part every ``every``
+        batches."""
+
+        def on_batch(positions: list[int], features: dict[Read, Tensor], longest: int) -> None:
+            self._positions += positions
+            for read in self.reads:
+                self._features[read].append(features[read])
+            self._batches += 1
+            self._batch_longest = max(self._batch_longest, longest)
+            if self._batches == every:
+                self._write()
+
+        return on_batch
+
+    def _write(self) -> None:
+        numbers = [int(part.name.removeprefix("part-")) for part in self.folder.glob("part-*")]
+        part = self.folder / f"part-{max(numbers, default=0) + 1:05d}"
+        staging = self.folder / f".staging-{uuid.uuid4().hex[:8]}"
+        staging.mkdir(parents=True)
+        records = [self.records[i] for i in self._positions]
+        inputs = InputProfile(self.prompt_format, self._batch_longest, self.system, self.adapter)
+        for read in self.reads:
+            values, hook = torch.cat(self._features[read]), HookPoint.from_model(self.model, *read)
+            save_activations(staging / read_folder(read), values, records, hook, inputs=inputs)
+        os.replace(staging, part)  # a part is complete or absent
+        self._positions, self._features = [], {read: [] for read in self.reads}
+        self._batches = self._batch_longest = 0
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def cache_record(prompt: Prompt) -> dict[str, str]:
+    """The record a :func:`bundled_features` cache keeps of a bundled prompt: its id, a digest of its text (a store
+    written when the text was different is refused), its source and category. A cache written otherwise, say from the
+    stores ``hf-lsad collect`` wrote, is read when its records are these."""
+    return {"id": prompt.id, "digest": _digest(prompt.text), "source": prompt.source, "category": prompt.category}
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _cached_read(
+    model: PreTrainedModel,
+    folder: Path,
+    read: Read,
+    ids: list[str],
+    digests: list[str],
+    system: str | None,
+    adapter: str | None,
+) -> Tensor:
+    """The rows of ``ids`` from the cache store in ``folder``, checked to be ``model``'s activations at ``read`` of
+    prompts with these text ``digests`` under the system turn ``system``, through the peft ``adapter``."""
+    store = _checked_store(model, folder, read, system, adapter)
+    row_of = {record["id"]: row for row, record in enumerate(store.records)}
+    absent = [i for i in ids if i not in row_of]
+    if absent:
+        raise ValueError(
+            f"{folder} lacks {len(absent)} of the {len(ids)} bundled prompts to fit on (e.g. {absent[0]!r}); "
+            "it was written for other pools or rows: pass another cache folder, or delete this one"
+        )
+    changed = [i for i, digest in zip(ids, digests) if store.records[row_of[i]].get("digest") != digest]
+    if changed:
+        raise ValueError(
+            f"{folder} was written when the text of {len(changed)} bundled prompts was different "
+            f"(e.g. {changed[0]!r}); pass another cache folder, or delete this one"
+        )
+    return store.activations[torch.tensor([row_of[i] for i in ids])]
+
+
+def _checked_store(
+    model: PreTrainedModel, folder: Path, read: Read, system: str | None, adapter: str | None
+) -> ActivationSet:
+    """The store in ``folder``, checked to hold ``model``'s activations at ``read`` of prompts under the system turn
+    ``system``, through the peft ``adapter`` the model runs (:func:`~hf_lsad.capture.adapters.adapter_digest`; a
+    store without an input profile was collected under the template's default, without an adapter)."""
+    store = load_activations(folder)
+    if (store.hook.layer, store.hook.position) != tuple(read):
+        raise ValueError(f"{folder} holds activations of layer {store.hook.layer} {store.hook.position}, not {read}")
+    store.hook.check_model(model)
+    _check_turn(folder, store.inputs, system)
+    stored = store.inputs.adapter if store.inputs is not None else None
+    if stored != adapter:
+        raise ValueError(
+            f"{folder} holds the bundled prompts read through {adapter_label(stored)}, and the model runs "
+            f"{adapter_label(adapter)}: pass another cache folder (one per adapter), or delete this one"
+        )
+    return store
+
+
+def check_cache_turn(cache_dir: str | os.PathLike, system: str | None) -> None:
+    """Refuse (``ValueError``) a :func:`bundled_features` cache whose stores, or whose interrupted collection's
+    parts, hold the bundled prompts under another system turn than ``system``, from their indexes alone: the CLI
+    checks a ``--cache`` so before it loads a model. The stores are checked in full as they are read."""
+    cache = Path(cache_dir)
+    # the fit rows' stores at the top, each check's draw in a folder of its own; each with an interrupted part
+    folders = [cache, *(folder for check in CHECK_CACHES for folder in sorted(cache.glob(f"{check}/*")))]
+    indexes = [
+        index
+        for folder in folders
+        for pattern in (f"layer*/{INDEX}", f"{PARTIAL}/part-*/layer*/{INDEX}")
+        for index in sorted(folder.glob(pattern))
+    ]
+    for index in indexes:
+        _check_turn(index.parent, ActivationStore(index.parent).inputs, system)
+
+
+def _check_turn(folder: Path, inputs: InputProfile | None, system: str | None) -> None:
+    """Refuse a cache store whose prompts were formatted under another system turn than ``system`` (a store without
+    an input profile was collected under the template's default)."""
+    stored = inputs.system if inputs is not None else None
+    if stored != system:
+        raise ValueError(
+            f"{folder} holds the bundled prompts under the system turn {turn_label(stored)}, not "
+            f"{turn_label(system)}: pass another cache folder (one per system turn), or delete this one"
+        )
