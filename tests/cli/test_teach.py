@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
@@ -16,32 +15,13 @@ from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.commands import domain_advice
 from hf_lsad.cli.main import entry, parse
 from hf_lsad.core.batching import BATCH_TOKENS
-from hf_lsad.core.hook_point import HookPoint
-from hf_lsad.data.pools import CHECK_DOMAINS, EVAL_SOURCES, GUARD_POOLS, HARM_CHECK_POOLS, is_unsafe_pool
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.errors import SmallSampleWarning
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.bundled import (
-    CHAT_CACHE,
-    DOMAIN_CACHE,
-    HARM_CACHE,
     KEPT_CACHE,
-    PARTIAL,
-    _PartialCollection,
-    bundled_features,
-    cache_record,
-    check_cache_turn,
     read_folder,
     release_rows,
-    sample_rows,
-)
-from hf_lsad.guard.heads.bundled_checks import (
-    bundled_chat_flag_rates,
-    bundled_domain_flag_rates,
-    bundled_harm_catch_rates,
-    chat_shift_warning,
-    domain_shift_warning,
-    harm_drop_warning,
 )
 from hf_lsad.guard.heads.training import STEADY_SAMPLE, USER_SOURCE, cut_traffic, small_sample_warning, teach_traffic
 
@@ -182,169 +162,6 @@ def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():
     assert guard.heads["harm"] is head and guard.budget == budget
 
 
-def test_bundled_chat_flag_rates_reads_the_validation_chat_once_for_every_guard(tmp_path):
-    model, tokenizer, _ = tiny_guard("prompt_last")
-    strict, loose = two_headed_guard(target_fpr=0.05), two_headed_guard(target_fpr=0.5)
-    chat = [p.text for p in sample_rows(release_rows("chat", "validation"), 60, seed=0)]  # the check's seeded draw
-    reads, _ = collect_prompt_features(model, tokenizer, chat, strict.reads, progress=False)
-    loose.fit_budget(reads, target_fpr=0.5, shares=[0.5, 0.5], rows="these chat rows")  # thresholds that pass some
-    expected = [float(g(reads).flagged.double().mean()) for g in (strict, loose)]
-    assert expected[0] != expected[1]  # the two guards differ on these rows, so which rate is whose is tested
-    cache = tmp_path / "cache"
-    rates = bundled_chat_flag_rates(model, tokenizer, [strict, loose], rows=60, cache_dir=cache, progress=False)
-    assert rates == pytest.approx(expected, abs=1 / 60)  # batched otherwise: a row at a threshold may flip
-    drawn = cache / CHAT_CACHE / "60-rows-seed-0"  # a folder per draw: a check of another size has its own
-    assert sorted(p.name for p in drawn.iterdir()) == sorted(read_folder(r) for r in strict.reads)
-    bundled_chat_flag_rates(model, tokenizer, [strict], rows=30, cache_dir=cache, progress=False)
-    assert sorted(p.name for p in (cache / CHAT_CACHE).iterdir()) == ["30-rows-seed-0", "60-rows-seed-0"]
-    # read back from the cache, not the model: activations changed there change the rates
-    for folder in drawn.iterdir():
-        store = load_activations(folder)
-        save_activations(folder, store.activations * 0.0, store.records, store.hook, inputs=store.inputs)
-    assert bundled_chat_flag_rates(model, tokenizer, [strict, loose], rows=60, cache_dir=cache, progress=False) != rates
-    with pytest.raises(ValueError, match="rows must be a positive number of rows or None, got 0"):
-        bundled_chat_flag_rates(model, tokenizer, [strict], rows=0, progress=False)
-    with pytest.raises(ValueError, match="reads the response"):
-        bundled_chat_flag_rates(model, tokenizer, [fresh_guard("response_last")], rows=60, progress=False)
-
-
-@pytest.mark.parametrize(
-    ("before", "after", "target", "warned"),
-    [
-        (0.046, 0.094, 0.05, True),  # a security team's questions taught alone (hf-lsad teach, 500 rows)
-        (0.04, 0.055, 0.05, False),  # within the noise of a 500-row draw
-        (0.0, 0.076, 0.05, True),
-        (0.0, 0.075, 0.05, False),  # at 1.5 times the target: not above it
-        (0.2, 0.29, 0.05, False),  # a guard that flagged much chat before: judged against what it flagged
-        (0.2, 0.31, 0.05, True),
-    ],
-)
-def test_a_taught_guard_that_flags_far_more_chat_is_warned_of(before, after, target, warned):
-    warning = chat_shift_warning(before, after, target)
-    assert bool(warning) is warned
-    if warned:
-        assert f"flags {after:.1%} of the bundled validation chat ({before:.1%} before)" in warning
-
-
-def test_bundled_harm_catch_rates_reads_each_unsafe_sources_validation_rows_once_for_every_guard(tmp_path):
-    model, tokenizer, _ = tiny_guard("prompt_last")
-    strict, loose = two_headed_guard(target_fpr=0.1), two_headed_guard(target_fpr=0.1)
-    reads, _ = collect_prompt_features(model, tokenizer, TRAFFIC, strict.reads, progress=False)
-    loose.fit_budget(reads, target_fpr=0.05, shares=[0.5, 0.5], rows="password resets")  # thresholds raised
-    unsafe = [p for pool in GUARD_POOLS if is_unsafe_pool(pool) for p in release_rows(pool, "validation")]
-    # the check's draw (short rows): each source the evaluation holds out, then each other unsafe pool as one group
-    drawn = {s: sample_rows([p for p in unsafe if p.source == s], 2, seed=7) for s in EVAL_SOURCES}
-    drawn |= {pool: sample_rows(release_rows(pool, "validation"), 2, seed=7) for pool in HARM_CHECK_POOLS}
-    groups = [*EVAL_SOURCES, *HARM_CHECK_POOLS]
-    assert list(drawn) == groups and all(len(rows) == 2 for rows in drawn.values())
-    texts = [p.text for rows in drawn.values() for p in rows]
-    features, _ = collect_prompt_features(model, tokenizer, texts, strict.reads, batch_size=1, progress=False)
-    expected = []
-    for guard in (strict, loose):
-        flags = guard(features).flagged.view(len(groups), 2).double().mean(dim=1)  # [groups]: 2 rows each
-        expected.append(dict(zip(groups, flags.tolist())))
-    assert expected[0] != expected[1]  # the two guards differ on these rows, so which rate is whose is tested
-    cache = tmp_path / "cache"
-    rates = bundled_harm_catch_rates(
-        model, tokenizer, [strict, loose], rows_per_source=2, seed=7, cache_dir=cache, progress=False
-    )
-    assert [list(r) for r in rates] == [groups] * 2  # every source in the evaluation's order, then the pools
-    for got, want in zip(rates, expected):  # batched otherwise: a row at a threshold may flip, one at most
-        assert sum(abs(got[s] - want[s]) for s in groups) <= 0.5 + 1e-9
-    folder = cache / HARM_CACHE / "2-per-group-seed-7"  # a folder per draw
-    assert sorted(p.name for p in folder.iterdir()) == sorted(read_folder(r) for r in strict.reads)
-    # read back from the cache, not the model: activations changed there change the rates
-    for store_folder in folder.iterdir():
-        store = load_activations(store_folder)
-        save_activations(store_folder, store.activations * 0.0, store.records, store.hook, inputs=store.inputs)
-    kwargs = dict(rows_per_source=2, seed=7, cache_dir=cache, progress=False)
-    assert bundled_harm_catch_rates(model, tokenizer, [strict, loose], **kwargs) != rates
-    # the CLI checks the draw's system turn before it loads a model, as it checks the fit rows'
-    check_cache_turn(cache, None)
-    with pytest.raises(ValueError, match="under the system turn the chat template's default, not"):
-        check_cache_turn(cache, TURN)
-    with pytest.raises(ValueError, match="rows_per_source must be a positive number of rows or None, got 0"):
-        bundled_harm_catch_rates(model, tokenizer, [strict], rows_per_source=0, progress=False)
-    with pytest.raises(ValueError, match="reads the response"):
-        bundled_harm_catch_rates(model, tokenizer, [fresh_guard("response_last")], rows_per_source=1, progress=False)
-
-
-@pytest.mark.parametrize(
-    ("before", "after", "fallen"),
-    [
-        ({"donotanswer": 0.97, "advbench": 1.0}, {"donotanswer": 0.47, "advbench": 0.97}, ["donotanswer 97% to 47%"]),
-        ({"donotanswer": 0.95, "advbench": 1.0}, {"donotanswer": 0.80, "advbench": 0.9}, []),  # shell tasks' 0.15
-        ({"donotanswer": 0.5, "advbench": 1.0}, {"donotanswer": 0.3, "advbench": 0.79}, ["advbench 100% to 79%"]),
-        ({"donotanswer": 0.5}, {"donotanswer": 0.7}, []),  # caught more: nothing to say
-    ],
-)
-def test_a_guard_that_lets_through_far_more_of_a_source_is_warned_of(before, after, fallen):
-    warning = harm_drop_warning(before, after)
-    assert bool(warning) is bool(fallen)
-    if fallen:
-        assert f"lets through more of the bundled harm ({', '.join(fallen)})" in warning
-
-
-def test_bundled_domain_flag_rates_reads_each_benign_domains_validation_rows_once_for_every_guard(tmp_path):
-    model, tokenizer, _ = tiny_guard("prompt_last")
-    strict, loose = two_headed_guard(target_fpr=0.1), two_headed_guard(target_fpr=0.1)
-    drawn = {
-        pool: sample_rows(release_rows(pool, "validation"), 3, seed=7) for pool in CHECK_DOMAINS
-    }  # the check's draw
-    texts = [p.text for rows in drawn.values() for p in rows]
-    features, _ = collect_prompt_features(model, tokenizer, texts, strict.reads, batch_size=1, progress=False)
-    loose.fit_budget(features, target_fpr=0.5, shares=[0.5, 0.5], rows="these rows")  # thresholds that pass some
-    expected = []
-    for guard in (strict, loose):
-        flags = guard(features).flagged.view(len(CHECK_DOMAINS), 3).double().mean(dim=1)  # [domains]: 3 rows each
-        expected.append(dict(zip(CHECK_DOMAINS, flags.tolist())))
-    assert expected[0] != expected[1]  # the two guards differ on these rows, so which rate is whose is tested
-    cache = tmp_path / "cache"
-    kwargs = dict(rows_per_domain=3, seed=7, cache_dir=cache, progress=False)
-    rates = bundled_domain_flag_rates(model, tokenizer, [strict, loose], **kwargs)
-    assert [list(r) for r in rates] == [list(CHECK_DOMAINS)] * 2  # every domain beside chat, in the pools' order
-    for got, want in zip(rates, expected):  # batched otherwise: a row at a threshold may flip, one at most
-        assert sum(abs(got[pool] - want[pool]) for pool in CHECK_DOMAINS) <= 1 / 3 + 1e-9
-    folder = cache / DOMAIN_CACHE / "3-per-domain-seed-7"  # a folder per draw
-    assert sorted(p.name for p in folder.iterdir()) == sorted(read_folder(r) for r in strict.reads)
-    # read back from the cache, not the model: activations changed there change the rates
-    for store_folder in folder.iterdir():
-        store = load_activations(store_folder)
-        save_activations(store_folder, store.activations * 0.0, store.records, store.hook, inputs=store.inputs)
-    assert bundled_domain_flag_rates(model, tokenizer, [strict, loose], **kwargs) != rates
-    # the CLI checks the draw's system turn before it loads a model, as it checks the fit rows'
-    check_cache_turn(cache, None)
-    with pytest.raises(ValueError, match="under the system turn the chat template's default, not"):
-        check_cache_turn(cache, TURN)
-    with pytest.raises(ValueError, match="rows_per_domain must be a positive number of rows or None, got 0"):
-        bundled_domain_flag_rates(model, tokenizer, [strict], rows_per_domain=0, progress=False)
-    with pytest.raises(ValueError, match="reads the response"):
-        bundled_domain_flag_rates(model, tokenizer, [fresh_guard("response_last")], rows_per_domain=1, progress=False)
-
-
-@pytest.mark.parametrize(
-    ("before", "after", "target", "risen"),
-    [
-        # a security team's questions taught (hf-lsad teach; every validation row of each domain)
-        (
-            {"safe": 0.019, "benign_ood": 0.007, "lookalike": 0.218, "statements": 0.025},
-            {"safe": 0.084, "benign_ood": 0.052, "lookalike": 0.414, "statements": 0.333},
-            0.05,
-            ["task prompts 2% to 8%", "benign look-alikes 22% to 41%", "plain statements 2% to 33%"],
-        ),
-        ({"safe": 0.0}, {"safe": 0.075}, 0.05, []),  # at 1.5 times the target: not above it
-        ({"lookalike": 0.3}, {"lookalike": 0.44}, 0.05, []),  # judged against what it flagged before
-        ({"lookalike": 0.3}, {"lookalike": 0.46}, 0.05, ["benign look-alikes 30% to 46%"]),
-        ({"safe": 0.02, "questions": 0.1}, {"safe": 0.0, "questions": 0.0}, 0.05, []),  # flags less: nothing to say
-    ],
-)
-def test_a_guard_that_flags_far_more_of_another_benign_domain_is_warned_of(before, after, target, risen):
-    warning = domain_shift_warning(before, after, target)
-    assert bool(warning) is bool(risen)
-    if risen:
-        assert f"flags far more of other kinds of benign traffic ({', '.join(risen)})" in warning
-
-
 def same_guard(a: SafetyGuard, b: SafetyGuard) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
@@ -467,122 +284,6 @@ def test_the_token_budget_of_a_forward_pass_is_a_flag(command):
     assert parse([command, *required, "--max-batch-tokens", "2048"])[1].max_batch_tokens == 2048
 
 
-@contextlib.contextmanager
-def forward_passes(model, interrupt_at: int | None = None):
-    """Count the forward passes of ``model`` (one for the opening every prompt shares, then one per batch),
-    interrupting the ``interrupt_at``-th as Ctrl-C does."""
-    passes: list[int] = []
-
-    def count(*_):
-        passes.append(1)
-        if len(passes) == interrupt_at:
-            raise KeyboardInterrupt
-
-    handle = model.model.layers[0].register_forward_pre_hook(count)
-    try:
-        yield passes
-    finally:
-        handle.remove()
-
-
-def fit_prompts():
-    return [p for pool in POOLS for p in release_rows(pool, "fit")[:ROWS_PER_POOL]]
-
-
-def test_a_cache_written_from_other_stores_with_cache_records_is_read_without_the_model(tmp_path):
-    """A study writes teach's cache from the stores hf-lsad collect wrote; the records are the cache's own."""
-    model, tokenizer, _ = tiny_guard("prompt_last")
-    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
-    collected, inputs = collect_prompt_features(model, tokenizer, [p.text for p in prompts], reads, progress=False)
-    cache = tmp_path / "cache"
-    records = [cache_record(p) for p in prompts]
-    for read in reads:
-        marked = collected[read] + 1.0  # activations no forward pass gives: read back, they show the cache was read
-        save_activations(cache / read_folder(read), marked, records, HookPoint.from_model(model, *read), inputs=inputs)
-    with forward_passes(model) as passes:
-        features = bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, progress=False)
-    assert not passes
-    assert all(torch.equal(features[read], collected[read] + 1.0) for read in reads)
-    record = cache_record(prompts[0])
-    assert set(record) == {"id", "digest", "source", "category"} and record["id"] == prompts[0].id
-    changed = prompts[0]._replace(text=prompts[0].text + " (edited)")
-    with pytest.raises(ValueError, match="different"):  # a store written when a prompt's text was other
-        bundled_features(model, tokenizer, [changed, *prompts[1:]], reads, cache_dir=cache, progress=False)
-
-
-def test_an_interrupted_collection_into_a_cache_resumes_where_it_stopped(tmp_path):
-    """An hour of collection was lost to an interruption, cache or not: the cache was written at the end."""
-    model, tokenizer, _ = tiny_guard("prompt_last")
-    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
-    kwargs = dict(batch_size=4, progress=False)
-    reference = bundled_features(model, tokenizer, prompts, reads, **kwargs)  # 12 batches, nothing kept
-    cache = tmp_path / "cache"
-    with forward_passes(model, interrupt_at=6), pytest.raises(KeyboardInterrupt):  # two parts of two batches kept
-        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=2, **kwargs)
-    assert len(list((cache / PARTIAL).glob("part-*"))) == 2 and not any(cache.glob("layer*"))
-    with forward_passes(model) as passes:
-        resumed = bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=2, **kwargs)
-    assert len(passes) == 1 + 12 - 4  # the shared opening, then the batches no part held, and those alone
-    assert all(torch.equal(resumed[read], reference[read]) for read in reads)  # the same batches: bit for bit
-    assert not (cache / PARTIAL).exists()
-    uninterrupted = tmp_path / "uninterrupted"
-    bundled_features(model, tokenizer, prompts, reads, cache_dir=uninterrupted, **kwargs)
-    for read in reads:
-        store, alone = load_activations(cache / read_folder(read)), load_activations(uninterrupted / read_folder(read))
-        assert torch.equal(store.activations, alone.activations)
-        assert store.records == alone.records and store.inputs == alone.inputs
-
-
-def test_parts_left_by_a_run_stopped_after_its_stores_are_removed(tmp_path, monkeypatch):
-    """A run stopped between writing its stores and removing its parts left them: a later collection of other reads
-    was refused ("holds an interrupted collection of other reads"), and told to delete the whole cache."""
-    model, tokenizer, _ = tiny_guard("prompt_last")
-    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
-    cache = tmp_path / "cache"
-
-    def stopped(self):
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
-        patch.setattr(_PartialCollection, "remove", stopped)
-        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=2, batch_size=4)
-    assert any((cache / PARTIAL).glob("part-*")) and all((cache / read_folder(read)).is_dir() for read in reads)
-    other = (reads[0][0], "prompt_last" if reads[0][1] == "prompt_mean" else "prompt_mean")
-    with forward_passes(model) as passes:
-        features = bundled_features(model, tokenizer, prompts, [*reads, other], cache_dir=cache, progress=False)
-    with forward_passes(model) as passes_alone:
-        alone = bundled_features(model, tokenizer, prompts, [other], progress=False)
-    assert len(passes) == len(passes_alone) and not (cache / PARTIAL).exists()  # the new read alone was collected
-    assert torch.equal(features[other], alone[other])
-
-
-def test_parts_of_a_run_that_did_not_finish_are_kept(tmp_path):
-    model, tokenizer, _ = tiny_guard("prompt_last")
-    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
-    cache = tmp_path / "cache"
-    bundled_features(model, tokenizer, prompts, reads[:1], cache_dir=cache, progress=False)
-    with forward_passes(model, interrupt_at=4), pytest.raises(KeyboardInterrupt):
-        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=1, batch_size=4)
-    bundled_features(model, tokenizer, prompts, reads[:1], cache_dir=cache, progress=False)  # its store is there
-    assert len(list((cache / PARTIAL).glob("part-*"))) == 2  # of reads[1:], whose stores are not
-
-
-def test_parts_written_for_other_prompt_text_or_reads_are_refused(tmp_path):
-    model, tokenizer, _ = tiny_guard("prompt_last")
-    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
-    cache = tmp_path / "cache"
-    with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
-        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=1, progress=False)
-    edited = [p._replace(text=p.text + " (edited)") for p in prompts]
-    with pytest.raises(ValueError, match=r"was written when the text of bundled prompt .* was different"):
-        bundled_features(model, tokenizer, edited, reads, cache_dir=cache, progress=False)
-    other = [(reads[0][0], "prompt_last" if reads[0][1] == "prompt_mean" else "prompt_mean")]
-    with pytest.raises(ValueError, match="holds an interrupted collection of other reads"):
-        bundled_features(model, tokenizer, prompts, other, cache_dir=cache, progress=False)
-    with pytest.raises(ValueError, match="checkpoint_batches must be a positive integer"):
-        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=0, progress=False)
-
-
 TURN = "You are the support assistant of a small web shop."
 """A deployment's own system turn."""
 
@@ -671,22 +372,6 @@ def test_a_cache_of_the_bundled_rows_holds_one_system_turn(model_dir, guard_dir,
                 entry([*command, "--out", str(tmp_path / "out"), "--cache", str(cache), *system])
             assert info.value.code == 2 and f"argument --cache: {cache}" in (err := capsys.readouterr().err)
             assert f"under the system turn {stored}, not" in err
-
-    # the parts of an interrupted collection keep their turn too
-    prompts, reads = fit_prompts(), sorted(guard.heads["harm"].reads)
-    cache = tmp_path / "interrupted"
-    with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
-        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=1, progress=False)
-    with pytest.raises(ValueError, match="under the system turn the chat template's default, not"):
-        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, system=TURN, progress=False)
-    with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
-        bundled_features(
-            model, tokenizer, prompts, reads, cache_dir=tmp_path / "turned", checkpoint_batches=1, system=TURN
-        )
-    resumed = bundled_features(model, tokenizer, prompts, reads, cache_dir=tmp_path / "turned", system=TURN)
-    alone = bundled_features(model, tokenizer, prompts, reads, system=TURN, progress=False)
-    assert all(torch.allclose(resumed[read], alone[read], atol=1e-5) for read in reads)
-    assert load_activations(tmp_path / "turned" / read_folder(reads[0])).inputs.system == TURN
 
 
 def test_teach_keeps_bundled_pools_within_the_budget_beside_the_held_back_prompts(
