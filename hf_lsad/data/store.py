@@ -246,6 +246,8 @@ class ActivationStore:
         return int(self.shard_starts[-1])
 
     def take(self, rows: Tensor) -> Tensor:
+        """The rows at ascending indices ``rows`` as a float32 ``[len(rows), width]`` tensor, read from the shards
+        that hold them and checked (``IndexError`` for indices out of range or out of order)."""
         rows = rows.cpu()
         if len(rows) and (rows[0] < 0 or rows[-1] >= len(self) or (rows[1:] < rows[:-1]).any()):
             raise IndexError(f"rows must be ascending indices in [0, {len(self)})")
