@@ -30,7 +30,7 @@ THRESHOLD_POOL = "chat"
 
 BUNDLED_CHAT_ROWS = f"validation {THRESHOLD_POOL}"
 """How a budget set on the bundled validation chat names its rows (:func:`fit_budget_on_prompts` without prompts,
-:func:`add_fitted_head`), before the system turn or adapter it was read under."""
+:func:`~hf_lsad.guard.heads.training.add_fitted_head`), before the system turn or adapter it was read under."""
 
 KEPT_LABEL = "the bundled validation rows of"
 """The words that open the naming of the pools :func:`fit_budget_on_prompts` kept within the budget

@@ -40,8 +40,8 @@ def release_rows(pool: str, split: Literal["fit", "validation", "test"]) -> list
 
 
 def drawn_fit_rows(pool: str, rows_per_pool: int | None, seed: int) -> list[Prompt]:
-    """The bundled ``pool``'s fit rows that :func:`teach_traffic` fits a head on again: a seeded draw of
-    ``rows_per_pool`` of them (``None``: all of them, as released)."""
+    """The bundled ``pool``'s fit rows that :func:`~hf_lsad.guard.heads.training.teach_traffic` fits a head on again: a
+    seeded draw of ``rows_per_pool`` of them (``None``: all of them, as released)."""
     return sample_rows(release_rows(pool, "fit"), rows_per_pool, seed)
 
 
@@ -55,21 +55,25 @@ def sample_rows(items: list[Any], limit: int | None, seed: int) -> list[Any]:
 
 
 CHAT_CACHE = "validation-chat"
-"""The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_chat_flag_rates` reads, a
-folder per draw (``<rows>-rows-seed-<seed>``), so that a check of another size reads or writes its own (the fit rows'
-stores sit at the cache's top)."""
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows
+:func:`~hf_lsad.guard.heads.bundled_checks.bundled_chat_flag_rates` reads, a folder per draw
+(``<rows>-rows-seed-<seed>``), so that a check of another size reads or writes its own (the fit rows' stores sit at the
+cache's top)."""
 
 HARM_CACHE = "validation-harm"
-"""The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_harm_catch_rates` reads, a
-folder per draw (``<rows>-per-group-seed-<seed>``)."""
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows
+:func:`~hf_lsad.guard.heads.bundled_checks.bundled_harm_catch_rates` reads, a folder per draw
+(``<rows>-per-group-seed-<seed>``)."""
 
 DOMAIN_CACHE = "validation-domains"
-"""The sub-folder of a :func:`bundled_features` cache that keeps the rows :func:`bundled_domain_flag_rates` reads, a
-folder per draw (``<rows>-per-domain-seed-<seed>``)."""
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows
+:func:`~hf_lsad.guard.heads.bundled_checks.bundled_domain_flag_rates` reads, a folder per draw
+(``<rows>-per-domain-seed-<seed>``)."""
 
 KEPT_CACHE = "validation-kept"
-"""The sub-folder of a :func:`bundled_features` cache that keeps the rows of each pool :func:`fit_budget_on_prompts`
-keeps within the budget (``keep_bundled``), a folder per pool."""
+"""The sub-folder of a :func:`bundled_features` cache that keeps the rows of each pool
+:func:`~hf_lsad.guard.heads.budget.fit_budget_on_prompts` keeps within the budget (``keep_bundled``), a folder per
+pool."""
 
 CHECK_CACHES = (CHAT_CACHE, DOMAIN_CACHE, HARM_CACHE, KEPT_CACHE)
 """The sub-folders of a :func:`bundled_features` cache that keep bundled validation rows: the checks' draws and the

@@ -46,10 +46,10 @@ def bundled_chat_flag_rates(
     """The share of the bundled validation chat that each of ``guards`` flags, the rows read once through ``model``.
 
     Those rows set the released guards' thresholds and no head was fitted on them. A guard taught one kind of traffic
-    (:func:`teach_traffic`), or whose thresholds were set on it (:func:`fit_budget_on_prompts`), holds its budget on
-    that traffic alone; this says what that does to ordinary chat, beside the guard it came from
-    (``heads/security_traffic``: a security team's questions taught alone left bundled chat flagged at 14.9%, against
-    7.0% as released).
+    (:func:`~hf_lsad.guard.heads.training.teach_traffic`), or whose thresholds were set on it
+    (:func:`~hf_lsad.guard.heads.budget.fit_budget_on_prompts`), holds its budget on that traffic alone; this says what
+    that does to ordinary chat, beside the guard it came from (``heads/security_traffic``: a security team's questions
+    taught alone left bundled chat flagged at 14.9%, against 7.0% as released).
 
     Args:
         model, tokenizer: The guards' base model and its tokenizer.
@@ -97,9 +97,10 @@ def bundled_harm_catch_rates(
     catches on its validation rows, the rows read once through ``model``.
 
     No head of a bundled guard was fitted on those rows. Thresholds set on traffic that looks more like harm than chat
-    does rise, and the harm they let through is not in the user's sample: on 366 bug-report titles, which the
-    released guard flags at 47%, :func:`fit_budget_on_prompts` left do-not-answer's validation rows caught at 36%
-    (95% as released). This says what a change did to the harm the guard was taught, beside the guard it came from.
+    does rise, and the harm they let through is not in the user's sample: on 366 bug-report titles, which the released
+    guard flags at 47%, :func:`~hf_lsad.guard.heads.budget.fit_budget_on_prompts` left do-not-answer's validation rows
+    caught at 36% (95% as released). This says what a change did to the harm the guard was taught, beside the guard it
+    came from.
 
     Args:
         model, tokenizer: The guards' base model and its tokenizer.
