@@ -23,7 +23,14 @@ from hf_lsad.guard.heads.bundled import (
     read_folder,
     release_rows,
 )
-from hf_lsad.guard.heads.training import STEADY_SAMPLE, USER_SOURCE, cut_traffic, small_sample_warning, teach_traffic
+from hf_lsad.guard.heads.training import (
+    STEADY_SAMPLE,
+    USER_SOURCE,
+    cut_traffic,
+    small_sample_warning,
+    teach_traffic,
+    thresholds_reset_warning,
+)
 
 TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
 """A benign kind of traffic the tiny guard's heads were not fitted on: it flags all of it at its thresholds."""
@@ -138,6 +145,8 @@ def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():
         a = teach_traffic(model, tokenizer, first, SAMPLE, **kwargs)
     b = teach_traffic(model, tokenizer, second, SAMPLE, **kwargs)
     assert a == b and a.rows == "the user's own benign prompts (50 held back; 50 more taught to head 'harm')"
+    # a head added later resets these thresholds: the advice is to teach again, not to set them on the whole sample
+    assert "teach it again on the same sample" in thresholds_reset_warning(a, "mine")
     assert all(torch.equal(x, y) for x, y in zip(first.state_dict().values(), second.state_dict().values()))
     assert first.fingerprint.boundary is None  # the user's held-back prompts are kept only when asked
     kept = two_headed_guard(target_fpr=0.1)

@@ -515,16 +515,18 @@ def test_a_head_fitted_your_own_way_is_added_with_its_share_and_a_failure_leaves
 
 
 @pytest.mark.parametrize(
-    ("rows", "warned"),
+    ("rows", "advice"),
     [
-        ("validation chat", False),  # the released guard's: set on that chat again
-        ("validation chat, under the system turn 'You are a bank.'", False),
-        ("the user's own benign prompts, traffic.txt", True),  # set-budget or teach on the user's traffic
-        ("traffic.txt, and the bundled validation rows of chat (1,338), each kind within the budget", True),
-        ("validation chat, and the bundled validation rows of statements (201), each kind within the budget", True),
+        ("validation chat", None),  # the released guard's: set on that chat again
+        ("validation chat, under the system turn 'You are a bank.'", None),
+        ("the user's own benign prompts, traffic.txt", "hf-lsad set-budget --benign YOUR_SAMPLE"),  # set-budget
+        ("traffic.txt, and the bundled validation rows of chat (1,338), each kind within the budget", "set-budget"),
+        ("validation chat, and the bundled validation rows of statements (201), each kind within the budget", "set-b"),
+        # teach: its head was fitted on part of the sample, so the whole sample must not set the thresholds
+        ("the user's own benign prompts (40 held back; 60 more taught to head 'harm')", "teach it again on the same"),
     ],
 )
-def test_adding_a_head_says_when_it_sets_thresholds_set_on_other_rows_again_on_chat(rows, warned):
+def test_adding_a_head_says_when_it_sets_thresholds_set_on_other_rows_again_on_chat(rows, advice):
     from hf_lsad.errors import ThresholdsResetWarning
     from hf_lsad.guard.heads.training import add_fitted_head
 
@@ -537,7 +539,9 @@ def test_adding_a_head_says_when_it_sets_thresholds_set_on_other_rows_again_on_c
         warnings.simplefilter("always")
         add_fitted_head(model, tokenizer, guard, head, threshold_rows=120, progress=False)
     reset = [w for w in caught if issubclass(w.category, ThresholdsResetWarning)]
-    assert len(reset) == int(warned)
-    if warned:
-        assert f"the guard's thresholds had been set on {rows}; with head 'mine' added" in str(reset[0].message)
+    assert len(reset) == int(advice is not None)
+    if advice is not None:
+        message = str(reset[0].message)
+        assert f"the guard's thresholds had been set on {rows}; with head 'mine' added" in message
+        assert advice in message and ("set-budget --benign" in message) != advice.startswith("teach")
         assert reset[0].filename == __file__  # attributed to the caller's line

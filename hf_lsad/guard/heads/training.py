@@ -310,13 +310,24 @@ def add_fitted_head(
 def thresholds_reset_warning(budget: BudgetConfig | None, name: str) -> str:
     """What to tell a user who adds head ``name`` to a guard with ``budget`` (``""`` unless its thresholds were set on
     other rows than the bundled validation chat alone, under any system turn or adapter: a user's own traffic, or
-    beside kept pools), since :func:`add_fitted_head` sets them again on that chat."""
+    beside kept pools), since :func:`add_fitted_head` sets them again on that chat. A guard taught the traffic
+    (:func:`teach_traffic`) is told to be taught again: its head was fitted on part of the sample, so thresholds set
+    on the whole sample would rest partly on rows that head was fitted on."""
     if budget is None or (budget.rows.startswith(BUNDLED_CHAT_ROWS) and f", and {KEPT_LABEL} " not in budget.rows):
         return ""
-    return (
+    reset = (
         f"the guard's thresholds had been set on {budget.rows}; with head {name!r} added they are set again on the "
-        "bundled validation chat: set them on that traffic again afterwards (hf-lsad set-budget --benign "
-        "YOUR_SAMPLE, or hf-lsad teach; docs/heads.md, 'Your own traffic')"
+        "bundled validation chat: "
+    )
+    if f" {TAUGHT_LABEL} " in budget.rows:
+        return reset + (
+            "teach it again on the same sample with the same --seed (hf-lsad teach), which sets them on the prompts it "
+            "holds back; set-budget on the whole sample would set them partly on prompts a head was fitted on "
+            "(docs/heads.md, 'Your own traffic')"
+        )
+    return reset + (
+        "set them on that traffic again afterwards (hf-lsad set-budget --benign YOUR_SAMPLE, or hf-lsad teach; "
+        "docs/heads.md, 'Your own traffic')"
     )
 
 
@@ -329,6 +340,10 @@ def new_head_share(guard: Any) -> float:
 
 USER_SOURCE = "user-benign"
 """The source name the user's benign prompts are fitted under by :func:`teach_traffic` (weighed as one source)."""
+
+TAUGHT_LABEL = "more taught to head"
+"""The words a budget set by :func:`teach_traffic` names its taught prompts with ("(330 held back; 495 more taught to
+head 'harm')"), which :func:`thresholds_reset_warning` reads."""
 
 STEADY_SAMPLE = 1000
 """Prompts a user should bring to :func:`teach_traffic`. With a few hundred, the thresholds rest on the top few
@@ -474,7 +489,7 @@ def teach_traffic(
             target_fpr=target,
             shares=old_budget.shares if old_budget is not None else None,
             confidence=rule,
-            rows=f"{rows} ({len(held_back)} held back; {len(taught)} more taught to head {head!r})",
+            rows=f"{rows} ({len(held_back)} held back; {len(taught)} {TAUGHT_LABEL} {head!r})",
             batch_size=batch_size,
             max_batch_tokens=max_batch_tokens,
             progress=progress,
