@@ -17,13 +17,15 @@ All are ``ValueError`` subclasses, so code that caught ``ValueError`` before kee
   (e.g. a prompt longer than the model's context).
 - :class:`MissingColumnError`: a table of prompts without the prompt or id column asked for.
 
-And four warning categories: :class:`DegenerateFitWarning`, for fits that finish but should not be trusted (an SAE
+And six warning categories: :class:`DegenerateFitWarning`, for fits that finish but should not be trusted (an SAE
 that explains little variance, clusters too small for their masks or covariances); filter it to an error with
 ``warnings.simplefilter("error", DegenerateFitWarning)``. :class:`SmallSampleWarning`, for a guard taught a sample of
 the user's traffic too small for the guard to be steady (``teach``: fewer than a thousand prompts).
-:class:`AdapterWarning` and :class:`ScoreShiftWarning`, for a model guarded, as the user allowed, although it runs
-other peft adapters, or scores the guard's probe prompts otherwise, than the model the guard's thresholds were set
-through.
+:class:`ReteachWarning`, for a head taught the user's traffic and taught again, which keeps only what the new sample
+holds. :class:`ThresholdsResetWarning`, for a head added to a guard whose thresholds were set on the user's traffic,
+which sets them again on the bundled chat. :class:`AdapterWarning` and :class:`ScoreShiftWarning`, for a model
+guarded, as the user allowed, although it runs other peft adapters, or scores the guard's probe prompts otherwise,
+than the model the guard's thresholds were set through.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ class ThresholdsResetWarning(UserWarning):
     traffic again."""
 
 
+class ReteachWarning(UserWarning):
+    """A supervised head taught a user's traffic is taught again: it is fitted on the bundled rows and the new sample
+    alone, so it keeps what it learnt of the earlier traffic only if the new sample holds that traffic too."""
+
+
 class AdapterWarning(UserWarning):
     """A guarded model runs other peft adapters than the guard's thresholds were set through
     (:func:`hf_lsad.capture.adapters.check_adapter`)."""
@@ -107,8 +114,11 @@ __all__ = [
     "GuardFormatError",
     "GuardMismatchError",
     "InputError",
+    "MissingColumnError",
     "ModelMismatchError",
+    "ReteachWarning",
     "ScoreShiftWarning",
+    "SmallSampleWarning",
     "ThresholdsResetWarning",
     "UnsafeGuardFileError",
 ]

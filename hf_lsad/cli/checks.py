@@ -377,7 +377,7 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
     pools kept within the budget, and where the guard goes."""
     from ..guard.guard import SafetyGuard
     from ..guard.heads.budget import budget_rule, check_keep_bundled, check_reads_prompt, kept_pool_rows
-    from ..guard.heads.training import cut_traffic, small_sample_warning
+    from ..guard.heads.training import cut_traffic, reteach_warning, small_sample_warning
     from ..guard.threshold import allowed_flags
     from .arguments import guard_location
     from .commands import read_prompt_file
@@ -432,9 +432,10 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
         )
     except ValueError as err:
         parser.error(f"argument --keep-bundled: {_one_line(err)}")
-    warning = small_sample_warning(brought, len(prompts), allowed) if args.command == "teach" else ""
-    if warning:  # said before the model loads, not after an hour's forward pass
-        print(f"warning: {warning}", file=sys.stderr)
+    if args.command == "teach":  # said before the model loads, not after an hour's forward pass
+        for warning in (small_sample_warning(brought, len(prompts), allowed), reteach_warning(guard.budget, args.head)):
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr)
 
 
 def _check_evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

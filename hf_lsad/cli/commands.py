@@ -542,7 +542,7 @@ def run_set_budget(args: argparse.Namespace) -> None:
 
 def run_teach(args: argparse.Namespace) -> None:
     from ..core.runtime import ModelRuntime
-    from ..errors import SmallSampleWarning
+    from ..errors import ReteachWarning, SmallSampleWarning
     from ..guard.card import derived_data
     from ..guard.heads.training import teach_traffic
 
@@ -553,7 +553,8 @@ def run_teach(args: argparse.Namespace) -> None:
     guard.config.hook.check_model(model)
     taught_from = copy.deepcopy(guard) if args.chat_check or args.domain_check or args.harm_check else None
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SmallSampleWarning)  # said before the model loaded (cli.checks)
+        for said in (SmallSampleWarning, ReteachWarning):  # said before the model loaded (cli.checks)
+            warnings.simplefilter("ignore", said)
         budget = teach_traffic(
             model,
             tokenizer,

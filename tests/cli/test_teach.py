@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import json
 import shlex
+import warnings
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from hf_lsad.cli.commands import domain_advice
 from hf_lsad.cli.main import entry, parse
 from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.data.store import load_activations, save_activations
-from hf_lsad.errors import SmallSampleWarning
+from hf_lsad.errors import ReteachWarning, SmallSampleWarning
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.bundled import (
     KEPT_CACHE,
@@ -27,6 +28,7 @@ from hf_lsad.guard.heads.training import (
     STEADY_SAMPLE,
     USER_SOURCE,
     cut_traffic,
+    reteach_warning,
     small_sample_warning,
     teach_traffic,
     thresholds_reset_warning,
@@ -228,6 +230,46 @@ def test_teach_traffic_refuses_a_cache_it_cannot_trust(tmp_path):
     with pytest.raises(ValueError, match=f"holds activations of layer {layer} {other.position}"):
         teach_traffic(model, tokenizer, guard, SAMPLE, pools=POOLS[:2], cache_dir=cache, **kwargs)
     assert guard.heads["harm"] is head and guard.budget == budget
+
+
+TAUGHT_ROWS = "the user's own benign prompts, a.txt (50 held back; 50 more taught to head 'harm')"
+"""The rows of a budget :func:`teach_traffic` set, teaching head ``harm``."""
+
+
+def test_teaching_a_taught_head_again_says_it_keeps_only_what_the_new_sample_holds():
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    kwargs = dict(fit_fraction=0.5, pools=POOLS[:2], rows_per_pool=ROWS_PER_POOL, progress=False)
+    guard = two_headed_guard(target_fpr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        teach_traffic(model, tokenizer, guard, SAMPLE, **kwargs)
+        assert not [w for w in caught if issubclass(w.category, ReteachWarning)]  # a head not taught before
+        teach_traffic(model, tokenizer, guard, TRAFFIC, **kwargs)
+    (reteach,) = [w for w in caught if issubclass(w.category, ReteachWarning)]
+    taught = "the user's own benign prompts (50 held back; 50 more taught to head 'harm')"
+    assert str(reteach.message).startswith(f"head 'harm' was taught before ({taught}); it is fitted again on the")
+    assert reteach.filename == __file__  # attributed to the caller's line
+    assert reteach_warning(dataclasses.replace(guard.budget, rows=TAUGHT_ROWS), "other") == ""  # another head
+    # thresholds set again since on other rows: the budget no longer says the head was taught
+    assert reteach_warning(dataclasses.replace(guard.budget, rows="validation chat"), "harm") == ""
+    assert reteach_warning(None, "harm") == ""
+
+
+def test_teach_says_before_the_model_loads_that_a_taught_head_keeps_only_what_the_new_sample_holds(
+    model_dir, tmp_path, capsys
+):
+    guard = two_headed_guard(target_fpr=0.1)
+    guard.budget = dataclasses.replace(guard.budget, rows=TAUGHT_ROWS)
+    taught, sample = tmp_path / "taught", tmp_path / "traffic.txt"
+    guard.save_pretrained(taught)
+    sample.write_text("".join(t + "\n" for t in TRAFFIC))
+    flags = ["--pools", *POOLS[:2], "--rows-per-pool", str(ROWS_PER_POOL), "--benign", str(sample)]
+    checks = ["--chat-check", "0", "--domain-check", "0", "--harm-check", "0"]
+    entry(["teach", "--guard", str(taught), "--model", str(model_dir), *flags, *checks, "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert f"warning: head 'harm' was taught before ({TAUGHT_ROWS}); it is fitted again" in err
+    assert err.count("was taught before") == 1 and "ReteachWarning" not in err  # the API's warning is not repeated
+    assert err.index("was taught before") < err.index("fitting head 'harm'")  # before the model's forward passes
 
 
 def test_a_sample_is_steady_from_a_thousand_prompts():

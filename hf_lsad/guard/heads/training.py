@@ -31,7 +31,7 @@ from ...core.batching import BATCH_TOKENS
 from ...core.prompt_inputs import check_system_turn
 from ...core.splits import seeded_parts
 from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_unsafe_pool
-from ...errors import SmallSampleWarning, ThresholdsResetWarning, warn
+from ...errors import ReteachWarning, SmallSampleWarning, ThresholdsResetWarning, warn
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
 from .budget import (
@@ -364,6 +364,21 @@ def small_sample_warning(n_prompts: int, n_held_back: int, allowed: int) -> str:
     )
 
 
+def reteach_warning(budget: BudgetConfig | None, head: str) -> str:
+    """What to tell a user who teaches head ``head`` of a guard with ``budget`` (``""`` unless that budget was set by
+    :func:`teach_traffic` teaching the same head). The head is fitted again on the bundled rows and the new sample
+    alone: what it learnt of the traffic it was taught before stays only if the new sample holds that traffic too.
+    The budget's rows are all that says a head was taught; once ``set-budget`` or ``add-head`` has set the thresholds
+    again, a taught head is not recognised."""
+    if budget is None or f" {TAUGHT_LABEL} {head!r}" not in budget.rows:
+        return ""
+    return (
+        f"head {head!r} was taught before ({budget.rows}); it is fitted again on the bundled rows and this sample "
+        "alone, so it keeps what it learnt of that traffic only if this sample holds it too (the same sample again "
+        "does): bring one sample of all the traffic the guard serves (docs/heads.md, 'Your own traffic')"
+    )
+
+
 def teach_traffic(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -401,7 +416,9 @@ def teach_traffic(
             prompt.
         prompts: A sample of the user's benign traffic, fitted on by no head. The part that sets the thresholds must be
             as large as the confidence needs (59 prompts at 5% and 0.95); checked before any forward pass. Fewer than
-            :data:`STEADY_SAMPLE` are taught with a :class:`SmallSampleWarning`.
+            :data:`STEADY_SAMPLE` are taught with a :class:`SmallSampleWarning`. A head taught before is taught again
+            with a :class:`~hf_lsad.errors.ReteachWarning` (:func:`reteach_warning`): it keeps only what this sample
+            holds.
         head: The supervised head to fit again.
         fit_fraction: The share of ``prompts`` taught to the head, in (0, 1).
         pools: The bundled pools whose fit rows the head is fitted on again (default: those it was released with;
@@ -448,6 +465,9 @@ def teach_traffic(
     warning = small_sample_warning(len(prompts), len(held_back), allowed)
     if warning:
         warn(warning, SmallSampleWarning)
+    reteach = reteach_warning(guard.budget, head)
+    if reteach:
+        warn(reteach, ReteachWarning)
 
     bundled = []
     for pool in pools:
