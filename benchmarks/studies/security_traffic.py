@@ -29,6 +29,11 @@ domain's flag rate, each unsafe source's catch, and the catch of the unsafe test
 With ``keep_bundled``, set-budget and teach also keep the validation rows of those bundled benign pools within the
 budget, each on its own, beside the user's prompts: a deployment that serves the pools' kinds of traffic beside its
 own, without bringing a sample of them.
+
+With ``harm_share``, the sample also holds harmful prompts that slipped into it, as a real log would: a seeded draw of
+validation rows of one unsafe source (``harm_source``), as many as that share of the sample. ``teach`` then fits the
+ones in its taught part as benign, and both commands set the thresholds on the others; the guards are judged on that
+source's test rows as on every other's.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.budget import fit_budget_on_prompts
 from hf_lsad.guard.heads.bundled import cache_record, read_folder, release_rows
-from hf_lsad.guard.heads.training import teach_traffic
+from hf_lsad.guard.heads.training import cut_traffic, teach_traffic
 
 from .fresh_chat import fresh_sharegpt_turns
 from .languages import pinned_wheel
@@ -109,6 +114,11 @@ class Settings:
     keep_bundled: list[str] = dataclasses.field(default_factory=list)
     """Bundled benign pools whose validation rows set-budget and teach also keep within the budget, each on its own
     (``fit_budget_on_prompts(keep_bundled=...)``; their activations kept in ``cache``). Empty: the sample alone."""
+    harm_share: float = 0.0
+    """Harmful prompts in the sample, as a share of the traffic's sample (rounded to whole rows): a seeded draw of the
+    validation rows of ``harm_source`` (the release's split; the guards are judged on its test rows). 0: none."""
+    harm_source: str = "advbench"
+    """The unsafe source (of ``EVAL_SOURCES``) whose validation rows slip into the sample."""
 
 
 def write_bundled_cache(folder: str, cache: Path, reads: list[tuple[int, str]]) -> None:
@@ -130,6 +140,19 @@ def write_bundled_cache(folder: str, cache: Path, reads: list[tuple[int, str]]) 
         longest = max(s.inputs.max_prompt_tokens for s in stores if s.inputs is not None)
         inputs = dataclasses.replace(first.inputs, max_prompt_tokens=longest)
         save_activations(cache / read_folder(read), torch.cat(parts), records, first.hook, inputs=inputs)
+
+
+def harm_in_sample(settings: Settings, sample_size: int) -> list[str]:
+    """The harmful prompts that slip into the sample: ``harm_share`` of ``sample_size`` validation rows of
+    ``harm_source``, a seeded draw."""
+    if settings.harm_source not in EVAL_SOURCES:
+        raise ValueError(f"harm_source must be one of {EVAL_SOURCES}, got {settings.harm_source!r}")
+    validation = (p for pool in GUARD_POOLS for p in release_rows(pool, "validation"))
+    source = [p.text for p in validation if p.source == settings.harm_source]
+    count = round(settings.harm_share * sample_size)
+    if not 0 <= count <= len(source):
+        raise ValueError(f"harm_share {settings.harm_share} asks for {count} of {len(source)} validation rows")
+    return random.Random(f"hf-lsad:harm-in-sample:{settings.seed}").sample(source, count)
 
 
 def judged(guard: SafetyGuard, rows: Any) -> dict[str, Any]:
@@ -170,20 +193,33 @@ def run(settings: Settings) -> dict[str, Any]:
         chat = random.Random(f"hf-lsad:security-chat:{settings.seed}").sample(fresh, settings.chat_rows)
     kind = "security questions" if settings.domains == list(DOMAINS) else ", ".join(settings.domains)
     sample_rows = kind + (" and ordinary chat" if chat else "")
+    harm = harm_in_sample(settings, len(sample))
 
     model, tokenizer = load_model(settings.model)
     released = SafetyGuard.from_pretrained(settings.guard)
     write_bundled_cache(settings.folder, Path(settings.cache), list(released.heads["harm"].reads))
     set_budget = copy.deepcopy(released)
     kept = {"keep_bundled": settings.keep_bundled, "cache_dir": settings.cache}
-    fit_budget_on_prompts(model, tokenizer, set_budget, sample + chat, rows=sample_rows, progress=False, **kept)
+    brought = sample + harm + chat
+    fit_budget_on_prompts(model, tokenizer, set_budget, brought, rows=sample_rows, progress=False, **kept)
     taught = copy.deepcopy(released)
-    teach_traffic(model, tokenizer, taught, sample + chat, rows=sample_rows, seed=settings.seed, **kept)
+    teach_traffic(model, tokenizer, taught, brought, rows=sample_rows, seed=settings.seed, **kept)
 
     rows = load_source_rows(settings.folder, GUARD_POOLS, released.reads)
     rows = rows.select(rows.where(split="test"))
+    taught_part, _ = cut_traffic(brought, 0.6, settings.seed)  # teach_traffic's own cut of what it was given
     result: dict[str, Any] = {
-        "traffic": {"rows": len(traffic), "sample": len(sample), "chat_in_sample": len(chat), "held_out": len(held_out)}
+        "traffic": {
+            "rows": len(traffic),
+            "sample": len(sample),
+            "chat_in_sample": len(chat),
+            "held_out": len(held_out),
+        },
+        "harm_in_sample": {
+            "source": settings.harm_source,
+            "rows": len(harm),
+            "taught": len(set(taught_part) & set(harm)),  # the rest set the thresholds
+        },
     }
     for name, guard in (("released", released), ("set-budget", set_budget), ("teach", taught)):
         guarded = GuardedModelForCausalLM(model, guard, tokenizer=tokenizer)
