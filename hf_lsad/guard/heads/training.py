@@ -343,7 +343,7 @@ USER_SOURCE = "user-benign"
 
 TAUGHT_LABEL = "more taught to head"
 """The words a budget set by :func:`teach_traffic` names its taught prompts with ("(330 held back; 495 more taught to
-head 'harm')"), which :func:`thresholds_reset_warning` reads."""
+head 'harm')"), which :func:`thresholds_reset_warning` and :func:`reteach_warning` read."""
 
 STEADY_SAMPLE = 1000
 """Prompts a user should bring to :func:`teach_traffic`. With a few hundred, the thresholds rest on the top few
