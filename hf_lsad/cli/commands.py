@@ -617,17 +617,23 @@ def _kept_pools(args: argparse.Namespace) -> tuple[int, str]:
     return sum(sizes.values()), f", beside {kept_pools_label(sizes)}, each kind kept within the budget"
 
 
+HARMFUL_IN_SAMPLE = (
+    "harmful prompts in the sample count as benign and raise them too: read what hf-lsad screen flags in it and take "
+    "the harm out"
+)
+"""What ``--harm-check``'s warning after ``set-budget`` and ``teach`` adds: a sample in which one prompt in twenty was
+a plain harmful request raised both thresholds above 0.99 (``heads/dev_traffic_harm_5pct``)."""
 HARM_ADVICE = {
     "set-budget": "thresholds set on traffic that looks like harm rise; hf-lsad teach on that traffic keeps far more "
-    "of it (docs/heads.md, 'Your own traffic')",
-    "teach": "the thresholds rose on the prompts held back; about a thousand prompts hold them steadier "
-    "(docs/heads.md, 'Your own traffic')",
+    f"of it; {HARMFUL_IN_SAMPLE} (docs/heads.md, 'Your own traffic')",
+    "teach": f"the thresholds rose on the prompts held back; {HARMFUL_IN_SAMPLE}; about a thousand prompts hold them "
+    "steadier (docs/heads.md, 'Your own traffic')",
     "add-head": "the new head's share of the budget came from the other heads; a smaller --share leaves them more",
 }
 """What ``--harm-check``'s warning advises after each command that changes a guard."""
 NO_TEACH_ADVICE = (
     "thresholds set on traffic that looks like harm rise; this guard has no supervised head to teach that traffic: "
-    "the default guard's hf-lsad teach keeps far more of it (docs/heads.md, 'Your own traffic')"
+    f"the default guard's hf-lsad teach keeps far more of it; {HARMFUL_IN_SAMPLE} (docs/heads.md, 'Your own traffic')"
 )
 """``set-budget``'s advice instead, for a guard that ``teach`` cannot teach (no supervised head, as the paper's)."""
 

@@ -222,6 +222,8 @@ def test_set_budget_refuses_bad_input_before_loading_a_model(lines, flags, error
 def test_the_harm_warning_advises_what_the_guard_can_do(command, two_headed, advice):
     guard = two_headed_guard() if two_headed else fresh_guard("prompt_last")
     assert advice in harm_advice(command, guard)
+    # a sample's own harm, taken as benign, raises thresholds set on it: said after both commands that set them so
+    assert ("take the harm out" in harm_advice(command, guard)) is (command != "add-head")
 
 
 def test_fit_budget_on_prompts_keeps_each_bundled_pool_within_the_budget(tmp_path):
