@@ -587,6 +587,12 @@ def screen_arguments(parser: argparse.ArgumentParser) -> None:
     )
     system_argument(parser)
     _explain_argument(parser, "write in a line's 'tokens'")
+    parser.add_argument(
+        "--with-prompt",
+        action="store_true",
+        help="write each row's prompt in its line ('prompt'), to read the rows flagged from --out alone: "
+        "jq -r 'select(.flagged) | .prompt' OUT",
+    )
     model_argument(parser)
     model_mismatch_arguments(parser)
     _guard_arguments(parser)

@@ -618,8 +618,8 @@ def _kept_pools(args: argparse.Namespace) -> tuple[int, str]:
 
 
 HARMFUL_IN_SAMPLE = (
-    "harmful prompts in the sample count as benign and raise them too: read what hf-lsad screen flags in it and take "
-    "the harm out"
+    "harmful prompts in the sample count as benign and raise them too: read what hf-lsad screen --with-prompt flags in "
+    "it and take the harm out"
 )
 """What ``--harm-check``'s warning after ``set-budget`` and ``teach`` adds: a sample in which one prompt in twenty was
 a plain harmful request raised both thresholds above 0.99 (``heads/dev_traffic_harm_5pct``)."""
@@ -818,6 +818,7 @@ def run_screen(args: argparse.Namespace) -> None:
         chat_template=not args.raw,
         system=args.system,
         explain=args.explain,
+        with_prompt=args.with_prompt,
         progress=True,
     )
     print(summary.describe())

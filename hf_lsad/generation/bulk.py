@@ -109,6 +109,7 @@ def screen_to_jsonl(
     chat_template: bool = True,
     system: str | None = None,
     explain: int = 0,
+    with_prompt: bool = False,
     progress: bool = True,
 ) -> ScreenSummary:
     """Screen ``rows`` with ``guarded`` (:meth:`GuardedModelForCausalLM.screen`: a forward pass cut after the
@@ -133,6 +134,9 @@ def screen_to_jsonl(
             a guard's thresholds hold for the turn they were set under.
         explain: Name this many prompt tokens behind each verdict a supervised head decided: the line's ``tokens``
             (:meth:`hf_lsad.guard.SafetyReport.to_json`, with their text). 0: none.
+        with_prompt: Write each row's prompt in its line (``"prompt"``: the row's text, of a conversation its last
+            user turn; ``None`` for a row without one), so that the rows flagged can be read from ``out`` alone. An
+            ``out`` whose lines were written otherwise (with prompts or without) is refused rather than resumed.
         progress: Show a progress bar with rows/s.
     """
     if guarded.tokenizer is None:
@@ -148,7 +152,8 @@ def screen_to_jsonl(
     path = Path(out)
     conversation = any(row.conversation is not None for row in rows)
     read = read_by(guarded, chat_template=chat_template, system=system, conversation=conversation)
-    done = _finished_ids(path, guarded.guard.head_thresholds(), read)
+    done = _finished_ids(path, guarded.guard.head_thresholds(), read, with_prompt)
+    prompts = {row.id: row.text for row in rows} if with_prompt else {}
     pending = [row for row in rows if row.id not in done]
     resumed = len(rows) - len(pending)
 
@@ -159,6 +164,8 @@ def screen_to_jsonl(
     ):
 
         def write(records: list[dict[str, Any]]) -> None:
+            if with_prompt:
+                records = [{**record, "prompt": prompts[record["id"]]} for record in records]
             handle.write("".join(json.dumps({**record, "read": read}) + "\n" for record in records))
             handle.flush()  # a kill loses at most the batch in flight
             bar.update(len(records))
@@ -209,11 +216,12 @@ _READ_BEFORE = {"conversation": False}
 """What a line written before ``read`` held a key read it as."""
 
 
-def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]) -> set[str]:
+def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any], with_prompt: bool) -> set[str]:
     """Ids already in ``path``; a last line without its newline (a kill mid-write) is cut off first. A screened line
-    whose heads have other ``thresholds`` than the guard's (another guard, or the same after ``set-budget``), or a
-    line read otherwise than this run reads (:func:`read_by`; lines written before lines said so are not checked),
-    is an error: resuming would leave its verdicts beside this run's, and skip its rows."""
+    whose heads have other ``thresholds`` than the guard's (another guard, or the same after ``set-budget``), a line
+    read otherwise than this run reads (:func:`read_by`; lines written before lines said so are not checked), or a
+    line with its prompt where this run writes none or the other way round, is an error: resuming would leave its
+    verdicts beside this run's, and skip its rows."""
     if not path.exists():
         return set()
     data = path.read_bytes()
@@ -242,6 +250,13 @@ def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]
                 f"{path}:{number} was screened at other thresholds ({_thresholds(written)}) than this guard's "
                 f"({_thresholds(thresholds)}): resuming would mix two guards' verdicts and skip these rows. "
                 "Choose another --out, or delete this one to screen every row again"
+            )
+        if ("prompt" in record) != with_prompt:
+            held = "holds its prompt" if "prompt" in record else "holds no prompt"
+            asked = "writes each row's prompt" if with_prompt else "writes none"
+            raise ValueError(
+                f"{path}:{number} {held} and this run {asked}: resuming would leave lines of both kinds. Choose "
+                "another --out, or run as the lines there were written"
             )
         if differs:
             changes = "; ".join(

@@ -14,6 +14,7 @@ import pytest
 import torch
 from tiny import PROMPTS, UNSAFE_PROMPTS, tiny_guard, two_headed_guard
 
+from hf_lsad.cli.main import entry
 from hf_lsad.data.tables import PromptRow, read_prompt_table
 from hf_lsad.generation.bulk import ScreenSummary, plan_batches, screen_to_jsonl
 from hf_lsad.generation.model import GuardedModelForCausalLM
@@ -281,6 +282,31 @@ def test_an_output_that_is_not_ours_is_refused(tmp_path):
     (tmp_path / "out.jsonl").write_text('{"something": "else"}\n')
     with pytest.raises(ValueError, match="not a verdict line"):
         screen_to_jsonl(guarded(), [PromptRow("0", "hi")], tmp_path / "out.jsonl", progress=False)
+
+
+def test_each_line_can_hold_its_prompt_to_read_the_rows_flagged(tmp_path, model_dir, capsys):
+    model = guarded()
+    rows = [PromptRow(str(i), text) for i, text in enumerate(TEXTS)] + [PromptRow("#99", None, error="empty prompt")]
+    out = tmp_path / "with.jsonl"
+    screen_to_jsonl(model, rows, out, batch_size=4, with_prompt=True, progress=False)
+    written = by_id(out)
+    assert {row_id: record["prompt"] for row_id, record in written.items()} == {row.id: row.text for row in rows}
+    flagged = [record["prompt"] for record in written.values() if record["flagged"]]
+    assert flagged and set(flagged) < set(TEXTS)  # the rows to read, from the output alone
+    screen_to_jsonl(model, rows, tmp_path / "without.jsonl", batch_size=4, progress=False)
+    assert_same_verdicts(written, by_id(tmp_path / "without.jsonl"))  # the same verdicts, with or without
+    assert not any("prompt" in record for record in lines(tmp_path / "without.jsonl"))
+    # a run that writes prompts does not resume one that wrote none, nor the other way round
+    for path, with_prompt in ((tmp_path / "without.jsonl", True), (out, False)):
+        with pytest.raises(ValueError, match="resuming would leave lines of both kinds"):
+            screen_to_jsonl(model, rows, path, with_prompt=with_prompt, progress=False)
+    # the command: --with-prompt
+    text = tmp_path / "prompts.txt"
+    text.write_text("".join(p + "\n" for p in TEXTS[:3]))
+    cli, guard = tmp_path / "cli.jsonl", tmp_path / "guard"
+    two_headed_guard().save_pretrained(guard)
+    entry(["screen", str(text), "--model", str(model_dir), "--guard", str(guard), "--out", str(cli), "--with-prompt"])
+    assert [record["prompt"] for record in lines(cli)] == TEXTS[:3] and "rows have a verdict" in capsys.readouterr().out
 
 
 def test_killed_mid_run_and_started_again_nothing_lost_nothing_twice(model_dir, tmp_path):
