@@ -109,6 +109,18 @@ HEAD_PROBES: dict[str, dict] = {
 PROBE_KINDS = list(HEAD_PROBES)
 """The heads of :data:`HEAD_PROBES`, for tests that run over all of them."""
 
+TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
+"""A benign kind of traffic the tiny guard's heads were not fitted on: it flags all of it at its thresholds."""
+SAMPLE = [t for i, t in enumerate(TRAFFIC) if i % 3]
+HELD_OUT = [t for i, t in enumerate(TRAFFIC) if not i % 3]
+"""A user's sample of :data:`TRAFFIC` (100 prompts) and more traffic of the same kind (50)."""
+SHORT_POOLS = ["harmful", "toxic_text", "questions", "statements"]
+ROWS_PER_POOL = 12
+"""Bundled pools of short prompts and fit rows per pool for tests that teach a head or fill a cache (the release fits
+on every row of 13 pools)."""
+SHOP_TURN = "You are the support assistant of a small web shop."
+"""A deployment's own system turn."""
+
 
 @cache
 def tiny_head_rows() -> tuple[dict, torch.Tensor, list[str]]:

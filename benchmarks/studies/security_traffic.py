@@ -78,6 +78,8 @@ CYBER = re.compile(
 template (:data:`TEMPLATES`), whose persona text names hacking without asking for it."""
 TEMPLATES = ("pyrit-templates", "inthewild")
 """The jailbreak templates' sources, left out of the cyber-harm rows."""
+FIT_FRACTION = 0.6
+"""The share of the sample ``teach_traffic`` teaches the head (its default), the rest setting the thresholds."""
 JUDGED_DOMAINS = (*EVAL_DOMAINS, "questions", "statements")
 """The benign domains whose test rows each guard is judged on: the evaluation's four, and the registry search's
 everyday questions and plain statements, which a guard taught one kind of traffic was found to flag far more."""
@@ -203,11 +205,12 @@ def run(settings: Settings) -> dict[str, Any]:
     brought = sample + harm + chat
     fit_budget_on_prompts(model, tokenizer, set_budget, brought, rows=sample_rows, progress=False, **kept)
     taught = copy.deepcopy(released)
-    teach_traffic(model, tokenizer, taught, brought, rows=sample_rows, seed=settings.seed, **kept)
+    teach = {"fit_fraction": FIT_FRACTION, "seed": settings.seed}
+    teach_traffic(model, tokenizer, taught, brought, rows=sample_rows, **teach, **kept)
 
     rows = load_source_rows(settings.folder, GUARD_POOLS, released.reads)
     rows = rows.select(rows.where(split="test"))
-    taught_part, _ = cut_traffic(brought, 0.6, settings.seed)  # teach_traffic's own cut of what it was given
+    taught_part, _ = cut_traffic(brought, FIT_FRACTION, settings.seed)  # teach_traffic's own cut of what it was given
     result: dict[str, Any] = {
         "traffic": {
             "rows": len(traffic),

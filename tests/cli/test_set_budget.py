@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny import fresh_guard, tiny_guard, two_headed_guard
+from tiny import HELD_OUT, SAMPLE, TRAFFIC, fresh_guard, tiny_guard, two_headed_guard
 
 from hf_lsad import load_model
 from hf_lsad.capture.collect import collect_prompt_features
@@ -18,11 +18,6 @@ from hf_lsad.guard.heads.budget import fit_budget_on_prompts
 from hf_lsad.guard.heads.bundled import KEPT_CACHE, read_folder, release_rows
 from hf_lsad.guard.threshold import allowed_flags
 
-TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
-"""A benign kind of traffic the tiny guard's heads were not fitted on: it flags all of it at its thresholds."""
-SAMPLE = [t for i, t in enumerate(TRAFFIC) if i % 3]
-HELD_OUT = [t for i, t in enumerate(TRAFFIC) if not i % 3]
-"""The user's sample (100 prompts) and more traffic of the same kind (50)."""
 NO_CHECKS = ["--chat-check", "0", "--domain-check", "0", "--harm-check", "0"]
 """What a changed guard does to bundled chat, the other benign domains and harm is read in the first test alone (the
 harm rows hold jailbreaks of thousands of characters, which the tiny model's tokenizer reads a token each)."""

@@ -10,7 +10,18 @@ import warnings
 
 import pytest
 import torch
-from tiny import PROMPTS, fresh_guard, tiny_guard, two_headed_guard
+from tiny import (
+    HELD_OUT,
+    PROMPTS,
+    ROWS_PER_POOL,
+    SAMPLE,
+    SHOP_TURN,
+    SHORT_POOLS,
+    TRAFFIC,
+    fresh_guard,
+    tiny_guard,
+    two_headed_guard,
+)
 
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.commands import domain_advice
@@ -34,17 +45,9 @@ from hf_lsad.guard.heads.training import (
     thresholds_reset_warning,
 )
 
-TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
-"""A benign kind of traffic the tiny guard's heads were not fitted on: it flags all of it at its thresholds."""
-SAMPLE = [t for i, t in enumerate(TRAFFIC) if i % 3]
-HELD_OUT = [t for i, t in enumerate(TRAFFIC) if not i % 3]
-"""The user's sample (100 prompts) and more traffic of the same kind (50)."""
 CHECKS = ["--domain-check", "1", "--harm-check", "1"]
 """The checks of the first test: a row of each domain and source (the harm rows hold jailbreaks of thousands of
 characters, which the tiny model's tokenizer reads a token each)."""
-POOLS = ["harmful", "toxic_text", "questions", "statements"]
-ROWS_PER_POOL = 12
-"""Bundled pools of short prompts and fit rows per pool in these tests (the release fits on every row of 13 pools)."""
 
 
 def harm_scores(guard: SafetyGuard, prompts: list[str]) -> torch.Tensor:
@@ -75,7 +78,8 @@ def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir
     before = SafetyGuard.from_pretrained(guard_dir)
     assert flag_rate(before, HELD_OUT) == 1.0  # the traffic the heads never saw: all of it flagged
 
-    flags = ["--benign", str(sample), "--fit-fraction", "0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
+    pools = ["--pools", *SHORT_POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
+    flags = ["--benign", str(sample), "--fit-fraction", "0.5", *pools]
     entry(["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, *CHECKS, "--out", str(out)])
     printed = capsys.readouterr()
     assert "head 'harm' taught 50 prompts" in printed.out and "thresholds set on the other 50" in printed.out
@@ -141,7 +145,7 @@ def test_screen_advises_teaching_a_table_flagged_far_more_often_than_the_budget(
 
 def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():
     model, tokenizer, _ = tiny_guard("prompt_last")
-    kwargs = dict(fit_fraction=0.5, pools=POOLS, rows_per_pool=ROWS_PER_POOL, progress=False)
+    kwargs = dict(fit_fraction=0.5, pools=SHORT_POOLS, rows_per_pool=ROWS_PER_POOL, progress=False)
     first, second = two_headed_guard(target_fpr=0.1), two_headed_guard(target_fpr=0.1)
     with pytest.warns(SmallSampleWarning, match=r"^100 prompts: the thresholds are set on the 50 held back, of which"):
         a = teach_traffic(model, tokenizer, first, SAMPLE, **kwargs)
@@ -182,16 +186,17 @@ def test_teach_traffic_keeps_the_bundled_rows_in_a_cache(tmp_path):
     kwargs = dict(fit_fraction=0.5, rows_per_pool=ROWS_PER_POOL, progress=False)
     cache = tmp_path / "cache"
     plain, first, again, fewer, fewer_plain = (two_headed_guard(target_fpr=0.1) for _ in range(5))
-    teach_traffic(model, tokenizer, plain, SAMPLE, pools=POOLS, **kwargs)
-    teach_traffic(model, tokenizer, first, SAMPLE, pools=POOLS, cache_dir=cache, **kwargs)  # collects and writes
+    teach_traffic(model, tokenizer, plain, SAMPLE, pools=SHORT_POOLS, **kwargs)
+    teach_traffic(model, tokenizer, first, SAMPLE, pools=SHORT_POOLS, cache_dir=cache, **kwargs)  # collects and writes
     reads = sorted(first.heads["harm"].reads)
     assert sorted(p.name for p in cache.iterdir()) == sorted(f"layer{layer}-{position}" for layer, position in reads)
-    assert len(load_activations(cache / f"layer{reads[0][0]}-{reads[0][1]}").records) == len(POOLS) * ROWS_PER_POOL
-    teach_traffic(model, tokenizer, again, SAMPLE, pools=POOLS, cache_dir=cache, **kwargs)  # reads
+    records = load_activations(cache / f"layer{reads[0][0]}-{reads[0][1]}").records
+    assert len(records) == len(SHORT_POOLS) * ROWS_PER_POOL
+    teach_traffic(model, tokenizer, again, SAMPLE, pools=SHORT_POOLS, cache_dir=cache, **kwargs)  # reads
     assert same_guard(first, plain) and same_guard(again, plain)  # the cache changes nothing in the fit
     # a cache written for more pools serves a fit on fewer (its rows were batched with others: equal to round-off)
-    teach_traffic(model, tokenizer, fewer, SAMPLE, pools=POOLS[:2], cache_dir=cache, **kwargs)
-    teach_traffic(model, tokenizer, fewer_plain, SAMPLE, pools=POOLS[:2], **kwargs)
+    teach_traffic(model, tokenizer, fewer, SAMPLE, pools=SHORT_POOLS[:2], cache_dir=cache, **kwargs)
+    teach_traffic(model, tokenizer, fewer_plain, SAMPLE, pools=SHORT_POOLS[:2], **kwargs)
     assert torch.allclose(harm_scores(fewer, HELD_OUT), harm_scores(fewer_plain, HELD_OUT), atol=1e-4)
 
     # the fit reads the cache, not the model: activations changed in the cache change the head
@@ -199,7 +204,7 @@ def test_teach_traffic_keeps_the_bundled_rows_in_a_cache(tmp_path):
     store = load_activations(folder)
     save_activations(folder, store.activations + 1.0, store.records, store.hook, inputs=store.inputs)
     changed = two_headed_guard(target_fpr=0.1)
-    teach_traffic(model, tokenizer, changed, SAMPLE, pools=POOLS, cache_dir=cache, **kwargs)
+    teach_traffic(model, tokenizer, changed, SAMPLE, pools=SHORT_POOLS, cache_dir=cache, **kwargs)
     assert not torch.equal(
         changed.heads["harm"].state_dict()["probe.mean"], plain.heads["harm"].state_dict()["probe.mean"]
     )
@@ -210,12 +215,12 @@ def test_teach_traffic_refuses_a_cache_it_cannot_trust(tmp_path):
     kwargs = dict(fit_fraction=0.5, rows_per_pool=ROWS_PER_POOL, progress=False)
     cache = tmp_path / "cache"
     teach_traffic(
-        model, tokenizer, two_headed_guard(target_fpr=0.1), SAMPLE, pools=POOLS[:2], cache_dir=cache, **kwargs
+        model, tokenizer, two_headed_guard(target_fpr=0.1), SAMPLE, pools=SHORT_POOLS[:2], cache_dir=cache, **kwargs
     )
     guard = two_headed_guard(target_fpr=0.1)
     head, budget = guard.heads["harm"], copy.deepcopy(guard.budget)
     with pytest.raises(ValueError, match="lacks 24 of the 48 bundled prompts"):
-        teach_traffic(model, tokenizer, guard, SAMPLE, pools=POOLS, cache_dir=cache, **kwargs)
+        teach_traffic(model, tokenizer, guard, SAMPLE, pools=SHORT_POOLS, cache_dir=cache, **kwargs)
 
     layer, position = sorted(guard.heads["harm"].reads)[0]
     folder = cache / f"layer{layer}-{position}"
@@ -223,12 +228,12 @@ def test_teach_traffic_refuses_a_cache_it_cannot_trust(tmp_path):
     records = [{**store.records[0], "digest": "0" * 16}, *store.records[1:]]
     save_activations(folder, store.activations, records, store.hook, inputs=store.inputs)
     with pytest.raises(ValueError, match="the text of 1 bundled prompts was different"):
-        teach_traffic(model, tokenizer, guard, SAMPLE, pools=POOLS[:2], cache_dir=cache, **kwargs)
+        teach_traffic(model, tokenizer, guard, SAMPLE, pools=SHORT_POOLS[:2], cache_dir=cache, **kwargs)
 
     other = dataclasses.replace(store.hook, position="prompt_last" if position == "prompt_mean" else "prompt_mean")
     save_activations(folder, store.activations, store.records, other, inputs=store.inputs)
     with pytest.raises(ValueError, match=f"holds activations of layer {layer} {other.position}"):
-        teach_traffic(model, tokenizer, guard, SAMPLE, pools=POOLS[:2], cache_dir=cache, **kwargs)
+        teach_traffic(model, tokenizer, guard, SAMPLE, pools=SHORT_POOLS[:2], cache_dir=cache, **kwargs)
     assert guard.heads["harm"] is head and guard.budget == budget
 
 
@@ -238,7 +243,7 @@ TAUGHT_ROWS = "the user's own benign prompts, a.txt (50 held back; 50 more taugh
 
 def test_teaching_a_taught_head_again_says_it_keeps_only_what_the_new_sample_holds():
     model, tokenizer, _ = tiny_guard("prompt_last")
-    kwargs = dict(fit_fraction=0.5, pools=POOLS[:2], rows_per_pool=ROWS_PER_POOL, progress=False)
+    kwargs = dict(fit_fraction=0.5, pools=SHORT_POOLS[:2], rows_per_pool=ROWS_PER_POOL, progress=False)
     guard = two_headed_guard(target_fpr=0.1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -263,7 +268,7 @@ def test_teach_says_before_the_model_loads_that_a_taught_head_keeps_only_what_th
     taught, sample = tmp_path / "taught", tmp_path / "traffic.txt"
     guard.save_pretrained(taught)
     sample.write_text("".join(t + "\n" for t in TRAFFIC))
-    flags = ["--pools", *POOLS[:2], "--rows-per-pool", str(ROWS_PER_POOL), "--benign", str(sample)]
+    flags = ["--pools", *SHORT_POOLS[:2], "--rows-per-pool", str(ROWS_PER_POOL), "--benign", str(sample)]
     checks = ["--chat-check", "0", "--domain-check", "0", "--harm-check", "0"]
     entry(["teach", "--guard", str(taught), "--model", str(model_dir), *flags, *checks, "--out", str(tmp_path / "a")])
     err = capsys.readouterr().err
@@ -335,60 +340,56 @@ def test_the_token_budget_of_a_forward_pass_is_a_flag(command):
     assert parse([command, *required, "--max-batch-tokens", "2048"])[1].max_batch_tokens == 2048
 
 
-TURN = "You are the support assistant of a small web shop."
-"""A deployment's own system turn."""
-
-
 def test_teach_under_a_system_turn_fits_and_sets_thresholds_under_it(model_dir, guard_dir, tmp_path, capsys):
     model, tokenizer, _ = tiny_guard("prompt_last")
-    kwargs = dict(fit_fraction=0.5, pools=POOLS, rows_per_pool=ROWS_PER_POOL, progress=False)
+    kwargs = dict(fit_fraction=0.5, pools=SHORT_POOLS, rows_per_pool=ROWS_PER_POOL, progress=False)
     default, turned, cached = (two_headed_guard(target_fpr=0.1) for _ in range(3))
     teach_traffic(model, tokenizer, default, SAMPLE, **kwargs)
-    budget = teach_traffic(model, tokenizer, turned, SAMPLE, system=TURN, **kwargs)
-    assert turned.inputs.system == TURN and default.inputs.system is None  # what generate and screen check against
-    assert repr(TURN) in budget.rows
+    budget = teach_traffic(model, tokenizer, turned, SAMPLE, system=SHOP_TURN, **kwargs)
+    assert turned.inputs.system == SHOP_TURN and default.inputs.system is None  # what generate and screen check against
+    assert repr(SHOP_TURN) in budget.rows
     assert not torch.equal(  # the rows reached the head under the turn
         turned.heads["harm"].state_dict()["probe.mean"], default.heads["harm"].state_dict()["probe.mean"]
     )
     # the head's bundled rows were collected under the turn: a cache keeps them so, and a fit from it is the same
     cache = tmp_path / "cache"
-    teach_traffic(model, tokenizer, cached, SAMPLE, system=TURN, cache_dir=cache, **kwargs)
+    teach_traffic(model, tokenizer, cached, SAMPLE, system=SHOP_TURN, cache_dir=cache, **kwargs)
     assert same_guard(cached, turned)
-    assert {load_activations(folder).inputs.system for folder in cache.glob("layer*")} == {TURN}
-    text = {p.id: p.text for pool in POOLS for p in release_rows(pool, "fit")}
+    assert {load_activations(folder).inputs.system for folder in cache.glob("layer*")} == {SHOP_TURN}
+    text = {p.id: p.text for pool in SHORT_POOLS for p in release_rows(pool, "fit")}
     for read in cached.heads["harm"].reads:
         store = load_activations(cache / read_folder(read))
         texts = [text[record["id"]] for record in store.records]
-        under, _ = collect_prompt_features(model, tokenizer, texts, [read], system=TURN, progress=False)
+        under, _ = collect_prompt_features(model, tokenizer, texts, [read], system=SHOP_TURN, progress=False)
         assert torch.allclose(store.activations, under[read], atol=1e-5)
 
     sample, out = tmp_path / "traffic.txt", tmp_path / "mine"
     sample.write_text("".join(t + "\n" for t in SAMPLE))
     argv = ["teach", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), "--fit-fraction"]
-    argv += ["0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL), "--chat-check", "0"]
+    argv += ["0.5", "--pools", *SHORT_POOLS, "--rows-per-pool", str(ROWS_PER_POOL), "--chat-check", "0"]
     argv += ["--domain-check", "0", "--harm-check", "0"]
-    entry([*argv, "--system", TURN])
+    entry([*argv, "--system", SHOP_TURN])
     entry([*argv, "--out", str(out)])
     assert "bundled validation" not in capsys.readouterr().out  # each check is skipped with 0 rows
-    assert SafetyGuard.from_pretrained(guard_dir).inputs.system == TURN  # taught under the turn, in place
-    assert repr(TURN) in (guard_dir / "README.md").read_text()
+    assert SafetyGuard.from_pretrained(guard_dir).inputs.system == SHOP_TURN  # taught under the turn, in place
+    assert repr(SHOP_TURN) in (guard_dir / "README.md").read_text()
     assert SafetyGuard.from_pretrained(out).inputs.system is None  # taught again under the template's own turn
     capsys.readouterr()
 
 
 def test_a_cache_of_the_bundled_rows_holds_one_system_turn(model_dir, guard_dir, tmp_path, capsys):
     model, tokenizer, _ = tiny_guard("prompt_last")
-    kwargs = dict(fit_fraction=0.5, pools=POOLS[:2], rows_per_pool=ROWS_PER_POOL, progress=False)
+    kwargs = dict(fit_fraction=0.5, pools=SHORT_POOLS[:2], rows_per_pool=ROWS_PER_POOL, progress=False)
     default_cache, turn_cache = tmp_path / "default", tmp_path / "turn"
     teach_traffic(model, tokenizer, two_headed_guard(target_fpr=0.1), SAMPLE, cache_dir=default_cache, **kwargs)
     teach_traffic(
-        model, tokenizer, two_headed_guard(target_fpr=0.1), SAMPLE, cache_dir=turn_cache, system=TURN, **kwargs
+        model, tokenizer, two_headed_guard(target_fpr=0.1), SAMPLE, cache_dir=turn_cache, system=SHOP_TURN, **kwargs
     )
     guard = two_headed_guard(target_fpr=0.1)
     head, budget = guard.heads["harm"], copy.deepcopy(guard.budget)
-    with pytest.raises(ValueError, match=f"under the system turn the chat template's default, not {TURN!r}"):
-        teach_traffic(model, tokenizer, guard, SAMPLE, cache_dir=default_cache, system=TURN, **kwargs)
-    with pytest.raises(ValueError, match=f"under the system turn {TURN!r}, not the chat template's default"):
+    with pytest.raises(ValueError, match=f"under the system turn the chat template's default, not {SHOP_TURN!r}"):
+        teach_traffic(model, tokenizer, guard, SAMPLE, cache_dir=default_cache, system=SHOP_TURN, **kwargs)
+    with pytest.raises(ValueError, match=f"under the system turn {SHOP_TURN!r}, not the chat template's default"):
         teach_traffic(model, tokenizer, guard, SAMPLE, cache_dir=turn_cache, **kwargs)
     with pytest.raises(ValueError, match="system must be None or a non-empty string"):
         teach_traffic(model, tokenizer, guard, SAMPLE, system="", **kwargs)
@@ -403,7 +404,7 @@ def test_a_cache_of_the_bundled_rows_holds_one_system_turn(model_dir, guard_dir,
             "teach",
             *tiny,
             "--pools",
-            *POOLS[:2],
+            *SHORT_POOLS[:2],
             "--rows-per-pool",
             rows,
             "--fit-fraction",
@@ -416,8 +417,8 @@ def test_a_cache_of_the_bundled_rows_holds_one_system_turn(model_dir, guard_dir,
     ]
     for command in commands:
         for cache, system, stored in (
-            (default_cache, ["--system", TURN], "the chat template's default"),
-            (turn_cache, [], repr(TURN)),
+            (default_cache, ["--system", SHOP_TURN], "the chat template's default"),
+            (turn_cache, [], repr(SHOP_TURN)),
         ):
             with pytest.raises(SystemExit) as info:
                 entry([*command, "--out", str(tmp_path / "out"), "--cache", str(cache), *system])
@@ -430,7 +431,8 @@ def test_teach_keeps_bundled_pools_within_the_budget_beside_the_held_back_prompt
 ):
     sample, out = tmp_path / "traffic.txt", tmp_path / "mine"
     sample.write_text("".join(t + "\n" for t in SAMPLE))
-    flags = ["--benign", str(sample), "--fit-fraction", "0.5", "--pools", *POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
+    pools = ["--pools", *SHORT_POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
+    flags = ["--benign", str(sample), "--fit-fraction", "0.5", *pools]
     checks = ["--chat-check", "0", "--domain-check", "0", "--harm-check", "0"]
     kept = ["--keep-bundled", "statements", "--cache", str(tmp_path / "cache")]
     entry(["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, *checks, *kept, "--out", str(out)])

@@ -319,7 +319,7 @@ def thresholds_reset_warning(budget: BudgetConfig | None, name: str) -> str:
         f"the guard's thresholds had been set on {budget.rows}; with head {name!r} added they are set again on the "
         "bundled validation chat: "
     )
-    if f" {TAUGHT_LABEL} " in budget.rows:
+    if was_taught(budget):
         return reset + (
             "teach it again on the same sample with the same --seed (hf-lsad teach), which sets them on the prompts it "
             "holds back; set-budget on the whole sample would set them partly on prompts a head was fitted on "
@@ -343,7 +343,15 @@ USER_SOURCE = "user-benign"
 
 TAUGHT_LABEL = "more taught to head"
 """The words a budget set by :func:`teach_traffic` names its taught prompts with ("(330 held back; 495 more taught to
-head 'harm')"), which :func:`thresholds_reset_warning` and :func:`reteach_warning` read."""
+head 'harm')"), which :func:`was_taught` reads."""
+
+
+def was_taught(budget: BudgetConfig | None, head: str | None = None) -> bool:
+    """Whether ``budget`` was set by :func:`teach_traffic` teaching ``head`` (any head: ``None``), as its rows say
+    (:data:`TAUGHT_LABEL`): what :func:`thresholds_reset_warning` and :func:`reteach_warning` advise by."""
+    taught = f" {TAUGHT_LABEL} " + ("" if head is None else repr(head))
+    return budget is not None and taught in budget.rows
+
 
 STEADY_SAMPLE = 1000
 """Prompts a user should bring to :func:`teach_traffic`. With a few hundred, the thresholds rest on the top few
@@ -370,7 +378,7 @@ def reteach_warning(budget: BudgetConfig | None, head: str) -> str:
     alone: what it learnt of the traffic it was taught before stays only if the new sample holds that traffic too.
     The budget's rows are all that says a head was taught; once ``set-budget`` or ``add-head`` has set the thresholds
     again, a taught head is not recognised."""
-    if budget is None or f" {TAUGHT_LABEL} {head!r}" not in budget.rows:
+    if budget is None or not was_taught(budget, head):
         return ""
     return (
         f"head {head!r} was taught before ({budget.rows}); it is fitted again on the bundled rows and this sample "

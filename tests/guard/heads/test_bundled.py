@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 import torch
-from tiny import tiny_guard, two_headed_guard
+from tiny import ROWS_PER_POOL, SHOP_TURN, SHORT_POOLS, tiny_guard, two_headed_guard
 
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.core.hook_point import HookPoint
@@ -20,13 +20,6 @@ from hf_lsad.guard.heads.bundled import (
     read_folder,
     release_rows,
 )
-
-POOLS = ["harmful", "toxic_text", "questions", "statements"]
-ROWS_PER_POOL = 12
-"""Bundled pools of short prompts and fit rows per pool in these tests."""
-
-TURN = "You are the support assistant of a small web shop."
-"""A deployment's own system turn."""
 
 
 @contextlib.contextmanager
@@ -48,7 +41,7 @@ def forward_passes(model, interrupt_at: int | None = None):
 
 
 def fit_prompts():
-    return [p for pool in POOLS for p in release_rows(pool, "fit")[:ROWS_PER_POOL]]
+    return [p for pool in SHORT_POOLS for p in release_rows(pool, "fit")[:ROWS_PER_POOL]]
 
 
 def test_a_cache_written_from_other_stores_with_cache_records_is_read_without_the_model(tmp_path):
@@ -153,12 +146,12 @@ def test_the_parts_of_an_interrupted_collection_keep_their_system_turn(tmp_path)
     with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
         bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=1, progress=False)
     with pytest.raises(ValueError, match="under the system turn the chat template's default, not"):
-        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, system=TURN, progress=False)
+        bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, system=SHOP_TURN, progress=False)
     with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
         bundled_features(
-            model, tokenizer, prompts, reads, cache_dir=tmp_path / "turned", checkpoint_batches=1, system=TURN
+            model, tokenizer, prompts, reads, cache_dir=tmp_path / "turned", checkpoint_batches=1, system=SHOP_TURN
         )
-    resumed = bundled_features(model, tokenizer, prompts, reads, cache_dir=tmp_path / "turned", system=TURN)
-    alone = bundled_features(model, tokenizer, prompts, reads, system=TURN, progress=False)
+    resumed = bundled_features(model, tokenizer, prompts, reads, cache_dir=tmp_path / "turned", system=SHOP_TURN)
+    alone = bundled_features(model, tokenizer, prompts, reads, system=SHOP_TURN, progress=False)
     assert all(torch.allclose(resumed[read], alone[read], atol=1e-5) for read in reads)
-    assert load_activations(tmp_path / "turned" / read_folder(reads[0])).inputs.system == TURN
+    assert load_activations(tmp_path / "turned" / read_folder(reads[0])).inputs.system == SHOP_TURN

@@ -4,7 +4,7 @@ the chat, benign domains and harm read once for every guard, kept in a cache, an
 from __future__ import annotations
 
 import pytest
-from tiny import fresh_guard, tiny_guard, two_headed_guard
+from tiny import SHOP_TURN, TRAFFIC, fresh_guard, tiny_guard, two_headed_guard
 
 from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.data.pools import CHECK_DOMAINS, EVAL_SOURCES, GUARD_POOLS, HARM_CHECK_POOLS, is_unsafe_pool
@@ -26,12 +26,6 @@ from hf_lsad.guard.heads.bundled_checks import (
     domain_shift_warning,
     harm_drop_warning,
 )
-
-TRAFFIC = [f"how do I reset the password of my own account number {i}?" for i in range(150)]
-"""A benign kind of traffic the tiny guard's heads were not fitted on: thresholds set on it rise."""
-
-TURN = "You are the support assistant of a small web shop."
-"""A deployment's own system turn."""
 
 
 def test_bundled_chat_flag_rates_reads_the_validation_chat_once_for_every_guard(tmp_path):
@@ -114,7 +108,7 @@ def test_bundled_harm_catch_rates_reads_each_unsafe_sources_validation_rows_once
     # the CLI checks the draw's system turn before it loads a model, as it checks the fit rows'
     check_cache_turn(cache, None)
     with pytest.raises(ValueError, match="under the system turn the chat template's default, not"):
-        check_cache_turn(cache, TURN)
+        check_cache_turn(cache, SHOP_TURN)
     with pytest.raises(ValueError, match="rows_per_source must be a positive number of rows or None, got 0"):
         bundled_harm_catch_rates(model, tokenizer, [strict], rows_per_source=0, progress=False)
     with pytest.raises(ValueError, match="reads the response"):
@@ -167,7 +161,7 @@ def test_bundled_domain_flag_rates_reads_each_benign_domains_validation_rows_onc
     # the CLI checks the draw's system turn before it loads a model, as it checks the fit rows'
     check_cache_turn(cache, None)
     with pytest.raises(ValueError, match="under the system turn the chat template's default, not"):
-        check_cache_turn(cache, TURN)
+        check_cache_turn(cache, SHOP_TURN)
     with pytest.raises(ValueError, match="rows_per_domain must be a positive number of rows or None, got 0"):
         bundled_domain_flag_rates(model, tokenizer, [strict], rows_per_domain=0, progress=False)
     with pytest.raises(ValueError, match="reads the response"):
