@@ -25,6 +25,11 @@ def rows(texts):
     return [PromptRow(str(i), t) for i, t in enumerate(texts)]
 
 
+def on_threshold(score: float, threshold: float) -> bool:
+    """Whether ``score`` sits on ``threshold`` up to float round-off, where a row may fall either way."""
+    return math.isclose(score, threshold, rel_tol=1e-5, abs_tol=1e-8)
+
+
 def test_metrics_are_what_screening_each_prompt_gives(tmp_path):
     model, tokenizer, _ = tiny_guard("prompt_last")
     guarded = GuardedModelForCausalLM(model, two_headed_guard(), tokenizer=tokenizer)
@@ -39,10 +44,7 @@ def test_metrics_are_what_screening_each_prompt_gives(tmp_path):
     for name, texts in (("notes", benign), ("stealing", unsafe)):
         # batched and alone, a score moves by float round-off; a row whose score sits on a threshold (the tiny
         # guard's thresholds are its own rows' scores) may fall either way on another CPU's kernels
-        on_edge = sum(
-            any(math.isclose(v.score, v.threshold, rel_tol=1e-5, abs_tol=1e-8) for v in alone[t].head_verdicts())
-            for t in texts
-        )
+        on_edge = sum(any(on_threshold(v.score, v.threshold) for v in alone[t].head_verdicts()) for t in texts)
         want_flagged = np.mean([alone[t].flagged for t in texts])
         assert abs(metrics[name]["flagged"] - want_flagged) * len(texts) <= on_edge + 1e-9
         for head in ("anomaly", "harm"):  # which head caught the rows, each on its own
@@ -62,7 +64,10 @@ def test_metrics_are_what_screening_each_prompt_gives(tmp_path):
     for fpr, thresholds in evaluation.fixed_fpr_thresholds().items():
         cut = torch.tensor([thresholds["anomaly"], thresholds["harm"]], dtype=torch.float64)
         flagged = {t: bool((torch.tensor(scores[t], dtype=torch.float64) > cut).any()) for t in benign + unsafe}
-        assert np.mean([flagged[t] for t in benign]) <= fpr + 1e-9  # the heads together, on the benign rows
+        # the thresholds are batched rows' scores, which the same row screened alone may pass by round-off
+        on_edge = sum(any(on_threshold(s, c) for s, c in zip(scores[t], cut.tolist())) for t in benign)
+        # the heads together, on the benign rows
+        assert sum(flagged[t] for t in benign) <= fpr * len(benign) + on_edge + 1e-9
         caught = np.mean([flagged[t] for t in unsafe])
         assert metrics["stealing"][f"flagged_at_fpr_{fpr:g}"] == pytest.approx(caught, abs=1 / 20 + 1e-9)
         spread = summary[f"at_fpr_{fpr:g}"]
