@@ -64,12 +64,15 @@ class ScreenSummary:
     """Rows this run screened, per second."""
 
     def describe(self) -> str:
-        """A few lines for a person."""
-        share = {name: n / max(self.written, 1) for name, n in self.flagged_by_head.items()}
+        """A few lines for a person. The shares flagged are of the rows screened: rows not screened (``errors``)
+        would lower them by their number alone."""
+        screened = max(self.written - self.errors, 1)
+        share = {name: n / screened for name, n in self.flagged_by_head.items()}
         heads = ", ".join(f"{name} {value:.1%}" for name, value in share.items()) or "none"
         return (
             f"{self.written} of {self.rows} rows have a verdict ({self.resumed} from an earlier run); "
-            f"flagged {self.flagged} ({self.flagged / max(self.written, 1):.1%}), by head: {heads}; "
+            f"flagged {self.flagged} of {self.written - self.errors} screened ({self.flagged / screened:.1%}), "
+            f"by head: {heads}; "
             f"failed closed {self.failed_closed}; errors {self.errors}; "
             f"{self.rows_per_second:.1f} rows/s over {self.seconds:.1f} s"
         )

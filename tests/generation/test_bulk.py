@@ -356,3 +356,12 @@ def test_a_table_is_flagged_often_when_its_share_is_surely_above_twice_the_targe
         rows=written, written=written, resumed=0, flagged=flagged, failed_closed=failed_closed, errors=errors
     )
     assert summary.flagged_often(0.05) is often
+
+
+def test_the_summary_gives_the_shares_flagged_of_the_rows_screened():
+    summary = ScreenSummary(
+        rows=1000, written=1000, resumed=0, flagged=110, flagged_by_head={"harm": 100, "anomaly": 20}, errors=300
+    )
+    assert "flagged 110 of 700 screened (15.7%), by head: harm 14.3%, anomaly 2.9%; " in summary.describe()
+    nothing = ScreenSummary(rows=2, written=2, resumed=0, flagged=0, errors=2)
+    assert "flagged 0 of 0 screened (0.0%), by head: none; " in nothing.describe()
