@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import shlex
 import sys
 import warnings
@@ -294,7 +295,15 @@ def _spread_line(summary: dict[str, Any]) -> str:
     points += [(f"at {fpr:.0%}", summary[f"at_fpr_{fpr:g}"]) for fpr in REPORTED_FPRS]
     parts = [f"{where} {s['median']:.0%} / {s['worst']['source']} {s['worst']['rate']:.0%}" for where, s in points]
     rows = summary["benign_rows"]
-    return f"median / worst source, {'; '.join(parts)} (the fixed rates of the {rows} benign rows together)"
+    line = f"median / worst source, {'; '.join(parts)} (the fixed rates of the {rows} benign rows together)"
+    unresolved = [fpr for fpr in REPORTED_FPRS if rows * fpr < 1]  # rates at which no benign row may be flagged
+    if unresolved:
+        rates = " and ".join(f"{fpr:.0%}" for fpr in unresolved)
+        line += (
+            f"; at {rates}, {rows} benign rows allow no flag, so the thresholds there sit above every benign row: "
+            f"bring {math.ceil(1 / min(unresolved))} or more to measure {rates}"
+        )
+    return line
 
 
 def _prompt_table(source: str, **kwargs: Any) -> list[Any]:

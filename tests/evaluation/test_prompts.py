@@ -126,6 +126,9 @@ def test_the_cli_writes_metrics_pictures_and_the_page(model_dir, tmp_path, capsy
     assert "unsafe sources caught, median / worst source, at the guard's thresholds " in captured.err
     assert "; at 5% " in captured.err and " / stealing " in captured.err
     assert "(the fixed rates of the 20 benign rows together)" in captured.err
+    # 20 rows resolve 5% (one flag) but not 1%
+    assert "; at 1%, 20 benign rows allow no flag, so the thresholds there sit above every benign row: " in captured.err
+    assert "bring 100 or more to measure 1%" in captured.err and "at 5% and" not in captured.err
     assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "roc-harm.png").is_file()
 
 
