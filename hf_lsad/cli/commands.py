@@ -133,6 +133,7 @@ def run_train_sae(args: argparse.Namespace) -> None:
         l1_coefficient=args.l1, lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, seed=args.seed
     )
     sae = train_sae(data.activations[split.fit], args.d_sae, config, device=device)
+    sae.layer = data.hook.layer  # what fit checks the store it reads against
     sae.to("cpu").save_pretrained(args.out)
     stats = {
         "held_out": sae_stats(sae, data.activations[split.holdout]),

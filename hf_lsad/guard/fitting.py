@@ -65,6 +65,11 @@ def fit_guard(
             f"{hook.base_model or 'the model'} "
             f"has hidden size {hook.hidden_size}: train or load an SAE on this model's layer"
         )
+    if sae is not None and sae.layer is not None and sae.layer != hook.layer:
+        raise ValueError(
+            f"the SAE was trained on decoder block {sae.layer}, but the guard reads block {hook.layer}: use the SAE "
+            f"for layer {hook.layer}, or collect the activations at layer {sae.layer}"
+        )
     if isinstance(safe_activations, ActivationStore):
         if safe_activations.width != hook.hidden_size:
             raise ValueError(

@@ -111,13 +111,18 @@ class SparseAutoencoder(nn.Module):
 
     ``encode(a) = activate(encoder(a))``; ``activate`` is ReLU, JumpReLU or TopK as
     ``config.activation`` says. A JumpReLU SAE also holds a ``threshold`` buffer (``[d_sae]``).
+
+    ``layer`` is the decoder block whose output it was trained on (``HookPoint.layer``), ``None`` when not known (an
+    SAE trained on bare tensors, or saved before hf-lsad recorded it). It is where the SAE was trained, not its shape,
+    so it stays out of :class:`SAEConfig` (and out of the settings a guard's integrity record hashes).
     """
 
     threshold: Tensor | None
 
-    def __init__(self, config: SAEConfig) -> None:
+    def __init__(self, config: SAEConfig, layer: int | None = None) -> None:
         super().__init__()
         self.config = config
+        self.layer = check_sae_block(layer)
         self.encoder = nn.Linear(config.d_in, config.d_sae)
         self.decoder = nn.Linear(config.d_sae, config.d_in)
         if config.activation == "jumprelu":
@@ -156,26 +161,43 @@ class SparseAutoencoder(nn.Module):
         path = Path(save_directory)
         check_sae_destination(path)
         path.mkdir(parents=True, exist_ok=True)
-        write_json(path / SAE_CONFIG, {"format_version": FORMAT_VERSION, "sae": config_to_dict(self.config)})
+        record: dict[str, object] = {"format_version": FORMAT_VERSION, "sae": config_to_dict(self.config)}
+        if self.layer is not None:
+            record["layer"] = self.layer
+        write_json(path / SAE_CONFIG, record)
         save_module(self, path / SAE_WEIGHTS)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> SparseAutoencoder:
-        """Load an SAE written by :meth:`save_pretrained`; strict about keys and shapes."""
+        """Load an SAE written by :meth:`save_pretrained`; strict about keys and shapes. ``layer``, when the folder
+        records it, must be a decoder block index (a folder without it loads with ``layer=None``)."""
         path = Path(directory)
         raw = read_json(path / SAE_CONFIG)
         if raw.get("format_version") != FORMAT_VERSION:
             raise GuardFormatError(
                 f"{path / SAE_CONFIG}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}"
             )
-        require_keys(raw, {"format_version", "sae"}, set(), source=str(path / SAE_CONFIG))
+        require_keys(raw, {"format_version", "sae"}, {"layer"}, source=str(path / SAE_CONFIG))
         fields = raw["sae"]
         if isinstance(fields, dict) and not set(LEGACY_SAE_CONFIG_DEFAULTS) & set(fields):
             # Written before JumpReLU / TopK support: a ReLU SAE (see LEGACY_SAE_CONFIG_DEFAULTS).
             fields = {**fields, **LEGACY_SAE_CONFIG_DEFAULTS}
-        sae = cls(config_from_dict(SAEConfig, fields, source=str(path / SAE_CONFIG)))
+        try:
+            layer = check_sae_block(raw.get("layer"))
+        except ValueError as error:
+            raise GuardFormatError(f"{path / SAE_CONFIG}: {error}") from None
+        sae = cls(config_from_dict(SAEConfig, fields, source=str(path / SAE_CONFIG)), layer)
         load_module(sae, path / SAE_WEIGHTS)
         return sae
+
+
+def check_sae_block(layer: object) -> int | None:
+    """``layer`` as :attr:`SparseAutoencoder.layer` takes it: a non-negative decoder block index, or ``None``."""
+    if layer is None:
+        return None
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise ValueError(f"an SAE's layer is a non-negative decoder block index or None, got {layer!r}")
+    return layer
 
 
 def check_sae_destination(path: Path) -> None:

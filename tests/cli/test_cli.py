@@ -14,6 +14,7 @@ from hf_lsad.guard import SafetyGuard
 from hf_lsad.sae import SparseAutoencoder, sae_stats
 
 
+@pytest.mark.filterwarnings("error:.*does not record the layer")  # train-sae records it for fit
 def test_cli_pipeline(model_dir, tmp_path, capsys):
     # The tiny model's 512 positions fit the short benign_ood / harmful prompts (character tokens).
     common = ["--model", str(model_dir), "--layer", "2", "--position", "response_last", "--max-new-tokens", "4"]
@@ -47,6 +48,7 @@ def test_cli_pipeline(model_dir, tmp_path, capsys):
     held_out = sae_stats(SparseAutoencoder.from_pretrained(tmp_path / "sae"), data.activations[split.holdout])
     assert stats["held_out"] == pytest.approx(held_out._asdict(), abs=1e-6)
     assert stats["held_out"]["l0"] > 0
+    assert SparseAutoencoder.from_pretrained(tmp_path / "sae").layer == 2  # the store's, which fit checks
     main(
         [
             "fit",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -366,8 +367,48 @@ def test_layer_mismatch_is_a_clear_error(tmp_path):
 
 def test_unknown_layer_warns(tmp_path):
     SparseAutoencoder(SAEConfig(D_IN, D_SAE)).save_pretrained(tmp_path)
+    assert "layer" not in json.loads((tmp_path / "config.json").read_text())  # as SAEs saved before it was recorded
     with pytest.warns(UserWarning, match="does not record the layer"):
         load_sae(tmp_path, hook_layer=LAYER)
+
+
+def test_an_hf_lsad_sae_records_its_layer_and_guards_check_it(tmp_path):
+    SparseAutoencoder(SAEConfig(D_IN, D_SAE), layer=LAYER).save_pretrained(tmp_path / "sae")
+    assert json.loads((tmp_path / "sae" / "config.json").read_text())["layer"] == LAYER
+    loaded = read_sae(tmp_path / "sae")
+    assert loaded.layer == loaded.sae.layer == LAYER and loaded.hook_name == f"layers.{LAYER}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the layer is known: no warning
+        load_sae(tmp_path / "sae", hook_layer=LAYER)
+    with pytest.raises(SAELayerMismatchError, match=rf"block {LAYER} .*guard reads decoder block {LAYER + 1}"):
+        load_sae(tmp_path / "sae", hook_layer=LAYER + 1)
+
+    config = FreqMaskConfig(kmeans=KMeansConfig(n_clusters=3), mask_size=12)
+    guard = fit_guard(X, hook(), "freqmask-km", config, loaded.sae, progress=False).guard
+    guard.save_pretrained(tmp_path / "guard")
+    assert json.loads((tmp_path / "guard" / "sae" / "config.json").read_text())["layer"] == LAYER
+    assert SafetyGuard.from_pretrained(tmp_path / "guard").sae.layer == LAYER
+    other = SparseAutoencoder(SAEConfig(D_IN, D_SAE), layer=LAYER + 1)
+    with pytest.raises(ValueError, match=rf"trained on decoder block {LAYER + 1}, but the guard reads block {LAYER}"):
+        fit_guard(X, hook(), "freqmask-km", config, other, progress=False)
+    with pytest.raises(ValueError, match=rf"trained on decoder block {LAYER + 1}, but the guard reads block {LAYER}"):
+        SafetyGuard(guard.config, guard.detector, other)
+    # a guard folder whose SAE records another block is refused on loading
+    record = json.loads((tmp_path / "guard" / "sae" / "config.json").read_text())
+    (tmp_path / "guard" / "sae" / "config.json").write_text(json.dumps({**record, "layer": LAYER + 1}))
+    with pytest.raises(ValueError, match=rf"trained on decoder block {LAYER + 1}"):
+        SafetyGuard.from_pretrained(tmp_path / "guard")
+
+
+@pytest.mark.parametrize("layer", [-1, 1.5, True, "3"])
+def test_an_sae_layer_that_is_not_a_block_is_refused(tmp_path, layer):
+    SparseAutoencoder(SAEConfig(D_IN, D_SAE)).save_pretrained(tmp_path)
+    record = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**record, "layer": layer}))
+    with pytest.raises(GuardFormatError, match="non-negative decoder block index"):
+        SparseAutoencoder.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="non-negative decoder block index"):
+        SparseAutoencoder(SAEConfig(D_IN, D_SAE), layer=layer)
 
 
 # --- errors --------------------------------------------------------------------------------------

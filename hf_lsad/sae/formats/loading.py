@@ -102,20 +102,25 @@ def read_sae(
     if missing:
         raise SAEFormatError(f"{layout} SAE folder '{folder}' has no {', '.join(missing)}")
     if layout == "saelens":
-        return read_saelens(folder)
-    if layout == "sparsify":
-        return read_sparsify(folder)
-    if layout == "gemma-scope":
-        return read_gemma_scope(folder, os.fspath(name_or_path))
-    return LoadedSAE(SparseAutoencoder.from_pretrained(folder), "hf-lsad", None, None, folder)
+        loaded = read_saelens(folder)
+    elif layout == "sparsify":
+        loaded = read_sparsify(folder)
+    elif layout == "gemma-scope":
+        loaded = read_gemma_scope(folder, os.fspath(name_or_path))
+    else:
+        sae = SparseAutoencoder.from_pretrained(folder)
+        hook_name = None if sae.layer is None else f"layers.{sae.layer}"
+        return LoadedSAE(sae, "hf-lsad", hook_name, sae.layer, folder)
+    loaded.sae.layer = loaded.layer  # kept when the SAE is saved, with a guard or on its own
+    return loaded
 
 
 def check_sae_layer(loaded: LoadedSAE, layer: int) -> None:
     """Raise :class:`SAELayerMismatchError` if ``loaded`` was trained on another block than ``layer``.
 
     ``layer`` is the guard's ``HookPoint.layer`` (0-based, non-negative). An SAE whose folder does
-    not say its layer (an hf-lsad SAE, a Gemma Scope folder without ``layer_L`` in its path) is
-    accepted with a warning.
+    not say its layer (an hf-lsad SAE saved before SAEs recorded it, a Gemma Scope folder without
+    ``layer_L`` in its path) is accepted with a warning.
     """
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
         raise ValueError(f"layer must be a non-negative decoder block index (HookPoint.layer), got {layer!r}")
