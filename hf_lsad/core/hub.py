@@ -23,7 +23,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from huggingface_hub import CommitInfo, HfApi, constants as hf_constants, snapshot_download
-from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RevisionResolutionError,
+)
 from huggingface_hub.utils import filter_repo_objects
 
 from ..errors import GuardFormatError, UnsafeGuardFileError
@@ -89,8 +94,9 @@ def resolve_pretrained_dir(
     force_download: bool = False,
     extra_allow_patterns: Iterable[str] = (),
     root_file: str | None = "config.json",
+    what: str = "guard",
 ) -> Path:
-    """Return a local folder holding the guard named by ``name_or_path``.
+    """Return a local folder holding the guard (or ``what``) named by ``name_or_path``.
 
     A local folder without ``root_file`` at its root (``config.json`` for a guard,
     ``guarded_model.json`` for a saved guarded model) fails at once, without walking it;
@@ -106,6 +112,7 @@ def resolve_pretrained_dir(
         cache_dir: huggingface_hub cache folder (default: ``HF_HUB_CACHE``).
         local_files_only: Use the cache only, no network (also implied by ``HF_HUB_OFFLINE=1``).
         force_download: Download the files again even if they are cached.
+        what: What the folder holds, as the errors name it (``"guard"``, ``"SAE"``, ``"guarded model"``).
         extra_allow_patterns: More file patterns (relative to ``subfolder``, e.g. ``"params.npz"``
             for a Gemma Scope SAE) to download besides JSON, safetensors and model cards. A
             pickle suffix is refused here too: such a file is never downloaded.
@@ -125,6 +132,8 @@ def resolve_pretrained_dir(
             downloaded), or links that resolve outside it (or loop); the message names them.
         huggingface_hub.errors.RepositoryNotFoundError: No such repo (or no access to it).
         huggingface_hub.errors.RevisionNotFoundError: No such branch or commit in the repo.
+        huggingface_hub.errors.RevisionResolutionError: No local folder of that name, and the Hub could not be
+            reached (nor the revision found in the cache).
         huggingface_hub.errors.EntryNotFoundError: The repo has no such subfolder, or it holds
             no JSON / safetensors file, at that revision.
         huggingface_hub.errors.LocalEntryNotFoundError: ``local_files_only`` (or offline) and
@@ -138,14 +147,15 @@ def resolve_pretrained_dir(
     if path.is_dir():
         folder = path / sub if sub else path
         if not folder.is_dir():
-            raise FileNotFoundError(f"No subfolder '{sub}' in local guard directory '{path}' (no '{folder}')")
+            raise FileNotFoundError(f"No subfolder '{sub}' in local {what} directory '{path}' (no '{folder}')")
         if root_file is not None and not (folder / root_file).exists() and not (folder / root_file).is_symlink():
             # Fail fast: do not walk a folder that is not a guard (e.g. "/usr").
-            raise GuardFormatError(f"'{folder}' is not a guard folder: it has no {root_file} at its root")
+            raise GuardFormatError(f"'{folder}' is not a {what} folder: it has no {root_file} at its root")
         _refuse_local_pickles(folder)
         return folder
     if path.exists() or _looks_like_path(name):
-        raise FileNotFoundError(f"Guard directory '{name}' does not exist (or is not a directory)")
+        what_dir = what[:1].upper() + what[1:] + " directory"
+        raise FileNotFoundError(f"{what_dir} '{name}' does not exist (or is not a directory)")
 
     repo_id, where = name, f"'{name}'" + (f", subfolder '{sub}'" if sub else "")
     cache = None if cache_dir is None else Path(cache_dir)
@@ -164,12 +174,12 @@ def resolve_pretrained_dir(
             )
         except LocalEntryNotFoundError as err:
             raise LocalEntryNotFoundError(
-                f"hf-lsad guard {where} at revision '{revision or 'main'}' is not in the cache, and "
+                f"hf-lsad {what} {where} at revision '{revision or 'main'}' is not in the cache, and "
                 f"local_files_only / HF_HUB_OFFLINE forbids downloading it: {err}"
             ) from err
         folder = snapshot / sub if sub else snapshot
         if not folder.is_dir():
-            raise LocalEntryNotFoundError(f"Guard {where} is not in the cached snapshot '{snapshot}'")
+            raise LocalEntryNotFoundError(f"hf-lsad {what} {where} is not in the cached snapshot '{snapshot}'")
         _refuse_local_pickles(folder)
         return folder
 
@@ -179,18 +189,23 @@ def resolve_pretrained_dir(
         resolved = api.resolve_revision(repo_id, revision=revision, cache_dir=cache)
         repo_files = api.list_repo_files(repo_id, revision=resolved.resolved)
     except HfHubHTTPError as err:
-        err.append_to_message(f"\nCould not load hf-lsad guard {where} at revision '{revision or 'main'}'.")
+        err.append_to_message(f"\nCould not load hf-lsad {what} {where} at revision '{revision or 'main'}'.")
         raise
+    except RevisionResolutionError as err:  # the Hub unreachable: most often a local folder's name mistyped
+        raise RevisionResolutionError(
+            f"Could not load hf-lsad {what} {where}: there is no local folder '{name}', and the Hub could not be "
+            f"reached to find a repo of that name at revision '{revision or 'main'}' ({err})"
+        ) from err
     at = f"{where} at revision '{revision or 'main'}' ({resolved.resolved})"
     in_sub = [f for f in repo_files if not sub or f.startswith(sub + "/")]
     if not in_sub:
         raise EntryNotFoundError(
             f"Hub repo '{repo_id}' has no subfolder '{sub}' at revision '{revision or 'main'}' ({resolved.resolved})"
         )
-    _refuse_pickles(in_sub, f"Hub guard {at}")
+    _refuse_pickles(in_sub, f"Hub {what} {at}")
     if not any(filter_repo_objects(in_sub, allow_patterns=allow_patterns)):
         wanted = " or ".join(["*.json", "*.safetensors", *extra_allow_patterns])
-        raise EntryNotFoundError(f"Hub guard {at} holds no {wanted} file: {', '.join(in_sub)}")
+        raise EntryNotFoundError(f"Hub {what} {at} holds no {wanted} file: {', '.join(in_sub)}")
     snapshot = Path(
         snapshot_download(
             repo_id,

@@ -108,7 +108,7 @@ def load_guarded_folder(
     local = Path(name_or_path).expanduser() / hub_kwargs.get("subfolder", "")
     path = local if local.is_dir() and not (local / GUARDED_CONFIG).is_file() else None
     if path is None:  # a saved guarded model (local or on the Hub): the strict resolver
-        path = resolve_pretrained_dir(name_or_path, root_file=GUARDED_CONFIG, **hub_kwargs)
+        path = resolve_pretrained_dir(name_or_path, root_file=GUARDED_CONFIG, what="guarded model", **hub_kwargs)
     if not (path / GUARDED_CONFIG).is_file():
         raise FileNotFoundError(
             f"{name_or_path} holds no {GUARDED_CONFIG} (not saved by GuardedModelForCausalLM.save_pretrained); "

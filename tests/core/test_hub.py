@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
-from huggingface_hub import CommitOperationAdd, HfApi, hf_hub_download
+from huggingface_hub import CommitOperationAdd, HfApi, constants, hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HfHubHTTPError,
     LocalEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
+    RevisionResolutionError,
 )
 from huggingface_hub.utils import get_session
 from safetensors.numpy import save_file
@@ -143,6 +145,18 @@ def test_local_files_only(hub_server, hub_cache, repo_id, tmp_path):
     assert hub_server.log == []  # no request at all
     with pytest.raises(LocalEntryNotFoundError):  # another subfolder was never cached
         resolve_pretrained_dir(repo_id, subfolder="layer_20", cache_dir=hub_cache, local_files_only=True)
+
+
+def test_a_name_that_is_no_folder_with_the_hub_unreachable_says_both(tmp_path, monkeypatch):
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RevisionResolutionError, match="no local folder 'my-guard', and the Hub could not be reached"):
+        resolve_pretrained_dir("my-guard", cache_dir=tmp_path / "cache")
+    with pytest.raises(RevisionResolutionError, match="Could not load hf-lsad SAE 'my-sae': there is no local folder"):
+        resolve_pretrained_dir("my-sae", cache_dir=tmp_path / "cache", what="SAE")
 
 
 def test_local_directories(tmp_path):

@@ -96,6 +96,7 @@ def read_sae(
         local_files_only=local_files_only,
         extra_allow_patterns=(GEMMA_SCOPE_PARAMS,),
         root_file=None,  # cfg.json, params.npz or config.json: the layout is detected below
+        what="SAE",
     )
     layout = layout or detect_sae_layout(folder)
     missing = [name for name in LAYOUT_FILES[layout] if not (folder / name).is_file()]
