@@ -2,10 +2,11 @@
 
 ``tests/data/seeded_scores.safetensors`` holds the scores, clusters and thresholds that the code
 of commit 6df37f0 (before the package redesign) produced for the cases below, and the
-bundled guard's scores on a seeded random batch. A refactor must keep every one within 1e-6
+bundled guard's scores on a seeded random batch. A refactor must keep every one within 1e-5
 (scaled by the score's magnitude when it exceeds 1: float32 spacing at 200 is 1.5e-5); in
-practice they are bit-identical on one machine. Regenerate only when a change of numbers is
-intended::
+practice they are bit-identical on one machine, and another CPU's kernels move them by round-off
+(ocsvm by 1.7e-6 with torch's kernels limited to SSE, ``ATEN_CPU_CAPABILITY=default``). Regenerate
+only when a change of numbers is intended::
 
     python tests/detectors/test_regression.py --write
     python tests/detectors/test_regression.py --write-bundled   # after a deliberate refit of the bundled guard only
@@ -167,7 +168,7 @@ def _compare(name: str, got: dict[str, torch.Tensor], stored: dict[str, torch.Te
             assert torch.equal(value, reference), f"{name}/{key} changed"
         else:
             delta = (value - reference).abs() / reference.abs().clamp_min(1.0)
-            assert delta.max().item() <= 1e-6, f"{name}/{key}: max |delta| {delta.max().item():.3g}"
+            assert delta.max().item() <= 1e-5, f"{name}/{key}: max |delta| {delta.max().item():.3g}"
 
 
 @pytest.fixture(scope="module")
