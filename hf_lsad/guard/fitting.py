@@ -59,17 +59,8 @@ def fit_guard(
     The guard keeps ``inputs`` (default: the store's record of how its prompts were formatted),
     so that ``generate`` warns about inputs unlike them (:mod:`hf_lsad.core.prompt_inputs`).
     """
-    if sae is not None and sae.config.d_in != hook.hidden_size:
-        raise ValueError(
-            f"the SAE reads width {sae.config.d_in}, but the hook point {hook.layer_module} of "
-            f"{hook.base_model or 'the model'} "
-            f"has hidden size {hook.hidden_size}: train or load an SAE on this model's layer"
-        )
-    if sae is not None and sae.layer is not None and sae.layer != hook.layer:
-        raise ValueError(
-            f"the SAE was trained on decoder block {sae.layer}, but the guard reads block {hook.layer}: use the SAE "
-            f"for layer {hook.layer}, or collect the activations at layer {sae.layer}"
-        )
+    if sae is not None:
+        sae.check_reads(hook)
     if isinstance(safe_activations, ActivationStore):
         if safe_activations.width != hook.hidden_size:
             raise ValueError(

@@ -74,12 +74,8 @@ class SafetyGuard(nn.Module):
             raise ValueError(f"config names method {config.method!r} but the detector is {detector.method!r}")
         if detector.uses_sae and sae is None:
             raise ValueError(f"{config.method} needs an SAE")
-        if sae is not None and sae.config.d_in != config.hook.hidden_size:
-            raise ValueError(f"SAE reads width {sae.config.d_in}, hook point has hidden size {config.hook.hidden_size}")
-        if sae is not None and sae.layer is not None and sae.layer != config.hook.layer:
-            raise ValueError(
-                f"the SAE was trained on decoder block {sae.layer}, but the guard reads block {config.hook.layer}"
-            )
+        if sae is not None:
+            sae.check_reads(config.hook)
         self.config = config
         self.detector = detector
         self.sae = sae

@@ -106,6 +106,8 @@ def fit_running_guard(
 
     if hook.position != "response_running":
         raise ValueError(f"a running guard reads position response_running, not {hook.position}")
+    if sae is not None:
+        sae.check_reads(hook)
     sequences = [s for s in safe_sequences if len(s) > 0]
     split = split_safe(len(sequences), holdout_fraction, seed)
     fit_rows = torch.cat([sequences[i][::stride] for i in split.fit.tolist()]).float()

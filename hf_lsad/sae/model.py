@@ -27,6 +27,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from ..core.hook_point import HookPoint
 from ..core.serialization import (
     FORMAT_VERSION,
     GuardFormatError,
@@ -149,6 +150,22 @@ class SparseAutoencoder(nn.Module):
         """Codes and reconstructions of activations ``[batch, d_in]``."""
         codes = self.encode(activations)
         return SAEOutput(codes, self.decode(codes))
+
+    def check_reads(self, hook: HookPoint) -> None:
+        """Raise ``ValueError`` unless this SAE reads what a guard at ``hook`` reads: activations of its width and,
+        when the SAE records one, of its layer. The one check of an SAE against a guard's hook point, made when a
+        guard is fitted (before any work) and whenever one is built or loaded."""
+        if self.config.d_in != hook.hidden_size:
+            raise ValueError(
+                f"the SAE reads width {self.config.d_in}, but the hook point {hook.layer_module} of "
+                f"{hook.base_model or 'the model'} has hidden size {hook.hidden_size}: train or load an SAE on this "
+                "model's layer"
+            )
+        if self.layer is not None and self.layer != hook.layer:
+            raise ValueError(
+                f"the SAE was trained on decoder block {self.layer}, but the guard reads block {hook.layer}: use the "
+                f"SAE for layer {hook.layer}, or read the activations at layer {self.layer}"
+            )
 
     @torch.no_grad()
     def normalize_decoder(self) -> None:
