@@ -267,11 +267,24 @@ def main(argv: Sequence[str] | None = None) -> None:
 def entry(argv: Sequence[str] | None = None) -> None:
     """The ``hf-lsad`` command: arguments checked before any model is loaded, one-line errors (exit 2 for usage,
     1 for failures), ``--debug`` for the traceback (:mod:`hf_lsad.cli.checks`)."""
-    from .checks import check_args, run
+    from .checks import PROG, check_args, run
 
     def checked(args: Sequence[str]) -> None:
         parser, namespace = parse(args)
         check_args(parser, namespace)
-        namespace.run(namespace)
+        try:
+            namespace.run(namespace)
+        except KeyboardInterrupt:
+            if getattr(namespace, "cache", False) is None:  # a command that could have kept its bundled rows
+                print(f"{PROG}: {NOT_KEPT}", file=sys.stderr)
+            raise
 
     run(checked, argv)
+
+
+NOT_KEPT = (
+    "the activations of the bundled rows collected so far were not kept: pass --cache DIR to keep them as they are "
+    "collected, and the same --cache again to resume"
+)
+"""What an interrupted ``add-head``, ``set-budget`` or ``teach`` run without ``--cache`` says: it lost minutes of
+forward passes (a ``teach`` of a thousand prompts takes about 20 minutes on a 2-core CPU) that ``--cache`` keeps."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import _thread
 import copy
 import dataclasses
 import json
 import shlex
+import threading
 import warnings
 
 import pytest
@@ -467,3 +469,22 @@ def test_teach_keeps_bundled_pools_within_the_budget_beside_the_held_back_prompt
 )
 def test_the_domain_warning_offers_to_keep_the_kinds_it_can_within_the_budget(command, risen, advice):
     assert advice in domain_advice(command, risen)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_an_interrupted_teach_says_when_what_it_collected_was_not_kept(model_dir, guard_dir, tmp_path, capsys, cache):
+    sample = tmp_path / "traffic.txt"
+    sample.write_text("".join(t + "\n" for t in SAMPLE))
+    pools = ["--pools", *SHORT_POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
+    argv = ["teach", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), *pools, *CHECKS]
+    argv += ["--out", str(tmp_path / "mine"), *(["--cache", str(tmp_path / "cache")] if cache else [])]
+    interrupt = threading.Timer(1.0, _thread.interrupt_main)  # Ctrl-C a second in: the run takes about three
+    interrupt.start()
+    try:
+        with pytest.raises(SystemExit) as exited:
+            entry(argv)
+    finally:
+        interrupt.cancel()
+    err = capsys.readouterr().err
+    assert exited.value.code == 130 and "hf-lsad: interrupted" in err, "the run ended before it was interrupted"
+    assert ("collected so far were not kept: pass --cache DIR" in err) is not cache
