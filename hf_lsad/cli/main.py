@@ -258,6 +258,14 @@ def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.Ar
     return subparsers.choices[command]
 
 
+NOT_KEPT = (
+    "the activations of the bundled rows collected so far were not kept: pass --cache DIR to keep them as they are "
+    "collected, and the same --cache again to resume"
+)
+"""What an interrupted ``add-head``, ``set-budget`` or ``teach`` run without ``--cache`` says: it lost minutes of
+forward passes (a ``teach`` of a thousand prompts takes about 20 minutes on a 2-core CPU) that ``--cache`` keeps."""
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run a command from Python: parse and call, exceptions propagate (:func:`entry` is the shell's)."""
     _, args = parse(sys.argv[1:] if argv is None else argv)
@@ -280,11 +288,3 @@ def entry(argv: Sequence[str] | None = None) -> None:
             raise
 
     run(checked, argv)
-
-
-NOT_KEPT = (
-    "the activations of the bundled rows collected so far were not kept: pass --cache DIR to keep them as they are "
-    "collected, and the same --cache again to resume"
-)
-"""What an interrupted ``add-head``, ``set-budget`` or ``teach`` run without ``--cache`` says: it lost minutes of
-forward passes (a ``teach`` of a thousand prompts takes about 20 minutes on a 2-core CPU) that ``--cache`` keeps."""
