@@ -377,7 +377,7 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
     pools kept within the budget, and where the guard goes."""
     from ..guard.guard import SafetyGuard
     from ..guard.heads.budget import budget_rule, check_keep_bundled, check_reads_prompt, kept_pool_rows
-    from ..guard.heads.training import cut_traffic, reteach_warning, small_sample_warning
+    from ..guard.heads.training import check_teachable, cut_traffic, reteach_warning, small_sample_warning
     from ..guard.threshold import allowed_flags
     from .arguments import guard_location
     from .commands import read_prompt_file
@@ -416,6 +416,10 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(f"argument --pools: {unknown} are not bundled pools ({sorted(POOL_CATEGORY)})")
         if args.head not in guard.heads:
             parser.error(f"argument --head: the guard has no supervised head {args.head!r}; it has {guard.head_names}")
+        try:
+            check_teachable(guard.heads[args.head])
+        except ValueError as err:
+            parser.error(f"argument --head: {_one_line(err)}")
         try:
             _, prompts = cut_traffic(prompts, args.fit_fraction, args.seed)  # the thresholds' part
         except ValueError as err:

@@ -25,6 +25,7 @@ from tiny import (
     TRAFFIC,
     fresh_guard,
     tiny_guard,
+    tiny_head_rows,
     two_headed_guard,
 )
 
@@ -44,6 +45,7 @@ from hf_lsad.guard.heads.training import (
     STEADY_SAMPLE,
     USER_SOURCE,
     cut_traffic,
+    fit_head,
     reteach_warning,
     small_sample_warning,
     teach_traffic,
@@ -169,6 +171,14 @@ def test_teach_traffic_is_seeded_and_leaves_the_guard_as_it_was_on_error():
     head, budget = guard.heads["harm"], copy.deepcopy(guard.budget)
     with pytest.raises(ValueError, match="no supervised head named 'dosage'"):
         teach_traffic(model, tokenizer, guard, SAMPLE, head="dosage", **kwargs)
+    # a head added from the user's own examples (add_head names their source after the head) is not taught: it
+    # would be fitted again on the bundled pools without them
+    reads, labels, groups = tiny_head_rows()
+    added = fit_head("dosage", reads, labels, ["dosage" if g == "stealing" else g for g in groups], head.config.probe)
+    with_added = copy.deepcopy(guard)
+    with_added.add_head(added)
+    with pytest.raises(ValueError, match="head 'dosage' was added from your own unsafe examples, which the guard"):
+        teach_traffic(model, tokenizer, with_added, SAMPLE, head="dosage", **kwargs)
     with pytest.raises(ValueError, match=r"fit_fraction must be in \(0, 1\)"):
         teach_traffic(model, tokenizer, guard, SAMPLE, fit_fraction=1.0, progress=False)
     with pytest.raises(ValueError, match="need at least"):  # 20 held back cannot bound 10% with 0.95: before any pass

@@ -387,6 +387,18 @@ def reteach_warning(budget: BudgetConfig | None, head: str) -> str:
     )
 
 
+def check_teachable(head: Any) -> None:
+    """Refuse to teach a head :func:`add_head` added from a user's own unsafe examples (it records the head's own
+    name as their source): :func:`teach_traffic` fits a head again on the bundled pools, and those examples, which the
+    guard does not keep, would be lost, leaving a second head of the bundled kinds of harm under the user's name."""
+    if head.name in head.config.sources:
+        raise ValueError(
+            f"head {head.name!r} was added from your own unsafe examples, which the guard does not keep: teaching it "
+            "would fit it again on the bundled pools without them. Add it again with your traffic as its safe "
+            "prompts instead (hf-lsad add-head --unsafe EXAMPLES --safe TRAFFIC; add_head(..., safe=...))"
+        )
+
+
 def teach_traffic(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -463,6 +475,7 @@ def teach_traffic(
     kept = check_keep_bundled(keep_bundled, own_prompts=True)
     if head not in guard.heads:
         raise ValueError(f"the guard has no supervised head named {head!r}; it has {guard.head_names}")
+    check_teachable(guard.heads[head])
     unknown = sorted(set(pools) - set(POOL_CATEGORY))
     if unknown or not pools:
         raise ValueError(f"pools must be bundled pools ({sorted(POOL_CATEGORY)}), got {list(pools)}")
