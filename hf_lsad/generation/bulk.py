@@ -66,21 +66,27 @@ class ScreenSummary:
     def describe(self) -> str:
         """A few lines for a person. The shares flagged are of the rows screened: rows not screened (``errors``)
         would lower them by their number alone."""
-        screened = max(self.written - self.errors, 1)
+        screened = max(self.screened, 1)
         share = {name: n / screened for name, n in self.flagged_by_head.items()}
         heads = ", ".join(f"{name} {value:.1%}" for name, value in share.items()) or "none"
         return (
             f"{self.written} of {self.rows} rows have a verdict ({self.resumed} from an earlier run); "
-            f"flagged {self.flagged} of {self.written - self.errors} screened ({self.flagged / screened:.1%}), "
+            f"flagged {self.flagged} of {self.screened} screened ({self.flagged / screened:.1%}), "
             f"by head: {heads}; "
             f"failed closed {self.failed_closed}; errors {self.errors}; "
             f"{self.rows_per_second:.1f} rows/s over {self.seconds:.1f} s"
         )
 
     @property
+    def screened(self) -> int:
+        """Rows screened: every row with a verdict but those not screened (``errors``); rows that failed closed are
+        screened, and flagged."""
+        return self.written - self.errors
+
+    @property
     def scored(self) -> int:
         """Rows with a score: not an error, not failed closed."""
-        return self.written - self.errors - self.failed_closed
+        return self.screened - self.failed_closed
 
     @property
     def scored_flagged(self) -> int:

@@ -209,11 +209,12 @@ class SparseAutoencoder(nn.Module):
 
 
 def check_sae_block(layer: object) -> int | None:
-    """``layer`` as :attr:`SparseAutoencoder.layer` takes it: a non-negative decoder block index, or ``None``."""
+    """``layer`` as :attr:`SparseAutoencoder.layer` takes it, and :func:`~hf_lsad.sae.formats.check_sae_layer`
+    checks an SAE against: a non-negative decoder block index, or ``None``."""
     if layer is None:
         return None
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-        raise ValueError(f"an SAE's layer is a non-negative decoder block index or None, got {layer!r}")
+        raise ValueError(f"a layer is a non-negative decoder block index (HookPoint.layer) or None, got {layer!r}")
     return layer
 
 

@@ -56,6 +56,9 @@ CHECKS = ["--domain-check", "1", "--harm-check", "1"]
 """The checks of the first test: a row of each domain and source (the harm rows hold jailbreaks of thousands of
 characters, which the tiny model's tokenizer reads a token each)."""
 
+POOL_FLAGS = ["--pools", *SHORT_POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
+"""The bundled pools a command-line teach of these tests fits on: the short ones, a few rows each."""
+
 
 def harm_scores(guard: SafetyGuard, prompts: list[str]) -> torch.Tensor:
     model, tokenizer, _ = tiny_guard("prompt_last")
@@ -85,8 +88,7 @@ def test_teach_writes_a_guard_whose_head_learnt_the_traffic(model_dir, guard_dir
     before = SafetyGuard.from_pretrained(guard_dir)
     assert flag_rate(before, HELD_OUT) == 1.0  # the traffic the heads never saw: all of it flagged
 
-    pools = ["--pools", *SHORT_POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
-    flags = ["--benign", str(sample), "--fit-fraction", "0.5", *pools]
+    flags = ["--benign", str(sample), "--fit-fraction", "0.5", *POOL_FLAGS]
     entry(["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, *CHECKS, "--out", str(out)])
     printed = capsys.readouterr()
     assert "head 'harm' taught 50 prompts" in printed.out and "thresholds set on the other 50" in printed.out
@@ -381,7 +383,7 @@ def test_teach_under_a_system_turn_fits_and_sets_thresholds_under_it(model_dir, 
     sample, out = tmp_path / "traffic.txt", tmp_path / "mine"
     sample.write_text("".join(t + "\n" for t in SAMPLE))
     argv = ["teach", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample), "--fit-fraction"]
-    argv += ["0.5", "--pools", *SHORT_POOLS, "--rows-per-pool", str(ROWS_PER_POOL), "--chat-check", "0"]
+    argv += ["0.5", *POOL_FLAGS, "--chat-check", "0"]
     argv += ["--domain-check", "0", "--harm-check", "0"]
     entry([*argv, "--system", SHOP_TURN])
     entry([*argv, "--out", str(out)])
@@ -446,8 +448,7 @@ def test_teach_keeps_bundled_pools_within_the_budget_beside_the_held_back_prompt
 ):
     sample, out = tmp_path / "traffic.txt", tmp_path / "mine"
     sample.write_text("".join(t + "\n" for t in SAMPLE))
-    pools = ["--pools", *SHORT_POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
-    flags = ["--benign", str(sample), "--fit-fraction", "0.5", *pools]
+    flags = ["--benign", str(sample), "--fit-fraction", "0.5", *POOL_FLAGS]
     checks = ["--chat-check", "0", "--domain-check", "0", "--harm-check", "0"]
     kept = ["--keep-bundled", "statements", "--cache", str(tmp_path / "cache")]
     entry(["teach", "--guard", str(guard_dir), "--model", str(model_dir), *flags, *checks, *kept, "--out", str(out)])
@@ -487,13 +488,12 @@ def test_the_domain_warning_offers_to_keep_the_kinds_it_can_within_the_budget(co
 def test_an_interrupted_teach_without_a_cache_says_that_what_it_collected_was_not_kept(model_dir, guard_dir, tmp_path):
     sample = tmp_path / "traffic.txt"
     sample.write_text("".join(t + "\n" for t in SAMPLE))
-    pools = ["--pools", *SHORT_POOLS, "--rows-per-pool", str(ROWS_PER_POOL)]
     # as at a terminal, Ctrl-C raises KeyboardInterrupt even if this suite runs where SIGINT is ignored (in the
     # background of a shell), which a child inherits and Python then leaves ignored
     ctrl_c = "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)"
     start = f"{ctrl_c}; from hf_lsad.cli.main import entry; entry(sys.argv[1:])"
     argv = [sys.executable, "-c", start, "teach", "--guard", str(guard_dir), "--model", str(model_dir)]
-    argv += ["--benign", str(sample), *pools, *CHECKS, "--out", str(tmp_path / "mine")]
+    argv += ["--benign", str(sample), *POOL_FLAGS, *CHECKS, "--out", str(tmp_path / "mine")]
     log = tmp_path / "log"
     with log.open("w") as out:  # a file, not a pipe, which a run's progress bars could fill
         process = subprocess.Popen(argv, stdout=out, stderr=out, env=dict(os.environ, PYTHONWARNINGS="ignore"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ...core.hub import resolve_pretrained_dir
 from ...errors import warn
-from ..model import SAE_CONFIG, SAE_WEIGHTS, SparseAutoencoder
+from ..model import SAE_CONFIG, SAE_WEIGHTS, SparseAutoencoder, check_sae_block
 from .common import LoadedSAE, SAEFormatError, SAELayerMismatchError
 from .gemma_scope import GEMMA_SCOPE_PARAMS, read_gemma_scope
 from .saelens import SAELENS_CONFIG, SAELENS_WEIGHTS, read_saelens
@@ -123,8 +123,8 @@ def check_sae_layer(loaded: LoadedSAE, layer: int) -> None:
     not say its layer (an hf-lsad SAE saved before SAEs recorded it, a Gemma Scope folder without
     ``layer_L`` in its path) is accepted with a warning.
     """
-    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-        raise ValueError(f"layer must be a non-negative decoder block index (HookPoint.layer), got {layer!r}")
+    if check_sae_block(layer) is None:
+        raise ValueError("layer must be a non-negative decoder block index (HookPoint.layer), got None")
     if loaded.layer is None:
         warn(
             f"{loaded.layout} SAE '{loaded.folder}' does not record the layer it was trained on; "
