@@ -109,6 +109,11 @@ class GuardParts(NamedTuple):
 def save_guard_files(guard: GuardParts, path: Path) -> None:
     """Write a guard's tensor files and ``config.json`` (with its integrity record) to ``path``.
 
+    The files are written in a folder of their own inside ``path`` first, then moved into place one by one,
+    ``config.json`` last: a save that fails while writing (a full disk, an interrupt) leaves the guard that was in
+    ``path`` as it was, which matters most where ``hf-lsad add-head`` and ``set-budget`` save a guard over its own
+    folder.
+
     Saved over another guard, the files of that guard this one does not have are removed (as transformers removes
     stale weight shards): a head it lacks, held-out scores, an SAE, and the model card, which described the other
     guard. A card stays when the guard saved is the one it describes (the same ``config.json``, whose integrity
@@ -116,6 +121,20 @@ def save_guard_files(guard: GuardParts, path: Path) -> None:
     """
     previous = check_guard_destination(path)
     path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX, dir=path) as staging:
+        config = _write_guard_files(guard, Path(staging))
+        _move_into(Path(staging), path)
+    # the same guard re-saved by a newer library keeps its card
+    same_guard = previous is not None and _without_versions(previous) == _without_versions(config)
+    _remove_stale_files(path, guard, same_guard=same_guard)
+
+
+STAGING_PREFIX = ".hf-lsad-saving-"
+"""The name of the folder inside a guard folder that a save writes in before it moves the files into place."""
+
+
+def _write_guard_files(guard: GuardParts, path: Path) -> dict[str, Any]:
+    """Write every file of ``guard`` to the empty folder ``path``; returns the ``config.json`` written."""
     save_module(guard.detector, path / DETECTOR_WEIGHTS)
     if guard.holdout_scores is not None:
         save_file({"holdout_scores": guard.holdout_scores.contiguous()}, str(path / THRESHOLD_SCORES))
@@ -163,9 +182,20 @@ def save_guard_files(guard: GuardParts, path: Path) -> None:
     settings = settings_record(config, config_to_dict(guard.sae.config) if guard.sae is not None else None)
     config[INTEGRITY_KEY] = integrity_record(path, guard_tensor_files(guard), settings)
     write_json(path / GUARD_CONFIG, config)
-    # the same guard re-saved by a newer library keeps its card
-    same_guard = previous is not None and _without_versions(previous) == _without_versions(config)
-    _remove_stale_files(path, guard, same_guard=same_guard)
+    return config
+
+
+def _move_into(staging: Path, path: Path) -> None:
+    """Move every file written in ``staging`` to its place in ``path``, ``config.json`` last: until it is moved, the
+    integrity record in ``path`` is the earlier guard's, so a guard moved in part is refused on load, never read as a
+    mixture."""
+    config = staging / GUARD_CONFIG
+    for file in sorted(staging.rglob("*")):
+        if file.is_file() and file != config:
+            target = path / file.relative_to(staging)
+            target.parent.mkdir(exist_ok=True)
+            file.replace(target)
+    config.replace(path / GUARD_CONFIG)
 
 
 GUARD_CONFIG_KEYS = {"guard", "detector"}

@@ -428,6 +428,39 @@ def test_a_guard_saved_over_another_leaves_none_of_its_files(tmp_path, first, se
     assert (tmp_path / "folder" / "README.md").read_text() == "# My notes on this guard\n"
 
 
+def _disk_full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+def _interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    "kept, saved, where, failure",
+    [  # config.json is the last file written; the SAE is written after the detector
+        (two_headed_guard, raw_activation_guard, "hf_lsad.guard.files.write_json", _disk_full),
+        (raw_activation_guard, two_headed_guard, "hf_lsad.sae.model.SparseAutoencoder.save_pretrained", _interrupted),
+    ],
+    ids=["config-disk-full", "sae-interrupted"],
+)
+def test_a_save_that_fails_leaves_the_guard_that_was_there(tmp_path, monkeypatch, kept, saved, where, failure):
+    """``hf-lsad add-head`` and ``set-budget`` save a guard over its own folder. A save that fails while writing
+    leaves the folder's guard as it was, loadable, and nothing of the save behind (written in place, the new
+    detector beside the old config.json made the folder a guard that no longer loaded)."""
+    kept, saved = kept(), saved()
+    kept.save_pretrained(tmp_path / "folder", data="the guard that stays")
+    before = folder_files(tmp_path / "folder")
+    monkeypatch.setattr(where, failure)
+    with pytest.raises((OSError, KeyboardInterrupt)):
+        saved.save_pretrained(tmp_path / "folder")
+    monkeypatch.undo()
+    assert folder_files(tmp_path / "folder") == before
+    assert sorted(p.name for p in (tmp_path / "folder").iterdir()) == sorted({k.split("/")[0] for k in before})
+    loaded = SafetyGuard.from_pretrained(tmp_path / "folder")
+    assert loaded.config == kept.config and loaded.head_names == kept.head_names
+
+
 def test_a_guard_or_an_sae_is_not_saved_over_another_kinds_folder(model_dir, tmp_path):
     """A model folder's ``config.json``, a guard's or an SAE's is not overwritten by another kind's: the save is
     refused before anything is written (a guard saved over a model folder overwrote its config.json)."""
