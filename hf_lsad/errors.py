@@ -23,9 +23,10 @@ that explains little variance, clusters too small for their masks or covariances
 the user's traffic too small for the guard to be steady (``teach``: fewer than a thousand prompts).
 :class:`ReteachWarning`, for a head taught the user's traffic and taught again, which keeps only what the new sample
 holds. :class:`ThresholdsResetWarning`, for a head added to a guard whose thresholds were set on the user's traffic,
-which sets them again on the bundled chat. :class:`AdapterWarning` and :class:`ScoreShiftWarning`, for a model
-guarded, as the user allowed, although it runs other peft adapters, or scores the guard's probe prompts otherwise,
-than the model the guard's thresholds were set through.
+which sets them again on the bundled chat, and for the thresholds of a taught guard set again by ``set-budget``.
+:class:`AdapterWarning` and :class:`ScoreShiftWarning`, for a model guarded, as the user allowed, although it runs
+other peft adapters, or scores the guard's probe prompts otherwise, than the model the guard's thresholds were set
+through.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class SmallSampleWarning(UserWarning):
 class ThresholdsResetWarning(UserWarning):
     """A head was added to a guard whose thresholds had been set on other rows than the bundled validation chat (a
     user's own traffic): every threshold is set again on that chat, and the message says how to set them on the
-    traffic again."""
+    traffic again. Also: the thresholds of a guard taught the user's traffic are set again (``set-budget``), on rows
+    that may be the ones it was taught or that are not that traffic."""
 
 
 class ReteachWarning(UserWarning):

@@ -376,7 +376,13 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
     the thresholds; ``set-budget`` without one takes the bundled validation chat), the head ``teach`` fits again, the
     pools kept within the budget, and where the guard goes."""
     from ..guard.guard import SafetyGuard
-    from ..guard.heads.budget import budget_rule, check_keep_bundled, check_reads_prompt, kept_pool_rows
+    from ..guard.heads.budget import (
+        budget_rule,
+        check_keep_bundled,
+        check_reads_prompt,
+        kept_pool_rows,
+        taught_budget_warning,
+    )
     from ..guard.heads.training import check_teachable, cut_traffic, reteach_warning, small_sample_warning
     from ..guard.threshold import allowed_flags
     from .arguments import guard_location
@@ -440,6 +446,10 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
         for warning in (small_sample_warning(brought, len(prompts), allowed), reteach_warning(guard.budget, args.head)):
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)
+    else:
+        taught = taught_budget_warning(guard.budget, own_prompts=args.benign is not None)
+        if taught:
+            print(f"warning: {taught}", file=sys.stderr)
 
 
 def _check_evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

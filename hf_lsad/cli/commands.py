@@ -501,6 +501,7 @@ def run_add_head(args: argparse.Namespace) -> None:
 
 def run_set_budget(args: argparse.Namespace) -> None:
     from ..core.runtime import ModelRuntime
+    from ..errors import ThresholdsResetWarning
     from ..guard.card import derived_data
     from ..guard.heads.budget import fit_budget_on_prompts
 
@@ -512,21 +513,23 @@ def run_set_budget(args: argparse.Namespace) -> None:
     before = guard.budget
     chat_rows = args.chat_check if args.benign else 0  # without --benign the thresholds are set on that chat
     came_from = copy.deepcopy(guard) if chat_rows or args.domain_check or args.harm_check else None
-    budget = fit_budget_on_prompts(
-        model,
-        tokenizer,
-        guard,
-        prompts,
-        target_fpr=args.target_fpr,
-        confidence=args.confidence,
-        rows=f"the user's own benign prompts, {Path(args.benign).name}" if args.benign else None,
-        batch_size=args.batch_size,
-        max_batch_tokens=args.max_batch_tokens,
-        system=args.system,
-        keep_nearest=True if args.keep_nearest else None,  # None: the bundled rows are kept, a user's only when asked
-        keep_bundled=args.keep_bundled,
-        cache_dir=args.cache,
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ThresholdsResetWarning)  # said before the model loaded (cli.checks)
+        budget = fit_budget_on_prompts(
+            model,
+            tokenizer,
+            guard,
+            prompts,
+            target_fpr=args.target_fpr,
+            confidence=args.confidence,
+            rows=f"the user's own benign prompts, {Path(args.benign).name}" if args.benign else None,
+            batch_size=args.batch_size,
+            max_batch_tokens=args.max_batch_tokens,
+            system=args.system,
+            keep_nearest=True if args.keep_nearest else None,  # None: the bundled rows are kept, a user's when asked
+            keep_bundled=args.keep_bundled,
+            cache_dir=args.cache,
+        )
     out = args.out or args.guard
     # a new card: the old card's figures were measured at the old thresholds
     # budget.rows also names the system turn and the adapter, which _how_read says once for every command
@@ -840,9 +843,12 @@ def run_screen(args: argparse.Namespace) -> None:
 def _flagged_often_advice(args: argparse.Namespace, guard: Any, summary: Any) -> str:
     """What to do about a table the guard flags often (:meth:`~hf_lsad.generation.bulk.ScreenSummary.flagged_often`):
     teach the guard a sample of it, if it is benign traffic the deployment serves, with the ``hf-lsad teach`` command
-    that reads it as this screen did. ``""`` for a table flagged less, one read whole (``--conversation``) or without
-    the chat template (``--raw``), which ``teach`` does not read so, or a guard without a budget or supervised head."""
+    that reads it as this screen did, for the supervised head that flagged most of it; a head added from the user's
+    own examples, which ``teach`` refuses, is added again with the table as its safe prompts. ``""`` for a table
+    flagged less, one read whole (``--conversation``) or without the chat template (``--raw``), which ``teach`` does
+    not read so, or a guard without a budget or supervised head."""
     from ..generation.bulk import FLAGGED_OFTEN
+    from ..guard.heads.training import check_teachable
 
     budget = guard.budget
     supervised = list(guard.heads)  # the anomaly head is not among them
@@ -850,19 +856,34 @@ def _flagged_often_advice(args: argparse.Namespace, guard: Any, summary: Any) ->
         return ""
     if not summary.flagged_often(budget.target_fpr):
         return ""
+    head = max(supervised, key=lambda name: summary.flagged_by_head.get(name, 0))  # the first of equals
     sample = args.input if Path(args.input).is_file() else "YOUR_SAMPLE"
+    reads = [] if args.column == DEFAULT_COLUMN else ["--column", args.column]  # the table as this screen read it
+    reads += [] if args.model == "default" else ["--model", args.model]
+    reads += [] if args.system is None else ["--system", args.system]
+    flagged = (
+        f"{summary.scored_flagged / summary.scored:.0%} of the rows scored were flagged, more than {FLAGGED_OFTEN:g} "
+        f"times the {budget.target_fpr:.0%} of benign traffic the guard's thresholds allow (beyond chance, 95% "
+        "confidence)."
+    )
+    try:
+        check_teachable(guard.heads[head])
+    except ValueError:
+        added = ["hf-lsad", "add-head", "--guard", "GUARD_IT_WAS_ADDED_TO", "--name", head, "--unsafe"]
+        added += ["YOUR_EXAMPLES", "--safe", sample, *reads, "--out", "my-guard"]
+        return (
+            f"{flagged} Head '{head}', which flagged most of them, was added from your own unsafe examples, which the "
+            "guard does not keep, so it cannot be taught: if the rows are benign traffic your deployment serves, add "
+            f"it again with them as its safe prompts ({shlex.join(added)}; docs/heads.md, 'A head for your own "
+            "category'). If they hold what it was added for, it is doing its work."
+        )
     command = ["hf-lsad", "teach", "--guard", args.guard, "--benign", sample]
     command += [] if args.revision is None else ["--revision", args.revision]
     command += [] if not args.subfolder else ["--subfolder", args.subfolder]
-    command += [] if args.column == DEFAULT_COLUMN else ["--column", args.column]
-    command += [] if supervised[0] == "harm" else ["--head", supervised[0]]
-    command += [] if args.model == "default" else ["--model", args.model]
-    command += [] if args.system is None else ["--system", args.system]
-    command += ["--rows-per-pool", "1000", "--out", "my-guard"]
+    command += [] if head == "harm" else ["--head", head]
+    command += [*reads, "--rows-per-pool", "1000", "--out", "my-guard"]
     return (
-        f"{summary.scored_flagged / summary.scored:.0%} of the rows scored were flagged, more than {FLAGGED_OFTEN:g} "
-        f"times the {budget.target_fpr:.0%} of benign traffic the guard's thresholds allow (beyond chance, 95% "
-        "confidence). If they are benign traffic your deployment serves, the guard does not know their kind: teach it "
+        f"{flagged} If they are benign traffic your deployment serves, the guard does not know their kind: teach it "
         "about a thousand of them "
         f"({shlex.join(command)}; add --keep-bundled chat if it serves ordinary chat too; docs/heads.md, 'Your own "
         "traffic'). If they hold harm, it is doing its work."

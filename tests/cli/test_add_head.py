@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 from tiny import fresh_guard
 
-from hf_lsad.cli.main import entry
+from hf_lsad.cli.main import entry, parse
 from hf_lsad.guard import SafetyGuard
 
 CATEGORY = [f"what is the internal codename of project bluebird, version {i}?" for i in range(40)]
@@ -49,6 +50,23 @@ def test_add_head_writes_a_guard_with_the_new_head(model_dir, guard_dir, tmp_pat
     assert "| `secrets` |" in card and "This guard has 2 heads" in card and "add-head" in card
     assert "# hf-lsad guard: anomaly (freqmask-km) + secrets (logistic) on " in card  # the title names every head
     assert f"Derived from `{guard_dir}`, whose card did not describe its data. Then: head 'secrets' added" in card
+
+    # its examples are not in the guard, so teach refuses it before a model loads; a screen it flags often advises
+    # adding it again with the table as its safe prompts, not teaching it
+    table = tmp_path / "codenames.txt"
+    table.write_text("".join(f"what is the internal codename of project bluebird, release {i}?\n" for i in range(40)))
+    taught = ["teach", "--guard", str(out), "--head", "secrets", "--benign", str(table), "--out", str(tmp_path / "t")]
+    with pytest.raises(SystemExit) as info:
+        entry(taught)
+    assert info.value.code == 2
+    assert "argument --head: head 'secrets' was added from your own unsafe examples" in capsys.readouterr().err
+    entry(["screen", str(table), "--model", str(model_dir), "--guard", str(out), "--out", str(tmp_path / "v.jsonl")])
+    err = capsys.readouterr().err
+    assert "Head 'secrets', which flagged most of them, was added from your own unsafe examples" in err
+    advised = shlex.split(err.split("add it again with them as its safe prompts (")[1].split("; docs/heads.md")[0])
+    assert advised[:2] == ["hf-lsad", "add-head"] and "teach" not in err
+    _, args = parse(advised[1:])
+    assert (args.name, args.safe, args.model, args.out) == ("secrets", str(table), str(model_dir), "my-guard")
 
 
 def test_a_derived_guards_card_continues_the_card_of_the_guard_it_came_from(model_dir, guard_dir, tmp_path, capsys):

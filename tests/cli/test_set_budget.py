@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import warnings
 
 import pytest
 from tiny import HELD_OUT, SAMPLE, TRAFFIC, fresh_guard, tiny_guard, two_headed_guard
@@ -12,9 +14,10 @@ from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.commands import harm_advice
 from hf_lsad.cli.main import entry
 from hf_lsad.data.store import load_activations, save_activations
+from hf_lsad.errors import ThresholdsResetWarning
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.fingerprint import boundary_flag_rate
-from hf_lsad.guard.heads.budget import fit_budget_on_prompts
+from hf_lsad.guard.heads.budget import fit_budget_on_prompts, taught_budget_warning
 from hf_lsad.guard.heads.bundled import KEPT_CACHE, read_folder, release_rows
 from hf_lsad.guard.threshold import allowed_flags
 
@@ -169,6 +172,40 @@ def test_fit_budget_on_prompts_keeps_or_sets_the_confidence():
         fit_budget_on_prompts(model, tokenizer, guard, ["fine", "  "], progress=False)
     with pytest.raises(ValueError, match="reads the response"):
         fit_budget_on_prompts(model, tokenizer, fresh_guard("response_last"), SAMPLE, progress=False)
+
+
+TAUGHT_ROWS = "the user's own benign prompts, a.txt (50 held back; 50 more taught to head 'harm')"
+"""The rows of a budget ``teach`` set, teaching head ``harm``."""
+
+
+def test_setting_the_thresholds_of_a_taught_guard_again_warns():
+    """teach set the thresholds on the part of the sample it held back: set again on the prompts it taught, they
+    would flag more of that traffic than the budget allows; on the bundled chat, they no longer bound it."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard(target_fpr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ThresholdsResetWarning)  # a guard not taught: nothing to say
+        fit_budget_on_prompts(model, tokenizer, guard, SAMPLE, progress=False)
+    taught = guard.budget = dataclasses.replace(guard.budget, rows=TAUGHT_ROWS)
+    with pytest.warns(ThresholdsResetWarning, match=r"set by hf-lsad teach \(the user's own .*if these prompts") as w:
+        fit_budget_on_prompts(model, tokenizer, guard, SAMPLE, progress=False)
+    assert w[0].filename == __file__  # attributed to the caller's line
+    assert "set again on the bundled validation chat" in taught_budget_warning(taught, own_prompts=False)
+    assert taught_budget_warning(dataclasses.replace(taught, rows="validation chat"), own_prompts=True) == ""
+    assert taught_budget_warning(None, own_prompts=True) == ""
+
+
+def test_set_budget_says_before_the_model_loads_that_the_guard_was_taught(model_dir, tmp_path, capsys):
+    guard = two_headed_guard(target_fpr=0.1)
+    guard.budget = dataclasses.replace(guard.budget, rows=TAUGHT_ROWS)
+    guard.save_pretrained(tmp_path / "taught")
+    (tmp_path / "traffic.txt").write_text("".join(t + "\n" for t in SAMPLE))
+    argv = ["set-budget", "--guard", str(tmp_path / "taught"), "--model", str(model_dir), *NO_CHECKS]
+    entry([*argv, "--benign", str(tmp_path / "traffic.txt"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert f"warning: the guard's thresholds were set by hf-lsad teach ({TAUGHT_ROWS}); if these prompts" in err
+    assert err.count("set by hf-lsad teach") == 1 and "ThresholdsResetWarning" not in err  # not said twice
+    assert err.index("set by hf-lsad teach") < err.index("collect ")  # before the forward passes
 
 
 @pytest.mark.parametrize(

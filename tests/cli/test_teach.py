@@ -34,7 +34,7 @@ from hf_lsad.cli.commands import domain_advice
 from hf_lsad.cli.main import entry, parse
 from hf_lsad.core.batching import BATCH_TOKENS
 from hf_lsad.data.store import load_activations, save_activations
-from hf_lsad.errors import ReteachWarning, SmallSampleWarning
+from hf_lsad.errors import ReteachWarning, SmallSampleWarning, ThresholdsResetWarning
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.heads.bundled import (
     KEPT_CACHE,
@@ -268,6 +268,7 @@ def test_teaching_a_taught_head_again_says_it_keeps_only_what_the_new_sample_hol
         assert not [w for w in caught if issubclass(w.category, ReteachWarning)]  # a head not taught before
         teach_traffic(model, tokenizer, guard, TRAFFIC, **kwargs)
     (reteach,) = [w for w in caught if issubclass(w.category, ReteachWarning)]
+    assert not [w for w in caught if issubclass(w.category, ThresholdsResetWarning)]  # teach's own thresholds
     taught = "the user's own benign prompts (50 held back; 50 more taught to head 'harm')"
     assert str(reteach.message).startswith(f"head 'harm' was taught before ({taught}); it is fitted again on the")
     assert reteach.filename == __file__  # attributed to the caller's line

@@ -20,6 +20,7 @@ from ...capture.collect import check_prompts, collect_prompt_features
 from ...core.batching import BATCH_TOKENS
 from ...data import Prompt
 from ...data.pools import KEEPABLE_POOLS
+from ...errors import ThresholdsResetWarning, warn
 from ..fingerprint import record_fingerprint
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
@@ -35,6 +36,42 @@ BUNDLED_CHAT_ROWS = f"validation {THRESHOLD_POOL}"
 KEPT_LABEL = "the bundled validation rows of"
 """The words that open the naming of the pools :func:`fit_budget_on_prompts` kept within the budget
 (:func:`kept_pools_label`), in a budget's rows after ``", and "`` and in the commands' lines."""
+
+
+TAUGHT_LABEL = "more taught to head"
+"""The words a budget set by :func:`~hf_lsad.guard.heads.training.teach_traffic` names its taught prompts with ("(330
+held back; 495 more taught to head 'harm')"), which :func:`was_taught` reads."""
+
+
+def was_taught(budget: BudgetConfig | None, head: str | None = None) -> bool:
+    """Whether ``budget`` was set by :func:`~hf_lsad.guard.heads.training.teach_traffic` teaching ``head`` (any head:
+    ``None``), as its rows say (:data:`TAUGHT_LABEL`): what the warnings of ``teach``, ``add-head`` and
+    ``set-budget`` on a taught guard advise by."""
+    taught = f" {TAUGHT_LABEL} " + ("" if head is None else repr(head))
+    return budget is not None and taught in budget.rows
+
+
+def taught_budget_warning(budget: BudgetConfig | None, own_prompts: bool) -> str:
+    """What to tell a user who sets the thresholds of a guard with ``budget`` again (:func:`fit_budget_on_prompts`,
+    ``hf-lsad set-budget``): ``""`` unless a head was taught the user's traffic (:func:`was_taught`), whose thresholds
+    ``teach`` set on the part of the sample it held back. Set on the prompts it taught, they would flag less of that
+    traffic than of new traffic of its kind; set on the bundled chat, they no longer bound the taught traffic's
+    rate. ``own_prompts``: the thresholds are set on the user's prompts (else on the bundled chat)."""
+    if budget is None or not was_taught(budget):
+        return ""
+    before = f"the guard's thresholds were set by hf-lsad teach ({budget.rows}); "
+    if own_prompts:
+        return before + (
+            "if these prompts hold the ones it taught, which its head scores lower than new traffic of their kind, "
+            "thresholds set on them flag more of that traffic than the budget allows: set them again by teaching "
+            "it again on the same sample with the same --seed (hf-lsad teach), which sets them on the prompts it "
+            "holds back; prompts of traffic it was not taught are sound here (docs/heads.md, 'Your own traffic')"
+        )
+    return before + (
+        "set again on the bundled validation chat, they no longer bound the flag rate on the traffic it was taught, "
+        "which its head now scores lower than the chat they are set on: to keep them on that traffic, teach it "
+        "again instead, or set them on a sample of it it was not taught (--benign; docs/heads.md, 'Your own traffic')"
+    )
 
 
 def fit_budget_on_prompts(
@@ -101,6 +138,9 @@ def fit_budget_on_prompts(
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
     """
     kept = check_keep_bundled(keep_bundled, own_prompts=prompts is not None)
+    taught = taught_budget_warning(guard.budget, own_prompts=prompts is not None)
+    if taught and (rows is None or TAUGHT_LABEL not in rows):  # not teach_traffic setting its own thresholds
+        warn(taught, ThresholdsResetWarning)
     if keep_nearest is None:  # only bundled rows are kept in the fingerprint, never a user's own traffic unasked
         keep_nearest = prompts is None
     if prompts is None:

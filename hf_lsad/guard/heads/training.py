@@ -37,12 +37,14 @@ from ..types import BudgetConfig
 from .budget import (
     BUNDLED_CHAT_ROWS,
     KEPT_LABEL,
+    TAUGHT_LABEL,
     THRESHOLD_POOL,
     budget_rule,
     check_keep_bundled,
     check_reads_prompt,
     fit_budget_on_prompts,
     kept_pool_rows,
+    was_taught,
 )
 from .bundled import bundled_features, drawn_fit_rows, release_rows, sample_rows
 from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
@@ -340,18 +342,6 @@ def new_head_share(guard: Any) -> float:
 
 USER_SOURCE = "user-benign"
 """The source name the user's benign prompts are fitted under by :func:`teach_traffic` (weighed as one source)."""
-
-TAUGHT_LABEL = "more taught to head"
-"""The words a budget set by :func:`teach_traffic` names its taught prompts with ("(330 held back; 495 more taught to
-head 'harm')"), which :func:`was_taught` reads."""
-
-
-def was_taught(budget: BudgetConfig | None, head: str | None = None) -> bool:
-    """Whether ``budget`` was set by :func:`teach_traffic` teaching ``head`` (any head: ``None``), as its rows say
-    (:data:`TAUGHT_LABEL`): what :func:`thresholds_reset_warning` and :func:`reteach_warning` advise by."""
-    taught = f" {TAUGHT_LABEL} " + ("" if head is None else repr(head))
-    return budget is not None and taught in budget.rows
-
 
 STEADY_SAMPLE = 1000
 """Prompts a user should bring to :func:`teach_traffic`. With a few hundred, the thresholds rest on the top few
