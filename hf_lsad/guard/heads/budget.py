@@ -54,9 +54,10 @@ def was_taught(budget: BudgetConfig | None, head: str | None = None) -> bool:
 def taught_budget_warning(budget: BudgetConfig | None, own_prompts: bool) -> str:
     """What to tell a user who sets the thresholds of a guard with ``budget`` again (:func:`fit_budget_on_prompts`,
     ``hf-lsad set-budget``): ``""`` unless a head was taught the user's traffic (:func:`was_taught`), whose thresholds
-    ``teach`` set on the part of the sample it held back. Set on the prompts it taught, they would flag less of that
-    traffic than of new traffic of its kind; set on the bundled chat, they no longer bound the taught traffic's
-    rate. ``own_prompts``: the thresholds are set on the user's prompts (else on the bundled chat)."""
+    ``teach`` set on the part of the sample it held back. Set on the prompts it taught, which its head scores lower
+    than new traffic of their kind, they would flag more of that traffic than the budget allows; set on the bundled
+    chat, they no longer bound the taught traffic's rate. ``own_prompts``: the thresholds are set on the user's
+    prompts (else on the bundled chat)."""
     if budget is None or not was_taught(budget):
         return ""
     before = f"the guard's thresholds were set by hf-lsad teach ({budget.rows}); "
@@ -68,9 +69,9 @@ def taught_budget_warning(budget: BudgetConfig | None, own_prompts: bool) -> str
             "holds back; prompts of traffic it was not taught are sound here (docs/heads.md, 'Your own traffic')"
         )
     return before + (
-        "set again on the bundled validation chat, they no longer bound the flag rate on the traffic it was taught, "
-        "which its head now scores lower than the chat they are set on: to keep them on that traffic, teach it "
-        "again instead, or set them on a sample of it it was not taught (--benign; docs/heads.md, 'Your own traffic')"
+        "set again on the bundled validation chat, they bound the flag rate on chat, and no longer on the traffic it "
+        "was taught: if the deployment serves that traffic, teach it again instead, with --keep-bundled chat to hold "
+        "both (docs/heads.md, 'Your own traffic')"
     )
 
 
