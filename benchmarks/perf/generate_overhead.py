@@ -3,9 +3,11 @@
 Both generate exactly ``new_tokens`` tokens greedily from the same prompts (``min_new_tokens`` =
 ``max_new_tokens``), so they do the same model work; the guarded call must return the same sequences.
 
-The ratio carries the machine's noise (calls of one variant vary by several percent here). What the supervised heads
-themselves cost is measured apart, without that noise: the wall time spent inside them (forward hooks on each head)
-during one more guarded call, and its share of that call.
+The ratio carries the machine's noise (calls of one variant vary by several percent here). Its size is measured in the
+same run: the plain call is timed twice per turn, as two variants, and the ratio of their medians (``control_ratio``,
+1 but for noise) says how far from 1 a ratio moves by chance. What the supervised heads themselves cost is measured
+apart, without that noise: the wall time spent inside them (forward hooks on each head) during one more guarded call,
+and its share of that call.
 """
 
 from __future__ import annotations
@@ -51,13 +53,16 @@ def run(settings: Settings) -> dict[str, Any]:
             plain = partial(model.generate, **inputs, **generation)
             guarded_call = partial(guarded.generate, **inputs, **generation)
             assert torch.equal(plain(), guarded_call())  # warm-up, and the same sequences
-            timing = interleaved_medians({"plain": plain, "guarded": guarded_call}, settings.repeats)
+            variants = {"plain": plain, "guarded": guarded_call, "plain_again": plain}
+            timing = interleaved_medians(variants, settings.repeats)
         timing["ratio"] = timing["median_s"]["guarded"] / timing["median_s"]["plain"]
+        timing["control_ratio"] = timing["median_s"]["plain_again"] / timing["median_s"]["plain"]
         timing["supervised_heads"] = time_inside_heads(guarded, guarded_call)
         results[f"batch_{batch_size}"] = timing
         heads = timing["supervised_heads"]
         print(
-            f"batch {batch_size}: guarded / plain {timing['ratio']:.3f}; inside the supervised heads "
+            f"batch {batch_size}: guarded / plain {timing['ratio']:.3f} (plain / plain {timing['control_ratio']:.3f}); "
+            "inside the supervised heads "
             f"{heads['seconds'] * 1e3:.2f} ms of {heads['call_seconds']:.2f} s ({heads['calls']} calls)"
         )
     return {"environment": environment(model.device), "batches": results}
