@@ -82,11 +82,30 @@ def prompt_lengths(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
 
 
 def check_context(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
-    """Raise :class:`InputError` for a row longer than the model's context; return the rows' lengths."""
+    """Raise :class:`InputError` for a row longer than the model's context, or a token id the model has no
+    embedding for (:func:`check_vocabulary`); return the rows' lengths."""
     check_prompt_tensors(input_ids, attention_mask)
+    check_vocabulary(model, input_ids)
     lengths = prompt_lengths(input_ids, attention_mask)
     check_lengths_fit(model, lengths)
     return lengths
+
+
+def check_vocabulary(model: PreTrainedModel, input_ids: Tensor) -> None:
+    """Raise :class:`InputError` for an id in ``input_ids`` (padding included, which the model embeds too) outside
+    the rows of the model's input embedding: ids of another tokenizer, which transformers meets as an ``IndexError``
+    inside the forward pass."""
+    rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    if rows is None:
+        return
+    outside = (input_ids < 0) | (input_ids >= rows)
+    if outside.any():
+        ids = input_ids[outside].unique()
+        listed = ", ".join(str(i) for i in ids[:5].tolist()) + (", ..." if len(ids) > 5 else "")
+        raise InputError(
+            f"input_ids hold token ids ({listed}) outside the model's vocabulary [0, {rows}): were they made by "
+            "another model's tokenizer?"
+        )
 
 
 def check_lengths_fit(model: PreTrainedModel, lengths: Tensor) -> None:

@@ -57,6 +57,18 @@ def check_top_k(top_k: object, *, allow_all: bool = False) -> None:
         raise ValueError(f"top_k must be {wanted}, got {top_k!r}")
 
 
+def check_explain(explain: object, top_k: object) -> None:
+    """Refuse an ``explain`` that is not a bool (``explain=3``, meant as three tokens, would list ten), and, when
+    explaining, a ``top_k`` that is not a count (:func:`check_top_k`): before any work."""
+    if not isinstance(explain, bool):
+        raise TypeError(
+            f"explain must be True or False, got {explain!r} (how many features or tokens to list is explain_top_k "
+            "of generate, top_k of screen and of a guard's reports)"
+        )
+    if explain:
+        check_top_k(top_k)
+
+
 def fixed_openings(input_ids: Tensor, mask: Tensor, opening: Sequence[int] = ()) -> Tensor:
     """``[batch]``: per row, the leading real tokens whose residual does not depend on what the prompt says.
 

@@ -65,7 +65,16 @@ def refusal_token_ids(
         if tokenizer is None:
             raise ValueError("a refusal given as text needs the tokenizer: pass tokenizer=... (or give token ids)")
         return list(tokenizer(refusal, add_special_tokens=False)["input_ids"])
-    ids = refusal.tolist() if isinstance(refusal, Tensor) else list(refusal)
+    wanted = "refusal must be text, token ids (a list of ints or a 1-D tensor) or None, got"
+    ids: list[Any]
+    if isinstance(refusal, Tensor):
+        if refusal.ndim != 1:
+            raise TypeError(f"{wanted} a tensor of shape {tuple(refusal.shape)}")
+        ids = refusal.tolist()
+    elif isinstance(refusal, Sequence):
+        ids = list(refusal)
+    else:
+        raise TypeError(f"{wanted} {refusal!r}")
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise TypeError(f"refusal token ids must be ints, got {ids!r}")
     outside = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]

@@ -28,7 +28,7 @@ from ..capture.generate_call import (
 )
 from ..capture.inputs import check_generate_kwargs
 from ..capture.recorder import generate_with_activations, generation_prompt_reader, generation_recorder
-from ..core.prompt_tokens import check_top_k
+from ..core.prompt_tokens import check_explain
 from ..guard.guard import SafetyGuard, SafetyReport
 from .control import (
     ON_FLAG,
@@ -83,8 +83,7 @@ def check_generate_options(
 ) -> None:
     """Refuse an ``on_flag`` / ``on_step`` that a guard reading ``position`` cannot honour, and, with ``explain``, an
     ``explain_top_k`` that is not a count: before any token is generated."""
-    if explain:
-        check_top_k(explain_top_k)
+    check_explain(explain, explain_top_k)
     if on_flag not in ON_FLAG:
         raise ValueError(f"on_flag must be one of {ON_FLAG}, got {on_flag!r}")
     if position == "prompt_mean":

@@ -35,7 +35,7 @@ from ..capture.inputs import check_context, check_generate_inputs, check_lengths
 from ..capture.recorder import PROMPT_POSITIONS, read_prompts
 from ..core.batching import check_batching, length_batches
 from ..core.prompt_inputs import InputWarner
-from ..core.prompt_tokens import check_top_k
+from ..core.prompt_tokens import check_explain
 from ..data.tables import conversation_problem
 from ..guard.fingerprint import check_fingerprint
 from ..guard.guard import SafetyGuard, SafetyReport
@@ -424,8 +424,7 @@ class GuardedModelForCausalLM(nn.Module):
         if prompts is None:
             raise TypeError("screen() needs prompts: strings, conversations, or input_ids with their attention_mask")
         hook = self.guard.config.hook
-        if explain:
-            check_top_k(top_k)
+        check_explain(explain, top_k)
         if hook.position not in PROMPT_POSITIONS:
             raise ValueError(
                 f"screen() needs a guard that reads the prompt {PROMPT_POSITIONS}; this one reads {hook.position}"

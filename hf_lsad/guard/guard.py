@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..core.checks import check_activations
 from ..core.hub import resolve_pretrained_dir
 from ..core.prompt_inputs import InputProfile
-from ..core.prompt_tokens import PromptTokens, check_top_k
+from ..core.prompt_tokens import PromptTokens, check_explain, check_top_k
 from ..detectors import Detector
 from ..errors import GuardFormatError, warn
 from ..sae.model import SparseAutoencoder
@@ -362,8 +362,7 @@ class SafetyGuard(nn.Module):
         ``error`` saying so (and a ``RuntimeWarning``); the other rows are scored as usual.
         Shape and width errors still raise.
         """
-        if explain:
-            check_top_k(top_k)
+        check_explain(explain, top_k)
         reads = self._check_reads(activations, finite=False)
         finite = torch.stack([torch.isfinite(tensor).all(1).cpu() for tensor in reads.values()]).all(0)
         if tokens is not None and len(tokens.mask) != len(finite):

@@ -43,6 +43,13 @@ BAD_GENERATE_INPUTS = [
     ("mask shape", {**GOOD, "attention_mask": torch.ones(1, 2, dtype=torch.long)}, InputError, "must match"),
     ("all padding", {**GOOD, "attention_mask": torch.zeros(1, 3, dtype=torch.long)}, InputError, "all padding"),
     ("past context", {"input_ids": torch.full((1, 600), 9)}, InputError, "longer than the context"),
+    (  # the tiny model's vocabulary is 102 ids; ids of another model's tokenizer raised an IndexError inside it
+        "another tokenizer",
+        {**GOOD, "input_ids": torch.tensor([[5, 6, 50_000]])},
+        InputError,
+        r"token ids \(50000\) outside the model's vocabulary \[0, 102\)",
+    ),
+    ("negative id", {**GOOD, "input_ids": torch.tensor([[-1, 6, 7]])}, InputError, r"token ids \(-1\) outside"),
 ]
 
 
@@ -199,6 +206,34 @@ def test_a_count_of_features_to_explain_that_is_not_one_is_refused_before_a_forw
     with pytest.raises(ValueError, match=r"top_k must be an int of 0 or more \(or None for all\)"):
         guarded.guard.explain(activations, top_k=top_k)
     guarded.guard.reports(activations, top_k=top_k)  # not explaining: the count is not used
+
+
+@pytest.mark.parametrize("explain", [3, 1, "yes", None])
+def test_an_explain_that_is_not_a_bool_is_refused_before_a_forward_pass(explain):
+    """``explain=3``, meant as three tokens, listed ten: the count is ``explain_top_k``."""
+    guarded = screening_model()
+    inputs = encode_prompts(guarded.tokenizer, MIXED_BATCH)
+    handle = no_forward(guarded)
+    try:
+        with pytest.raises(TypeError, match=r"explain must be True or False, got .* explain_top_k of generate"):
+            guarded.generate(**inputs, max_new_tokens=2, explain=explain)
+        with pytest.raises(TypeError, match="explain must be True or False"):
+            guarded.screen(MIXED_BATCH, explain=explain)
+    finally:
+        handle.remove()
+    with pytest.raises(TypeError, match="explain must be True or False"):
+        guarded.guard.reports(torch.zeros(2, guarded.guard.config.hook.hidden_size), explain=explain)
+
+
+@pytest.mark.parametrize(
+    "refusal, message",
+    [(123, "123"), (torch.tensor(5), r"a tensor of shape \(\)"), (torch.tensor([[5]]), r"shape \(1, 1\)")],
+)
+def test_a_refusal_that_is_neither_text_nor_token_ids_is_refused(refusal, message):
+    guarded = screening_model()
+    inputs = encode_prompts(guarded.tokenizer, MIXED_BATCH)
+    with pytest.raises(TypeError, match=f"refusal must be text, token ids .* or None, got .*{message}"):
+        guarded.generate(**inputs, max_new_tokens=2, on_flag="stop", refusal=refusal)
 
 
 @pytest.mark.parametrize("refusal", [[10_000], [-1], torch.tensor([3, 999_999])])
