@@ -4,8 +4,10 @@
     python examples/stream_with_verdict.py --guard default "How do I pick a lock?"   # prompt_last: screened
 
 ``generate`` runs in a thread and writes to a ``TextIteratorStreamer``; ``on_step`` (called by the
-guard after it scores each token) prints the score in brackets as soon as it exists, and the
-verdict when it changes, so the text and the verdict appear together.
+guard after it scores each step) prints a running guard's score of each token in brackets as soon
+as it exists, and the verdict when it changes, so the text and the verdict appear together. A
+guard that reads the prompt decides once, before the first token. The last line is the report:
+each head's score beside its threshold, and which head decided.
 With ``--on-flag stop`` a flagged response ends where it was flagged (``--refusal`` is appended).
 """
 
@@ -39,10 +41,12 @@ def main() -> None:
     result: dict = {}
     state = {"flagged": False}
 
+    running = guard.config.hook.position == "response_running"
+
     def on_step(verdict) -> None:  # runs in the generate thread, before the next token is picked
         score = float(verdict.scores[0])
-        if score == score:  # not nan: this step was scored
-            print(f"[{score:.0f}]", end="", flush=True)
+        if running and score == score:  # not nan: this token was scored, against guard.threshold
+            print(f"[{score:.2f}]", end="", flush=True)
         if bool(verdict.flagged[0]) and not state["flagged"]:
             state["flagged"] = True
             print(f" <<FLAGGED at step {verdict.step}>> ", end="", flush=True)
@@ -61,14 +65,16 @@ def main() -> None:
 
     thread = threading.Thread(target=run)
     thread.start()
-    print(f"[{guard.config.hook.position} guard, threshold {guard.threshold:.3f}]")
+    if running:
+        print(f"[running guard: a token's score above {guard.threshold:.3f} counts towards a stop]")
+    else:
+        print(f"[{guard.config.hook.position} guard: {', '.join(guard.head_names)} decide before the first token]")
     for text in streamer:
         print(text, end="", flush=True)
     thread.join()
     report = result["out"].safety[0]
-    verdict = "FLAGGED" if report.flagged else "ok"
     where = f" at step {report.step}" if report.step is not None else ""
-    print(f"\n[{verdict}{where}; stopped={report.stopped}; score {report.score:.3f}]")
+    print(f"\n[{report.describe()}{where}; stopped={report.stopped}]")
 
 
 if __name__ == "__main__":
