@@ -9,9 +9,12 @@ file, never a silent default (``PyTorchModelHubMixin`` loads with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import tempfile
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +34,7 @@ __all__ = [
     "load_module",
     "read_json",
     "save_module",
+    "staged_folder",
     "write_json",
 ]
 
@@ -122,6 +126,30 @@ def _require_regular_file(path: Path) -> None:
         raise GuardFormatError(f"missing file {path}")
     if not path.is_file():
         raise GuardFormatError(f"{path} is not a regular file (a folder, device, or broken link)")
+
+
+STAGING_PREFIX = ".hf-lsad-saving-"
+"""The name of the folder inside a destination that :func:`staged_folder` writes in before it moves the files."""
+
+
+@contextlib.contextmanager
+def staged_folder(path: Path, last: str) -> Iterator[Path]:
+    """A folder of its own inside ``path`` to write a saved guard's or SAE's files in. Leaving without an error moves
+    each file to its place in ``path``, ``last`` (the ``config.json`` that describes the others) last; the folder is
+    removed either way. A save that fails while writing (a full disk, an interrupt) leaves what ``path`` held as it
+    was, which matters where a guard or an SAE is saved over its own folder; only the moves, not the writing, can
+    leave a mixture, and until ``last`` is moved the files are described by the earlier ``config.json``."""
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX, dir=path) as name:
+        staging = Path(name)
+        yield staging
+        described = staging / last
+        for file in sorted(staging.rglob("*")):
+            if file.is_file() and file != described:
+                target = path / file.relative_to(staging)
+                target.parent.mkdir(exist_ok=True)
+                file.replace(target)
+        described.replace(path / last)
 
 
 def save_module(module: nn.Module, path: Path) -> None:

@@ -53,6 +53,7 @@ from ..core.serialization import (
     load_module,
     read_json,
     save_module,
+    staged_folder,
     write_json,
 )
 from ..core.validation import check_guard_header
@@ -109,10 +110,10 @@ class GuardParts(NamedTuple):
 def save_guard_files(guard: GuardParts, path: Path) -> None:
     """Write a guard's tensor files and ``config.json`` (with its integrity record) to ``path``.
 
-    The files are written in a folder of their own inside ``path`` first, then moved into place one by one,
-    ``config.json`` last: a save that fails while writing (a full disk, an interrupt) leaves the guard that was in
-    ``path`` as it was, which matters most where ``hf-lsad add-head`` and ``set-budget`` save a guard over its own
-    folder.
+    The files are written in a folder of their own inside ``path`` first, then moved into place, ``config.json``
+    last (:func:`~hf_lsad.core.serialization.staged_folder`): a save that fails while writing (a full disk, an
+    interrupt) leaves the guard that was in ``path`` as it was, which matters most where ``hf-lsad add-head`` and
+    ``set-budget`` save a guard over its own folder.
 
     Saved over another guard, the files of that guard this one does not have are removed (as transformers removes
     stale weight shards): a head it lacks, held-out scores, an SAE, and the model card, which described the other
@@ -120,17 +121,11 @@ def save_guard_files(guard: GuardParts, path: Path) -> None:
     record holds every tensor file's SHA-256), and files hf-lsad does not write are never touched.
     """
     previous = check_guard_destination(path)
-    path.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX, dir=path) as staging:
-        config = _write_guard_files(guard, Path(staging))
-        _move_into(Path(staging), path)
+    with staged_folder(path, GUARD_CONFIG) as staging:
+        config = _write_guard_files(guard, staging)
     # the same guard re-saved by a newer library keeps its card
     same_guard = previous is not None and _without_versions(previous) == _without_versions(config)
     _remove_stale_files(path, guard, same_guard=same_guard)
-
-
-STAGING_PREFIX = ".hf-lsad-saving-"
-"""The name of the folder inside a guard folder that a save writes in before it moves the files into place."""
 
 
 def _write_guard_files(guard: GuardParts, path: Path) -> dict[str, Any]:
@@ -183,19 +178,6 @@ def _write_guard_files(guard: GuardParts, path: Path) -> dict[str, Any]:
     config[INTEGRITY_KEY] = integrity_record(path, guard_tensor_files(guard), settings)
     write_json(path / GUARD_CONFIG, config)
     return config
-
-
-def _move_into(staging: Path, path: Path) -> None:
-    """Move every file written in ``staging`` to its place in ``path``, ``config.json`` last: until it is moved, the
-    integrity record in ``path`` is the earlier guard's, so a guard moved in part is refused on load, never read as a
-    mixture."""
-    config = staging / GUARD_CONFIG
-    for file in sorted(staging.rglob("*")):
-        if file.is_file() and file != config:
-            target = path / file.relative_to(staging)
-            target.parent.mkdir(exist_ok=True)
-            file.replace(target)
-    config.replace(path / GUARD_CONFIG)
 
 
 GUARD_CONFIG_KEYS = {"guard", "detector"}

@@ -37,6 +37,7 @@ from ..core.serialization import (
     load_module,
     read_json,
     save_module,
+    staged_folder,
     write_json,
 )
 from ..core.validation import POSITIVE, check_ranges, ranged, require_keys
@@ -174,15 +175,17 @@ class SparseAutoencoder(nn.Module):
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
         """Write ``config.json`` and ``sae.safetensors`` into ``save_directory``; a folder holding another kind's
-        ``config.json`` (a model's, a guard's) is refused before anything is written (``FileExistsError``)."""
+        ``config.json`` (a model's, a guard's) is refused before anything is written (``FileExistsError``). Saved
+        over an SAE, a save that fails while writing leaves that SAE as it was
+        (:func:`~hf_lsad.core.serialization.staged_folder`)."""
         path = Path(save_directory)
         check_sae_destination(path)
-        path.mkdir(parents=True, exist_ok=True)
         record: dict[str, object] = {"format_version": FORMAT_VERSION, "sae": config_to_dict(self.config)}
         if self.layer is not None:
             record["layer"] = self.layer
-        write_json(path / SAE_CONFIG, record)
-        save_module(self, path / SAE_WEIGHTS)
+        with staged_folder(path, SAE_CONFIG) as staging:
+            write_json(staging / SAE_CONFIG, record)
+            save_module(self, staging / SAE_WEIGHTS)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> SparseAutoencoder:

@@ -195,6 +195,28 @@ def test_layout_detection(tmp_path):
     assert (native.layout, native.layer) == ("hf-lsad", None)
 
 
+def test_an_sae_save_that_fails_leaves_the_sae_that_was_there(tmp_path, monkeypatch):
+    """``train-sae`` run again with the same ``--out`` saves over an SAE. A save that fails while writing leaves that
+    SAE as it was (written in place, the new config.json beside the old weights loaded as neither SAE)."""
+    torch.manual_seed(0)
+    kept, saved = SparseAutoencoder(SAEConfig(D_IN, D_SAE), layer=2), SparseAutoencoder(SAEConfig(D_IN, D_SAE), layer=3)
+    kept.save_pretrained(tmp_path / "sae")
+    before = {f.name: f.read_bytes() for f in (tmp_path / "sae").iterdir()}
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("hf_lsad.sae.model.save_module", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        saved.save_pretrained(tmp_path / "sae")
+    monkeypatch.undo()
+    assert {f.name: f.read_bytes() for f in (tmp_path / "sae").iterdir()} == before  # nothing of the save left
+    loaded = SparseAutoencoder.from_pretrained(tmp_path / "sae")
+    assert loaded.layer == 2 and torch.equal(loaded.encoder.weight, kept.encoder.weight)
+    saved.save_pretrained(tmp_path / "sae")  # a save that succeeds replaces it
+    assert SparseAutoencoder.from_pretrained(tmp_path / "sae").layer == 3
+
+
 # --- guards fitted on each kind of SAE -----------------------------------------------------------
 
 
