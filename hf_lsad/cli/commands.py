@@ -848,7 +848,7 @@ def _flagged_often_advice(args: argparse.Namespace, guard: Any, summary: Any) ->
     flagged less, one read whole (``--conversation``) or without the chat template (``--raw``), which ``teach`` does
     not read so, or a guard without a budget or supervised head."""
     from ..generation.bulk import FLAGGED_OFTEN
-    from ..guard.heads.training import check_teachable
+    from ..guard.heads.training import added_from_own_examples
 
     budget = guard.budget
     supervised = list(guard.heads)  # the anomaly head is not among them
@@ -866,9 +866,7 @@ def _flagged_often_advice(args: argparse.Namespace, guard: Any, summary: Any) ->
         f"times the {budget.target_fpr:.0%} of benign traffic the guard's thresholds allow (beyond chance, 95% "
         "confidence)."
     )
-    try:
-        check_teachable(guard.heads[head])
-    except ValueError:
+    if added_from_own_examples(guard.heads[head]):  # teach refuses it (check_teachable)
         added = ["hf-lsad", "add-head", "--guard", "GUARD_IT_WAS_ADDED_TO", "--name", head, "--unsafe"]
         added += ["YOUR_EXAMPLES", "--safe", sample, *reads, "--out", "my-guard"]
         return (

@@ -377,11 +377,18 @@ def reteach_warning(budget: BudgetConfig | None, head: str) -> str:
     )
 
 
+def added_from_own_examples(head: Any) -> bool:
+    """Whether :func:`add_head` added ``head`` from a user's own unsafe examples: it records the head's own name as
+    their source."""
+    return head.name in head.config.sources
+
+
 def check_teachable(head: Any) -> None:
-    """Refuse to teach a head :func:`add_head` added from a user's own unsafe examples (it records the head's own
-    name as their source): :func:`teach_traffic` fits a head again on the bundled pools, and those examples, which the
-    guard does not keep, would be lost, leaving a second head of the bundled kinds of harm under the user's name."""
-    if head.name in head.config.sources:
+    """Refuse to teach a head :func:`add_head` added from a user's own unsafe examples
+    (:func:`added_from_own_examples`): :func:`teach_traffic` fits a head again on the bundled pools, and those
+    examples, which the guard does not keep, would be lost, leaving a second head of the bundled kinds of harm under
+    the user's name."""
+    if added_from_own_examples(head):
         raise ValueError(
             f"head {head.name!r} was added from your own unsafe examples, which the guard does not keep: teaching it "
             "would fit it again on the bundled pools without them. Add it again with your traffic as its safe "
