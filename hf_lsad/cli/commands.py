@@ -822,22 +822,44 @@ def run_screen(args: argparse.Namespace) -> None:
     )
     guarded = _guarded_model(args)
     print(f"screening {len(rows)} rows of {args.input} into {args.out}", file=sys.stderr, flush=True)
-    summary = screen_to_jsonl(
-        guarded,
-        rows,
-        args.out,
-        batch_size=args.batch_size,
-        max_batch_tokens=args.max_batch_tokens,
-        chat_template=not args.raw,
-        system=args.system,
-        explain=args.explain,
-        with_prompt=args.with_prompt,
-        progress=True,
-    )
+    try:
+        summary = screen_to_jsonl(
+            guarded,
+            rows,
+            args.out,
+            batch_size=args.batch_size,
+            max_batch_tokens=args.max_batch_tokens,
+            chat_template=not args.raw,
+            system=args.system,
+            explain=args.explain,
+            with_prompt=args.with_prompt,
+            progress=True,
+        )
+    except KeyboardInterrupt:
+        print(
+            f"note: {_rows_with_a_verdict(args.out, rows)} of {len(rows)} rows have a verdict in {args.out}; run the "
+            "same command again to screen the rest",
+            file=sys.stderr,
+        )
+        raise
     print(summary.describe())
     advice = _flagged_often_advice(args, guarded.guard, summary)
     if advice:
         print(f"note: {advice}", file=sys.stderr)
+
+
+def _rows_with_a_verdict(out: str, rows: list[Any]) -> int:
+    """How many of ``rows`` have a whole line in ``out``, the verdict file of a screening run."""
+    ids = {row.id for row in rows}
+    path = Path(out)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
+    written = set()
+    for line in lines:
+        try:
+            written.add(str(json.loads(line)["id"]))
+        except (json.JSONDecodeError, KeyError, TypeError):  # a line cut short, or not a verdict
+            continue
+    return len(written & ids)
 
 
 def _flagged_often_advice(args: argparse.Namespace, guard: Any, summary: Any) -> str:

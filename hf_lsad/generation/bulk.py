@@ -2,8 +2,9 @@
 
 Each verdict is written as soon as its batch is scored, so a run that is killed loses at most the batch in flight;
 started again on the same output, it reads the ids already there (cutting off a line the kill left half written)
-and screens only the rest. Rows are batched in order of token length (little padding, so the forward pass costs
-what the prompts cost) and written in that order; each line carries its row's id.
+and screens only the rest. A run started on an output another run is still writing is refused. Rows are batched
+in order of token length (little padding, so the forward pass costs what the prompts cost) and written in that
+order; each line carries its row's id.
 
 Bad rows become per-row errors, never a crash: an empty or non-text prompt, a row without the prompt column or an
 id (found when the table is read), a prompt longer than the model's context, a batch that raises (its rows are
@@ -19,7 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import IO, Any, NamedTuple, cast
 
 import torch
 from tqdm.auto import tqdm
@@ -128,7 +129,8 @@ def screen_to_jsonl(
     (:meth:`hf_lsad.guard.SafetyReport.to_json`) and ``{"id": ..., "flagged": null, "error": ..., "read": ...}`` for
     a row that could not be screened; ``read`` says how the run read its prompts (:func:`read_by`). Rows whose id is
     already in ``out`` are skipped: run it again on the same ``out`` to finish an interrupted run. An ``out`` whose
-    lines were screened otherwise (at other thresholds, or read otherwise) is refused rather than resumed.
+    lines were screened otherwise (at other thresholds, or read otherwise) is refused rather than resumed, and so
+    is an ``out`` another run is writing (on Linux and macOS).
 
     Args:
         guarded: A guarded model with its ``tokenizer``, whose guard reads the prompt.
@@ -161,37 +163,53 @@ def screen_to_jsonl(
     path = Path(out)
     conversation = any(row.conversation is not None for row in rows)
     read = read_by(guarded, chat_template=chat_template, system=system, conversation=conversation)
-    done = _finished_ids(path, guarded.guard.head_thresholds(), read, with_prompt)
-    prompts = {row.id: row.text for row in rows} if with_prompt else {}
-    pending = [row for row in rows if row.id not in done]
-    resumed = len(rows) - len(pending)
+    with path.open("a", encoding="utf-8") as handle:
+        _hold_for_this_run(handle, path)
+        done = _finished_ids(path, guarded.guard.head_thresholds(), read, with_prompt)
+        prompts = {row.id: row.text for row in rows} if with_prompt else {}
+        pending = [row for row in rows if row.id not in done]
+        resumed = len(rows) - len(pending)
+        start = time.perf_counter()
+        with tqdm(total=len(pending), unit="row", desc="screening", disable=not progress) as bar:
 
-    start = time.perf_counter()
-    with (
-        path.open("a", encoding="utf-8") as handle,
-        tqdm(total=len(pending), unit="row", desc="screening", disable=not progress) as bar,
-    ):
+            def write(records: list[dict[str, Any]]) -> None:
+                if with_prompt:
+                    records = [{**record, "prompt": prompts[record["id"]]} for record in records]
+                handle.write("".join(json.dumps({**record, "read": read}) + "\n" for record in records))
+                handle.flush()  # a kill loses at most the batch in flight
+                bar.update(len(records))
 
-        def write(records: list[dict[str, Any]]) -> None:
-            if with_prompt:
-                records = [{**record, "prompt": prompts[record["id"]]} for record in records]
-            handle.write("".join(json.dumps({**record, "read": read}) + "\n" for record in records))
-            handle.flush()  # a kill loses at most the batch in flight
-            bar.update(len(records))
-
-        batches, errors = plan_batches(
-            guarded,
-            pending,
-            batch_size=batch_size,
-            max_batch_tokens=max_batch_tokens,
-            chat_template=chat_template,
-            system=system,
-        )
-        write([_error_record(row_id, error) for row_id, error in errors])
-        for batch in batches:
-            write(_screen_batch(guarded, batch, explain))
+            batches, errors = plan_batches(
+                guarded,
+                pending,
+                batch_size=batch_size,
+                max_batch_tokens=max_batch_tokens,
+                chat_template=chat_template,
+                system=system,
+            )
+            write([_error_record(row_id, error) for row_id, error in errors])
+            for batch in batches:
+                write(_screen_batch(guarded, batch, explain))
     seconds = time.perf_counter() - start
     return _summary(path, ids, resumed, seconds, len(pending))
+
+
+def _hold_for_this_run(handle: IO[str], path: Path) -> None:
+    """Hold ``path``, open as ``handle``, for this run alone until the handle is closed, or refuse it while another
+    run holds it: two runs on one output would each screen the rows the other has not yet written, and one's cut of
+    a half-written last line (:func:`_finished_ids`) could cut the other's. An advisory ``flock``, which the system
+    releases when the process ends however it ends; where ``fcntl`` does not exist (Windows) nothing is held."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ValueError(
+            f"{path} is being written by another screening run: wait for it to end (then run again to screen "
+            "what it left), or choose another --out"
+        ) from None
 
 
 def read_by(

@@ -137,6 +137,26 @@ def test_a_resumed_run_finishes_what_an_interrupted_one_left(tmp_path):
     assert_same_verdicts(by_id(cut), by_id(tmp_path / "whole.jsonl"))
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="the output is held with flock")
+def test_a_run_on_an_output_another_run_is_writing_is_refused_until_that_run_ends(tmp_path):
+    """Two screens on one --out (a job started again while the first ran) each screened the rows the other had not
+    written yet: 416 lines for 400 rows."""
+    import fcntl
+
+    model = guarded()
+    rows = [PromptRow(str(i), text) for i, text in enumerate(TEXTS)]
+    out = tmp_path / "out.jsonl"
+    screen_to_jsonl(model, rows[:10], out, batch_size=4, progress=False)
+    written = out.read_bytes()
+    with out.open("a") as other_run:  # held as a run holds its output
+        fcntl.flock(other_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ValueError, match=r"out\.jsonl is being written by another screening run: wait for it"):
+            screen_to_jsonl(model, rows, out, batch_size=4, progress=False)
+        assert out.read_bytes() == written
+    assert screen_to_jsonl(model, rows, out, batch_size=4, progress=False).resumed == 10  # held no longer
+    assert len(by_id(out)) == len(rows)
+
+
 def test_a_run_on_an_output_another_guard_wrote_is_refused_rather_than_mixed(tmp_path):
     """Screening with a guard re-set by set-budget into the output of the first screen skipped every row and said
     "42 of 42 rows have a verdict (42 from an earlier run)": the old guard's verdicts, read as the new one's."""
@@ -337,6 +357,32 @@ def test_killed_mid_run_and_started_again_nothing_lost_nothing_twice(model_dir, 
     fresh = GuardedModelForCausalLM(model, SafetyGuard.from_pretrained(guard_dir), tokenizer=tokenizer)
     screen_to_jsonl(fresh, read_prompt_table(table), tmp_path / "fresh.jsonl", batch_size=1, progress=False)
     assert_same_verdicts(by_id(out), by_id(tmp_path / "fresh.jsonl"))
+
+
+def test_an_interrupted_screen_says_how_many_rows_it_left_to_the_next_run(model_dir, tmp_path):
+    guard_dir = tmp_path / "guard"
+    two_headed_guard().save_pretrained(guard_dir)
+    n = 200
+    table = tmp_path / "prompts.jsonl"
+    table.write_text("".join(json.dumps({"prompt": f"{TEXTS[i % len(TEXTS)]} ({i})"}) + "\n" for i in range(n)))
+    out = tmp_path / "verdicts.jsonl"
+    # Ctrl-C as at a terminal, even where this suite runs with SIGINT ignored (which a child would inherit)
+    start = "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    start += "from hf_lsad.cli.main import entry; entry(sys.argv[1:])"
+    argv = [sys.executable, "-c", start, "screen", str(table), "--out", str(out)]
+    argv += ["--model", str(model_dir), "--guard", str(guard_dir), "--batch-size", "1"]
+    env = dict(os.environ, TQDM_DISABLE="1", PYTHONWARNINGS="ignore")
+    log = tmp_path / "log"
+    with log.open("w") as sink:  # not a pipe: a full pipe would stall the run
+        process = subprocess.Popen(argv, env=env, stdout=sink, stderr=sink)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not out.exists() or len(out.read_bytes().splitlines()) < n // 3):
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=120) == 130, log.read_text()
+    written = len(by_id(out))
+    assert 0 < written < n, "the run was not interrupted mid-way"
+    assert f"note: {written} of {n} rows have a verdict in {out}; run the same command again" in log.read_text()
 
 
 @pytest.mark.parametrize(
