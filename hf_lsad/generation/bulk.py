@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from tqdm.auto import tqdm
@@ -29,6 +29,7 @@ from ..capture.adapters import adapter_digest, adapter_label
 from ..capture.collect import check_pad_token, conversation_token_ids, pad_left, prompt_token_ids
 from ..capture.recorder import PROMPT_POSITIONS
 from ..core.batching import BATCH_TOKENS, check_batching, length_batches
+from ..core.locking import held_alone
 from ..core.prompt_tokens import check_explain_count
 from ..data.tables import PromptRow
 from .model import GuardedModelForCausalLM
@@ -163,14 +164,19 @@ def screen_to_jsonl(
     path = Path(out)
     conversation = any(row.conversation is not None for row in rows)
     read = read_by(guarded, chat_template=chat_template, system=system, conversation=conversation)
-    with path.open("a", encoding="utf-8") as handle:
-        _hold_for_this_run(handle, path)
+    busy = f"{path} is being written by another screening run: wait for it to end (then run again to screen what it "
+    busy += "left), or choose another --out"
+    path.touch()
+    with held_alone(path, busy):
         done = _finished_ids(path, guarded.guard.head_thresholds(), read, with_prompt)
         prompts = {row.id: row.text for row in rows} if with_prompt else {}
         pending = [row for row in rows if row.id not in done]
         resumed = len(rows) - len(pending)
         start = time.perf_counter()
-        with tqdm(total=len(pending), unit="row", desc="screening", disable=not progress) as bar:
+        with (
+            path.open("a", encoding="utf-8") as handle,
+            tqdm(total=len(pending), unit="row", desc="screening", disable=not progress) as bar,
+        ):
 
             def write(records: list[dict[str, Any]]) -> None:
                 if with_prompt:
@@ -192,24 +198,6 @@ def screen_to_jsonl(
                 write(_screen_batch(guarded, batch, explain))
     seconds = time.perf_counter() - start
     return _summary(path, ids, resumed, seconds, len(pending))
-
-
-def _hold_for_this_run(handle: IO[str], path: Path) -> None:
-    """Hold ``path``, open as ``handle``, for this run alone until the handle is closed, or refuse it while another
-    run holds it: two runs on one output would each screen the rows the other has not yet written, and one's cut of
-    a half-written last line (:func:`_finished_ids`) could cut the other's. An advisory ``flock``, which the system
-    releases when the process ends however it ends; where ``fcntl`` does not exist (Windows) nothing is held."""
-    try:
-        import fcntl
-    except ImportError:
-        return
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise ValueError(
-            f"{path} is being written by another screening run: wait for it to end (then run again to screen "
-            "what it left), or choose another --out"
-        ) from None
 
 
 def read_by(

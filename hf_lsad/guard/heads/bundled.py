@@ -6,6 +6,7 @@ system turn and the adapter, and an interrupted collection resumes where it stop
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -24,6 +25,7 @@ from ...capture.adapters import adapter_digest, adapter_label
 from ...capture.collect import collect_prompt_features, prompt_format
 from ...core.batching import BATCH_TOKENS
 from ...core.hook_point import HookPoint
+from ...core.locking import held_alone
 from ...core.prompt_inputs import InputProfile, turn_label
 from ...core.splits import split_of
 from ...data import Prompt, is_reserved, load_pool
@@ -116,7 +118,9 @@ def bundled_features(
     ``<cache_dir>/.partial/`` (a part per checkpoint, a store per read in it, checked as the cache's are), and a run
     on the same cache collects only the prompts no part holds, in the same batches, for the same activations bit for
     bit. The parts are removed once the stores are written (by the next run on the cache, if one stopped between the
-    two). ``desc``: the progress bar's label.
+    two). Another run collecting into the same cache meanwhile is refused (:func:`~hf_lsad.core.locking.held_alone`):
+    each would collect what the other had not yet written, and one's clean-up would remove the other's parts.
+    ``desc``: the progress bar's label.
     """
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
@@ -124,55 +128,65 @@ def bundled_features(
     if checkpoint_batches < 1:
         raise ValueError(f"checkpoint_batches must be a positive integer, got {checkpoint_batches}")
     digests = [_digest(p.text) for p in prompts]
-    if cache_dir is not None:
-        _drop_finished_parts(Path(cache_dir))
-    folders = {read: None if cache_dir is None else Path(cache_dir) / read_folder(read) for read in reads}
-    adapter = adapter_digest(model)  # what every store read or written here is checked against and records
-    features = {
-        read: _cached_read(model, folder, read, ids, digests, system, adapter)
-        for read, folder in folders.items()
-        if folder is not None and (folder / INDEX).exists()
-    }
-    missing = [read for read in reads if read not in features]
-    if not missing:
+    cache = None if cache_dir is None else Path(cache_dir)
+    with contextlib.nullcontext() if cache is None else _held(cache):
+        if cache is not None:
+            _drop_finished_parts(cache)
+        folders = {read: None if cache is None else cache / read_folder(read) for read in reads}
+        adapter = adapter_digest(model)  # what every store read or written here is checked against and records
+        features = {
+            read: _cached_read(model, folder, read, ids, digests, system, adapter)
+            for read, folder in folders.items()
+            if folder is not None and (folder / INDEX).exists()
+        }
+        missing = [read for read in reads if read not in features]
+        if not missing:
+            return features
+        records = [cache_record(p) for p in prompts]
+        partial = None
+        if cache is not None:
+            inputs_format = prompt_format(tokenizer)
+            partial = _PartialCollection(cache / PARTIAL, model, missing, records, inputs_format, system, adapter)
+        done = partial.resume(ids, digests) if partial is not None else {}
+        if done and progress:
+            print(f"resuming: {len(done)} of {len(ids)} bundled prompts collected before", file=sys.stderr, flush=True)
+        collected, inputs = collect_prompt_features(
+            model,
+            tokenizer,
+            [p.text for p in prompts],
+            missing,
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            progress=progress,
+            skip=done,
+            on_batch=None if partial is None else partial.batch_writer(checkpoint_batches),
+            system=system,
+            desc=desc,
+        )
+        if partial is not None:
+            if done:  # the rows an earlier run collected, in their place
+                rows, part_rows = torch.tensor(list(done)), torch.tensor(list(done.values()))
+                for read in missing:
+                    collected[read][rows] = partial.values[read][part_rows]
+            ran = len(done) < len(ids)  # a prompt no part holds: its batch ran
+            longest = max(partial.longest, inputs.max_prompt_tokens if ran else 0)
+            inputs = dataclasses.replace(inputs, max_prompt_tokens=longest)
+        for read in missing:
+            folder = folders[read]
+            if folder is not None:
+                save_activations(folder, collected[read], records, HookPoint.from_model(model, *read), inputs=inputs)
+            features[read] = collected[read]
+        if partial is not None:
+            partial.remove()
         return features
-    records = [cache_record(p) for p in prompts]
-    partial = None
-    if cache_dir is not None:
-        inputs_format = prompt_format(tokenizer)
-        partial = _PartialCollection(Path(cache_dir) / PARTIAL, model, missing, records, inputs_format, system, adapter)
-    done = partial.resume(ids, digests) if partial is not None else {}
-    if done and progress:
-        print(f"resuming: {len(done)} of {len(ids)} bundled prompts collected before", file=sys.stderr, flush=True)
-    collected, inputs = collect_prompt_features(
-        model,
-        tokenizer,
-        [p.text for p in prompts],
-        missing,
-        batch_size=batch_size,
-        max_batch_tokens=max_batch_tokens,
-        progress=progress,
-        skip=done,
-        on_batch=None if partial is None else partial.batch_writer(checkpoint_batches),
-        system=system,
-        desc=desc,
-    )
-    if partial is not None:
-        if done:  # the rows an earlier run collected, in their place
-            rows, part_rows = torch.tensor(list(done)), torch.tensor(list(done.values()))
-            for read in missing:
-                collected[read][rows] = partial.values[read][part_rows]
-        ran = len(done) < len(ids)  # a prompt no part holds: its batch ran
-        longest = max(partial.longest, inputs.max_prompt_tokens if ran else 0)
-        inputs = dataclasses.replace(inputs, max_prompt_tokens=longest)
-    for read in missing:
-        folder = folders[read]
-        if folder is not None:
-            save_activations(folder, collected[read], records, HookPoint.from_model(model, *read), inputs=inputs)
-        features[read] = collected[read]
-    if partial is not None:
-        partial.remove()
-    return features
+
+
+def _held(cache: Path) -> contextlib.AbstractContextManager[Any]:
+    """``cache`` held by this run (:func:`~hf_lsad.core.locking.held_alone`), or refused while another holds it."""
+    cache.mkdir(parents=True, exist_ok=True)
+    busy = f"{cache} is in use by another run that collects into it: wait for it to end (then its activations are "
+    busy += "read from there), or pass another cache folder"
+    return held_alone(cache, busy)
 
 
 def _drop_finished_parts(cache: Path) -> None:

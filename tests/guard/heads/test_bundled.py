@@ -65,6 +65,31 @@ def test_a_cache_written_from_other_stores_with_cache_records_is_read_without_th
         bundled_features(model, tokenizer, [changed, *prompts[1:]], reads, cache_dir=cache, progress=False)
 
 
+def test_a_collection_into_a_cache_another_run_is_collecting_into_is_refused(tmp_path):
+    """Two runs on one cache each collected what the other had not written yet, and the first to finish removed the
+    other's parts."""
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
+    cache = tmp_path / "cache"
+    refused: list[str] = []
+
+    def second_run(*_):  # started while the first is in its forward passes
+        if not refused:
+            with pytest.raises(ValueError, match=r"cache is in use by another run that collects into it") as error:
+                bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, progress=False)
+            refused.append(str(error.value))
+
+    handle = model.model.layers[0].register_forward_pre_hook(second_run)
+    try:
+        first = bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, progress=False)
+    finally:
+        handle.remove()
+    assert refused
+    with forward_passes(model) as passes:  # held no longer: the next run reads what the first wrote
+        again = bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, progress=False)
+    assert not passes and all(torch.equal(again[read], first[read]) for read in reads)
+
+
 def test_an_interrupted_collection_into_a_cache_resumes_where_it_stopped(tmp_path):
     """An hour of collection was lost to an interruption, cache or not: the cache was written at the end."""
     model, tokenizer, _ = tiny_guard("prompt_last")

@@ -1,0 +1,43 @@
+"""A file or folder one run writes at a time: a screen's verdicts, a cache of bundled activations.
+
+Two runs on one output would each do the work the other has not yet written, and one's clean-up (a half-written
+line cut off, a finished collection's parts removed) could destroy the other's. The second run is refused instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def held_alone(path: Path, busy: str) -> Iterator[None]:
+    """Hold the file or folder ``path`` (which must exist) for this run until the block ends; ``ValueError`` with
+    the message ``busy`` while another run holds it.
+
+    The hold is an advisory ``flock`` on a descriptor of its own, which the system releases when it is closed or the
+    process ends, however it ends (no stale lock after a kill), and which leaves nothing in ``path``. Holds in one
+    process conflict too. Where ``fcntl`` does not exist (Windows) nothing is held, and on a file system without
+    locks (some network mounts) nothing is held and a warning says so."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(busy) from None
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP):
+                raise
+            warnings.warn(f"{path} cannot be held ({err.strerror}): another run on it is not refused", stacklevel=3)
+        yield
+    finally:
+        os.close(descriptor)
