@@ -33,6 +33,7 @@ from ..core.serialization import (
     config_from_dict,
     config_to_dict,
     read_json,
+    staged_folder,
     write_json,
 )
 from ..core.validation import require_keys
@@ -85,7 +86,10 @@ def save_activations(
 
     ``inputs`` records how the prompts were given to the model; a guard fitted on the store
     keeps it, to warn about inputs unlike them (:mod:`hf_lsad.core.prompt_inputs`). Written over
-    another store, the shards of it that this one does not have are removed once the index is written.
+    another store, the shards of it that this one does not have are removed once the index is written. The files
+    are written in a folder of their own and moved into place, the index last
+    (:func:`~hf_lsad.core.serialization.staged_folder`): a save that fails (a full disk, an interrupt) leaves the
+    store that was there, never its index beside this one's activations.
     """
     check_activations(activations, hook.hidden_size)
     if len(records) != len(activations):
@@ -93,23 +97,22 @@ def save_activations(
     if not all(isinstance(record, dict) for record in records):
         raise TypeError("each record must be a dict (a JSON object)")
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for number, start in enumerate(range(0, len(activations), shard_size)):
-        name = f"shard-{number:05d}.safetensors"
-        save_file(
-            {"activations": activations[start : start + shard_size].to(dtype).contiguous().cpu()}, str(path / name)
-        )
-        shards.append(ShardEntry(name, min(shard_size, len(activations) - start)))
-    index = {
-        "format_version": FORMAT_VERSION,
-        "hook": config_to_dict(hook),
-        "shards": [config_to_dict(shard) for shard in shards],
-        "records": records,
-    }
-    if inputs is not None:
-        index["inputs"] = config_to_dict(inputs)
-    write_json(path / INDEX, index)
+    with staged_folder(path, last=INDEX) as staging:  # a failed save leaves the store that was there
+        shards = []
+        for number, start in enumerate(range(0, len(activations), shard_size)):
+            name = f"shard-{number:05d}.safetensors"
+            rows = activations[start : start + shard_size].to(dtype).contiguous().cpu()
+            save_file({"activations": rows}, str(staging / name))
+            shards.append(ShardEntry(name, min(shard_size, len(activations) - start)))
+        index = {
+            "format_version": FORMAT_VERSION,
+            "hook": config_to_dict(hook),
+            "shards": [config_to_dict(shard) for shard in shards],
+            "records": records,
+        }
+        if inputs is not None:
+            index["inputs"] = config_to_dict(inputs)
+        write_json(staging / INDEX, index)
     written = {shard.file for shard in shards}
     for file in path.iterdir():  # an earlier store's shards beyond this one's (never a file of another name)
         if SHARD_NAME.fullmatch(file.name) and file.name not in written:

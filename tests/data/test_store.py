@@ -3,6 +3,7 @@ one hf-lsad wrote fails on open with an error naming the file and the key."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -45,6 +46,25 @@ def test_a_store_saved_over_a_larger_one_leaves_none_of_its_shards(tmp_path):
     save_activations(tmp_path / "store", rows(8, seed=1), records(8), HOOK, shard_size=10)
     assert sorted(f.name for f in (tmp_path / "store").iterdir()) == [INDEX, "notes.txt", "shard-00000.safetensors"]
     assert torch.equal(load_activations(tmp_path / "store").activations, rows(8, seed=1))
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_store_whose_save_over_it_fails_is_the_store_that_was_there(tmp_path, monkeypatch, failure):
+    """collect run again over its own --out, at another layer, failing at the index: the new layer's activations were
+    read under the old index, which names the old layer (the shapes agree)."""
+    store = tmp_path / "store"
+    save_activations(store, rows(25), records(25), HOOK, shard_size=10)
+    before = {file.name: file.read_bytes() for file in store.iterdir()}
+
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr("hf_lsad.data.store.write_json", fail)  # the disk fills at the index, the last file
+    deeper = dataclasses.replace(HOOK, layer=2, layer_module="model.layers.2")
+    with pytest.raises(type(failure)):
+        save_activations(store, rows(25, seed=1), records(25), deeper, shard_size=10)
+    assert {file.name: file.read_bytes() for file in store.iterdir()} == before
+    assert torch.equal(load_activations(store).activations, rows(25))
 
 
 @pytest.mark.parametrize(
