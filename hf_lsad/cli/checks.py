@@ -130,11 +130,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if cache is not None and Path(cache).exists() and not Path(cache).is_dir():
         parser.error(f"argument --cache: {cache!r} is a file, not a folder")
     if cache is not None and Path(cache).is_dir():
-        from ..guard.heads.bundled import check_cache_turn
+        from ..core.locking import check_not_held
+        from ..guard.heads.bundled import cache_in_use, check_cache_turn
 
         try:
+            check_not_held(Path(cache), cache_in_use(Path(cache)))
             check_cache_turn(cache, args.system)
-        except ValueError as err:  # another turn, or a store that cannot be read
+        except ValueError as err:  # another run collects into it, another turn, or a store that cannot be read
             parser.error(f"argument --cache: {_one_line(err)}")
     if getattr(args, "guard", None):  # first: the checks below read the guard
         _check_guard(parser, args.guard, getattr(args, "subfolder", "") if args.command != "fit" else "")
@@ -144,6 +146,14 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         _check_set_budget(parser, args)
     if args.command == "screen" and not Path(args.input).exists() and Path(args.input).suffix:
         parser.error(f"argument input: no file {args.input!r}")
+    if args.command == "screen":
+        from ..core.locking import check_not_held
+        from ..generation.bulk import output_in_use
+
+        try:
+            check_not_held(Path(args.out), output_in_use(Path(args.out)))
+        except ValueError as err:
+            parser.error(f"argument --out: {_one_line(err)}")
     if args.command == "evaluate":
         _check_evaluate(parser, args)
     if args.command == "serve":

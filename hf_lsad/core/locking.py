@@ -13,6 +13,9 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP)
+"""What ``flock`` raises on a file system without locks (some network mounts)."""
+
 
 @contextlib.contextmanager
 def held_alone(path: Path, busy: str) -> Iterator[None]:
@@ -22,7 +25,7 @@ def held_alone(path: Path, busy: str) -> Iterator[None]:
     The hold is an advisory ``flock`` on a descriptor of its own, which the system releases when it is closed or the
     process ends, however it ends (no stale lock after a kill), and which leaves nothing in ``path``. Holds in one
     process conflict too. Where ``fcntl`` does not exist (Windows) nothing is held, and on a file system without
-    locks (some network mounts) nothing is held and a warning says so."""
+    locks nothing is held and a warning says so."""
     try:
         import fcntl
     except ImportError:
@@ -35,9 +38,21 @@ def held_alone(path: Path, busy: str) -> Iterator[None]:
         except BlockingIOError:
             raise ValueError(busy) from None
         except OSError as err:
-            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP):
+            if err.errno not in _NO_LOCKS:
                 raise
             warnings.warn(f"{path} cannot be held ({err.strerror}): another run on it is not refused", stacklevel=3)
         yield
     finally:
         os.close(descriptor)
+
+
+def check_not_held(path: Path, busy: str) -> None:
+    """``ValueError`` with the message ``busy`` if another run holds ``path`` now (:func:`held_alone`): what a
+    command checks before it loads a model, to refuse then rather than after. The run still holds ``path`` itself
+    when it starts writing. A path that does not exist is held by no run."""
+    if not path.exists():
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a file system without locks: the run itself says so
+        with held_alone(path, busy):
+            pass

@@ -164,10 +164,8 @@ def screen_to_jsonl(
     path = Path(out)
     conversation = any(row.conversation is not None for row in rows)
     read = read_by(guarded, chat_template=chat_template, system=system, conversation=conversation)
-    busy = f"{path} is being written by another screening run: wait for it to end (then run again to screen what it "
-    busy += "left), or choose another --out"
     path.touch()
-    with held_alone(path, busy):
+    with held_alone(path, output_in_use(path)):
         done = _finished_ids(path, guarded.guard.head_thresholds(), read, with_prompt)
         prompts = {row.id: row.text for row in rows} if with_prompt else {}
         pending = [row for row in rows if row.id not in done]
@@ -198,6 +196,14 @@ def screen_to_jsonl(
                 write(_screen_batch(guarded, batch, explain))
     seconds = time.perf_counter() - start
     return _summary(path, ids, resumed, seconds, len(pending))
+
+
+def output_in_use(path: Path) -> str:
+    """What a screening run on ``path`` is told while another run writes it."""
+    return (
+        f"{path} is being written by another screening run: wait for it to end (then run again to screen what it "
+        "left), or choose another --out"
+    )
 
 
 def read_by(

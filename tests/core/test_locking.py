@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hf_lsad.core.locking import held_alone
+from hf_lsad.core.locking import check_not_held, held_alone
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="held with flock")
 
@@ -41,3 +41,12 @@ def test_a_file_system_without_locks_holds_nothing_and_says_so(tmp_path, monkeyp
     with pytest.warns(UserWarning, match="cannot be held \\(No locks available\\): another run on it is not refused"):
         with held_alone(tmp_path, "busy"):
             pass
+
+
+def test_a_check_before_the_work_refuses_a_path_held_and_holds_nothing_itself(tmp_path):
+    check_not_held(tmp_path / "absent", "busy")  # held by no run
+    with held_alone(tmp_path, "busy"), pytest.raises(ValueError, match=r"^busy$"):
+        check_not_held(tmp_path, "busy")
+    check_not_held(tmp_path, "busy")
+    with held_alone(tmp_path, "busy"):  # the check let it go
+        pass

@@ -138,7 +138,7 @@ def test_a_resumed_run_finishes_what_an_interrupted_one_left(tmp_path):
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="the output is held with flock")
-def test_a_run_on_an_output_another_run_is_writing_is_refused_until_that_run_ends(tmp_path):
+def test_a_run_on_an_output_another_run_is_writing_is_refused_until_that_run_ends(tmp_path, model_dir, capsys):
     """Two screens on one --out (a job started again while the first ran) each screened the rows the other had not
     written yet: 416 lines for 400 rows."""
     import fcntl
@@ -148,10 +148,18 @@ def test_a_run_on_an_output_another_run_is_writing_is_refused_until_that_run_end
     out = tmp_path / "out.jsonl"
     screen_to_jsonl(model, rows[:10], out, batch_size=4, progress=False)
     written = out.read_bytes()
+    table = tmp_path / "prompts.txt"
+    table.write_text("".join(text + "\n" for text in TEXTS))
     with out.open("a") as other_run:  # held as a run holds its output
         fcntl.flock(other_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(ValueError, match=r"out\.jsonl is being written by another screening run: wait for it"):
             screen_to_jsonl(model, rows, out, batch_size=4, progress=False)
+        with pytest.raises(SystemExit) as exit_:  # the command says so before it loads a model
+            entry(["screen", str(table), "--model", str(model_dir), "--out", str(out)])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --out: " in err and "is being written by another screening run" in err
+        assert "loading" not in err
         assert out.read_bytes() == written
     assert screen_to_jsonl(model, rows, out, batch_size=4, progress=False).resumed == 10  # held no longer
     assert len(by_id(out)) == len(rows)

@@ -184,9 +184,15 @@ def bundled_features(
 def _held(cache: Path) -> contextlib.AbstractContextManager[Any]:
     """``cache`` held by this run (:func:`~hf_lsad.core.locking.held_alone`), or refused while another holds it."""
     cache.mkdir(parents=True, exist_ok=True)
-    busy = f"{cache} is in use by another run that collects into it: wait for it to end (then its activations are "
-    busy += "read from there), or pass another cache folder"
-    return held_alone(cache, busy)
+    return held_alone(cache, cache_in_use(cache))
+
+
+def cache_in_use(cache: Path) -> str:
+    """What a run on ``cache`` is told while another run collects into it."""
+    return (
+        f"{cache} is in use by another run that collects into it: wait for it to end (then its activations are read "
+        "from there), or pass another cache folder"
+    )
 
 
 def _drop_finished_parts(cache: Path) -> None:
