@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import threading
 from functools import cache
 
 import torch
 
 from hf_lsad.capture.collect import collect_activations
 from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.core.locking import held_alone
 from hf_lsad.detectors import FreqMaskConfig
 from hf_lsad.detectors.clustering import KMeansConfig
 from hf_lsad.guard import SafetyGuard
@@ -157,3 +160,40 @@ def two_headed_guard(target_fpr: float = 0.25, kind: str = "logistic") -> Safety
     benign, _ = collect_prompt_features(model, tokenizer, PROMPTS, guard.reads, progress=False)
     guard.fit_budget(benign, target_fpr=target_fpr, shares=[0.5, 0.5], rows="tiny benign prompts")
     return guard
+
+
+@contextlib.contextmanager
+def held_by_another_run(path):
+    """``path`` held by another run until the block ends: a thread of its own holding it with ``held_alone``."""
+    holding, done = threading.Event(), threading.Event()
+
+    def hold():
+        with held_alone(path, "held by another run"):
+            holding.set()
+            done.wait()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert holding.wait(10), f"{path} could not be held"
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def refused_to_another_run(path) -> bool:
+    """Whether another run (a thread of its own) is refused ``path``."""
+    refused = []
+
+    def attempt():
+        try:
+            with held_alone(path, "busy"):
+                pass
+        except ValueError:
+            refused.append(True)
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join()
+    return bool(refused)

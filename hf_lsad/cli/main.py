@@ -8,6 +8,7 @@ imports neither torch nor transformers. ``--device`` / ``--dtype`` (collect, gen
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 from collections.abc import Callable, Sequence
 
@@ -269,7 +270,21 @@ forward passes (a ``teach`` of a thousand prompts takes about 20 minutes on a 2-
 def main(argv: Sequence[str] | None = None) -> None:
     """Run a command from Python: parse and call, exceptions propagate (:func:`entry` is the shell's)."""
     _, args = parse(sys.argv[1:] if argv is None else argv)
-    args.run(args)
+    _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
+    """Run the parsed command; one that keeps the bundled rows in a ``--cache`` holds it from start to end, so that
+    another run on it is refused at its start rather than between two collections of this one
+    (:func:`~hf_lsad.guard.heads.bundled.held_cache`)."""
+    cache = getattr(args, "cache", None)
+    if cache is None:
+        args.run(args)
+        return
+    from ..guard.heads.bundled import held_cache
+
+    with held_cache(pathlib.Path(cache)):
+        args.run(args)
 
 
 def entry(argv: Sequence[str] | None = None) -> None:
@@ -281,7 +296,7 @@ def entry(argv: Sequence[str] | None = None) -> None:
         parser, namespace = parse(args)
         check_args(parser, namespace)
         try:
-            namespace.run(namespace)
+            _run(namespace)
         except KeyboardInterrupt:
             if getattr(namespace, "cache", False) is None:  # a command that could have kept its bundled rows
                 print(f"{PROG}: {NOT_KEPT}", file=sys.stderr)

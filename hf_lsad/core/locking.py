@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,15 +18,37 @@ _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP)
 """What ``flock`` raises on a file system without locks (some network mounts)."""
 
 
+_holding = threading.local()
+"""Per thread, the paths it holds (``paths``: a set)."""
+
+
 @contextlib.contextmanager
 def held_alone(path: Path, busy: str) -> Iterator[None]:
     """Hold the file or folder ``path`` (which must exist) for this run until the block ends; ``ValueError`` with
-    the message ``busy`` while another run holds it.
+    the message ``busy`` while another run (another process, or another thread) holds it.
 
     The hold is an advisory ``flock`` on a descriptor of its own, which the system releases when it is closed or the
-    process ends, however it ends (no stale lock after a kill), and which leaves nothing in ``path``. Holds in one
-    process conflict too. Where ``fcntl`` does not exist (Windows) nothing is held, and on a file system without
-    locks nothing is held and a warning says so."""
+    process ends, however it ends (no stale lock after a kill), and which leaves nothing in ``path``. A block inside
+    another on the same path, in the same thread (a command that holds its cache, and a collection into it), holds
+    it again. Where ``fcntl`` does not exist (Windows) nothing is held, and on a file system without locks nothing
+    is held and a warning says so."""
+    if not hasattr(_holding, "paths"):
+        _holding.paths = set()
+    held: set[Path] = _holding.paths
+    key = path.resolve()
+    if key in held:  # held by an outer block of this thread, which lets it go
+        yield
+        return
+    with _flocked(path, busy):
+        held.add(key)
+        try:
+            yield
+        finally:
+            held.discard(key)
+
+
+@contextlib.contextmanager
+def _flocked(path: Path, busy: str) -> Iterator[None]:
     try:
         import fcntl
     except ImportError:
@@ -40,14 +63,15 @@ def held_alone(path: Path, busy: str) -> Iterator[None]:
         except OSError as err:
             if err.errno not in _NO_LOCKS:
                 raise
-            warnings.warn(f"{path} cannot be held ({err.strerror}): another run on it is not refused", stacklevel=3)
+            message = f"{path} cannot be held ({err.strerror}): another run on it is not refused"
+            warnings.warn(message, stacklevel=5)  # the line of the caller of held_alone
         yield
     finally:
         os.close(descriptor)
 
 
 def check_not_held(path: Path, busy: str) -> None:
-    """``ValueError`` with the message ``busy`` if another run holds ``path`` now (:func:`held_alone`): what a
+    """``ValueError`` with the message ``busy`` if another process holds ``path`` now (:func:`held_alone`): what a
     command checks before it loads a model, to refuse then rather than after. The run still holds ``path`` itself
     when it starts writing. A path that does not exist is held by no run."""
     if not path.exists():

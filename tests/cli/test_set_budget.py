@@ -7,7 +7,7 @@ import json
 import warnings
 
 import pytest
-from tiny import HELD_OUT, SAMPLE, TRAFFIC, fresh_guard, tiny_guard, two_headed_guard
+from tiny import HELD_OUT, SAMPLE, TRAFFIC, fresh_guard, refused_to_another_run, tiny_guard, two_headed_guard
 
 from hf_lsad import load_model
 from hf_lsad.capture.collect import collect_prompt_features
@@ -17,8 +17,9 @@ from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.errors import ThresholdsResetWarning
 from hf_lsad.guard import SafetyGuard
 from hf_lsad.guard.fingerprint import boundary_flag_rate
+from hf_lsad.guard.heads import bundled_checks
 from hf_lsad.guard.heads.budget import fit_budget_on_prompts, taught_budget_warning
-from hf_lsad.guard.heads.bundled import KEPT_CACHE, read_folder, release_rows
+from hf_lsad.guard.heads.bundled import KEPT_CACHE, bundled_features, read_folder, release_rows
 from hf_lsad.guard.threshold import allowed_flags
 
 NO_CHECKS = ["--chat-check", "0", "--domain-check", "0", "--harm-check", "0"]
@@ -39,7 +40,9 @@ def guard_dir(tmp_path):
     return path
 
 
-def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, guard_dir, tmp_path, capsys):
+def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(
+    model_dir, guard_dir, tmp_path, capsys, monkeypatch
+):
     sample = tmp_path / "traffic.jsonl"
     sample.write_text("".join(json.dumps({"text": t}) + "\n" for t in SAMPLE))  # read with --column text
     out = tmp_path / "mine"
@@ -49,7 +52,15 @@ def test_set_budget_writes_a_guard_whose_thresholds_pass_the_traffic(model_dir, 
     argv = ["set-budget", "--guard", str(guard_dir), "--model", str(model_dir), "--benign", str(sample)]
     cache = tmp_path / "cache"
     checks = ["--domain-check", "2", "--harm-check", "1", "--cache", str(cache)]
+    held_during_checks = []
+
+    def spied(*args, **kwargs):  # the checks collect into the cache's sub-folders: is the cache still held?
+        held_during_checks.append(refused_to_another_run(cache))
+        return bundled_features(*args, **kwargs)
+
+    monkeypatch.setattr(bundled_checks, "bundled_features", spied)
     entry([*argv, "--column", "text", "--out", str(out), *checks])
+    assert held_during_checks == [True, True, True] and not refused_to_another_run(cache)
     printed = capsys.readouterr()
     assert (
         "thresholds set on 100 prompts" in printed.out

@@ -24,6 +24,7 @@ from tiny import (
     SHORT_POOLS,
     TRAFFIC,
     fresh_guard,
+    held_by_another_run,
     tiny_guard,
     tiny_head_rows,
     two_headed_guard,
@@ -33,7 +34,6 @@ from hf_lsad.capture.collect import collect_prompt_features
 from hf_lsad.cli.commands import domain_advice
 from hf_lsad.cli.main import entry, parse
 from hf_lsad.core.batching import BATCH_TOKENS
-from hf_lsad.core.locking import held_alone
 from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.errors import ReteachWarning, SmallSampleWarning, ThresholdsResetWarning
 from hf_lsad.guard import SafetyGuard
@@ -443,7 +443,7 @@ def test_a_cache_of_the_bundled_rows_holds_one_system_turn(model_dir, guard_dir,
                 entry([*command, "--out", str(tmp_path / "out"), "--cache", str(cache), *system])
             assert info.value.code == 2 and f"argument --cache: {cache}" in (err := capsys.readouterr().err)
             assert f"under the system turn {stored}, not" in err
-        with held_alone(turn_cache, "held as a run collecting into it holds it"), pytest.raises(SystemExit) as info:
+        with held_by_another_run(turn_cache), pytest.raises(SystemExit) as info:
             entry([*command, "--out", str(tmp_path / "out"), "--cache", str(turn_cache), "--system", SHOP_TURN])
         assert info.value.code == 2
         assert f"argument --cache: {turn_cache} is in use by another run" in capsys.readouterr().err

@@ -129,7 +129,7 @@ def bundled_features(
         raise ValueError(f"checkpoint_batches must be a positive integer, got {checkpoint_batches}")
     digests = [_digest(p.text) for p in prompts]
     cache = None if cache_dir is None else Path(cache_dir)
-    with contextlib.nullcontext() if cache is None else _held(cache):
+    with contextlib.nullcontext() if cache is None else held_cache(cache):
         if cache is not None:
             _drop_finished_parts(cache)
         folders = {read: None if cache is None else cache / read_folder(read) for read in reads}
@@ -181,8 +181,10 @@ def bundled_features(
         return features
 
 
-def _held(cache: Path) -> contextlib.AbstractContextManager[Any]:
-    """``cache`` held by this run (:func:`~hf_lsad.core.locking.held_alone`), or refused while another holds it."""
+def held_cache(cache: Path) -> contextlib.AbstractContextManager[None]:
+    """``cache`` (created if missing) held by this run until the block ends, or refused (``ValueError``) while another
+    run holds it (:func:`~hf_lsad.core.locking.held_alone`). A command holds its whole ``--cache`` for its run; each
+    collection holds the folder it collects into, again where that is the one the command holds."""
     cache.mkdir(parents=True, exist_ok=True)
     return held_alone(cache, cache_in_use(cache))
 

@@ -4,6 +4,7 @@ without the model, checked against the prompts' text and the reads, resumed afte
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import pytest
 import torch
@@ -73,18 +74,24 @@ def test_a_collection_into_a_cache_another_run_is_collecting_into_is_refused(tmp
     cache = tmp_path / "cache"
     refused: list[str] = []
 
-    def second_run(*_):  # started while the first is in its forward passes
-        if not refused:
-            with pytest.raises(ValueError, match=r"cache is in use by another run that collects into it") as error:
+    def second_run(*_):  # started, in a thread of its own, while the first is in its forward passes
+        def collect():
+            try:
                 bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, progress=False)
-            refused.append(str(error.value))
+            except ValueError as error:
+                refused.append(str(error))
+
+        if not refused:
+            thread = threading.Thread(target=collect)
+            thread.start()
+            thread.join()
 
     handle = model.model.layers[0].register_forward_pre_hook(second_run)
     try:
         first = bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, progress=False)
     finally:
         handle.remove()
-    assert refused
+    assert refused and "cache is in use by another run that collects into it" in refused[0]
     with forward_passes(model) as passes:  # held no longer: the next run reads what the first wrote
         again = bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, progress=False)
     assert not passes and all(torch.equal(again[read], first[read]) for read in reads)
