@@ -146,6 +146,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         _check_set_budget(parser, args)
     if args.command == "screen" and not Path(args.input).exists() and Path(args.input).suffix:
         parser.error(f"argument input: no file {args.input!r}")
+    if args.command == "screen" and Path(args.out).is_dir():
+        parser.error(f"argument --out: {args.out!r} is a folder; --out is the JSON-lines file of verdicts")
     if args.command == "screen":
         from ..core.locking import check_not_held
         from ..generation.bulk import output_in_use

@@ -137,7 +137,7 @@ def screen_to_jsonl(
         guarded: A guarded model with its ``tokenizer``, whose guard reads the prompt.
         rows: The input rows (:func:`hf_lsad.data.tables.read_prompt_table`); ids must be unique. A row read with
             its conversation (``conversation=True``) is read whole, as a chat server reads it.
-        out: The JSON-lines file to append to (created if missing).
+        out: The JSON-lines file to append to (created if missing, with its folder).
         batch_size: Prompts per forward pass, at most.
         max_batch_tokens: Padded tokens per forward pass, at most (``None``: ``batch_size`` prompts whatever their
             length); rows are batched in order of their length in tokens either way.
@@ -164,6 +164,9 @@ def screen_to_jsonl(
     path = Path(out)
     conversation = any(row.conversation is not None for row in rows)
     read = read_by(guarded, chat_template=chat_template, system=system, conversation=conversation)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; out is the JSON-lines file of verdicts")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.touch()
     with held_alone(path, output_in_use(path)):
         done = _finished_ids(path, guarded.guard.head_thresholds(), read, with_prompt)

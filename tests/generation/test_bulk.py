@@ -165,6 +165,21 @@ def test_a_run_on_an_output_another_run_is_writing_is_refused_until_that_run_end
     assert len(by_id(out)) == len(rows)
 
 
+def test_an_output_in_a_folder_not_made_yet_is_made_and_a_folder_is_refused(tmp_path, model_dir, capsys):
+    model = guarded()
+    rows = [PromptRow(str(i), text) for i, text in enumerate(TEXTS[:4])]
+    nested = tmp_path / "runs" / "today" / "out.jsonl"  # raised FileNotFoundError after the model loaded
+    assert screen_to_jsonl(model, rows, nested, progress=False).written == 4 and len(by_id(nested)) == 4
+    with pytest.raises(IsADirectoryError, match="is a folder; out is the JSON-lines file of verdicts"):
+        screen_to_jsonl(model, rows, tmp_path, progress=False)
+    table = tmp_path / "prompts.txt"
+    table.write_text("".join(text + "\n" for text in TEXTS[:4]))
+    with pytest.raises(SystemExit) as exit_:  # before a model is loaded
+        entry(["screen", str(table), "--model", str(model_dir), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --out: " in err and "is a folder" in err and "loading" not in err
+
+
 def test_a_run_on_an_output_another_guard_wrote_is_refused_rather_than_mixed(tmp_path):
     """Screening with a guard re-set by set-budget into the output of the first screen skipped every row and said
     "42 of 42 rows have a verdict (42 from an earlier run)": the old guard's verdicts, read as the new one's."""
