@@ -146,6 +146,15 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         _check_set_budget(parser, args)
     if args.command == "screen" and not Path(args.input).exists() and Path(args.input).suffix:
         parser.error(f"argument input: no file {args.input!r}")
+    if args.command == "collect":
+        from ..capture.resumable import PARTIAL
+        from ..core.locking import check_not_held
+        from .commands import collect_in_use
+
+        try:  # a run of one process holds its parts' folder (one of several, each its own)
+            check_not_held(Path(args.out) / PARTIAL, collect_in_use(args.out))
+        except ValueError as err:
+            parser.error(f"argument --out: {_one_line(err)}")
     if args.command == "screen" and Path(args.out).is_dir():
         parser.error(f"argument --out: {args.out!r} is a folder; --out is the JSON-lines file of verdicts")
     if args.command == "screen":

@@ -22,10 +22,13 @@ from .echo import shown_prompt
 
 
 def run_collect(args: argparse.Namespace) -> None:
-    from ..capture.collect import collect_activations, collect_prompt_features
+    from ..capture.collect import collect_activations
     from ..capture.pretrained import load_model, placement
+    from ..capture.recorder import PROMPT_POSITIONS
+    from ..capture.resumable import PARTIAL, collect_resumably, remove_parts
     from ..capture.sharded import finish, process_state, select, shard_of, write_part
     from ..core.hook_point import HookPoint, decoder_layer
+    from ..core.locking import held_alone
     from ..core.runtime import ModelRuntime, torch_dtype
     from ..data import POOLS, load_prompts
 
@@ -44,7 +47,34 @@ def run_collect(args: argparse.Namespace) -> None:
         decoder_layer(model, layer)  # IndexError naming the depth for a block the model lacks
     reads = [(layer % depth, position) for layer in args.layer for position in args.position]
     texts = [p.text for p in mine]
-    if mine and len(reads) == 1:  # one read: any position (response positions generate)
+    parts = Path(args.out) / PARTIAL / (f"rank-{shard.rank:05d}" if shard.n_processes > 1 else "")
+    from_prompt = all(position in PROMPT_POSITIONS for _, position in reads)
+    if mine and from_prompt:  # one forward pass per batch, written in parts as it goes: a run again resumes
+        remedy = f"delete {parts} to collect every prompt again, or collect into another --out"
+        parts.mkdir(parents=True, exist_ok=True)
+        try:
+            with held_alone(parts, collect_in_use(args.out)):
+                features, inputs = collect_resumably(
+                    model,
+                    tokenizer,
+                    texts,
+                    [p.id for p in mine],
+                    reads,
+                    parts,
+                    remedy=remedy,
+                    batch_size=args.batch_size,
+                    max_batch_tokens=args.max_batch_tokens,
+                    progress=state.is_local_main_process,
+                )
+        except KeyboardInterrupt:
+            print(
+                f"note: the prompts collected so far are kept in {parts}; run the same command again to collect "
+                "the rest",
+                file=sys.stderr,
+            )
+            raise
+        responses = [""] * len(mine)
+    elif mine:  # a response position, one read: it generates
         (layer, position), progress = reads[0], state.is_local_main_process
         collected = collect_activations(
             model,
@@ -58,17 +88,6 @@ def run_collect(args: argparse.Namespace) -> None:
             progress=progress,
         )
         features, inputs, responses = {reads[0]: collected.activations}, collected.inputs, collected.responses
-    elif mine:  # several reads of the prompt: one forward pass per batch
-        features, inputs = collect_prompt_features(
-            model,
-            tokenizer,
-            texts,
-            reads,
-            batch_size=args.batch_size,
-            max_batch_tokens=args.max_batch_tokens,
-            progress=state.is_local_main_process,
-        )
-        responses = [""] * len(mine)
     for read in reads:
         out = arguments.store_folder(args.out, read, len(reads))
         if mine:
@@ -77,10 +96,18 @@ def run_collect(args: argparse.Namespace) -> None:
                 del record["text"]  # the prompt text stays in the pool; the store keeps ids
             write_part(out, shard, features[read], records, HookPoint.from_model(model, *read), inputs=inputs)
         finish(state, out, shard, len(prompts))
+    if shard.n_processes > 1:
+        state.wait_for_everyone()  # every store is written: the parts of every process are done with
     if state.is_main_process:
+        remove_parts(Path(args.out) / PARTIAL)
         processes = f" by {shard.n_processes} processes" if shard.n_processes > 1 else ""
         stores = ", ".join(arguments.store_folder(args.out, read, len(reads)) for read in reads)
         print(f"wrote {len(prompts)} activations{processes} to {stores}")
+
+
+def collect_in_use(out: str) -> str:
+    """What a ``collect`` run into ``out`` is told while another run collects into it."""
+    return f"{out} is being collected into by another run: wait for it to end, or collect into another --out"
 
 
 def _runtime(args: argparse.Namespace, cls: type) -> Any:

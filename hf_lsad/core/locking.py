@@ -19,7 +19,8 @@ _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP)
 
 
 _holding = threading.local()
-"""Per thread, the paths it holds (``paths``: a set)."""
+"""Per thread, the paths it holds (``paths``: a set): a hold is a descriptor's, so a thread that held a path twice
+would refuse itself."""
 
 
 @contextlib.contextmanager
@@ -71,7 +72,7 @@ def _flocked(path: Path, busy: str) -> Iterator[None]:
 
 
 def check_not_held(path: Path, busy: str) -> None:
-    """``ValueError`` with the message ``busy`` if another process holds ``path`` now (:func:`held_alone`): what a
+    """``ValueError`` with the message ``busy`` if another run holds ``path`` now (:func:`held_alone`): what a
     command checks before it loads a model, to refuse then rather than after. The run still holds ``path`` itself
     when it starts writing. A path that does not exist is held by no run."""
     if not path.exists():

@@ -186,3 +186,51 @@ def test_generate_fails_on_a_missing_guard_before_loading_the_model(hub_server, 
         entry(["generate", "--model", "hf-lsad-org/no-such-model", "--guard", "hf-lsad-org/no-such-guard", "hi"])
     error = capsys.readouterr().err
     assert info.value.code == 1 and "no-such-guard" in error and "no-such-model" not in error.split("error:", 1)[1]
+
+
+def test_an_interrupted_collect_resumes_where_it_stopped_for_the_same_store(model_dir, tmp_path, capsys):
+    """An interrupted collect lost everything it had collected (the in-the-wild jailbreak pool alone took 25
+    minutes on a 2-core CPU)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tiny import held_by_another_run
+
+    out = tmp_path / "acts"
+    argv = ["collect", "--model", str(model_dir), "--pool", "harmful", "--limit", "400", "--layer", "1", "3"]
+    argv += ["--position", "prompt_last", "prompt_mean", "--batch-size", "1"]
+    # Ctrl-C as at a terminal, even where this suite runs with SIGINT ignored (which a child would inherit)
+    start = "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    start += "from hf_lsad.cli.main import entry; entry(sys.argv[1:])"
+    log = tmp_path / "log"
+    with log.open("w") as sink:  # not a pipe: a full pipe would stall the run
+        env = dict(os.environ, TQDM_DISABLE="1", PYTHONWARNINGS="ignore")
+        process = subprocess.Popen(
+            [sys.executable, "-c", start, *argv, "--out", str(out)], stdout=sink, stderr=sink, env=env
+        )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None and not (out / ".partial" / "part-00002").is_dir():
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)  # two parts of 32 prompts written
+    assert process.wait(timeout=120) == 130, log.read_text()
+    assert f"note: the prompts collected so far are kept in {out / '.partial'}; run the same command" in log.read_text()
+    kept = len(list((out / ".partial").glob("part-*")))
+    assert 2 <= kept < 400 // 32, "the run was not interrupted mid-way"
+
+    with held_by_another_run(out / ".partial"):
+        with pytest.raises(ValueError, match="collected into by another run"):
+            main([*argv, "--out", str(out)])
+        with pytest.raises(SystemExit) as refused:  # the command line says so before it loads a model
+            entry([*argv, "--out", str(out)])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and "argument --out: " in err and "collected into by another run" in err
+    main([*argv, "--out", str(out)])
+    main([*argv, "--out", str(tmp_path / "alone")])
+    assert not (out / ".partial").exists()
+    for folder in ("layer1-prompt_last", "layer1-prompt_mean", "layer3-prompt_last", "layer3-prompt_mean"):
+        resumed, alone = load_activations(out / folder), load_activations(tmp_path / "alone" / folder)
+        assert torch.equal(resumed.activations, alone.activations)  # the same batches: bit for bit
+        assert resumed.records == alone.records and resumed.inputs == alone.inputs

@@ -7,13 +7,9 @@ system turn and the adapter, and an interrupted collection resumes where it stop
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
 import os
 import shutil
-import sys
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,15 +17,24 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ...capture.adapters import adapter_digest, adapter_label
-from ...capture.collect import collect_prompt_features, prompt_format
+from ...capture.adapters import adapter_digest
+from ...capture.collect import collect_prompt_features
+from ...capture.resumable import (
+    CHECKPOINT_BATCHES,
+    PARTIAL,
+    check_turn,
+    checked_store,
+    collect_resumably,
+    prompt_digest,
+    read_folder,
+    remove_parts,
+)
 from ...core.batching import BATCH_TOKENS
 from ...core.hook_point import HookPoint
 from ...core.locking import held_alone
-from ...core.prompt_inputs import InputProfile, turn_label
 from ...core.splits import split_of
 from ...data import Prompt, is_reserved, load_pool
-from ...data.store import INDEX, ActivationSet, ActivationStore, load_activations, save_activations
+from ...data.store import INDEX, ActivationStore, save_activations
 from .probe import Read
 
 
@@ -77,15 +82,12 @@ KEPT_CACHE = "validation-kept"
 :func:`~hf_lsad.guard.heads.budget.fit_budget_on_prompts` keeps within the budget (``keep_bundled``), a folder per
 pool."""
 
+CACHE_REMEDY = "pass another cache folder (one per model, system turn and adapter), or delete this one"
+"""What a cache's store or part that cannot be used tells the user to do."""
+
 CHECK_CACHES = (CHAT_CACHE, DOMAIN_CACHE, HARM_CACHE, KEPT_CACHE)
 """The sub-folders of a :func:`bundled_features` cache that keep bundled validation rows: the checks' draws and the
 kept pools."""
-
-PARTIAL = ".partial"
-"""The folder of a cache holding an interrupted collection's parts (:func:`bundled_features`)."""
-
-CHECKPOINT_BATCHES = 32
-"""Batches collected between two parts of a collection into a cache (about 500 prompts)."""
 
 
 def bundled_features(
@@ -127,7 +129,7 @@ def bundled_features(
         raise ValueError("the bundled prompts hold repeated ids")
     if checkpoint_batches < 1:
         raise ValueError(f"checkpoint_batches must be a positive integer, got {checkpoint_batches}")
-    digests = [_digest(p.text) for p in prompts]
+    digests = [prompt_digest(p.text) for p in prompts]
     cache = None if cache_dir is None else Path(cache_dir)
     with contextlib.nullcontext() if cache is None else held_cache(cache):
         if cache is not None:
@@ -142,42 +144,43 @@ def bundled_features(
         missing = [read for read in reads if read not in features]
         if not missing:
             return features
+        texts = [p.text for p in prompts]
+        if cache is None:
+            collected, inputs = collect_prompt_features(
+                model,
+                tokenizer,
+                texts,
+                missing,
+                batch_size=batch_size,
+                max_batch_tokens=max_batch_tokens,
+                progress=progress,
+                system=system,
+                desc=desc,
+            )
+        else:
+            collected, inputs = collect_resumably(
+                model,
+                tokenizer,
+                texts,
+                ids,
+                missing,
+                cache / PARTIAL,
+                remedy=CACHE_REMEDY,
+                batch_size=batch_size,
+                max_batch_tokens=max_batch_tokens,
+                progress=progress,
+                checkpoint_batches=checkpoint_batches,
+                system=system,
+                desc=desc,
+            )
         records = [cache_record(p) for p in prompts]
-        partial = None
-        if cache is not None:
-            inputs_format = prompt_format(tokenizer)
-            partial = _PartialCollection(cache / PARTIAL, model, missing, records, inputs_format, system, adapter)
-        done = partial.resume(ids, digests) if partial is not None else {}
-        if done and progress:
-            print(f"resuming: {len(done)} of {len(ids)} bundled prompts collected before", file=sys.stderr, flush=True)
-        collected, inputs = collect_prompt_features(
-            model,
-            tokenizer,
-            [p.text for p in prompts],
-            missing,
-            batch_size=batch_size,
-            max_batch_tokens=max_batch_tokens,
-            progress=progress,
-            skip=done,
-            on_batch=None if partial is None else partial.batch_writer(checkpoint_batches),
-            system=system,
-            desc=desc,
-        )
-        if partial is not None:
-            if done:  # the rows an earlier run collected, in their place
-                rows, part_rows = torch.tensor(list(done)), torch.tensor(list(done.values()))
-                for read in missing:
-                    collected[read][rows] = partial.values[read][part_rows]
-            ran = len(done) < len(ids)  # a prompt no part holds: its batch ran
-            longest = max(partial.longest, inputs.max_prompt_tokens if ran else 0)
-            inputs = dataclasses.replace(inputs, max_prompt_tokens=longest)
         for read in missing:
             folder = folders[read]
             if folder is not None:
                 save_activations(folder, collected[read], records, HookPoint.from_model(model, *read), inputs=inputs)
             features[read] = collected[read]
-        if partial is not None:
-            partial.remove()
+        if cache is not None:
+            remove_parts(cache / PARTIAL)
         return features
 
 
@@ -207,122 +210,11 @@ def _drop_finished_parts(cache: Path) -> None:
         shutil.rmtree(folder)
 
 
-def read_folder(read: Read) -> str:
-    """The folder of a cache holding the store of ``read``: ``layer<L>-<position>``."""
-    return f"layer{read[0]}-{read[1]}"
-
-
-class _PartialCollection:
-    """An interrupted collection into a cache (:func:`bundled_features`): parts written as it goes, read by the next
-    run. A part is a folder ``part-<n>`` holding a store per read (whose input profile records the part's longest
-    prompt), renamed into place when complete."""
-
-    def __init__(
-        self,
-        folder: Path,
-        model: PreTrainedModel,
-        reads: list[Read],
-        records: list[dict[str, Any]],
-        inputs: str,
-        system: str | None,
-        adapter: str | None,
-    ) -> None:
-        self.folder, self.model, self.reads, self.records = folder, model, reads, records
-        self.prompt_format = inputs
-        """How the prompts reach the model (``InputProfile.prompt_format``), recorded in each part."""
-        self.system = system
-        """The system turn before each prompt (``InputProfile.system``), recorded in each part."""
-        self.adapter = adapter
-        """The peft adapters the model runs (``InputProfile.adapter``), recorded in each part."""
-        self.values: dict[Read, Tensor] = {}
-        """Per read, ``[rows, hidden]``: every row the parts hold, in part order (:meth:`resume`)."""
-        self.longest = 0
-        """The longest prompt of the parts, in tokens."""
-        self._positions: list[int] = []
-        self._features: dict[Read, list[Tensor]] = {read: [] for read in reads}
-        self._batches = self._batch_longest = 0
-
-    def resume(self, ids: list[str], digests: list[str]) -> dict[int, int]:
-        """``{position in ids: row of values}`` for every prompt a part holds, each part checked as the cache's
-        stores are: of this model, of each read, of the prompts' text as it is now."""
-        position = {prompt_id: i for i, prompt_id in enumerate(ids)}
-        done: dict[int, int] = {}
-        chunks: dict[Read, list[Tensor]] = {read: [] for read in self.reads}
-        offset = 0
-        for part in sorted(self.folder.glob("part-*")) if self.folder.is_dir() else []:
-            absent = [read for read in self.reads if not (part / read_folder(read) / INDEX).is_file()]
-            if absent:
-                raise ValueError(
-                    f"{part} holds an interrupted collection of other reads (not {absent[0]}): pass another cache "
-                    "folder, or delete this one"
-                )
-            stores = {
-                read: _checked_store(self.model, part / read_folder(read), read, self.system, self.adapter)
-                for read in self.reads
-            }
-            part_ids = [record["id"] for record in stores[self.reads[0]].records]
-            for read, store in stores.items():
-                if [record["id"] for record in store.records] != part_ids or store.inputs is None:
-                    raise ValueError(f"{part / read_folder(read)} is not a part of this collection; delete {part}")
-                chunks[read].append(store.activations)
-            for row, record in enumerate(stores[self.reads[0]].records):
-                i = position.get(record["id"])
-                if i is None:  # a prompt of a fit on more pools: not needed by this one
-                    continue
-                if record.get("digest") != digests[i]:
-                    raise ValueError(
-                        f"{part} was written when the text of bundled prompt {record['id']!r} was different; "
-                        "pass another cache folder, or delete this one"
-                    )
-                done[i] = offset + row
-            offset += len(part_ids)
-            longest = [store.inputs.max_prompt_tokens for store in stores.values() if store.inputs is not None]
-            self.longest = max(self.longest, *longest)  # every store of a part has its profile (checked above)
-        self.values = {read: torch.cat(chunks[read]) for read in self.reads if chunks[read]}
-        return done
-
-    def batch_writer(self, every: int) -> Callable[[list[int], dict[Read, Tensor], int], None]:
-        """The ``on_batch`` of :func:`~hf_lsad.capture.collect.collect_prompt_features`: a part every ``every``
-        batches."""
-
-        def on_batch(positions: list[int], features: dict[Read, Tensor], longest: int) -> None:
-            self._positions += positions
-            for read in self.reads:
-                self._features[read].append(features[read])
-            self._batches += 1
-            self._batch_longest = max(self._batch_longest, longest)
-            if self._batches == every:
-                self._write()
-
-        return on_batch
-
-    def _write(self) -> None:
-        numbers = [int(part.name.removeprefix("part-")) for part in self.folder.glob("part-*")]
-        part = self.folder / f"part-{max(numbers, default=0) + 1:05d}"
-        staging = self.folder / f".staging-{uuid.uuid4().hex[:8]}"
-        staging.mkdir(parents=True)
-        records = [self.records[i] for i in self._positions]
-        inputs = InputProfile(self.prompt_format, self._batch_longest, self.system, self.adapter)
-        for read in self.reads:
-            values, hook = torch.cat(self._features[read]), HookPoint.from_model(self.model, *read)
-            save_activations(staging / read_folder(read), values, records, hook, inputs=inputs)
-        os.replace(staging, part)  # a part is complete or absent
-        self._positions, self._features = [], {read: [] for read in self.reads}
-        self._batches = self._batch_longest = 0
-
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
 def cache_record(prompt: Prompt) -> dict[str, str]:
     """The record a :func:`bundled_features` cache keeps of a bundled prompt: its id, a digest of its text (a store
     written when the text was different is refused), its source and category. A cache written otherwise, say from the
     stores ``hf-lsad collect`` wrote, is read when its records are these."""
-    return {"id": prompt.id, "digest": _digest(prompt.text), "source": prompt.source, "category": prompt.category}
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return {"id": prompt.id, "digest": prompt_digest(prompt.text), "source": prompt.source, "category": prompt.category}
 
 
 def _cached_read(
@@ -336,7 +228,7 @@ def _cached_read(
 ) -> Tensor:
     """The rows of ``ids`` from the cache store in ``folder``, checked to be ``model``'s activations at ``read`` of
     prompts with these text ``digests`` under the system turn ``system``, through the peft ``adapter``."""
-    store = _checked_store(model, folder, read, system, adapter)
+    store = checked_store(model, folder, read, system, adapter, remedy=CACHE_REMEDY)
     row_of = {record["id"]: row for row, record in enumerate(store.records)}
     absent = [i for i in ids if i not in row_of]
     if absent:
@@ -353,26 +245,6 @@ def _cached_read(
     return store.activations[torch.tensor([row_of[i] for i in ids])]
 
 
-def _checked_store(
-    model: PreTrainedModel, folder: Path, read: Read, system: str | None, adapter: str | None
-) -> ActivationSet:
-    """The store in ``folder``, checked to hold ``model``'s activations at ``read`` of prompts under the system turn
-    ``system``, through the peft ``adapter`` the model runs (:func:`~hf_lsad.capture.adapters.adapter_digest`; a
-    store without an input profile was collected under the template's default, without an adapter)."""
-    store = load_activations(folder)
-    if (store.hook.layer, store.hook.position) != tuple(read):
-        raise ValueError(f"{folder} holds activations of layer {store.hook.layer} {store.hook.position}, not {read}")
-    store.hook.check_model(model)
-    _check_turn(folder, store.inputs, system)
-    stored = store.inputs.adapter if store.inputs is not None else None
-    if stored != adapter:
-        raise ValueError(
-            f"{folder} holds the bundled prompts read through {adapter_label(stored)}, and the model runs "
-            f"{adapter_label(adapter)}: pass another cache folder (one per adapter), or delete this one"
-        )
-    return store
-
-
 def check_cache_turn(cache_dir: str | os.PathLike, system: str | None) -> None:
     """Refuse (``ValueError``) a :func:`bundled_features` cache whose stores, or whose interrupted collection's
     parts, hold the bundled prompts under another system turn than ``system``, from their indexes alone: the CLI
@@ -387,15 +259,4 @@ def check_cache_turn(cache_dir: str | os.PathLike, system: str | None) -> None:
         for index in sorted(folder.glob(pattern))
     ]
     for index in indexes:
-        _check_turn(index.parent, ActivationStore(index.parent).inputs, system)
-
-
-def _check_turn(folder: Path, inputs: InputProfile | None, system: str | None) -> None:
-    """Refuse a cache store whose prompts were formatted under another system turn than ``system`` (a store without
-    an input profile was collected under the template's default)."""
-    stored = inputs.system if inputs is not None else None
-    if stored != system:
-        raise ValueError(
-            f"{folder} holds the bundled prompts under the system turn {turn_label(stored)}, not "
-            f"{turn_label(system)}: pass another cache folder (one per system turn), or delete this one"
-        )
+        check_turn(index.parent, ActivationStore(index.parent).inputs, system, remedy=CACHE_REMEDY)

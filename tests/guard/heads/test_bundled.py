@@ -11,16 +11,11 @@ import torch
 from tiny import ROWS_PER_POOL, SHOP_TURN, SHORT_POOLS, tiny_guard, two_headed_guard
 
 from hf_lsad.capture.collect import collect_prompt_features
+from hf_lsad.capture.resumable import PARTIAL, read_folder
 from hf_lsad.core.hook_point import HookPoint
 from hf_lsad.data.store import load_activations, save_activations
-from hf_lsad.guard.heads.bundled import (
-    PARTIAL,
-    _PartialCollection,
-    bundled_features,
-    cache_record,
-    read_folder,
-    release_rows,
-)
+from hf_lsad.guard.heads import bundled
+from hf_lsad.guard.heads.bundled import bundled_features, cache_record, release_rows
 
 
 @contextlib.contextmanager
@@ -127,11 +122,11 @@ def test_parts_left_by_a_run_stopped_after_its_stores_are_removed(tmp_path, monk
     prompts, reads = fit_prompts(), sorted(two_headed_guard().heads["harm"].reads)
     cache = tmp_path / "cache"
 
-    def stopped(self):
+    def stopped(parts):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
-        patch.setattr(_PartialCollection, "remove", stopped)
+        patch.setattr(bundled, "remove_parts", stopped)
         bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=2, batch_size=4)
     assert any((cache / PARTIAL).glob("part-*")) and all((cache / read_folder(read)).is_dir() for read in reads)
     other = (reads[0][0], "prompt_last" if reads[0][1] == "prompt_mean" else "prompt_mean")
@@ -161,7 +156,7 @@ def test_parts_written_for_other_prompt_text_or_reads_are_refused(tmp_path):
     with forward_passes(model, interrupt_at=3), pytest.raises(KeyboardInterrupt):
         bundled_features(model, tokenizer, prompts, reads, cache_dir=cache, checkpoint_batches=1, progress=False)
     edited = [p._replace(text=p.text + " (edited)") for p in prompts]
-    with pytest.raises(ValueError, match=r"was written when the text of bundled prompt .* was different"):
+    with pytest.raises(ValueError, match=r"was written when the text of prompt .* was different"):
         bundled_features(model, tokenizer, edited, reads, cache_dir=cache, progress=False)
     other = [(reads[0][0], "prompt_last" if reads[0][1] == "prompt_mean" else "prompt_mean")]
     with pytest.raises(ValueError, match="holds an interrupted collection of other reads"):
