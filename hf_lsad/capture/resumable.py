@@ -26,14 +26,11 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..core.hook_point import HookPoint
+from ..core.hook_point import HookPoint, Read
 from ..core.prompt_inputs import InputProfile, turn_label
 from ..data.store import INDEX, ActivationSet, load_activations, save_activations
 from .adapters import adapter_digest, adapter_label
 from .collect import collect_prompt_features, prompt_format
-
-Read = tuple[int, str]
-"""A ``(layer, position)`` read of the prompt."""
 
 PARTIAL = ".partial"
 """The folder, inside the folder collected into, that holds an interrupted collection's parts."""

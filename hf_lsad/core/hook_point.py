@@ -21,9 +21,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 POSITIONS = ("response_last", "prompt_last", "prompt_mean")
+"""Token positions a hook point reads (see :mod:`hf_lsad.capture`)."""
 GUARD_POSITIONS = (*POSITIONS, "response_running")
 """Positions a guard can read; ``response_running`` scores every generated token (:mod:`hf_lsad.guard.running`)."""
-"""Token positions a hook point reads (see :mod:`hf_lsad.capture`)."""
+
+Read = tuple[int, str]
+"""A read of the residual stream: a decoder block (0-based) and a position (one of :data:`POSITIONS`)."""
 
 # Where transformers keeps the decoder blocks, by architecture family.
 _LAYER_PATHS = (

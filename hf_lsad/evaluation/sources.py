@@ -32,13 +32,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.hook_point import Read
 from ..core.splits import split_of
 from ..data import load_pool
 from ..data.pools import EVAL_SOURCES, is_reserved, is_unsafe_pool
 from ..data.store import load_activations
 from ..guard.threshold import budget_thresholds, fpr_threshold, union_flag_rate
-
-Read = tuple[int, str]
 
 BENIGN_DOMAINS: dict[str, str] = {
     "chat": "chat",

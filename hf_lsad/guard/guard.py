@@ -25,6 +25,7 @@ from huggingface_hub import CommitInfo, ModelCard
 from torch import Tensor, nn
 
 from ..core.checks import check_activations
+from ..core.hook_point import Read
 from ..core.hub import resolve_pretrained_dir
 from ..core.prompt_inputs import InputProfile
 from ..core.prompt_tokens import PromptTokens, check_explain, check_top_k
@@ -57,8 +58,6 @@ from .types import (
     SafetyReport,
 )
 
-Read = tuple[int, str]
-"""A decoder block (0-based) and a position read there."""
 Activations = Tensor | Mapping[Read, Tensor]
 """What a guard scores: the anomaly head's ``[batch, hidden]`` read, or every read of :attr:`SafetyGuard.reads`."""
 

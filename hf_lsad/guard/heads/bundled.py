@@ -30,12 +30,11 @@ from ...capture.resumable import (
     remove_parts,
 )
 from ...core.batching import BATCH_TOKENS
-from ...core.hook_point import HookPoint
+from ...core.hook_point import HookPoint, Read
 from ...core.locking import held_alone
 from ...core.splits import split_of
 from ...data import Prompt, is_reserved, load_pool
 from ...data.store import INDEX, ActivationStore, save_activations
-from .probe import Read
 
 
 def release_rows(pool: str, split: Literal["fit", "validation", "test"]) -> list[Prompt]:

@@ -30,12 +30,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ...core.hook_point import Read
 from ...core.prompt_tokens import PromptTokens
 from ...core.validation import NON_NEGATIVE, POSITIVE, POSITIVE_NUMBER, check_ranges, ranged
 from ..types import ANOMALY_HEAD, FeatureContribution, TokenContribution
-
-Read = tuple[int, str]
-"""A layer (0-based decoder block) and a position (``prompt_last`` or ``prompt_mean``)."""
 
 ProbeKind = Literal["logistic", "mlp"]
 

@@ -28,6 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...capture.collect import check_prompts, collect_prompt_features
 from ...core.batching import BATCH_TOKENS
+from ...core.hook_point import Read
 from ...core.prompt_inputs import check_system_turn
 from ...core.splits import seeded_parts
 from ...data import GUARD_POOLS, POOL_CATEGORY, Prompt, is_unsafe_pool
@@ -47,7 +48,7 @@ from .budget import (
     was_taught,
 )
 from .bundled import bundled_features, drawn_fit_rows, release_rows, sample_rows
-from .probe import ProbeConfig, Read, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
+from .probe import ProbeConfig, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
 
 BENIGN_POOLS: tuple[str, ...] = ("chat", "safe", "benign_ood", "lookalike")
 """The bundled benign pools a head added from a few examples learns against (their fit rows)."""
