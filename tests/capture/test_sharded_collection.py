@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_lsad.capture.resumable import PARTIAL
 from hf_lsad.capture.sharded import PARTS, Shard, merge_parts, write_part
 from hf_lsad.cli.main import main
 from hf_lsad.core.hook_point import HookPoint
@@ -20,7 +21,8 @@ from hf_lsad.data.store import load_activations, save_activations
 ROOT = Path(__file__).parents[2]
 
 
-def test_two_accelerate_processes_write_the_one_process_store(model_dir, tmp_path):
+@pytest.mark.parametrize("position", ["response_last", "prompt_mean"])  # generated; read in parts, resumably
+def test_two_accelerate_processes_write_the_one_process_store(model_dir, tmp_path, position):
     # 13 prompts: shards of 7 and 6, each batched (by length) differently from the one-process run.
     collect = [
         "collect",
@@ -33,7 +35,7 @@ def test_two_accelerate_processes_write_the_one_process_store(model_dir, tmp_pat
         "--layer",
         "2",
         "--position",
-        "response_last",
+        position,
         "--max-new-tokens",
         "3",
         "--batch-size",
@@ -76,7 +78,7 @@ def test_two_accelerate_processes_write_the_one_process_store(model_dir, tmp_pat
     assert two.records == one.records and two.hook == one.hook and two.inputs == one.inputs is not None
     assert [r["id"] for r in two.records] == [r["id"] for r in one.records]  # the pool's order
     torch.testing.assert_close(two.activations, one.activations, atol=1e-5, rtol=1e-5)
-    assert not (tmp_path / "two" / PARTS).exists()
+    assert not (tmp_path / "two" / PARTS).exists() and not (tmp_path / "two" / PARTIAL).exists()
 
 
 def hook() -> HookPoint:
