@@ -130,13 +130,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if cache is not None and Path(cache).exists() and not Path(cache).is_dir():
         parser.error(f"argument --cache: {cache!r} is a file, not a folder")
     if cache is not None and Path(cache).is_dir():
-        from ..core.locking import check_not_held
         from ..guard.heads.bundled import cache_in_use, check_cache_turn
 
+        _check_not_held(parser, "--cache", Path(cache), cache_in_use(Path(cache)))
         try:
-            check_not_held(Path(cache), cache_in_use(Path(cache)))
             check_cache_turn(cache, args.system)
-        except ValueError as err:  # another run collects into it, another turn, or a store that cannot be read
+        except ValueError as err:  # another turn, or a store that cannot be read
             parser.error(f"argument --cache: {_one_line(err)}")
     if getattr(args, "guard", None):  # first: the checks below read the guard
         _check_guard(parser, args.guard, getattr(args, "subfolder", "") if args.command != "fit" else "")
@@ -148,23 +147,16 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"argument input: no file {args.input!r}")
     if args.command == "collect":
         from ..capture.resumable import PARTIAL
-        from ..core.locking import check_not_held
         from .commands import collect_in_use
 
-        try:  # a run of one process holds its parts' folder (one of several, each its own)
-            check_not_held(Path(args.out) / PARTIAL, collect_in_use(args.out))
-        except ValueError as err:
-            parser.error(f"argument --out: {_one_line(err)}")
+        # a run of one process holds its parts' folder (one of several, each its own)
+        _check_not_held(parser, "--out", Path(args.out) / PARTIAL, collect_in_use(args.out))
     if args.command == "screen" and Path(args.out).is_dir():
         parser.error(f"argument --out: {args.out!r} is a folder; --out is the JSON-lines file of verdicts")
     if args.command == "screen":
-        from ..core.locking import check_not_held
         from ..generation.bulk import output_in_use
 
-        try:
-            check_not_held(Path(args.out), output_in_use(Path(args.out)))
-        except ValueError as err:
-            parser.error(f"argument --out: {_one_line(err)}")
+        _check_not_held(parser, "--out", Path(args.out), output_in_use(Path(args.out)))
     if args.command == "evaluate":
         _check_evaluate(parser, args)
     if args.command == "serve":
@@ -342,6 +334,17 @@ def run(main: Callable[[Sequence[str]], None], argv: Sequence[str] | None = None
         name = type(err).__name__
         print(f"{PROG}: error: {name}: {_one_line(err)} (run with --debug for the traceback)", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _check_not_held(parser: argparse.ArgumentParser, flag: str, path: Path, busy: str) -> None:
+    """A usage error for ``flag`` while another run holds ``path`` (:func:`~hf_lsad.core.locking.check_not_held`):
+    before a model loads."""
+    from ..core.locking import check_not_held
+
+    try:
+        check_not_held(path, busy)
+    except ValueError as err:
+        parser.error(f"argument {flag}: {_one_line(err)}")
 
 
 def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -837,7 +837,7 @@ def run_pull(args: argparse.Namespace) -> None:
 
 
 def run_screen(args: argparse.Namespace) -> None:
-    from ..generation.bulk import screen_to_jsonl
+    from ..generation.bulk import screen_to_jsonl, verdicts_of
 
     rows = _prompt_table(
         args.input,
@@ -863,9 +863,10 @@ def run_screen(args: argparse.Namespace) -> None:
             progress=True,
         )
     except KeyboardInterrupt:
+        written = len({str(record["id"]) for record in verdicts_of(Path(args.out), [row.id for row in rows])})
         print(
-            f"note: {_rows_with_a_verdict(args.out, rows)} of {len(rows)} rows have a verdict in {args.out}; run the "
-            "same command again to screen the rest",
+            f"note: {written} of {len(rows)} rows have a verdict in {args.out}; run the same command again to screen "
+            "the rest",
             file=sys.stderr,
         )
         raise
@@ -873,20 +874,6 @@ def run_screen(args: argparse.Namespace) -> None:
     advice = _flagged_often_advice(args, guarded.guard, summary)
     if advice:
         print(f"note: {advice}", file=sys.stderr)
-
-
-def _rows_with_a_verdict(out: str, rows: list[Any]) -> int:
-    """How many of ``rows`` have a whole line in ``out``, the verdict file of a screening run."""
-    ids = {row.id for row in rows}
-    path = Path(out)
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
-    written = set()
-    for line in lines:
-        try:
-            written.add(str(json.loads(line)["id"]))
-        except (json.JSONDecodeError, KeyError, TypeError):  # a line cut short, or not a verdict
-            continue
-    return len(written & ids)
 
 
 def _flagged_often_advice(args: argparse.Namespace, guard: Any, summary: Any) -> str:

@@ -40,7 +40,7 @@ def held_alone(path: Path, busy: str) -> Iterator[None]:
     if key in held:  # held by an outer block of this thread, which lets it go
         yield
         return
-    with _flocked(path, busy):
+    with _flocked(path, busy, quiet=False):
         held.add(key)
         try:
             yield
@@ -49,7 +49,8 @@ def held_alone(path: Path, busy: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _flocked(path: Path, busy: str) -> Iterator[None]:
+def _flocked(path: Path, busy: str, *, quiet: bool) -> Iterator[None]:
+    """``path`` locked for the block; ``quiet``: no warning on a file system without locks."""
     try:
         import fcntl
     except ImportError:
@@ -64,8 +65,9 @@ def _flocked(path: Path, busy: str) -> Iterator[None]:
         except OSError as err:
             if err.errno not in _NO_LOCKS:
                 raise
-            message = f"{path} cannot be held ({err.strerror}): another run on it is not refused"
-            warnings.warn(message, stacklevel=5)  # the line of the caller of held_alone
+            if not quiet:
+                message = f"{path} cannot be held ({err.strerror}): another run on it is not refused"
+                warnings.warn(message, stacklevel=5)  # the line of the caller of held_alone
         yield
     finally:
         os.close(descriptor)
@@ -75,9 +77,8 @@ def check_not_held(path: Path, busy: str) -> None:
     """``ValueError`` with the message ``busy`` if another run holds ``path`` now (:func:`held_alone`): what a
     command checks before it loads a model, to refuse then rather than after. The run still holds ``path`` itself
     when it starts writing. A path that does not exist is held by no run."""
-    if not path.exists():
+    held: set[Path] = getattr(_holding, "paths", set())
+    if not path.exists() or path.resolve() in held:  # held by no run, or by this one
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a file system without locks: the run itself says so
-        with held_alone(path, busy):
-            pass
+    with _flocked(path, busy, quiet=True):  # a file system without locks: the run itself says so
+        pass

@@ -134,11 +134,12 @@ STAGING_PREFIX = ".hf-lsad-saving-"
 
 @contextlib.contextmanager
 def staged_folder(path: Path, last: str) -> Iterator[Path]:
-    """A folder of its own inside ``path`` to write a saved guard's or SAE's files in. Leaving without an error moves
-    each file to its place in ``path``, ``last`` (the ``config.json`` that describes the others) last; the folder is
-    removed either way. A save that fails while writing (a full disk, an interrupt) leaves what ``path`` held as it
-    was, which matters where a guard or an SAE is saved over its own folder; only the moves, not the writing, can
-    leave a mixture, and until ``last`` is moved the files are described by the earlier ``config.json``."""
+    """A folder of its own inside ``path`` to write a saved guard's, SAE's or activation store's files in. Leaving
+    without an error moves each file to its place in ``path``, ``last`` (the ``config.json`` or ``index.json`` that
+    describes the others) last; the folder is removed either way. A save that fails while writing (a full disk, an
+    interrupt) leaves what ``path`` held as it was, which matters where one is saved over its own folder; only the
+    moves, not the writing, can leave a mixture, and until ``last`` is moved the files are described by the earlier
+    ``last``."""
     path.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX, dir=path) as name:
         staging = Path(name)

@@ -380,10 +380,17 @@ def _error_record(row_id: str, error: str) -> dict[str, Any]:
     return {"id": row_id, "flagged": None, "error": error}
 
 
-def _summary(path: Path, ids: list[str], resumed: int, seconds: float, screened: int) -> ScreenSummary:
+def verdicts_of(path: Path, ids: Sequence[str]) -> list[dict[str, Any]]:
+    """The verdict lines in ``path`` of the rows ``ids``: every whole line (a line a kill or an interrupt left
+    unfinished is not one), as :func:`screen_to_jsonl` wrote them."""
     wanted = set(ids)
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    records = [r for r in records if str(r["id"]) in wanted]
+    data = path.read_text(encoding="utf-8") if path.is_file() else ""
+    records = [json.loads(line) for line in data[: data.rfind("\n") + 1].splitlines()]
+    return [record for record in records if str(record["id"]) in wanted]
+
+
+def _summary(path: Path, ids: list[str], resumed: int, seconds: float, screened: int) -> ScreenSummary:
+    records = verdicts_of(path, ids)
     by_head: Counter[str] = Counter()
     for record in records:
         by_head.update(record.get("decided_by") or [])
