@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 
 from ..core.integrity import sha256_file
+from ..core.serialization import new_file_modes
 from ..version import library_versions
 
 CACHE_ENV = "HF_LSAD_CACHE"
@@ -50,9 +51,9 @@ def converted_folder(gguf: Path) -> Path:
 
 
 def cached_conversion(gguf: Path) -> Path | None:
-    """The converted folder of ``gguf`` if the cache holds a complete one, else ``None``."""
+    """The converted folder of ``gguf`` if the cache holds a complete one this user may read, else ``None``."""
     folder = converted_folder(gguf)
-    return folder if _complete(folder) else None
+    return folder if _complete(folder) and _readable(folder, gguf) else None
 
 
 def convert_gguf(gguf: Path) -> Path | None:
@@ -60,7 +61,7 @@ def convert_gguf(gguf: Path) -> Path | None:
     model). ``None``, with a warning, when the cache cannot be written: the caller loads the GGUF file itself."""
     folder = converted_folder(gguf)
     if _complete(folder):
-        return folder
+        return folder if _readable(folder, gguf) else None
     if folder.exists():
         warnings.warn(f"{folder} is not a complete conversion of {gguf}; converting it again", stacklevel=3)
     try:
@@ -72,6 +73,7 @@ def convert_gguf(gguf: Path) -> Path | None:
         return None
     try:
         _write_conversion(gguf, staging)
+        new_file_modes(staging)
         if not _complete(folder):  # else another process converted the same file meanwhile: keep theirs
             shutil.rmtree(folder, ignore_errors=True)  # an incomplete conversion
             os.replace(staging, folder)  # atomic: a folder in the cache is complete
@@ -92,6 +94,21 @@ def _complete(folder: Path) -> bool:
         return all((folder / name).stat().st_size == size for name, size in record["files"].items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
+
+
+def _readable(folder: Path, gguf: Path) -> bool:
+    """Whether this user may read every file of ``folder``; if not, a warning that ``gguf`` is read itself. A shared
+    cache can hold a conversion another user made private (hf-lsad wrote its weights 0600 until it followed the
+    umask)."""
+    private = [file.name for file in sorted(folder.iterdir()) if file.is_file() and not os.access(file, os.R_OK)]
+    if private:
+        warnings.warn(
+            f"{folder} holds files this user may not read ({', '.join(private)}): reading {gguf} itself, which is "
+            f"slower; ask the cache's owner to make them readable (chmod -R a+rX), or set {CACHE_ENV} to a cache of "
+            "your own",
+            stacklevel=4,
+        )
+    return not private
 
 
 def _write_conversion(gguf: Path, folder: Path) -> None:

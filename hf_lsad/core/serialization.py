@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import stat
 import tempfile
 import typing
 from collections.abc import Iterator
@@ -29,9 +31,11 @@ from .validation import check_fields
 __all__ = [
     "FORMAT_VERSION",
     "GuardFormatError",
+    "check_readable",
     "config_from_dict",
     "config_to_dict",
     "load_module",
+    "new_file_modes",
     "read_json",
     "save_module",
     "staged_folder",
@@ -126,6 +130,40 @@ def _require_regular_file(path: Path) -> None:
         raise GuardFormatError(f"missing file {path}")
     if not path.is_file():
         raise GuardFormatError(f"{path} is not a regular file (a folder, device, or broken link)")
+    check_readable(path)
+
+
+def check_readable(path: Path) -> None:
+    """Raise :class:`PermissionError` naming ``path``'s mode and owner when this process may not read it. Without
+    this, safetensors reports such a file as "No such file or directory". A missing or corrupt file is left to the
+    caller's own error."""
+    try:
+        with path.open("rb"):
+            pass
+    except PermissionError as err:
+        info = path.stat()
+        raise PermissionError(
+            f"{path} cannot be read by this user (mode {stat.filemode(info.st_mode)}, owner uid {info.st_uid}): ask "
+            f"its owner to make it readable (chmod a+r), or save it again under a umask that lets others read"
+        ) from err
+    except OSError:
+        pass
+
+
+def new_file_modes(folder: Path) -> None:
+    """Give every file under ``folder`` the mode a new file gets there (the umask, a default ACL). safetensors
+    writes its files private (0600), so a guard saved to a shared folder, or a model converted into a shared cache,
+    could not be read by another user (a server's account, a colleague) while its JSON beside it could."""
+    probe = folder / f".mode-{os.getpid()}"
+    descriptor = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    try:
+        mode = stat.S_IMODE(os.fstat(descriptor).st_mode)
+    finally:
+        os.close(descriptor)
+        probe.unlink()
+    for file in folder.rglob("*"):
+        if file.is_file() and not file.is_symlink():
+            os.chmod(file, mode)
 
 
 STAGING_PREFIX = ".hf-lsad-saving-"
@@ -144,6 +182,7 @@ def staged_folder(path: Path, last: str) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX, dir=path) as name:
         staging = Path(name)
         yield staging
+        new_file_modes(staging)
         described = staging / last
         for file in sorted(staging.rglob("*")):
             if file.is_file() and file != described:

@@ -30,6 +30,7 @@ from ..core.prompt_inputs import InputProfile
 from ..core.serialization import (
     FORMAT_VERSION,
     GuardFormatError,
+    check_readable,
     config_from_dict,
     config_to_dict,
     read_json,
@@ -126,6 +127,7 @@ def load_activations(directory: str | os.PathLike) -> ActivationSet:
     hook = index.hook
     parts = []
     for shard in index.shards:
+        check_readable(path / shard.file)
         try:
             tensor = load_file(str(path / shard.file))["activations"]
         except (SafetensorError, OSError, KeyError) as err:
@@ -268,6 +270,7 @@ class ActivationStore:
 
 
 def _open_shard(file: Path) -> Any:
+    check_readable(file)
     try:
         return safe_open(str(file), framework="pt")
     except (SafetensorError, OSError) as err:

@@ -47,6 +47,7 @@ from ..core.prompt_inputs import InputProfile
 from ..core.serialization import (
     FORMAT_VERSION,
     GuardFormatError,
+    check_readable,
     config_from_dict,
     config_to_dict,
     config_to_replace,
@@ -322,6 +323,7 @@ def read_fingerprint(path: Path, raw: Any, source: str) -> ModelFingerprint:
             f"text 'rows', got {counts!r}"
         )
     file = path / FINGERPRINT
+    check_readable(file)
     try:
         tensors = load_file(str(file))
     except (SafetensorError, OSError) as err:
@@ -397,6 +399,7 @@ def guard_tensor_files(guard: GuardParts) -> list[str]:
 
 def read_holdout_scores(file: Path, n_holdout: int) -> Tensor:
     """The sorted held-out scores of ``threshold.safetensors``, checked against the config's ``n_holdout``."""
+    check_readable(file)
     try:
         tensors = load_file(str(file))
     except (SafetensorError, OSError) as err:

@@ -64,6 +64,8 @@ def test_the_first_load_converts_and_later_loads_read_the_conversion(gguf: Path)
     umask = os.umask(0)
     os.umask(umask)
     assert folder.stat().st_mode & 0o777 == 0o777 & ~umask  # as any folder the user makes (mkdtemp's was 0700)
+    files = {file.name: file.stat().st_mode & 0o777 for file in folder.iterdir()}  # safetensors' are 0600
+    assert files == dict.fromkeys(files, 0o666 & ~umask) and "model.safetensors" in files
     later = load_model(str(gguf))
     assert not read_from_gguf(first[0]) and not read_from_gguf(later[0])
     for loaded in (first, later):
@@ -121,6 +123,22 @@ def test_a_cache_that_cannot_be_written_warns_and_loads_the_gguf_file(gguf: Path
     with pytest.warns(UserWarning, match=f"cannot write the GGUF cache .*; set {CACHE_ENV}"):
         loaded = load_model(str(gguf))
     assert read_from_gguf(loaded[0])
+    assert_same_model(loaded, load_model(str(gguf), gguf_cache=False))
+
+
+def test_a_conversion_this_user_may_not_read_warns_and_loads_the_gguf_file(gguf: Path, monkeypatch):
+    load_model(str(gguf))  # converted, as by another user of a shared cache
+    folder = cached_conversion(gguf)
+    assert folder is not None
+    weights = folder / "model.safetensors"
+    readable = os.access
+    # root reads any file: deny the weights as the kernel would another user (an older hf-lsad wrote them 0600)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != weights and readable(path, mode, **kw))
+    with pytest.warns(UserWarning, match=r"may not read \(model\.safetensors\): reading .*tiny\.Q8_0\.gguf itself"):
+        assert cached_conversion(gguf) is None  # the tokenizer alone comes from the GGUF file too
+    with pytest.warns(UserWarning, match=f"chmod -R a\\+rX\\), or set {CACHE_ENV}"):
+        loaded = load_model(str(gguf))
+    assert read_from_gguf(loaded[0])  # before: FileNotFoundError of a file that is there
     assert_same_model(loaded, load_model(str(gguf), gguf_cache=False))
 
 

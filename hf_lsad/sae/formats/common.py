@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
-from ...core.serialization import GuardFormatError, read_json
+from ...core.serialization import GuardFormatError, check_readable, read_json
 from ..model import SAEConfig, SparseAutoencoder
 
 _RESID_POST = re.compile(r"blocks\.(\d+)\.hook_resid_post")
@@ -113,6 +113,7 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
     """The tensors of the safetensors file ``path``."""
     if not path.is_file():
         raise SAEFormatError(f"missing file {path}")
+    check_readable(path)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as err:

@@ -1,0 +1,62 @@
+"""What a save leaves on disk can be read by whoever the folder is shared with, and a file this user may not read
+is named as such."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import two_headed_guard
+
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.data.store import load_activations, save_activations
+from hf_lsad.guard import SafetyGuard
+
+HOOK = HookPoint("tiny/model", "llama", 4, 4, 1, "model.layers.1", "prompt_last")
+
+
+@pytest.fixture(params=[0o022, 0o077, 0o002], ids=lambda mask: f"umask-{mask:03o}")
+def umask(request: pytest.FixtureRequest):
+    previous = os.umask(request.param)
+    yield request.param
+    os.umask(previous)
+
+
+def file_modes(folder: Path) -> dict[str, int]:
+    return {p.relative_to(folder).as_posix(): p.stat().st_mode & 0o777 for p in folder.rglob("*") if p.is_file()}
+
+
+def test_every_saved_file_has_the_mode_the_umask_gives(tmp_path: Path, umask: int):
+    # safetensors writes its files 0600: a guard saved to a shared folder had JSON others could read beside weights
+    # they could not (a server's account failed to load it)
+    two_headed_guard().save_pretrained(tmp_path / "guard")
+    records = [{"id": str(i), "text": f"prompt {i}", "category": "safe"} for i in range(5)]
+    save_activations(tmp_path / "store", torch.randn(5, 4), records, HOOK, shard_size=2)
+    for folder in ("guard", "store"):
+        modes = file_modes(tmp_path / folder)
+        assert any(name.endswith(".safetensors") for name in modes) and any(name.endswith(".json") for name in modes)
+        assert modes == dict.fromkeys(modes, 0o666 & ~umask), folder
+    assert not [p for p in tmp_path.rglob(".mode-*")]  # the probe is gone
+
+
+def test_a_file_this_user_may_not_read_is_named_with_its_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    two_headed_guard().save_pretrained(tmp_path / "guard")
+    save_activations(tmp_path / "store", torch.randn(5, 4), [{"id": str(i)} for i in range(5)], HOOK)
+    denied = {tmp_path / "guard" / "heads" / "harm.safetensors", tmp_path / "store" / "shard-00000.safetensors"}
+    assert all(path.is_file() for path in denied)
+    opened = pathlib.Path.open
+
+    def open_as_another_user(self: Path, *args, **kwargs):  # root reads any file: deny these as the kernel would
+        if self in denied:
+            raise PermissionError(13, "Permission denied", str(self))
+        return opened(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "open", open_as_another_user)
+    # safetensors itself said "No such file or directory" of such a file, and the loaders called it corrupt
+    with pytest.raises(PermissionError, match=r"harm\.safetensors cannot be read by this user \(mode -rw-"):
+        SafetyGuard.from_pretrained(tmp_path / "guard")
+    with pytest.raises(PermissionError, match=r"shard-00000\.safetensors cannot be read by this user"):
+        load_activations(tmp_path / "store")
