@@ -102,6 +102,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         for value in values if isinstance(values, list) else [values] if values else []:
             if not Path(value).is_dir():
                 parser.error(f"argument {_flag(name)}: no activation store folder {value!r}")
+    out = getattr(args, "out", None)  # a folder to write; screen's is a file of verdicts, pull's is checked below
+    if args.command not in ("screen", "pull") and out is not None and Path(out).exists() and not Path(out).is_dir():
+        parser.error(f"argument --out: {out!r} is a file, not a folder")
     if args.command == "fit" and getattr(args, "sae", None):
         _check_sae(parser, args.sae, args.sae_subfolder)
     if getattr(args, "system", None) is not None:
@@ -113,6 +116,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error("argument --system: prompt mode only; an activation store's prompts were formatted already")
     if getattr(args, "conversation", False) and args.raw:
         parser.error("argument --conversation: a conversation is read under the chat template, which --raw leaves out")
+    if args.command == "generate" and args.refusal and args.on_flag == "report":
+        parser.error("argument --refusal: what a stopped row says, and --on-flag report stops no row")
     if args.command == "generate" and args.temperature == 0:
         given = [flag for flag, value in (("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
         if given:

@@ -178,6 +178,8 @@ def staged_folder(path: Path, last: str) -> Iterator[Path]:
     interrupt) leaves what ``path`` held as it was, which matters where one is saved over its own folder; only the
     moves, not the writing, can leave a mixture, and until ``last`` is moved the files are described by the earlier
     ``last``."""
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{path} is a file, not a folder: what is saved there is a folder of files")
     path.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX, dir=path) as name:
         staging = Path(name)

@@ -80,12 +80,18 @@ def check_generate_options(
     on_step: Callable[[StepVerdict], None] | None,
     explain: bool = False,
     explain_top_k: object = 10,
+    refusal: object = None,
 ) -> None:
-    """Refuse an ``on_flag`` / ``on_step`` that a guard reading ``position`` cannot honour, and, with ``explain``, an
-    ``explain_top_k`` that is not a count: before any token is generated."""
+    """Refuse an ``on_flag`` / ``on_step`` that a guard reading ``position`` cannot honour, a ``refusal`` that no row
+    would say, and, with ``explain``, an ``explain_top_k`` that is not a count: before any token is generated."""
     check_explain(explain, explain_top_k)
     if on_flag not in ON_FLAG:
         raise ValueError(f"on_flag must be one of {ON_FLAG}, got {on_flag!r}")
+    if refusal is not None and on_flag != "stop":
+        raise ValueError(
+            f"refusal is what a stopped row says, and on_flag={on_flag!r} stops no row: pass on_flag='stop' with it, "
+            "or leave it out"
+        )
     if position == "prompt_mean":
         raise ValueError(
             "a prompt_mean guard reads the mean over the prompt's tokens, which guarded generate does not record; "

@@ -336,7 +336,7 @@ class GuardedModelForCausalLM(nn.Module):
                 verdict exists only after the response, so it cannot stop anything. Under beam search
                 (``do_sample=False``, a model with an EOS id) every beam of a flagged prompt is forced alike.
             refusal: What a stopped row says: token ids, or text (encoded with the wrapper's
-                ``tokenizer``, without special tokens). ``None``: EOS only.
+                ``tokenizer``, without special tokens). ``None``: EOS only. Given with ``on_flag="report"``: an error.
             explain: Explain the head that decided (:attr:`~hf_lsad.guard.SafetyReport.explained_head`): each
                 report's ``features`` lists its top features (the anomaly head's SAE features,
                 :mod:`hf_lsad.guard.explain`), and, for a supervised head, ``tokens`` the prompt tokens that raise
@@ -359,7 +359,8 @@ class GuardedModelForCausalLM(nn.Module):
             kwargs["input_ids"] = input_ids
         if return_dict_in_generate is not None:
             kwargs["return_dict_in_generate"] = return_dict_in_generate
-        check_generate_options(self.guard.config.hook.position, on_flag, on_step, explain, explain_top_k)
+        position = self.guard.config.hook.position
+        check_generate_options(position, on_flag, on_step, explain, explain_top_k, refusal)
         check_generate_inputs(self.model, self.guard, kwargs)
         self._input_warner.warn(
             self.guard.inputs, self.tokenizer, kwargs.get("input_ids"), kwargs.get("attention_mask")

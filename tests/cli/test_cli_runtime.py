@@ -192,6 +192,29 @@ def test_generate_reads_a_guard_at_a_hub_revision(model_dir, hub_server, capsys)
         main(argv)  # the guard was pushed to the branch v1 only
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["collect", "--pool", "safe", "--layer", "1", "--position", "prompt_last"],
+        ["train-sae", "--activations", "{tmp}", "--d-sae", "8"],
+        ["fit", "--activations", "{tmp}"],
+        ["calibrate", "--guard", "default", "--safe", "{tmp}", "--unsafe", "{tmp}", "--benign-ood", "{tmp}"],
+        ["evaluate", "--guard", "default", "--benign-prompts", "chat={tmp}/chat.txt"],
+        ["add-head", "--guard", "default", "--name", "dosage", "--unsafe", "{tmp}/chat.txt"],
+        ["set-budget", "--guard", "default", "--benign", "{tmp}/chat.txt"],
+        ["teach", "--guard", "default", "--benign", "{tmp}/chat.txt"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_an_out_folder_that_is_a_file_fails_before_the_model_loads(capsys, monkeypatch, tmp_path, argv):
+    (tmp_path / "chat.txt").write_text("How do I bake bread?\n")
+    (tmp_path / "a-file").write_text("not a folder")
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    # collect failed after its model loaded, with a bare NotADirectoryError; the others at their save, after the work
+    error = usage_error(capsys, monkeypatch, *argv, "--out", str(tmp_path / "a-file"))
+    assert error.endswith(f"argument --out: '{tmp_path / 'a-file'}' is a file, not a folder")
+
+
 def test_placement_of_a_model():
     assert placement("cpu") == {} and placement("cuda:1") == {"device_map": {"": "cuda:1"}}
     assert placement("auto", torch.device("cuda", 1)) == {"device_map": {"": "cuda:1"}}
@@ -207,6 +230,7 @@ def test_placement_of_a_model():
         (["--temperature", "-1"], "argument --temperature: -1.0 is not a number >= 0"),
         (["--temperature", "nan"], "argument --temperature: nan is not a number >= 0"),
         (["--temperature", "1", "--top-p", "0"], "argument --top-p: 0.0 is not a number in (0, 1]"),
+        (["--on-flag", "report", "--refusal", "No."], "argument --refusal: what a stopped row says, and --on-flag"),
     ],
 )
 def test_sampling_flags_that_cannot_work_fail_before_the_model_loads(capsys, monkeypatch, flags, expected):

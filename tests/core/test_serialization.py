@@ -60,3 +60,12 @@ def test_a_file_this_user_may_not_read_is_named_with_its_mode(tmp_path: Path, mo
         SafetyGuard.from_pretrained(tmp_path / "guard")
     with pytest.raises(PermissionError, match=r"shard-00000\.safetensors cannot be read by this user"):
         load_activations(tmp_path / "store")
+
+
+def test_a_save_to_a_file_says_it_is_not_a_folder(tmp_path: Path):
+    (tmp_path / "a-file").write_text("kept")
+    with pytest.raises(FileExistsError, match=r"a-file is a file, not a folder: what is saved there is a folder"):
+        two_headed_guard().save_pretrained(tmp_path / "a-file")
+    with pytest.raises(FileExistsError, match=r"a-file is a file, not a folder"):
+        save_activations(tmp_path / "a-file", torch.randn(5, 4), [{"id": str(i)} for i in range(5)], HOOK)
+    assert (tmp_path / "a-file").read_text() == "kept"

@@ -166,6 +166,8 @@ def test_bad_arguments_are_refused():
     model, tokenizer, guarded, inputs, _ = screening_setup()
     with pytest.raises(ValueError, match="on_flag must be one of"):
         guarded.generate(**inputs, max_new_tokens=2, on_flag="block")
+    with pytest.raises(ValueError, match="refusal is what a stopped row says, and on_flag='report' stops no row"):
+        guarded.generate(**inputs, max_new_tokens=2, refusal="I can't help with that.")  # was ignored
     _, _, last_guard = tiny_guard("response_last")
     with pytest.raises(ValueError, match="cannot stop one"):
         GuardedModelForCausalLM(model, last_guard).generate(**inputs, max_new_tokens=2, on_flag="stop")
