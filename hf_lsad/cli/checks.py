@@ -356,7 +356,7 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """The head's name, its prompt files (readable, not empty, both labels), where the guard goes, and whether
     adding the head sets thresholds set on the user's traffic again on bundled chat."""
     from ..guard.guard import SafetyGuard
-    from ..guard.heads import check_head_name
+    from ..guard.heads import check_head_name, check_name_free
     from ..guard.heads.training import MIN_UNSAFE, thresholds_reset_warning
     from .arguments import guard_location
     from .commands import read_prompt_file
@@ -395,6 +395,10 @@ def _check_add_head(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             "argument --out: needed unless --guard is a local guard folder (the bundled guards stay as shipped)"
         )
     guard = SafetyGuard.from_pretrained(args.guard, **guard_location(args))  # loaded and checked by _check_guard
+    try:
+        check_name_free(args.name, guard.head_names)
+    except ValueError as err:
+        parser.error(f"argument --name: {_one_line(err)}")
     reset = thresholds_reset_warning(guard.budget, args.name)
     if reset:  # said before the model loads, not after the head's fit
         print(f"warning: {reset}", file=sys.stderr)

@@ -279,7 +279,7 @@ def load_guard_folder(path: Path) -> tuple[GuardParts, dict[str, Any]]:
         calibration = config_from_dict(AffineCalibration, raw["calibration"], source=f"{source}:calibration")
     heads = tuple(read_head(path, head, f"{source}:heads[{i}]") for i, head in enumerate(raw.get("heads", [])))
     names = [head.name for head in heads]
-    if len(set(names)) != len(names):
+    if len({name.casefold() for name in names}) != len(names):  # in any case: one weights file on macOS and Windows
         raise GuardFormatError(f"{source}: two supervised heads share a name: {names}")
     budget = None
     if heads:  # a budget written before ``confidence`` existed was set by the plain quantile rule

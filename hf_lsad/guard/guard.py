@@ -44,7 +44,7 @@ from .files import (
     upload_guard,
     verify_guard_folder,
 )
-from .heads import SupervisedHead
+from .heads import SupervisedHead, check_name_free
 from .running import RunningConfig
 from .threshold import budget_thresholds, conformal_p_values, sorted_holdout, union_flag_rate
 from .types import (
@@ -122,8 +122,7 @@ class SafetyGuard(nn.Module):
         if not isinstance(head, SupervisedHead):
             raise TypeError(f"expected a SupervisedHead, got {type(head).__name__}")
         hook = self.config.hook
-        if head.name in self.heads:
-            raise ValueError(f"the guard already has a head named {head.name!r}")
+        check_name_free(head.name, self.head_names)
         if hook.position != "prompt_last":
             raise ValueError(
                 f"supervised heads read the prompt and decide before the response; this guard's anomaly head reads "

@@ -140,6 +140,7 @@ def test_add_head_weighs_the_safe_prompts_as_asked_and_the_card_says_so(model_di
         (CATEGORY, ["--safe", "SAME"], "in --unsafe too"),
         (["{not json"], [], "not JSON"),
         (CATEGORY, ["--name", "has space"], "argument --name"),
+        (CATEGORY, ["--name", "Anomaly"], "argument --name: the guard already has a head named 'anomaly': 'Anomaly'"),
         (CATEGORY, ["--share", "1.0"], "argument --share"),
         (CATEGORY, ["--safe-weight", "0.5"], "argument --safe-weight: weighs the --safe prompts"),
         (CATEGORY, ["--safe-weight", "1.0"], "argument --safe-weight: 1.0 is not"),

@@ -6,6 +6,7 @@ import copy
 import hashlib
 import json
 import math
+import shutil
 import warnings
 from dataclasses import replace
 
@@ -356,6 +357,8 @@ def test_a_head_that_does_not_fit_the_model_is_refused():
         guard.add_head(head_of(width, reads=[(99, "prompt_mean")]))
     with pytest.raises(ValueError, match="already has a head named 'harm'"):
         guard.add_head(head_of(width, name="harm"))
+    with pytest.raises(ValueError, match="named 'harm': 'Harm' differs from it only in case"):
+        guard.add_head(head_of(width, name="Harm"))  # heads/Harm.safetensors is heads/harm.safetensors on macOS
     with pytest.raises(ValueError, match="names the paper's head"):
         head_of(width, name="anomaly")
     with pytest.raises(ValueError, match="a head name"):
@@ -402,11 +405,18 @@ def edit_config(folder, edit):
     path.write_text(json.dumps(config))
 
 
+def case_twin(folder):
+    """A second head whose name differs from the first's only in case, with weights of its own (on Linux)."""
+    shutil.copy(folder / "heads" / "harm.safetensors", folder / "heads" / "HARM.safetensors")
+    edit_config(folder, lambda c: c["heads"].append({**c["heads"][0], "name": "HARM"}))
+
+
 @pytest.mark.parametrize(
     ("edit", "error"),
     [
         (lambda folder: (folder / "heads" / "harm.safetensors").unlink(), "has no weights"),
         (lambda folder: edit_config(folder, lambda c: c["heads"].append(c["heads"][0])), "share a name"),
+        (lambda folder: case_twin(folder), "share a name"),
         (lambda folder: edit_config(folder, lambda c: c.pop("budget")), "come together"),
         (lambda folder: edit_config(folder, lambda c: c["budget"]["heads"].reverse()), "must be distinct and start"),
         (lambda folder: edit_config(folder, lambda c: c["heads"][0].update(hidden_size=7)), "shape"),

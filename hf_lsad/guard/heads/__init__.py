@@ -15,6 +15,7 @@ from .probe import (
     SupervisedHeadConfig,
     balanced_weights,
     check_head_name,
+    check_name_free,
     make_probe,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "SupervisedHeadConfig",
     "balanced_weights",
     "check_head_name",
+    "check_name_free",
     "make_probe",
 ]

@@ -342,6 +342,20 @@ def check_head_name(name: str) -> None:
         raise ValueError(f"{ANOMALY_HEAD!r} names the paper's head; choose another name")
 
 
+def check_name_free(name: str, names: Sequence[str]) -> None:
+    """Refuse ``name`` for a new head when a head in ``names`` has it, in any case: ``heads/Harm.safetensors`` and
+    ``heads/harm.safetensors`` are one file on macOS and Windows, where such a guard folder (or its Hub repo, cloned)
+    would lose a head's weights."""
+    taken = next((other for other in names if other.casefold() == name.casefold()), None)
+    if taken == name:
+        raise ValueError(f"the guard already has a head named {name!r}")
+    if taken is not None:
+        raise ValueError(
+            f"the guard already has a head named {taken!r}: {name!r} differs from it only in case, and their weights "
+            "would be one file on macOS and Windows; choose another name"
+        )
+
+
 class SupervisedHead(nn.Module):
     """A named :class:`Probe` in a guard: scores the reads it needs out of all the guard recorded."""
 

@@ -48,7 +48,14 @@ from .budget import (
     was_taught,
 )
 from .bundled import bundled_features, drawn_fit_rows, release_rows, sample_rows
-from .probe import ProbeConfig, SupervisedHead, SupervisedHeadConfig, balanced_weights, check_head_name
+from .probe import (
+    ProbeConfig,
+    SupervisedHead,
+    SupervisedHeadConfig,
+    balanced_weights,
+    check_head_name,
+    check_name_free,
+)
 
 BENIGN_POOLS: tuple[str, ...] = ("chat", "safe", "benign_ood", "lookalike")
 """The bundled benign pools a head added from a few examples learns against (their fit rows)."""
@@ -191,8 +198,7 @@ def add_head(
         check_prompts(safe)
     if len(unsafe) < MIN_UNSAFE:
         raise ValueError(f"a head needs at least {MIN_UNSAFE} examples of its category, got {len(unsafe)}")
-    if name in guard.head_names:
-        raise ValueError(f"the guard already has a head named {name!r}")
+    check_name_free(name, guard.head_names)
     if share is not None and not 0.0 < share < 1.0:
         raise ValueError(f"share must be in (0, 1), got {share}")
     if safe_weight is not None and not (safe and 0.0 < safe_weight < 1.0):
