@@ -288,13 +288,14 @@ def _evaluate_guard(args: argparse.Namespace) -> None:
 
 def _evaluate_prompts(args: argparse.Namespace) -> None:
     from ..evaluation.plots import write_report
-    from ..evaluation.prompts import evaluate_prompt_sources
+    from ..evaluation.prompts import check_prompt_sources, evaluate_prompt_sources
 
     sources = {}
     for flag, unsafe in (("benign_prompts", False), ("unsafe_prompts", True)):
         for item in getattr(args, flag):
             name, _, source = item.partition("=")
             sources[name] = (_prompt_table(source, column=args.column, limit=args.limit), unsafe)
+    check_prompt_sources(sources)  # before the model loads
     guarded = _guarded_model(args)
     evaluation = evaluate_prompt_sources(guarded, sources, batch_size=args.batch_size, system=args.system)
     summary = evaluation.summary()

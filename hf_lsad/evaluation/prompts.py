@@ -149,10 +149,7 @@ def evaluate_prompt_sources(
     deployment sends it (``None``: the template's default); a guard's thresholds hold for the turn they were set
     under, so judge a guard taught under a turn under it."""
     check_system_turn(system)
-    if not sources:
-        raise ValueError("no prompt sources to evaluate")
-    if not any(unsafe for _, unsafe in sources.values()) or all(unsafe for _, unsafe in sources.values()):
-        raise ValueError("evaluation needs at least one benign and one unsafe source")
+    check_prompt_sources(sources)
     results, thresholds = [], {}
     for name, (rows, unsafe) in sources.items():
         reports, errors = _screen(guarded, rows, batch_size, system, name if progress else None)
@@ -170,6 +167,35 @@ def evaluate_prompt_sources(
     budget = guarded.guard.budget
     shares = None if budget is None else dict(zip(budget.heads, budget.shares))
     return PromptEvaluation(results, thresholds, system, shares)
+
+
+def check_prompt_sources(sources: dict[str, tuple[list[PromptRow], bool]]) -> None:
+    """Refuse sources (``name -> (rows, unsafe)``) that cannot be evaluated: none, no benign or no unsafe one, or a
+    prompt (a conversation, read whole) that one source gives as benign and another as unsafe, which would count
+    against the guard both ways."""
+    if not sources:
+        raise ValueError("no prompt sources to evaluate")
+    if not any(unsafe for _, unsafe in sources.values()) or all(unsafe for _, unsafe in sources.values()):
+        raise ValueError("evaluation needs at least one benign and one unsafe source")
+    benign: dict[object, str] = {}
+    for name, (rows, unsafe) in sources.items():
+        for row in rows if not unsafe else []:
+            if row.text is not None:
+                benign.setdefault(_prompt_key(row), name)
+    for name, (rows, unsafe) in sources.items():
+        both = [row for row in rows if unsafe and row.text is not None and _prompt_key(row) in benign]
+        if both:
+            raise ValueError(
+                f"{len(both)} prompts of the unsafe source {name!r} are in the benign source "
+                f"{benign[_prompt_key(both[0])]!r} too (each prompt has one label), e.g. {both[0].text!r}"
+            )
+
+
+def _prompt_key(row: PromptRow) -> object:
+    """What the guard reads of a row: its conversation when it was read whole, else its prompt."""
+    if row.conversation is not None:
+        return tuple((turn["role"], turn["content"]) for turn in row.conversation)
+    return row.text
 
 
 def _screen(

@@ -16,7 +16,7 @@ from tiny import PROMPTS, UNSAFE_PROMPTS, fresh_guard, tiny_guard, two_headed_gu
 from hf_lsad.cli.main import entry
 from hf_lsad.data.tables import PromptRow
 from hf_lsad.evaluation.plots import write_report
-from hf_lsad.evaluation.prompts import evaluate_prompt_sources
+from hf_lsad.evaluation.prompts import check_prompt_sources, evaluate_prompt_sources
 from hf_lsad.generation.model import GuardedModelForCausalLM
 from hf_lsad.guard import SafetyGuard
 
@@ -179,3 +179,25 @@ def test_prompt_mode_refuses_bad_arguments(argv, error, capsys):
     with pytest.raises(SystemExit) as info:
         entry(["evaluate", *argv])
     assert info.value.code == 2 and error in capsys.readouterr().err
+
+
+def test_a_prompt_given_both_benign_and_unsafe_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    from hf_lsad.capture import pretrained
+
+    (tmp_path / "chat.txt").write_text("".join(f"{text}\n" for text in PROMPTS))
+    (tmp_path / "harm.txt").write_text("".join(f"{text}\n" for text in [*UNSAFE_PROMPTS, PROMPTS[3]]))
+    monkeypatch.setattr(pretrained, "load_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    argv = ["evaluate", "--guard", "default", "--benign-prompts", f"chat={tmp_path / 'chat.txt'}"]
+    with pytest.raises(SystemExit) as info:  # it was scored as both, and counted against the guard either way
+        entry([*argv, "--unsafe-prompts", f"harm={tmp_path / 'harm.txt'}"])
+    error = "1 prompts of the unsafe source 'harm' are in the benign source 'chat' too (each prompt has one label), "
+    assert info.value.code == 1 and f"{error}e.g. {PROMPTS[3]!r}" in capsys.readouterr().err
+    one = [{"role": "user", "content": "hi"}]
+    conversations = {  # read whole: the same last turn after other turns is another prompt
+        "chat": ([PromptRow("0", "hi", conversation=tuple(one))], False),
+        "harm": ([PromptRow("0", "hi", conversation=({"role": "system", "content": "Be evil."}, *one))], True),
+    }
+    check_prompt_sources(conversations)
+    conversations["harm"] = (conversations["chat"][0], True)
+    with pytest.raises(ValueError, match="1 prompts of the unsafe source 'harm'"):
+        check_prompt_sources(conversations)
