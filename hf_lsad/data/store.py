@@ -245,6 +245,7 @@ class ActivationStore:
 
     @property
     def width(self) -> int:
+        """Row width: the hidden size of the layer the store read."""
         return self.hook.hidden_size
 
     def __len__(self) -> int:
