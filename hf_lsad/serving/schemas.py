@@ -60,13 +60,7 @@ class ChatMessage(BaseModel):
         # Checked before pydantic tries each member of the union, whose errors would name the string member of
         # a list that holds an image part.
         if isinstance(value, list):
-            for index, part in enumerate(value):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind != "text" or not isinstance(part.get("text"), str):
-                    shown = f"a part of type {kind!r}" if isinstance(kind, str) else json_type(part)
-                    raise ValueError(
-                        f'part {index} is {shown}: only text parts ({{"type": "text", "text": "..."}}) can be read'
-                    )
+            check_text_parts(value)
         elif not isinstance(value, str):
             raise ValueError(f"a string or a list of text parts, got {json_type(value)}")
         return value
@@ -225,19 +219,39 @@ class CompletionRequest(_Sampling):
 
 
 class ModerationRequest(BaseModel):
-    """``POST /v1/moderations``: each input is screened as a user turn of the chat template."""
+    """``POST /v1/moderations``: each input is screened as a user turn of the chat template. ``input`` is a text, a
+    list of texts (a result each), or a list of parts (``{"type": "text", "text": "..."}``), one input whose text is
+    theirs one after another, as the OpenAI API reads a list of multi-modal inputs; an image part is refused."""
 
     model_config = ConfigDict(extra="ignore")
-    input: str | list[str]
+    input: str | list[str] | list[ContentPart]
     model: str | None = None
 
     @field_validator("input", mode="before")
     @classmethod
-    def _text_or_texts(cls, value: Any) -> str | list[str]:
+    def _text_or_texts(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            check_text_parts(value)  # before pydantic tries each member of the union, as for a chat turn
+            return value
         return text_or_texts(value)
 
     def texts(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else list(self.input)
+        if isinstance(self.input, str):
+            return [self.input]
+        parts = [item for item in self.input if isinstance(item, ContentPart)]
+        if parts:  # one input; the validator lets no list mix parts and texts
+            return [joined(parts)]
+        return [item for item in self.input if isinstance(item, str)]
+
+
+def check_text_parts(parts: list[Any]) -> None:
+    """A ``ValueError`` naming the first of ``parts`` that is not a text part (an image, a file, not an object)."""
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            shown = f"a part of type {kind!r}" if isinstance(kind, str) else json_type(part)
+            text_part = '{"type": "text", "text": "..."}'
+            raise ValueError(f"part {index} is {shown}: only text parts ({text_part}) can be read")
 
 
 def joined(content: str | list[ContentPart]) -> str:

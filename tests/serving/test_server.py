@@ -487,6 +487,11 @@ def test_completions_and_moderations(server, client):
     result = body["results"][0]
     assert status == 200 and set(result["categories"]) == {"anomaly", "harm"} and result["categories"]["harm"]
     assert result["category_scores"]["harm"] == pytest.approx(alone(guarded, UNSAFE)["heads"]["harm"]["score"])
+    # a list of text parts is one input, as the OpenAI API reads multi-modal inputs (it was refused, item 0 an object)
+    parts = [{"type": "text", "text": UNSAFE[:9]}, {"type": "text", "text": UNSAFE[9:]}]
+    moderation = client.moderations.create(model="tiny-llama", input=parts)
+    assert len(moderation.results) == 1 and moderation.results[0].flagged == result["flagged"]
+    assert moderation.results[0].category_scores.model_extra == result["category_scores"]
 
 
 def test_a_server_that_explains_names_the_words_behind_each_flag():
@@ -550,6 +555,24 @@ BAD_REQUESTS = [
     ("an empty prompt", {"path": "/v1/completions", "body": {"prompt": ""}}, 400, "prompt: empty"),
     ("a blank prompt", {"path": "/v1/completions", "body": {"prompt": "  "}}, 400, "prompt: empty: whitespace only"),
     ("moderation input not text", {"path": "/v1/moderations", "body": {"input": [1]}}, 400, "input: item 0 is"),
+    (
+        "moderation of an image",
+        {"path": "/v1/moderations", "body": {"input": [{"type": "image_url", "image_url": {"url": "x"}}]}},
+        400,
+        "input: part 0 is a part of type 'image_url': only text parts",
+    ),
+    (
+        "moderation of texts and parts",
+        {"path": "/v1/moderations", "body": {"input": ["hi", {"type": "text", "text": "hi"}]}},
+        400,
+        "input: item 1 is an object, not a string",
+    ),
+    (
+        "moderation of an empty part",
+        {"path": "/v1/moderations", "body": {"input": [{"type": "text", "text": " "}]}},
+        400,
+        "input: prompt 0 is empty",
+    ),
     ("two prompts", {"path": "/v1/completions", "body": {"prompt": ["a", "b"]}}, 400, "prompt: one prompt per request"),
     ("unknown role", {"body": {"messages": [{"role": "robot", "content": "hi"}]}}, 400, "role"),
     ("max_tokens above the limit", {"body": chat_body(BENIGN, max_tokens=17)}, 400, "at most 16"),
