@@ -31,6 +31,7 @@ class Answer:
         stops: list[str],
         ends: list[int],
         logprobs: TokenLogprobs | None = None,
+        include_usage: bool = False,
     ) -> None:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -38,6 +39,8 @@ class Answer:
         self.prompt_tokens, self.tokenizer, self.stops, self.ends = prompt_tokens, tokenizer, stops, set(ends)
         self.logprobs = logprobs
         """The tokens' log-probabilities, recorded during ``generate``; ``None``: not asked for."""
+        self.include_usage = include_usage
+        """A stream's usage, in a chunk of its own at the end (``stream_options.include_usage``); else none."""
         self.token_bytes = token_bytes(tokenizer)
 
     def whole(self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int) -> dict[str, Any]:
@@ -66,14 +69,14 @@ class Answer:
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
         else:
             choice = {"index": index, "text": content or "", "logprobs": None, "finish_reason": None}
-        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+        return {**self._stream_head(), "choices": [choice]}
 
     def last_chunks(
         self, sequences: torch.Tensor, reports: list[SafetyReport], max_new: int, texts: list[tuple[str, bool]]
     ) -> list[dict[str, Any]]:
         """The chunks that end a stream: each choice's finish reason, report and the log-probabilities of its tokens
-        (when asked for: every token's, in this one chunk), then, on the last, the usage and the answer's report;
-        ``texts``: per choice, the text sent and whether a stop sequence ended it."""
+        (when asked for: every token's, in this one chunk), the answer's report on the last, then, when asked for, a
+        chunk of the usage alone; ``texts``: per choice, the text sent and whether a stop sequence ended it."""
         chunks, written = [], 0
         for index, (sequence, report, (text, stop)) in enumerate(zip(sequences, reports, texts)):
             new = self._new_tokens(sequence)
@@ -88,7 +91,9 @@ class Answer:
                 safety=self._safety(report),
             )
             chunks.append(chunk)
-        chunks[-1].update(usage=self._usage(written), safety=self._safety(reports[0]))
+        chunks[-1].update(safety=self._safety(reports[0]))
+        if self.include_usage:
+            chunks.append({**self._stream_head(), "choices": [], "usage": self._usage(written)})
         return chunks
 
     @staticmethod
@@ -97,6 +102,10 @@ class Answer:
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _stream_head(self) -> dict[str, Any]:
+        usage = {"usage": None} if self.include_usage else {}  # every chunk but the last, as the OpenAI API
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), **usage}
 
     def _new_tokens(self, sequence: torch.Tensor) -> list[int]:
         """A choice's tokens: up to its first end-of-sequence id, without the padding ``generate`` puts after a row

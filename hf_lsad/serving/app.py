@@ -260,7 +260,9 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
         if processors:
             settings["logits_processor"] = LogitsProcessorList(processors)
         stops = body.stop or []
-        answer = Answer(config.model_name, chat, reads_prompt, prompt_tokens, tokenizer, stops, ends, logprobs)
+        answer = Answer(
+            config.model_name, chat, reads_prompt, prompt_tokens, tokenizer, stops, ends, logprobs, body.include_usage()
+        )
 
         if config.explain:
             settings.update(explain=True, explain_top_k=config.explain)

@@ -26,10 +26,14 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
     "echo": (False,),
     "suffix": ("",),
+    "function_call": ("none", "auto"),
+    "modalities": (["text"],),
+    "audio": (),
+    "web_search_options": (),
 }
 """Request fields that would change the answer and that the server does not implement, each with the values that
-leave the answer as it is (an empty list of tools, plain text, one candidate, ``echo: false``): refused when set to
-anything else. ``null`` is the default, as for every field."""
+leave the answer as it is (an empty list of tools, plain text, one candidate, ``echo: false``, text out and no audio,
+no web search): refused when set to anything else. ``null`` is the default, as for every field."""
 
 MAX_STOP_SEQUENCES = 4
 """Stop sequences a request may give, as the OpenAI API allows."""
@@ -79,6 +83,20 @@ class ChatMessage(BaseModel):
         return joined(self.content)
 
 
+class StreamOptions(BaseModel):
+    """``stream_options`` of a streamed request."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = Field(default=False, strict=True)
+    """Send the usage in a chunk of its own before ``data: [DONE]``, its ``choices`` empty, and ``usage: null`` in
+    every other chunk, as the OpenAI API; without it a stream carries no usage."""
+
+    @field_validator("include_usage", mode="before")
+    @classmethod
+    def _null_is_false(cls, value: Any) -> Any:
+        return False if value is None else value
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
@@ -90,6 +108,8 @@ class _Sampling(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True, allow_inf_nan=False)
     stream: bool = Field(default=False, strict=True)
     """Server-sent events, one chunk per piece of text, then ``data: [DONE]``."""
+    stream_options: StreamOptions | None = None
+    """With ``stream``: whether the stream ends with the usage (:class:`StreamOptions`)."""
     n: int = Field(default=1, ge=1, strict=True)
     """Choices per request, at most the server's ``max_choices``: rows of one ``generate`` call, each with its own
     report (greedy decoding answers alike in each; sampling draws each apart)."""
@@ -146,12 +166,22 @@ class _Sampling(BaseModel):
             biases[int(key)] = float(bias)
         return biases or None
 
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self) -> _Sampling:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed with stream: true")
+        return self
+
+    def include_usage(self) -> bool:
+        """Whether a streamed answer ends with a chunk of the usage alone."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
             given = [
-                f"{name} (it takes only {' or '.join(json.dumps(option) for option in neutral)} or null)"
+                f"{name} (it takes only {' or '.join([*(json.dumps(option) for option in neutral), 'null'])})"
                 for name, neutral in UNSUPPORTED.items()
                 if not _neutral(data.get(name), neutral)
             ]

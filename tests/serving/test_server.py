@@ -385,13 +385,17 @@ def test_several_choices_are_rows_of_one_call_each_with_its_finish_and_report(se
     texts = [c.message.content for c in whole.choices]
     assert len(set(texts)) > 1  # each row draws apart
     assert [c.message.content for c in client.chat.completions.create(**sampled).choices] == texts
-    chunks = list(client.chat.completions.create(**sampled, stream=True))
+    chunks = list(client.chat.completions.create(**sampled, stream=True, stream_options={"include_usage": True}))
+    *chunks, usage = chunks  # the usage alone, choices empty, as the OpenAI API ends a stream that asks for it
+    assert usage.choices == [] and usage.usage == whole.usage and all(c.usage is None for c in chunks)
     streamed = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == i) for i in range(3)]
     assert streamed == texts
     finishes = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason}
     assert finishes == {c.index: c.finish_reason for c in whole.choices}
-    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert_same_report(chunks[-1].model_extra["safety"]["prompt"], alone(guarded, BENIGN))
+    plain = list(client.chat.completions.create(**sampled, stream=True))  # no usage unless asked, as the API
+    assert [c.choices[0].delta.content for c in plain] == [c.choices[0].delta.content for c in chunks]
+    assert all(c.usage is None for c in plain)
 
     stop = texts[1][2:4]  # written by the second choice: it ends there, the others as they would
     cut = client.chat.completions.create(**{**sampled, "stop": stop})
@@ -598,6 +602,11 @@ BAD_REQUESTS = [
     ("tools", {"body": chat_body(BENIGN, tools=[{"type": "function", "function": {"name": "f"}}])}, 400, "tools ("),
     ("a tool choice", {"body": chat_body(BENIGN, tool_choice="auto")}, 400, 'tool_choice (it takes only "none" or'),
     ("best of two", {"path": "/v1/completions", "body": {"prompt": "a", "best_of": 2}}, 400, "best_of (it takes"),
+    # answered in text alone before, as if asked for it
+    ("audio out", {"body": chat_body(BENIGN, modalities=["text", "audio"])}, 400, 'modalities (it takes only ["text"]'),
+    ("a voice", {"body": chat_body(BENIGN, audio={"voice": "alloy"})}, 400, "audio (it takes only null)"),
+    ("a web search", {"body": chat_body(BENIGN, web_search_options={})}, 400, "web_search_options (it takes only"),
+    ("usage of no stream", {"body": chat_body(BENIGN, stream_options={"include_usage": True})}, 400, "only allowed"),
     ("best of true", {"path": "/v1/completions", "body": {"prompt": "a", "best_of": True}}, 400, "best_of (it takes"),
     (
         "a suffix",
