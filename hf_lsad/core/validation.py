@@ -197,6 +197,16 @@ def _short(value: Any, limit: int = 60) -> str:
 GUARD_VERSION_KEYS = {"hf_lsad", "torch", "faiss"}
 
 
+def check_format_version(version: Any, expected: int, *, source: str = "") -> None:
+    """A saved folder's ``format_version`` must be ``expected``, the one this hf-lsad writes; a later one was written
+    by a newer hf-lsad, which the error says. ``source`` (the file) begins the message when given."""
+    if isinstance(version, bool) or version != expected:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > expected
+        why = ": written by a newer hf-lsad, which reads it (pip install -U hf-lsad)" if newer else ""
+        where = f"{source}: " if source else ""
+        raise GuardFormatError(f"{where}format_version {version!r}, expected {expected}{why}")
+
+
 def check_guard_header(raw: dict[str, Any], *, source: str, format_version: int) -> None:
     """The top level of a guard's ``config.json``: exactly its keys, each of its type.
 
@@ -205,9 +215,7 @@ def check_guard_header(raw: dict[str, Any], *, source: str, format_version: int)
     :func:`hf_lsad.core.integrity.verify_integrity`.
     """
     require_object(raw, source=source)
-    version = raw.get("format_version")
-    if isinstance(version, bool) or version != format_version:
-        raise GuardFormatError(f"{source}: format_version {version!r}, expected {format_version}")
+    check_format_version(raw.get("format_version"), format_version, source=source)
     # A missing "integrity" block gets its own message (verify_integrity): how to upgrade an older guard.
     require_keys(
         raw,

@@ -37,7 +37,7 @@ from ..core.serialization import (
     staged_folder,
     write_json,
 )
-from ..core.validation import require_keys
+from ..core.validation import check_format_version, require_keys
 
 INDEX = "index.json"
 SHARD_NAME = re.compile(r"shard-\d{5,}\.safetensors")
@@ -159,9 +159,7 @@ def _read_index(path: Path) -> StoreIndex:
     index = read_json(path / INDEX)
     source = str(path / INDEX)
     require_keys(index, {"format_version", "hook", "shards", "records"}, {"inputs"}, source=source)
-    version = index["format_version"]
-    if isinstance(version, bool) or version != FORMAT_VERSION:
-        raise GuardFormatError(f"{source}: format_version {version!r}, expected {FORMAT_VERSION}")
+    check_format_version(index["format_version"], FORMAT_VERSION, source=source)
     hook = config_from_dict(HookPoint, index["hook"], source=source)
     if not isinstance(index["shards"], list) or not index["shards"]:
         raise GuardFormatError(f"{source}: key 'shards' must be a non-empty list of shards")

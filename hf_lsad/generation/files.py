@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..core.hub import resolve_pretrained_dir, upload_pretrained_dir
 from ..core.serialization import FORMAT_VERSION, config_from_dict, config_to_dict, read_json, write_json
+from ..core.validation import check_format_version
 from ..guard.files import MODEL_CARD
 from ..guard.guard import SafetyGuard
 
@@ -47,8 +48,7 @@ class GuardedModelConfig:
     saved folder and nowhere else."""
 
     def __post_init__(self) -> None:
-        if self.format_version != FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version!r}, expected {FORMAT_VERSION}")
+        check_format_version(self.format_version, FORMAT_VERSION)  # config_from_dict names the file
         if not self.base_model:
             raise ValueError("base_model is empty")
         if self.base_model_revision == "":

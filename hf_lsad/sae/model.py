@@ -40,7 +40,7 @@ from ..core.serialization import (
     staged_folder,
     write_json,
 )
-from ..core.validation import POSITIVE, check_ranges, ranged, require_keys
+from ..core.validation import POSITIVE, check_format_version, check_ranges, ranged, require_keys
 
 SAE_WEIGHTS = "sae.safetensors"
 SAE_CONFIG = "config.json"
@@ -193,10 +193,7 @@ class SparseAutoencoder(nn.Module):
         records it, must be a decoder block index (a folder without it loads with ``layer=None``)."""
         path = Path(directory)
         raw = read_json(path / SAE_CONFIG)
-        if raw.get("format_version") != FORMAT_VERSION:
-            raise GuardFormatError(
-                f"{path / SAE_CONFIG}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}"
-            )
+        check_format_version(raw.get("format_version"), FORMAT_VERSION, source=str(path / SAE_CONFIG))
         require_keys(raw, {"format_version", "sae"}, {"layer"}, source=str(path / SAE_CONFIG))
         fields = raw["sae"]
         if isinstance(fields, dict) and not set(LEGACY_SAE_CONFIG_DEFAULTS) & set(fields):

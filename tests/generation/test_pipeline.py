@@ -114,7 +114,8 @@ def test_save_pretrained_round_trip(tmp_path):
         ({"base_model_revision": 3}, "key 'base_model_revision' is 3 (int)"),
         ({"base_model": ""}, "base_model is empty"),
         ({"base_model_revision": ""}, "base_model_revision is empty"),
-        ({"format_version": 99}, "format_version 99"),
+        ({"format_version": 99}, "format_version 99, expected 1: written by a newer hf-lsad, which reads it"),
+        ({"format_version": 0}, "format_version 0, expected 1"),
     ],
 )
 def test_a_saved_guarded_model_is_read_strictly(tmp_path, change, message):

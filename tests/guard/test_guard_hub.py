@@ -187,7 +187,9 @@ def test_pickle_files_are_refused(hub_server, hub_cache, repo_id, pickle_path):
     assert not list(hub_cache.glob("*/snapshots/*/*"))  # refused before downloading anything
 
 
-@pytest.mark.parametrize("version, message", [(2, "format_version 2, expected 1"), (None, "format_version None")])
+@pytest.mark.parametrize(
+    "version, message", [(2, "format_version 2, expected 1: written by a newer hf-lsad"), (None, "format_version None")]
+)
 def test_format_version_is_checked(hub_server, hub_cache, repo_id, tmp_path, version, message):
     guard = fresh_guard()
     guard.save_pretrained(tmp_path / "guard")

@@ -195,6 +195,14 @@ def test_layout_detection(tmp_path):
     assert (native.layout, native.layer) == ("hf-lsad", None)
 
 
+def test_an_sae_of_a_newer_format_says_so(tmp_path):
+    SparseAutoencoder(SAEConfig(D_IN, D_SAE)).save_pretrained(tmp_path / "sae")
+    config = json.loads((tmp_path / "sae" / "config.json").read_text())
+    (tmp_path / "sae" / "config.json").write_text(json.dumps({**config, "format_version": 2}))
+    with pytest.raises(GuardFormatError, match=r"format_version 2, expected 1: written by a newer hf-lsad"):
+        SparseAutoencoder.from_pretrained(tmp_path / "sae")
+
+
 def test_an_sae_save_that_fails_leaves_the_sae_that_was_there(tmp_path, monkeypatch):
     """``train-sae`` run again with the same ``--out`` saves over an SAE. A save that fails while writing leaves that
     SAE as it was (written in place, the new config.json beside the old weights loaded as neither SAE)."""
