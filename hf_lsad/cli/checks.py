@@ -102,6 +102,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         for value in values if isinstance(values, list) else [values] if values else []:
             if not Path(value).is_dir():
                 parser.error(f"argument {_flag(name)}: no activation store folder {value!r}")
+    if getattr(args, "model", None) is not None:
+        _check_model(parser, args.model)
     out = getattr(args, "out", None)  # a folder to write; screen's is a file of verdicts, pull's is checked below
     if args.command not in ("screen", "pull") and out is not None and Path(out).exists() and not Path(out).is_dir():
         parser.error(f"argument --out: {out!r} is a file, not a folder")
@@ -263,6 +265,26 @@ def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> 
         parser.error(f"argument --guard: {_one_line(err)}")
 
 
+def _check_model(parser: argparse.ArgumentParser, model: str) -> None:
+    """A ``--model`` that can only be a path (not a Hub id) must be a model folder, a peft adapter folder or a
+    ``.gguf`` file; else the command would load for seconds and fail at the Hub with a message about repo ids."""
+    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, is_gguf_path
+    from ..core.hub import _looks_like_path
+
+    path = Path(model).expanduser()
+    if model in DEFAULT_MODEL_ALIASES or (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+        return
+    if is_gguf_path(model) and path.is_file():
+        return
+    if not path.exists() and _looks_like_path(model):
+        parser.error(f"argument --model: no model folder, peft adapter folder or .gguf file at {model!r}")
+    if path.exists():
+        parser.error(
+            f"argument --model: {model!r} is not a model folder (no config.json in it), a peft adapter folder (no "
+            "adapter_config.json) or a .gguf file"
+        )
+
+
 def _check_layers(parser: argparse.ArgumentParser, model: str, layers: Sequence[int]) -> None:
     """The layers against the model's config, for a local model folder or GGUF file (the bundled model has 30
     layers), or a local peft adapter's base model. The depth is read once: for a GGUF file from its conversion if
@@ -290,13 +312,8 @@ def _check_layers(parser: argparse.ArgumentParser, model: str, layers: Sequence[
         if converted is not None:
             folder, location = str(converted), {}
         n_layers = AutoConfig.from_pretrained(folder, **location).get_text_config().num_hidden_layers
-    elif path.exists() or model.startswith(("/", "./", "../", "~")):
-        parser.error(
-            f"argument --model: {model!r} is not a model folder (no config.json in it), a peft adapter folder (no "
-            "adapter_config.json) or a .gguf file"
-        )
     else:
-        return  # a Hub id: checked when it is downloaded
+        return  # a Hub id (a local path that is no model is refused by _check_model): checked when downloaded
     for layer in layers:
         if not -n_layers <= layer < n_layers:
             parser.error(f"argument --layer: layer {layer} is out of range: {model} has {n_layers} decoder layers")

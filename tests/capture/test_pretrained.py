@@ -74,6 +74,6 @@ def test_the_cli_reads_a_gguf_files_depth_before_loading_it(capsys):
     with pytest.raises(SystemExit) as exit_info:
         entry(["collect", "--model", "./missing.gguf", "--pool", "harmful", "--out", "x"])
     assert exit_info.value.code == 2
-    assert "argument --model: './missing.gguf' is not a model folder (no config.json in it), a peft adapter folder" in (
+    assert "argument --model: no model folder, peft adapter folder or .gguf file at './missing.gguf'" in (
         capsys.readouterr().err
     )

@@ -707,8 +707,12 @@ def test_cli_reads_the_models_depth_once_for_all_its_layers(capsys, weightless_m
         (["generate", "--max-new-tokens", "-1", "hi"], "argument --max-new-tokens: -1 is not a positive integer"),
         (
             ["collect", "--model", "./nowhere", "--pool", "harmful", "--out", "x"],
-            "argument --model: './nowhere' is not a model folder",
+            "argument --model: no model folder, peft adapter folder or .gguf file at './nowhere'",
         ),
+        # these loaded, and failed at the Hub with a message about repo ids
+        (["generate", "--model", "/nonexistent", "hi"], "argument --model: no model folder, peft adapter folder or"),
+        (["screen", "in.jsonl", "--model", "~/nothing", "--out", "v.jsonl"], "argument --model: no model folder"),
+        (["serve", "--model", "/usr"], "argument --model: '/usr' is not a model folder (no config.json in it)"),
         (["--bogus"], "unrecognized argument '--bogus'"),
         (["--bogus", "generate", "hi"], "unrecognized arguments: --bogus"),
         (["generate", "--model", "no-such-org/no-such-model", ""], "argument prompts: prompt 0 is empty: ''"),
