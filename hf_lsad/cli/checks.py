@@ -172,6 +172,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
         if missing:
             parser.error(f"serve needs {' and '.join(missing)}, which are not installed: pip install 'hf-lsad[serve]'")
+        _check_listen_address(parser, args.host, args.port)
     if args.command == "push" and args.guard_dir not in ("default", "paper"):
         if not (Path(args.guard_dir) / "config.json").is_file():
             parser.error(f"argument guard_dir: {args.guard_dir!r} is not a guard folder (no config.json)")
@@ -263,6 +264,27 @@ def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> 
         SafetyGuard.from_pretrained(name, **({"subfolder": subfolder} if subfolder else {}))
     except (ValueError, OSError) as err:
         parser.error(f"argument --guard: {_one_line(err)}")
+
+
+def _check_listen_address(parser: argparse.ArgumentParser, host: str, port: int) -> None:
+    """``serve``'s address, bound once and let go, as uvicorn binds it (``SO_REUSEADDR``): a host that names no
+    address and a port another server listens on fail here, not after the model has loaded."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as err:
+        parser.error(f"argument --host: {host!r} names no address ({_one_line(err)})")
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as err:
+            if err.errno == errno.EADDRNOTAVAIL:
+                parser.error(f"argument --host: {host!r} is not an address of this machine ({err.strerror})")
+            held = "another server holds it: stop it, or " if err.errno == errno.EADDRINUSE else ""
+            parser.error(f"argument --port: cannot listen on {host}:{port} ({err.strerror}); {held}choose another")
 
 
 def _check_model(parser: argparse.ArgumentParser, model: str) -> None:

@@ -738,6 +738,26 @@ def test_serve_without_the_extra_says_what_to_install(monkeypatch, capsys):
     assert info.value.code == 2 and "pip install 'hf-lsad[serve]'" in capsys.readouterr().err
 
 
+def test_an_address_serve_cannot_listen_on_fails_before_the_model_loads(monkeypatch, capsys):
+    from hf_lsad.capture import pretrained
+    from hf_lsad.cli.main import entry
+
+    monkeypatch.setattr(pretrained, "load_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    with socket.socket() as held:  # another server's port: uvicorn failed after the model had loaded
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(SystemExit) as info:
+            entry(["serve", "--port", str(port)])
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert info.value.code == 2 and error.startswith("hf-lsad serve: error: argument --port: cannot listen on")
+        assert error.endswith("another server holds it: stop it, or choose another")
+    with pytest.raises(SystemExit) as info:
+        entry(["serve", "--host", "192.0.2.1"])  # TEST-NET-1: an address no machine here has
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2 and "argument --host: '192.0.2.1' is not an address of this machine" in error
+
+
 def test_a_response_a_running_guard_stops_mid_way_ends_with_content_filter():
     from hf_lsad.capture.collect import encode_prompts
     from hf_lsad.guard import SafetyGuard
