@@ -507,6 +507,12 @@ def _check_set_budget(parser: argparse.ArgumentParser, args: argparse.Namespace)
         allowed = allowed_flags(len(prompts), target_fpr, confidence)
     except ValueError as err:
         held_back = " held back for the thresholds" if args.command == "teach" else ""
+        if args.benign is None:  # the bundled validation chat: what cannot be met is the rule, not the rows given
+            chat = f"the bundled validation chat's {len(prompts)} prompts"
+            asked = ["--target-fpr"] if args.target_fpr is not None else []
+            asked += ["--confidence"] if args.confidence != "keep" else []
+            where = f"argument {asked[0]}" if asked else "argument --guard: its own target and confidence"
+            parser.error(f"{where}: {chat}: {_one_line(err)}")
         parser.error(f"argument --benign: {len(prompts)} prompts{held_back}: {_one_line(err)}")
     try:
         kept_pool_rows(

@@ -253,6 +253,16 @@ def test_set_budget_refuses_bad_input_before_loading_a_model(lines, flags, error
     assert info.value.code == 2 and error in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags", [["--target-fpr", "0.001"], ["--target-fpr", "0.002", "--confidence", "0.9999"]])
+def test_a_rate_the_bundled_chat_cannot_bound_names_the_flag_that_asked_for_it(capsys, tmp_path, flags):
+    # without --benign the rows are the bundled validation chat: the error named --benign, which was not given
+    with pytest.raises(SystemExit) as info:
+        entry(["set-budget", "--guard", "default", "--out", str(tmp_path / "guard"), *flags])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2 and error.startswith("hf-lsad set-budget: error: argument --target-fpr: the bundled")
+    assert "validation chat's 1338 prompts: 1338 held-out safe rows cannot bound the rate" in error
+
+
 @pytest.mark.parametrize(
     ("command", "two_headed", "advice"),
     [
