@@ -337,14 +337,18 @@ def _spread_line(summary: dict[str, Any]) -> str:
 
 def _prompt_table(source: str, **kwargs: Any) -> list[Any]:
     """:func:`~hf_lsad.data.tables.read_prompt_table` of ``source`` for every command that reads tables of prompts,
-    whose missing column names the flag that chooses it."""
+    whose missing column names the flag that chooses it; a table without rows is refused (screen wrote no file and
+    said "0 of 0", evaluate loaded its model first)."""
     from ..data.tables import MissingColumnError, read_prompt_table
 
     try:
-        return read_prompt_table(source, **kwargs)
+        rows = read_prompt_table(source, **kwargs)
     except MissingColumnError as err:
         flag = "--id-column" if err.column == kwargs.get("id_column") else "--column"
         raise ValueError(f"{err}; choose one with {flag}") from None
+    if not rows:
+        raise ValueError(f"{source} holds no rows")
+    return rows
 
 
 def _evaluate_grid(args: argparse.Namespace) -> None:

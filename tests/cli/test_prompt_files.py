@@ -97,6 +97,31 @@ def test_screen_names_the_flag_that_chooses_a_missing_column(tmp_path, capsys, f
     assert f"(columns: ['id', 'text']); {remedy}" in err
 
 
+@pytest.mark.parametrize("command", ["screen", "evaluate", "add-head"])
+def test_a_table_without_rows_is_refused_before_any_model(tmp_path, capsys, command):
+    # screen wrote no file and said "0 of 0 rows"; evaluate loaded its model, then found no row to screen
+    (tmp_path / "p.csv").write_text("id,prompt\n")
+    table, other = str(tmp_path / "p.csv"), str(tmp_path / "u.txt")
+    (tmp_path / "u.txt").write_text("".join(f"{text} {i}\n" for i in range(10) for text in PROMPTS))
+    argv = {
+        "screen": ["screen", table, "--out", str(tmp_path / "v.jsonl")],
+        "evaluate": [
+            "evaluate",
+            "--guard",
+            "default",
+            "--benign-prompts",
+            f"a={table}",
+            "--unsafe-prompts",
+            f"u={other}",
+        ],
+        "add-head": ["add-head", "--guard", "default", "--name", "x", "--unsafe", table, "--out", str(tmp_path / "g")],
+    }[command]
+    with pytest.raises(SystemExit) as exit_info:
+        entry([*argv, "--model", "no-such-org/model"])  # a Hub id: loading it here would fail otherwise
+    assert exit_info.value.code in (1, 2) and f"{table} holds no rows" in capsys.readouterr().err
+    assert not (tmp_path / "v.jsonl").exists()
+
+
 def test_screen_reads_a_text_file_one_prompt_per_line(model_dir, tmp_path, capsys):
     """The file ``add-head`` reads, ``screen`` read as "not a .jsonl, .json, .csv or .parquet file"."""
     fresh_guard("prompt_last").save_pretrained(tmp_path / "guard")
