@@ -337,8 +337,7 @@ def _spread_line(summary: dict[str, Any]) -> str:
 
 def _prompt_table(source: str, **kwargs: Any) -> list[Any]:
     """:func:`~hf_lsad.data.tables.read_prompt_table` of ``source`` for every command that reads tables of prompts,
-    whose missing column names the flag that chooses it; a table without rows is refused (screen wrote no file and
-    said "0 of 0", evaluate loaded its model first)."""
+    whose missing column names the flag that chooses it; a table without rows is refused, before any model loads."""
     from ..data.tables import MissingColumnError, read_prompt_table
 
     try:
