@@ -229,6 +229,7 @@ class ActivationStore:
         self.shards: list[str] = [shard.file for shard in index.shards]
         starts = [0]
         for shard in index.shards:
+            check_readable(self.path / shard.file)  # once here, not at each take()
             with _open_shard(self.path / shard.file) as handle:
                 shape = tuple(handle.get_slice("activations").get_shape())
             if shape != (shard.rows, self.hook.hidden_size):
@@ -269,7 +270,6 @@ class ActivationStore:
 
 
 def _open_shard(file: Path) -> Any:
-    check_readable(file)
     try:
         return safe_open(str(file), framework="pt")
     except (SafetensorError, OSError) as err:
