@@ -60,7 +60,34 @@ def model_location(name_or_path: str, **kwargs: Any) -> tuple[str, dict[str, Any
         if "gguf_file" in kwargs:
             raise ValueError(f"gguf_file={kwargs['gguf_file']!r} given beside a path to a GGUF file ({name_or_path})")
         return str(path.parent), {**kwargs, "gguf_file": path.name}
+    check_model_path(name_or_path, **kwargs)
     return name_or_path, dict(kwargs)
+
+
+def check_model_path(name_or_path: str, **kwargs: Any) -> None:
+    """Raise ``FileNotFoundError`` when ``name_or_path`` is a path (it exists, or it can only be one) that holds no
+    model: no ``config.json`` (in ``kwargs``' ``subfolder`` if given), no ``adapter_config.json``, and neither a
+    ``.gguf`` file nor a folder holding ``kwargs``' ``gguf_file``. transformers would read such a name as a Hub
+    repo id, after seconds of loading, and say only that it is not a valid one. Hub ids pass unchecked."""
+    from ..core.hub import looks_like_path
+
+    if name_or_path in DEFAULT_MODEL_ALIASES:
+        return
+    path = Path(name_or_path).expanduser()
+    folder = path / str(kwargs.get("subfolder") or "")
+    if (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file():
+        return
+    if is_gguf_path(name_or_path) and path.is_file():
+        return
+    if "gguf_file" in kwargs and (folder / str(kwargs["gguf_file"])).is_file():
+        return
+    if path.exists():
+        raise FileNotFoundError(
+            f"{name_or_path!r} is not a model folder (no config.json in it), a peft adapter folder (no "
+            "adapter_config.json) or a .gguf file"
+        )
+    if looks_like_path(name_or_path):
+        raise FileNotFoundError(f"no model folder, peft adapter folder or .gguf file at {name_or_path!r}")
 
 
 def load_tokenizer(name_or_path: str = "default", *, gguf_cache: bool = True, **kwargs: Any) -> PreTrainedTokenizerBase:
@@ -128,7 +155,10 @@ def load_model(
     ``load_adapter``; the tokenizer is the adapter's when it has one, else the base model's. ``revision`` and the
     other location arguments say where the adapter is; the other ``model_kwargs`` go to the base model's load. The
     model is named by its base model, as guards record it; a guard knows the adapter by its weights
-    (:mod:`hf_lsad.capture.adapters`)."""
+    (:mod:`hf_lsad.capture.adapters`).
+
+    A path that holds no model is a ``FileNotFoundError`` naming it, before anything loads
+    (:func:`check_model_path`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -173,6 +203,7 @@ def adapter_base(name_or_path: str, **kwargs: Any) -> str | None:
         return None
     from transformers.utils import find_adapter_config_file
 
+    check_model_path(name_or_path, **kwargs)  # else the lookup below reads a path as a repo id, and says so
     location = {k: v for k, v in kwargs.items() if k in ADAPTER_LOCATION_KWARGS}
     found = find_adapter_config_file(str(name_or_path), **location)
     if found is None:

@@ -239,11 +239,11 @@ def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def _check_sae(parser: argparse.ArgumentParser, name: str, subfolder: str) -> None:
     """A local ``--sae`` folder must hold an SAE of a known layout; a Hub id is checked when it is downloaded."""
-    from ..core.hub import _looks_like_path
+    from ..core.hub import looks_like_path
 
     folder = Path(name).expanduser()
     if not folder.is_dir():
-        if folder.exists() or _looks_like_path(name):
+        if folder.exists() or looks_like_path(name):
             parser.error(f"argument --sae: no SAE folder {name!r}")
         return
     from ..sae.formats import detect_sae_layout
@@ -255,10 +255,10 @@ def _check_sae(parser: argparse.ArgumentParser, name: str, subfolder: str) -> No
 
 
 def _check_guard(parser: argparse.ArgumentParser, name: str, subfolder: str) -> None:
-    from ..core.hub import _looks_like_path
+    from ..core.hub import looks_like_path
     from ..guard.guard import SafetyGuard
 
-    if name not in ("default", "paper") and not Path(name).expanduser().exists() and not _looks_like_path(name):
+    if name not in ("default", "paper") and not Path(name).expanduser().exists() and not looks_like_path(name):
         return  # a Hub repo id: checked when it is downloaded
     try:
         SafetyGuard.from_pretrained(name, **({"subfolder": subfolder} if subfolder else {}))
@@ -288,23 +288,14 @@ def _check_listen_address(parser: argparse.ArgumentParser, host: str, port: int)
 
 
 def _check_model(parser: argparse.ArgumentParser, model: str) -> None:
-    """A ``--model`` that can only be a path (not a Hub id) must be a model folder, a peft adapter folder or a
-    ``.gguf`` file; else the command would load for seconds and fail at the Hub with a message about repo ids."""
-    from ..capture.pretrained import DEFAULT_MODEL_ALIASES, is_gguf_path
-    from ..core.hub import _looks_like_path
+    """A ``--model`` that is a path must hold a model (:func:`~hf_lsad.capture.pretrained.check_model_path`); else the
+    command would load for seconds and fail at the Hub with a message about repo ids."""
+    from ..capture.pretrained import check_model_path
 
-    path = Path(model).expanduser()
-    if model in DEFAULT_MODEL_ALIASES or (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
-        return
-    if is_gguf_path(model) and path.is_file():
-        return
-    if not path.exists() and _looks_like_path(model):
-        parser.error(f"argument --model: no model folder, peft adapter folder or .gguf file at {model!r}")
-    if path.exists():
-        parser.error(
-            f"argument --model: {model!r} is not a model folder (no config.json in it), a peft adapter folder (no "
-            "adapter_config.json) or a .gguf file"
-        )
+    try:
+        check_model_path(model)
+    except FileNotFoundError as err:
+        parser.error(f"argument --model: {err}")
 
 
 def _check_layers(parser: argparse.ArgumentParser, model: str, layers: Sequence[int]) -> None:

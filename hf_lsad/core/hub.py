@@ -72,7 +72,7 @@ def _refuse_local_pickles(folder: Path) -> None:
     check_guard_tree(folder, bounding_folder(folder))
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     """True for strings that can only be a filesystem path, never a Hub repo id."""
     return (
         name.startswith(("/", "./", "../", "~", "\\"))
@@ -153,7 +153,7 @@ def resolve_pretrained_dir(
             raise GuardFormatError(f"'{folder}' is not a {what} folder: it has no {root_file} at its root")
         _refuse_local_pickles(folder)
         return folder
-    if path.exists() or _looks_like_path(name):
+    if path.exists() or looks_like_path(name):
         what_dir = what[:1].upper() + what[1:] + " directory"
         raise FileNotFoundError(f"{what_dir} '{name}' does not exist (or is not a directory)")
 

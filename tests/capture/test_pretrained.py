@@ -37,11 +37,38 @@ def test_model_location_of_each_kind(tmp_path: Path):
     gguf.write_bytes(b"GGUF")
     assert model_location(str(gguf)) == (str(tmp_path), {"gguf_file": "model.Q4.gguf"})
     assert model_location("org/name", revision="v1") == ("org/name", {"revision": "v1"})
+    (tmp_path / "config.json").write_text("{}")
     assert model_location(str(tmp_path)) == (str(tmp_path), {})
     with pytest.raises(FileNotFoundError, match="no such GGUF file"):
         model_location(str(tmp_path / "missing.gguf"))
     with pytest.raises(ValueError, match="beside a path to a GGUF file"):
         model_location(str(gguf), gguf_file="other.gguf")
+
+
+@pytest.mark.parametrize("load", [load_model, load_tokenizer], ids=["load_model", "load_tokenizer"])
+def test_a_path_that_holds_no_model_is_named_before_any_load(load, tmp_path: Path):
+    """Before, transformers read such a path as a Hub repo id and said it was not a valid one (or, for an empty
+    folder, that it needed sentencepiece to convert a slow tokenizer)."""
+    with pytest.raises(
+        FileNotFoundError, match=r"no model folder, peft adapter folder or \.gguf file at '/no/such/path'"
+    ):
+        load("/no/such/path")
+    with pytest.raises(FileNotFoundError, match=r"is not a model folder \(no config.json in it\)"):
+        load(str(tmp_path))
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(FileNotFoundError, match=r"notes\.txt' is not a model folder"):
+        load(str(tmp_path / "notes.txt"))
+
+
+def test_a_folder_that_holds_its_model_elsewhere_is_a_model(tmp_path: Path):
+    """A model in a ``subfolder``, or a GGUF file named by ``gguf_file``, is where transformers will look for it."""
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "config.json").write_text("{}")
+    assert model_location(str(tmp_path), subfolder="weights") == (str(tmp_path), {"subfolder": "weights"})
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    assert model_location(str(tmp_path), gguf_file="model.gguf") == (str(tmp_path), {"gguf_file": "model.gguf"})
+    with pytest.raises(FileNotFoundError, match="is not a model folder"):
+        model_location(str(tmp_path), gguf_file="other.gguf")
 
 
 def test_the_tokenizer_comes_from_the_revision_the_model_does(hub_server, hub_cache, model_dir, tmp_path):
