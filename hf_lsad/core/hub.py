@@ -33,6 +33,7 @@ from huggingface_hub.utils import filter_repo_objects
 
 from ..errors import GuardFormatError, UnsafeGuardFileError
 from .integrity import PICKLE_SUFFIXES, bounding_folder, check_guard_tree
+from .serialization import STAGING_PREFIX
 
 __all__ = ["PICKLE_SUFFIXES", "find_pickle_files", "resolve_pretrained_dir", "upload_pretrained_dir"]
 
@@ -249,6 +250,9 @@ def upload_pretrained_dir(
             have (e.g. a ``calibration.json`` from an older version of the guard). With
             ``subfolder=""`` that means every other file of the repo (``.gitattributes`` is kept).
 
+    The folders of saves into ``folder`` (in progress, or left by a killed save: their files are partial) are left
+    out.
+
     Returns:
         The commit's :class:`huggingface_hub.CommitInfo`, a ``str`` equal to the commit URL;
         ``.oid`` is the commit sha and ``.pr_url`` the pull request URL when ``create_pr``.
@@ -275,4 +279,5 @@ def upload_pretrained_dir(
         revision=revision,
         create_pr=create_pr,
         delete_patterns="*" if delete_stale else None,
+        ignore_patterns=f"{STAGING_PREFIX}*",  # a save in progress, or one a kill left (its files are partial)
     )

@@ -82,3 +82,34 @@ def check_not_held(path: Path, busy: str) -> None:
         return
     with _flocked(path, busy, quiet=True):  # a file system without locks: the run itself says so
         pass
+
+
+@contextlib.contextmanager
+def marked_in_use(path: Path) -> Iterator[None]:
+    """Hold the folder or file ``path`` for the block so that :func:`abandoned` says ``False`` of it. Unlike
+    :func:`held_alone` it refuses nothing and warns of nothing: where locks do not work, :func:`abandoned` says
+    ``False`` of every path."""
+    with _flocked(path, f"{path} is in use by another run", quiet=True):
+        yield
+
+
+def abandoned(path: Path) -> bool:
+    """Whether no run holds ``path`` (:func:`marked_in_use`, :func:`held_alone`), as far as this system can tell:
+    ``False`` where it cannot (no ``fcntl``, a file system without locks), so that nothing in use is taken for
+    abandoned."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as err:
+        if err.errno in _NO_LOCKS:
+            return False
+        raise
+    finally:
+        os.close(descriptor)
+    return True

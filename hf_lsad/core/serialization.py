@@ -13,8 +13,10 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import stat
 import tempfile
+import time
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import GuardFormatError
+from .locking import abandoned, marked_in_use
 from .validation import check_fields
 
 __all__ = [
@@ -167,7 +170,12 @@ def new_file_modes(folder: Path) -> None:
 
 
 STAGING_PREFIX = ".hf-lsad-saving-"
-"""The name of the folder inside a destination that :func:`staged_folder` writes in before it moves the files."""
+"""The name a save's own folder starts with, inside the folder it saves to (:func:`staged_folder`); pushes leave
+such folders out."""
+
+ABANDONED_AFTER = 60.0
+"""Seconds after its last change that a staging folder no save holds is taken for a killed save's and removed. A
+save holds its folder from a moment after it is made; the wait keeps that moment's folder."""
 
 
 @contextlib.contextmanager
@@ -177,21 +185,41 @@ def staged_folder(path: Path, last: str) -> Iterator[Path]:
     describes the others) last; the folder is removed either way. A save that fails while writing (a full disk, an
     interrupt) leaves what ``path`` held as it was, which matters where one is saved over its own folder; only the
     moves, not the writing, can leave a mixture, and until ``last`` is moved the files are described by the earlier
-    ``last``."""
+    ``last``. A save killed outright (``SIGKILL``, power lost) leaves its folder; the next save into ``path`` removes
+    it (:func:`remove_abandoned_staging`)."""
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{path} is a file, not a folder: what is saved there is a folder of files")
     path.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX, dir=path) as name:
+    remove_abandoned_staging(path)
+    # a removal by another save, after this one lets its folder go, is not an error
+    with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX, dir=path, ignore_cleanup_errors=True) as name:
         staging = Path(name)
-        yield staging
-        new_file_modes(staging)
-        described = staging / last
-        for file in sorted(staging.rglob("*")):
-            if file.is_file() and file != described:
-                target = path / file.relative_to(staging)
-                target.parent.mkdir(exist_ok=True)
-                file.replace(target)
-        described.replace(path / last)
+        with marked_in_use(staging):
+            yield staging
+            new_file_modes(staging)
+            described = staging / last
+            for file in sorted(staging.rglob("*")):
+                if file.is_file() and file != described:
+                    target = path / file.relative_to(staging)
+                    target.parent.mkdir(exist_ok=True)
+                    file.replace(target)
+            described.replace(path / last)
+
+
+def remove_abandoned_staging(path: Path) -> list[Path]:
+    """Remove the staging folders in ``path`` that killed saves left (:func:`staged_folder`): those no save holds,
+    unchanged for :data:`ABANDONED_AFTER` seconds. Where locks do not work (Windows, some network mounts) none can be
+    told abandoned and all are kept. Returns the folders removed."""
+    removed = []
+    for folder in path.glob(f"{STAGING_PREFIX}*"):
+        try:
+            if not folder.is_dir() or time.time() - folder.stat().st_mtime < ABANDONED_AFTER or not abandoned(folder):
+                continue
+        except FileNotFoundError:  # removed meanwhile, by its own save or another's
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 def save_module(module: nn.Module, path: Path) -> None:

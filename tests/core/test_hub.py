@@ -70,6 +70,17 @@ def test_upload_then_download_round_trip(hub_server, hub_cache, repo_id, tmp_pat
     assert contents(local) == contents(guard)
 
 
+def test_a_saves_folder_is_not_pushed(hub_server, repo_id, tmp_path):
+    """A save in progress, or one a kill left, has its own folder of partial files in the guard folder."""
+    guard = make_guard(tmp_path / "guard")
+    staging = guard / ".hf-lsad-saving-abc123"
+    staging.mkdir()
+    (staging / "detector.safetensors").write_bytes(b"partial")
+    upload_pretrained_dir(guard, repo_id)
+    pushed = {f.path for f in HfApi().list_repo_tree(repo_id, recursive=True)}
+    assert "detector.safetensors" in pushed and not any(".hf-lsad-saving" in path for path in pushed), pushed
+
+
 def test_older_revision_by_commit_sha(hub_server, hub_cache, repo_id, tmp_path):
     first = upload_pretrained_dir(make_guard(tmp_path / "v1", seed=1), repo_id)
     v2 = make_guard(tmp_path / "v2", seed=2)

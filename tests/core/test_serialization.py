@@ -69,3 +69,64 @@ def test_a_save_to_a_file_says_it_is_not_a_folder(tmp_path: Path):
     with pytest.raises(FileExistsError, match=r"a-file is a file, not a folder"):
         save_activations(tmp_path / "a-file", torch.randn(5, 4), [{"id": str(i)} for i in range(5)], HOOK)
     assert (tmp_path / "a-file").read_text() == "kept"
+
+
+KILLED_SAVE = """
+import os, signal, sys
+from pathlib import Path
+from tiny import two_headed_guard
+import hf_lsad.core.serialization as serialization
+
+guard = two_headed_guard()
+
+
+def die(folder):  # every file written, none moved
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+serialization.new_file_modes = die
+guard.save_pretrained(Path(sys.argv[1]))
+"""
+
+
+def test_a_killed_saves_folder_is_removed_by_the_next_save(tmp_path: Path):
+    """A save killed outright (no ``finally`` runs) left its staging folder, partial files and all, in the guard
+    folder for good, and a push uploaded it."""
+    import subprocess
+    import sys
+
+    from hf_lsad.core.serialization import ABANDONED_AFTER, STAGING_PREFIX
+
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_SAVE, str(tmp_path / "guard")],
+        cwd=Path(__file__).parents[1],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        capture_output=True,
+    )
+    assert killed.returncode == -9, killed.stderr.decode()
+    (left,) = (tmp_path / "guard").glob(f"{STAGING_PREFIX}*")
+    assert any(left.rglob("*.safetensors"))
+    two_headed_guard().save_pretrained(tmp_path / "guard")
+    assert left.exists()  # changed a moment ago: it could be a save's that has not yet marked it
+    past = left.stat().st_mtime - ABANDONED_AFTER - 1
+    os.utime(left, (past, past))
+    two_headed_guard().save_pretrained(tmp_path / "guard")
+    assert not left.exists()
+    assert not list((tmp_path / "guard").glob(f"{STAGING_PREFIX}*"))
+    SafetyGuard.from_pretrained(tmp_path / "guard")
+
+
+def test_a_folder_a_save_holds_is_kept_however_old(tmp_path: Path):
+    from hf_lsad.core.locking import marked_in_use
+    from hf_lsad.core.serialization import ABANDONED_AFTER, STAGING_PREFIX, remove_abandoned_staging
+
+    held = tmp_path / f"{STAGING_PREFIX}held"
+    old = tmp_path / f"{STAGING_PREFIX}old"
+    for folder in (held, old):
+        folder.mkdir()
+        (folder / "sae.safetensors").write_bytes(b"partial")
+        past = folder.stat().st_mtime - ABANDONED_AFTER - 1
+        os.utime(folder, (past, past))
+    with marked_in_use(held):
+        assert remove_abandoned_staging(tmp_path) == [old]
+    assert held.exists() and not old.exists()
