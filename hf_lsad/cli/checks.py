@@ -161,9 +161,16 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.command == "screen" and Path(args.out).is_dir():
         parser.error(f"argument --out: {args.out!r} is a folder; --out is the JSON-lines file of verdicts")
     if args.command == "screen":
-        from ..generation.bulk import output_in_use
+        from ..generation.bulk import output_in_use, verdict_lines
 
-        _check_not_held(parser, "--out", Path(args.out), output_in_use(Path(args.out)))
+        out = Path(args.out)
+        if out.exists() and Path(args.input).exists() and out.samefile(args.input):
+            parser.error(f"argument --out: {args.out!r} is the input table; --out is a JSON-lines file of verdicts")
+        _check_not_held(parser, "--out", out, output_in_use(out))
+        try:
+            verdict_lines(out)  # a run resumes into it: a file of something else is refused, and left as it was
+        except ValueError as err:
+            parser.error(f"argument --out: {_one_line(err)}")
     if args.command == "evaluate":
         _check_evaluate(parser, args)
     if args.command == "serve":

@@ -240,32 +240,56 @@ _READ_BEFORE = {"conversation": False}
 """What a line written before ``read`` held a key read it as."""
 
 
-def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any], with_prompt: bool) -> set[str]:
-    """Ids already in ``path``; a last line without its newline (a kill mid-write) is cut off first. A screened line
-    whose heads have other ``thresholds`` than the guard's (another guard, or the same after ``set-budget``), a line
-    read otherwise than this run reads (:func:`read_by`; lines written before lines said so are not checked), or a
-    line with its prompt where this run writes none or the other way round, is an error: resuming would leave its
-    verdicts beside this run's, and skip its rows."""
-    if not path.exists():
-        return set()
+VERDICT_LINE_START = b'{"id": '
+"""How every line :func:`screen_to_jsonl` writes begins (``json.dumps`` of a record whose first key is ``id``)."""
+
+
+def verdict_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """The verdict lines of ``path`` with their line numbers, as :func:`screen_to_jsonl` wrote them (a missing or
+    empty file has none). A last line without its newline (a kill mid-write) is left out. ``ValueError`` names the
+    first line that is not a verdict line (a JSON object with ``id`` and ``flagged``), or a last line that does not
+    begin as one: such a file is not a screening run's, and resuming into it would destroy what it holds. The file
+    is read, never changed."""
+    if not path.is_file():
+        return []
     data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    if len(complete) != len(data):
-        with path.open("r+b") as handle:
-            handle.truncate(len(complete))
-    done = set()
-    for number, line in enumerate(complete.decode("utf-8").splitlines(), 1):
+    end = data.rfind(b"\n") + 1
+    records = []
+    for number, line in enumerate(data[:end].decode("utf-8", errors="replace").splitlines(), 1):
         try:
             record = json.loads(line)
+            if not isinstance(record, dict) or "id" not in record or "flagged" not in record:
+                raise ValueError("a verdict line is a JSON object with id and flagged")
+        except ValueError as err:  # json.JSONDecodeError among them
+            raise ValueError(
+                f"{path}:{number}: not a verdict line of hf-lsad screen ({err}); choose another --out"
+            ) from err
+        records.append((number, record))
+    unfinished = data[end:]
+    if unfinished and not (VERDICT_LINE_START.startswith(unfinished) or unfinished.startswith(VERDICT_LINE_START)):
+        raise ValueError(f"{path}:{len(records) + 1}: not a verdict line of hf-lsad screen; choose another --out")
+    return records
+
+
+def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any], with_prompt: bool) -> set[str]:
+    """Ids already in ``path``, once every line is found to be a verdict line (:func:`verdict_lines`); a last line
+    without its newline (a kill mid-write) is then cut off. A screened line whose heads have other ``thresholds``
+    than the guard's (another guard, or the same after ``set-budget``), a line read otherwise than this run reads
+    (:func:`read_by`; lines written before lines said so are not checked), or a line with its prompt where this run
+    writes none or the other way round, is an error: resuming would leave its verdicts beside this run's, and skip
+    its rows."""
+    done = set()
+    for number, record in verdict_lines(path):
+        try:
             done.add(str(record["id"]))
             written = {name: head["threshold"] for name, head in record.get("heads", {}).items()}
-            written_read = record.get("read")
+            written_read: Any = record.get("read")  # None on lines written before lines said how they were read
             differs = [
                 key
                 for key in read
                 if written_read is not None and written_read.get(key, _READ_BEFORE.get(key)) != read[key]
             ]
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(
                 f"{path}:{number}: not a verdict line of hf-lsad screen ({err}); choose another --out"
             ) from err
@@ -293,6 +317,11 @@ def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]
                 "verdicts of two readings and skip these rows. Choose another --out, or delete this one to screen "
                 "every row again"
             )
+    size = path.stat().st_size
+    complete = path.read_bytes().rfind(b"\n") + 1
+    if complete != size:
+        with path.open("r+b") as handle:
+            handle.truncate(complete)
     return done
 
 

@@ -329,6 +329,53 @@ def test_an_output_that_is_not_ours_is_refused(tmp_path):
         screen_to_jsonl(guarded(), [PromptRow("0", "hi")], tmp_path / "out.jsonl", progress=False)
 
 
+@pytest.mark.parametrize(
+    "held",
+    [b"id,notes\n1,keep this", b"keep this", b'{"id": "0", "flagged": false}\nkeep this', b"\xff\xfe binary"],
+    ids=["table", "one-line", "verdicts-then-text", "binary"],
+)
+def test_an_output_of_something_else_is_left_as_it_was(tmp_path, model_dir, capsys, held):
+    """A run cut off a last line without its newline, taken for a line a kill left, before it found the file was
+    not its own: `screen prompts.txt --out notes.csv` lost the last row of notes.csv."""
+    out = tmp_path / "notes.csv"
+    out.write_bytes(held)
+    with pytest.raises(ValueError, match=r"notes\.csv:\d+: not a verdict line of hf-lsad screen"):
+        screen_to_jsonl(guarded(), [PromptRow("0", "hi")], out, progress=False)
+    assert out.read_bytes() == held
+    table = tmp_path / "prompts.txt"
+    table.write_text("hi\n")
+    with pytest.raises(SystemExit) as exit_:  # before a model is loaded
+        entry(["screen", str(table), "--model", str(model_dir), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --out: " in err and "not a verdict line" in err and "loading" not in err
+    assert out.read_bytes() == held
+
+
+def test_the_input_table_is_not_an_output(tmp_path, model_dir, capsys):
+    table = tmp_path / "prompts.txt"
+    table.write_bytes(b"How do I bake bread?\nWhat is the capital of France?")  # its last line lost before
+    with pytest.raises(SystemExit) as exit_:
+        entry(["screen", str(table), "--model", str(model_dir), "--out", str(table)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --out: " in err and "is the input table" in err
+    assert table.read_bytes() == b"How do I bake bread?\nWhat is the capital of France?"
+
+
+def test_a_line_a_kill_left_unfinished_is_cut_and_its_row_screened_again(tmp_path):
+    model = guarded()
+    rows = [PromptRow(str(i), text) for i, text in enumerate(TEXTS[:4])]
+    out = tmp_path / "out.jsonl"
+    screen_to_jsonl(model, rows[:2], out, progress=False)
+    whole = out.read_bytes()
+    for cut in (b'{"i', b'{"id": "2", "flagged": fal'):
+        out.write_bytes(whole + cut)
+        summary = screen_to_jsonl(model, rows[:2], out, progress=False)
+        assert summary.resumed == 2 and out.read_bytes() == whole
+    out.write_bytes(whole + b'{"id": "2", "flagged": fal')
+    assert screen_to_jsonl(model, rows, out, progress=False).resumed == 2
+    assert sorted(by_id(out)) == ["0", "1", "2", "3"]
+
+
 def test_each_line_can_hold_its_prompt_to_read_the_rows_flagged(tmp_path, model_dir, capsys):
     model = guarded()
     rows = [PromptRow(str(i), text) for i, text in enumerate(TEXTS)] + [PromptRow("#99", None, error="empty prompt")]
