@@ -24,12 +24,13 @@ PROG = "hf-lsad"
 OUT_FOLDERS = {
     "fit": "guard",
     "calibrate": "guard",
-    "add-head": "guard",
-    "set-budget": "guard",
-    "teach": "guard",
+    "add-head": "guard with card",
+    "set-budget": "guard with card",
+    "teach": "guard with card",
     "train-sae": "sae",
 }
-"""Commands that write a folder to ``--out``, and what they write there."""
+"""Commands that write a folder to ``--out``, and what they write there (a guard's model card is its
+``README.md``)."""
 
 
 def _flag_rules() -> dict[str, tuple[type, str] | Range]:
@@ -193,9 +194,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         from ..guard.files import check_guard_destination
         from ..sae.model import check_sae_destination
 
-        check = check_sae_destination if OUT_FOLDERS[args.command] == "sae" else check_guard_destination
-        try:
-            check(Path(args.out))  # before any work, which would be lost
+        kind = OUT_FOLDERS[args.command]
+        try:  # before any work, which would be lost
+            if kind == "sae":
+                check_sae_destination(Path(args.out))
+            else:
+                check_guard_destination(Path(args.out), with_card=kind == "guard with card")
         except FileExistsError as err:
             parser.error(f"argument --out: {err}")
     if getattr(args, "grid", None) and not Path(args.grid).is_file():

@@ -185,10 +185,17 @@ GUARD_CONFIG_KEYS = {"guard", "detector"}
 """Keys every guard's ``config.json`` holds: what tells it from a model's or an SAE's."""
 
 
-def check_guard_destination(path: Path) -> dict[str, Any] | None:
+def check_guard_destination(path: Path, *, with_card: bool = False) -> dict[str, Any] | None:
     """The guard ``config.json`` a guard saved in ``path`` would replace (``None``: none there); raises
     :class:`FileExistsError` if it is the ``config.json`` of something else (a model, an SAE), which a guard saved
-    there would overwrite."""
+    there would overwrite, or, ``with_card`` (a save that writes the guard's model card), if ``path`` holds a
+    ``README.md`` hf-lsad did not write (a project's own), which the card would overwrite."""
+    card = path / MODEL_CARD
+    if with_card and card.exists() and not _is_guard_card(card):
+        raise FileExistsError(
+            f"{card} is not a model card hf-lsad wrote: the guard's card saved there would overwrite it; save the "
+            "guard to a folder of its own"
+        )
     return config_to_replace(path / GUARD_CONFIG, GUARD_CONFIG_KEYS, "a guard")
 
 

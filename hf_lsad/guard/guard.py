@@ -39,6 +39,7 @@ from .files import (
     BUNDLED_GUARDS,
     MODEL_CARD,
     GuardParts,
+    check_guard_destination,
     load_guard_folder,
     save_guard_files,
     upload_guard,
@@ -485,11 +486,15 @@ class SafetyGuard(nn.Module):
         (:func:`hf_lsad.guard.card.guard_model_card`): ``metrics`` maps each unsafe category to
         its measured ``{"auroc": ..., "tpr_at_5fpr": ...}`` (as ``hf-lsad evaluate`` prints),
         ``data`` describes the prompts the guard was fitted on, ``datasets`` and ``license``
-        go to the card metadata.
+        go to the card metadata. A ``README.md`` hf-lsad did not write (a project's own) is not overwritten: the
+        save is refused before anything is written (``FileExistsError``).
         """
         path = Path(save_directory)
+        with_card = metrics is not None or data is not None
+        if with_card:  # before any file is written
+            check_guard_destination(path, with_card=True)
         save_guard_files(self.parts(), path)
-        if metrics is not None or data is not None:
+        if with_card:
             self.model_card(metrics=metrics, data=data, datasets=datasets, license=license).save(path / MODEL_CARD)
 
     def model_card(self, **kwargs: Any) -> ModelCard:

@@ -493,6 +493,23 @@ def test_a_guard_saved_again_keeps_its_card(tmp_path):
     assert (tmp_path / "folder" / "README.md").read_bytes() == card
 
 
+def test_a_projects_own_readme_is_not_overwritten_by_a_card(tmp_path):
+    """A guard saved with its card into a folder holding a README.md of the user's own (``add-head --out .`` in a
+    project) overwrote it."""
+    guard = two_headed_guard()
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "README.md").write_text("# My project\n\nNotes I keep.\n")
+    with pytest.raises(FileExistsError, match=r"README\.md is not a model card hf-lsad wrote"):
+        guard.save_pretrained(folder, data="96 prompts about arithmetic and the weather.")
+    assert folder_files(folder) == {"README.md": b"# My project\n\nNotes I keep.\n"}  # nothing written
+    guard.save_pretrained(folder)  # no card: the README is left alone
+    assert (folder / "README.md").read_text() == "# My project\n\nNotes I keep.\n"
+    guard.save_pretrained(tmp_path / "guard", data="first")
+    guard.save_pretrained(tmp_path / "guard", data="second")  # a card hf-lsad wrote is replaced
+    assert "second" in (tmp_path / "guard" / "README.md").read_text()
+
+
 @pytest.mark.parametrize("flag_rate, warns", [(0.97, True), (0.11, True), (0.10, False), (0.02, False)])
 def test_model_card_warns_when_benign_ood_flag_rate_exceeds_ten_percent(flag_rate, warns):
     metrics = {"harmful": {"auroc": 0.99}, "benign_ood": {"flagged": flag_rate}}

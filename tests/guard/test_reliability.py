@@ -753,6 +753,20 @@ def test_cli_refuses_to_write_over_a_models_folder_before_any_work(capsys, tmp_p
     assert code == 2 and "argument --out: " in err and "is not the config of a" in err
 
 
+@pytest.mark.parametrize("command", ["add-head", "set-budget", "teach"])
+def test_cli_refuses_to_write_a_card_over_a_projects_readme_before_any_work(capsys, tmp_path, command):
+    (tmp_path / "README.md").write_text("# My project\n")
+    (tmp_path / "prompts.txt").write_text("".join(f"prompt number {i}\n" for i in range(300)))
+    argv = {
+        "add-head": ["add-head", "--guard", "default", "--name", "x", "--unsafe", str(tmp_path / "prompts.txt")],
+        "set-budget": ["set-budget", "--guard", "default", "--benign", str(tmp_path / "prompts.txt")],
+        "teach": ["teach", "--guard", "default", "--benign", str(tmp_path / "prompts.txt")],
+    }[command]
+    code, err = cli(capsys, *argv, "--out", str(tmp_path))
+    assert code == 2 and "argument --out: " in err and "README.md is not a model card hf-lsad wrote" in err
+    assert (tmp_path / "README.md").read_text() == "# My project\n"
+
+
 def test_cli_guard_with_a_nan_threshold_is_refused_before_the_model_loads(capsys, saved):
     _, path = saved
     edit_config(path, lambda c: c["guard"].update(threshold=float("nan")))
