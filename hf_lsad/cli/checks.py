@@ -222,6 +222,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.command == "collect":
         _check_pool(parser, args)
         _check_layers(parser, args.model, args.layer)
+        _check_store_folders(parser, args)
         prompt_only = {"prompt_last", "prompt_mean"}
         if len(args.layer) * len(args.position) > 1 and not set(args.position) <= prompt_only:
             parser.error(
@@ -307,6 +308,19 @@ def _check_model(parser: argparse.ArgumentParser, model: str) -> None:
         check_model_path(model)
     except FileNotFoundError as err:
         parser.error(f"argument --model: {err}")
+
+
+def _check_store_folders(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A store ``collect`` writes into ``--out`` itself (one layer and position) must not replace an ``index.json``
+    of something else: found after the collection, the run's work would be lost. Several reads are written to
+    folders of their own inside it (``layer<L>-<position>``)."""
+    from ..data.store import check_store_destination
+
+    if len(args.layer) * len(args.position) == 1:
+        try:
+            check_store_destination(Path(args.out))
+        except FileExistsError as err:
+            parser.error(f"argument --out: {err}")
 
 
 def _check_layers(parser: argparse.ArgumentParser, model: str, layers: Sequence[int]) -> None:

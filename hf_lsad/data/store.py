@@ -33,6 +33,7 @@ from ..core.serialization import (
     check_readable,
     config_from_dict,
     config_to_dict,
+    config_to_replace,
     read_json,
     staged_folder,
     write_json,
@@ -73,6 +74,16 @@ class ActivationSet(NamedTuple):
     """How the prompts were formatted and the longest one (``None`` in stores that did not record it)."""
 
 
+INDEX_KEYS = {"format_version", "hook", "shards", "records"}
+"""The keys of a store's ``index.json``."""
+
+
+def check_store_destination(path: Path) -> None:
+    """Raise :class:`FileExistsError` if ``path`` holds an ``index.json`` that is not a store's (a web project's,
+    another tool's), which a store saved there would overwrite."""
+    config_to_replace(path / INDEX, INDEX_KEYS, "an activation store")
+
+
 def save_activations(
     directory: str | os.PathLike,
     activations: Tensor,
@@ -90,7 +101,8 @@ def save_activations(
     another store, the shards of it that this one does not have are removed once the index is written. The files
     are written in a folder of their own and moved into place, the index last
     (:func:`~hf_lsad.core.serialization.staged_folder`): a save that fails (a full disk, an interrupt) leaves the
-    store that was there, never its index beside this one's activations.
+    store that was there, never its index beside this one's activations. An ``index.json`` that is not a store's
+    is not overwritten (:func:`check_store_destination`): the save is refused before anything is written.
     """
     check_activations(activations, hook.hidden_size)
     if len(records) != len(activations):
@@ -98,6 +110,7 @@ def save_activations(
     if not all(isinstance(record, dict) for record in records):
         raise TypeError("each record must be a dict (a JSON object)")
     path = Path(directory)
+    check_store_destination(path)
     with staged_folder(path, last=INDEX) as staging:  # a failed save leaves the store that was there
         shards = []
         for number, start in enumerate(range(0, len(activations), shard_size)):

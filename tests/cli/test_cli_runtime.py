@@ -14,7 +14,8 @@ from tiny import fresh_guard
 from hf_lsad.capture import pretrained
 from hf_lsad.capture.pretrained import placement
 from hf_lsad.cli.main import entry, main
-from hf_lsad.data.store import load_activations
+from hf_lsad.core.hook_point import HookPoint
+from hf_lsad.data.store import load_activations, save_activations
 from hf_lsad.version import __version__
 
 
@@ -213,6 +214,23 @@ def test_an_out_folder_that_is_a_file_fails_before_the_model_loads(capsys, monke
     # collect failed after its model loaded, with a bare NotADirectoryError; the others at their save, after the work
     error = usage_error(capsys, monkeypatch, *argv, "--out", str(tmp_path / "a-file"))
     assert error.endswith(f"argument --out: '{tmp_path / 'a-file'}' is a file, not a folder")
+
+
+def test_collect_does_not_replace_an_index_of_something_else(capsys, monkeypatch, tmp_path):
+    """A collection into a folder with another tool's ``index.json`` replaced it with the store's, at the end."""
+    (tmp_path / "index.json").write_text('{"pages": ["home", "about"]}')
+    error = usage_error(capsys, monkeypatch, "collect", "--pool", "safe", "--layer", "1", "--out", str(tmp_path))
+    assert error.endswith(
+        f"argument --out: {tmp_path / 'index.json'} is not the config of an activation store: saving "
+        f"an activation store in {tmp_path} would overwrite it; save it to a folder of its own"
+    )
+    hook = HookPoint("tiny/model", "llama", 4, 4, 1, "model.layers.1", "prompt_last")
+    with pytest.raises(FileExistsError, match="is not the config of an activation store"):
+        save_activations(tmp_path, torch.randn(3, 4), [{"id": str(i)} for i in range(3)], hook)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json"]
+    assert (tmp_path / "index.json").read_text() == '{"pages": ["home", "about"]}'
+    save_activations(tmp_path / "store", torch.randn(3, 4), [{"id": str(i)} for i in range(3)], hook)
+    save_activations(tmp_path / "store", torch.randn(2, 4), [{"id": str(i)} for i in range(2)], hook)  # its own
 
 
 def test_placement_of_a_model():
