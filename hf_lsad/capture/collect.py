@@ -21,12 +21,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.batching import length_batches
 from ..core.prompt_inputs import InputProfile, chat_turns, check_system_turn
+from ..core.text import unencodable
 from .adapters import adapter_digest
 from .recorder import PROMPT_POSITIONS, PromptPrefix, generate_with_activations, prompt_features, read_after_prefix
 
 
 def check_prompts(prompts: Sequence[str]) -> None:
-    """Raise ``TypeError`` for a non-list or a non-string prompt, ``ValueError`` for an empty list or prompt."""
+    """Raise ``TypeError`` for a non-list or a non-string prompt, ``ValueError`` for an empty list or a prompt that
+    cannot be read (:func:`prompt_problem`)."""
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings, not a single string")
     if not isinstance(prompts, Sequence):
@@ -36,15 +38,16 @@ def check_prompts(prompts: Sequence[str]) -> None:
     for i, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
             raise TypeError(f"prompt {i} is not a string but {type(prompt).__name__}: {prompt!r}")
-        why = blank_prompt(prompt)
+        why = prompt_problem(prompt)
         if why:
             raise ValueError(f"prompt {i} is {why}")
 
 
-def blank_prompt(prompt: str) -> str | None:
-    """Why ``prompt`` cannot be read (``"empty: ''"``, or whitespace only), ``None`` when it can."""
+def prompt_problem(prompt: str) -> str | None:
+    """Why ``prompt`` cannot be read (``"empty: ''"``, whitespace only, or not Unicode text:
+    :func:`~hf_lsad.core.text.unencodable`), ``None`` when it can."""
     if prompt.strip():
-        return None
+        return unencodable(prompt)
     # the length, not the repr: a one-line error message folds whitespace
     return f"empty: {prompt!r}" if not prompt else f"empty: whitespace only ({len(prompt)} characters)"
 

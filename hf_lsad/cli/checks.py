@@ -113,6 +113,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if getattr(args, "system", None) is not None:
         if not args.system.strip():
             parser.error("argument --system: empty; leave it out for the chat template's own system turn")
+        from ..core.text import unencodable
+
+        if unencodable(args.system):  # bytes that are not UTF-8 in the argument
+            parser.error(f"argument --system: {unencodable(args.system)}")
         if getattr(args, "raw", False):
             parser.error("argument --system: a system turn is part of the chat template, which --raw leaves out")
         if args.command == "evaluate" and not (args.benign_prompts or args.unsafe_prompts):

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ..errors import warn
 from .serialization import config_from_dict
+from .text import unencodable
 
 PROMPT_FORMATS = ("chat_template", "raw")
 LONG_PROMPT_FACTOR = 2.0
@@ -45,9 +46,12 @@ LONG_PROMPT_FACTOR = 2.0
 
 
 def check_system_turn(system: str | None) -> None:
-    """Refuse a system turn that is not ``None`` or a non-empty string."""
+    """Refuse a system turn that is not ``None`` or a non-empty string of Unicode text."""
     if system is not None and (not isinstance(system, str) or not system.strip()):
         raise ValueError(f"system must be None or a non-empty string, got {system!r}")
+    why = None if system is None else unencodable(system)
+    if why:
+        raise ValueError(f"the system turn is {why}")
 
 
 def turn_label(system: str | None) -> str:

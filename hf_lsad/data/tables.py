@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from ..core.text import unencodable
 from ..errors import MissingColumnError
 
 DEFAULT_COLUMN = "prompt"
@@ -48,8 +49,8 @@ CONVERSATION_ROLES = ("system", "user", "assistant")
 
 def conversation_problem(turns: object) -> str | None:
     """Why ``turns`` is not a conversation a guard can read for the next answer, or ``None``: a non-empty list of
-    ``{"role", "content"}`` turns, roles of :data:`CONVERSATION_ROLES`, text content, the last a user turn that holds
-    text."""
+    ``{"role", "content"}`` turns, roles of :data:`CONVERSATION_ROLES`, text content (Unicode text:
+    :func:`~hf_lsad.core.text.unencodable`), the last a user turn that holds text."""
     if isinstance(turns, str):
         return "a string, not a list of turns"
     if not isinstance(turns, (list, tuple)) or not turns:
@@ -59,6 +60,9 @@ def conversation_problem(turns: object) -> str | None:
             return f"turn {number} is not a {{'role', 'content'}} turn of a role in {CONVERSATION_ROLES}"
         if not isinstance(turn.get("content"), str):
             return f"turn {number} ({turn['role']}) has no text content"
+        why = unencodable(turn["content"])
+        if why:
+            return f"turn {number} ({turn['role']}) is {why}"
     if turns[-1]["role"] != "user" or not turns[-1]["content"].strip():
         return "the conversation does not end with a user turn that holds text"
     return None
@@ -267,6 +271,9 @@ def _prompt_of(record: dict[str, Any], column: str) -> tuple[str | None, str | N
         return None, f"the prompt is not text ({type(value).__name__})"
     if not value.strip():
         return None, "empty prompt"
+    why = unencodable(value)
+    if why:
+        return None, f"the prompt is {why}"
     return value, None
 
 

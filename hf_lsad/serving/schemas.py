@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ..capture.collect import blank_prompt
+from ..capture.collect import prompt_problem
+from ..core.text import unencodable
 
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tools": ([],),
@@ -67,6 +68,8 @@ class ChatMessage(BaseModel):
             check_text_parts(value)
         elif not isinstance(value, str):
             raise ValueError(f"a string or a list of text parts, got {json_type(value)}")
+        else:
+            check_text(value)
         return value
 
     @field_validator("content")
@@ -74,7 +77,7 @@ class ChatMessage(BaseModel):
     def _user_turn_has_text(cls, value: str | list[ContentPart], info: ValidationInfo) -> str | list[ContentPart]:
         # An empty user turn is an empty prompt, refused as the Python API, the CLI and /v1/completions refuse one.
         # Other turns may be empty, as the OpenAI API allows.
-        why = blank_prompt(joined(value))
+        why = prompt_problem(joined(value))
         if info.data.get("role") == "user" and why:
             raise ValueError(f"a user turn is {why}")
         return value
@@ -242,7 +245,7 @@ class CompletionRequest(_Sampling):
             if len(texts) != 1:
                 raise ValueError(f"one prompt per request, got {len(texts)}")
             texts = texts[0]
-        why = blank_prompt(texts)
+        why = prompt_problem(texts)
         if why:
             raise ValueError(why)
         return texts
@@ -282,6 +285,15 @@ def check_text_parts(parts: list[Any]) -> None:
             shown = f"a part of type {kind!r}" if isinstance(kind, str) else json_type(part)
             text_part = '{"type": "text", "text": "..."}'
             raise ValueError(f"part {index} is {shown}: only text parts ({text_part}) can be read")
+        check_text(part["text"], f"part {index}")
+
+
+def check_text(text: str, what: str | None = None) -> None:
+    """A ``ValueError`` when ``text`` is not Unicode text a tokenizer can encode
+    (:func:`~hf_lsad.core.text.unencodable`): a JSON ``\\ud800`` escape makes a lone surrogate."""
+    why = unencodable(text)
+    if why:
+        raise ValueError(why if what is None else f"{what} is {why}")
 
 
 def joined(content: str | list[ContentPart]) -> str:
@@ -295,9 +307,11 @@ def text_or_texts(value: Any) -> str | list[str]:
         for index, item in enumerate(value):
             if not isinstance(item, str):
                 raise ValueError(f"item {index} is {json_type(item)}, not a string")
+            check_text(item, f"item {index}")
         return value
     if not isinstance(value, str):
         raise ValueError(f"a string or a list of strings, got {json_type(value)}")
+    check_text(value)
     return value
 
 

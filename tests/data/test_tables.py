@@ -157,6 +157,18 @@ def test_whole_conversations_with_each_malformed_one_its_rows_error(tmp_path):
         "'messages': not a non-empty list of turns",
         "'messages' is not a list of turns (not JSON)",
     ]
+    # JSON's \\ud800 escape decodes to a lone surrogate, which no tokenizer encodes (the batch failed on it)
+    (tmp_path / "s.jsonl").write_text('{"prompt": "a\\ud800b"}\n')
+    assert read_prompt_table(tmp_path / "s.jsonl")[0] == PromptRow(
+        "0", None, "the prompt is not Unicode text: a lone surrogate (U+D800) at character 1"
+    )
+    (tmp_path / "t.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "\\udfff"}, '
+        '{"role": "user", "content": "and?"}]}\n'
+    )
+    assert read_prompt_table(tmp_path / "t.jsonl", conversation=True)[0].error == (
+        "'messages': turn 1 (assistant) is not Unicode text: a lone surrogate (U+DFFF) at character 0"
+    )
     other = write_jsonl(tmp_path / "c.jsonl", [{"chat": turns}])
     assert read_prompt_table(other, column="chat", conversation=True)[0].conversation == tuple(turns)
     (tmp_path / "p.txt").write_text("hello\n")

@@ -178,6 +178,8 @@ def test_screen_refuses_what_generate_refuses(case, inputs, error, message):
         ([], ValueError, "the prompt list is empty"),
         ("one string", TypeError, "not a single string"),
         (42, TypeError, "got a int"),
+        # the tokenizer's own error: "TextEncodeInput must be Union[TextInputSequence, ...]"
+        (["ok", "caf\udce9"], ValueError, r"prompt 1 is not Unicode text: a lone surrogate \(U\+DCE9\) at character 3"),
     ],
 )
 def test_bad_prompt_lists_say_what_is_wrong(prompts, error, message):
@@ -186,6 +188,19 @@ def test_bad_prompt_lists_say_what_is_wrong(prompts, error, message):
     guarded = screening_model()
     with pytest.raises(error, match=message):
         guarded.screen(prompts)
+
+
+def test_a_lone_surrogate_in_a_system_turn_or_a_conversation_is_named():
+    guarded = screening_model()
+    with pytest.raises(ValueError, match=r"the system turn is not Unicode text: a lone surrogate \(U\+D800\)"):
+        encode_prompts(guarded.tokenizer, ["hi"], system="be \ud800 kind")
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "\ud800"},
+        {"role": "user", "content": "so?"},
+    ]
+    with pytest.raises(ValueError, match=r"turn 1 \(assistant\) is not Unicode text: a lone surrogate \(U\+D800\)"):
+        guarded.screen([turns])
 
 
 @pytest.mark.parametrize("top_k", [-1, 1.5, "3", True])

@@ -720,6 +720,14 @@ def test_cli_reads_the_models_depth_once_for_all_its_layers(capsys, weightless_m
             ["generate", "--model", "no-such-org/no-such-model", "   "],
             "argument prompts: prompt 0 is empty: whitespace only (3 characters)",
         ),
+        (  # a byte that is not UTF-8 in an argument (Python reads it as a lone surrogate)
+            ["generate", "--model", "no-such-org/no-such-model", "caf\udce9"],
+            "argument prompts: prompt 0 is not Unicode text: a lone surrogate (U+DCE9) at character 3",
+        ),
+        (
+            ["generate", "--model", "no-such-org/no-such-model", "--system", "caf\udce9", "hi"],
+            "argument --system: not Unicode text: a lone surrogate (U+DCE9) at character 3",
+        ),
         (
             ["explain", "--model", "no-such-org/no-such-model", "--activations", "missing", "hi"],
             "argument --activations: no activation store folder 'missing'",

@@ -557,6 +557,27 @@ BAD_REQUESTS = [
         "messages.0.content: a user turn is empty: whitespace only (2 characters)",
     ),
     ("an empty prompt", {"path": "/v1/completions", "body": {"prompt": ""}}, 400, "prompt: empty"),
+    # JSON's \\ud800 escape decodes to a lone surrogate, which no tokenizer encodes: a 500, or a 400 naming its error
+    *[
+        (
+            f"a lone surrogate: {case}",
+            {"path": path, "raw": raw},
+            400,
+            f"{says}not Unicode text: a lone surrogate (U+D800)",
+        )
+        for case, path, raw, says in [
+            ("user", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800"}]}', "content: "),
+            (
+                "system",
+                "/v1/chat/completions",
+                b'{"messages": [{"role": "system", "content": "a\\ud800"}, {"role": "user", "content": "hi"}]}',
+                "messages.0.content: ",
+            ),
+            ("prompt", "/v1/completions", b'{"prompt": "a\\ud800"}', "prompt: "),
+            ("moderation", "/v1/moderations", b'{"input": ["hi", "a\\ud800"]}', "input: item 1 is "),
+            ("text part", "/v1/moderations", b'{"input": [{"type": "text", "text": "a\\ud800"}]}', "input: part 0 is "),
+        ]
+    ],
     ("a blank prompt", {"path": "/v1/completions", "body": {"prompt": "  "}}, 400, "prompt: empty: whitespace only"),
     ("moderation input not text", {"path": "/v1/moderations", "body": {"input": [1]}}, 400, "input: item 0 is"),
     (
