@@ -115,8 +115,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error("argument --system: empty; leave it out for the chat template's own system turn")
         from ..core.text import unencodable
 
-        if unencodable(args.system):  # bytes that are not UTF-8 in the argument
-            parser.error(f"argument --system: {unencodable(args.system)}")
+        why = unencodable(args.system)  # bytes that are not UTF-8 in the argument
+        if why:
+            parser.error(f"argument --system: {why}")
         if getattr(args, "raw", False):
             parser.error("argument --system: a system turn is part of the chat template, which --raw leaves out")
         if args.command == "evaluate" and not (args.benign_prompts or args.unsafe_prompts):
@@ -226,7 +227,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.command == "collect":
         _check_pool(parser, args)
         _check_layers(parser, args.model, args.layer)
-        _check_store_folders(parser, args)
+        _check_store_destination(parser, args)
         prompt_only = {"prompt_last", "prompt_mean"}
         if len(args.layer) * len(args.position) > 1 and not set(args.position) <= prompt_only:
             parser.error(
@@ -314,7 +315,7 @@ def _check_model(parser: argparse.ArgumentParser, model: str) -> None:
         parser.error(f"argument --model: {err}")
 
 
-def _check_store_folders(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_store_destination(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A store ``collect`` writes into ``--out`` itself (one layer and position) must not replace an ``index.json``
     of something else: found after the collection, the run's work would be lost. Several reads are written to
     folders of their own inside it (``layer<L>-<position>``)."""

@@ -317,9 +317,9 @@ def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]
                 "verdicts of two readings and skip these rows. Choose another --out, or delete this one to screen "
                 "every row again"
             )
-    size = path.stat().st_size
-    complete = path.read_bytes().rfind(b"\n") + 1
-    if complete != size:
+    data = path.read_bytes() if path.is_file() else b""
+    complete = data.rfind(b"\n") + 1
+    if complete != len(data):
         with path.open("r+b") as handle:
             handle.truncate(complete)
     return done
