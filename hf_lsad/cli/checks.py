@@ -93,6 +93,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Usage errors (``parser.error``: exit code 2) for arguments that cannot work, before any model is loaded."""
     from ..core.validation import field_range
 
+    _check_not_empty(parser, args)
     for name, rule in _flag_rules().items():
         bounds = field_range(*rule) if isinstance(rule, tuple) else rule
         value = getattr(args, name, None)
@@ -234,6 +235,23 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                 "argument --position: several layers or positions are read from the prompt in one pass: "
                 f"use {sorted(prompt_only)} only (response positions: one layer and position per run)"
             )
+
+
+OWN_EMPTY_MESSAGES = ("prompts", "system")
+"""Text arguments whose emptiness their own checks explain (each prompt by its position; the system turn)."""
+
+
+def _check_not_empty(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A text argument given empty or blank is refused, but for those whose default is empty (``--subfolder``,
+    ``--refusal``): an unset shell variable (``--out "$OUT"``) made a path of ``''``, the current folder, which
+    ``collect`` filled with a store and ``generate --guard`` read for a guard after its model loaded."""
+    for action in parser._actions:
+        if action.dest in OWN_EMPTY_MESSAGES or action.default == "":
+            continue
+        value = getattr(args, action.dest, None)
+        if any(isinstance(item, str) and not item.strip() for item in (value if isinstance(value, list) else [value])):
+            name = "/".join(action.option_strings) or action.dest
+            parser.error(f"argument {name}: empty")
 
 
 def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -720,6 +720,15 @@ def test_cli_reads_the_models_depth_once_for_all_its_layers(capsys, weightless_m
             ["generate", "--model", "no-such-org/no-such-model", "   "],
             "argument prompts: prompt 0 is empty: whitespace only (3 characters)",
         ),
+        # an unset shell variable (--out "$OUT"): '' read as a path is the current folder, which collect filled
+        (["collect", "--pool", "safe", "--layer", "1", "--out", ""], "argument --out: empty"),
+        (["generate", "--guard", " ", "hi"], "argument --guard: empty"),
+        (["screen", "", "--out", "v.jsonl"], "argument input: empty"),
+        (["pull", "org/guard", ""], "argument out: empty"),
+        (
+            ["evaluate", "--guard", "default", "--benign-prompts", "chat=c.txt", "", "--out", "r"],
+            "argument --benign-prompts: empty",
+        ),
         (  # a byte that is not UTF-8 in an argument (Python reads it as a lone surrogate)
             ["generate", "--model", "no-such-org/no-such-model", "caf\udce9"],
             "argument prompts: prompt 0 is not Unicode text: a lone surrogate (U+DCE9) at character 3",
