@@ -25,7 +25,8 @@ import warnings
 from pathlib import Path
 
 from ..core.integrity import sha256_file
-from ..core.serialization import new_file_modes
+from ..core.locking import marked_in_use
+from ..core.serialization import new_file_modes, remove_abandoned_staging
 from ..version import library_versions
 
 CACHE_ENV = "HF_LSAD_CACHE"
@@ -66,17 +67,19 @@ def convert_gguf(gguf: Path) -> Path | None:
         warnings.warn(f"{folder} is not a complete conversion of {gguf}; converting it again", stacklevel=3)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
+        remove_abandoned_staging(folder.parent, prefix=f".{folder.name}-")  # a killed conversion's 540 MB
         staging = folder.parent / f".{folder.name}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()  # not mkdtemp: its folder is private (0700), the cache's are as the umask says
     except OSError as err:
         warnings.warn(f"cannot write the GGUF cache {folder.parent} ({err}); set {CACHE_ENV}", stacklevel=3)
         return None
     try:
-        _write_conversion(gguf, staging)
-        new_file_modes(staging)
-        if not _complete(folder):  # else another process converted the same file meanwhile: keep theirs
-            shutil.rmtree(folder, ignore_errors=True)  # an incomplete conversion
-            os.replace(staging, folder)  # atomic: a folder in the cache is complete
+        with marked_in_use(staging):  # another process's conversion does not take it for a killed one's
+            _write_conversion(gguf, staging)
+            new_file_modes(staging)
+            if not _complete(folder):  # else another process converted the same file meanwhile: keep theirs
+                shutil.rmtree(folder, ignore_errors=True)  # an incomplete conversion
+                os.replace(staging, folder)  # atomic: a folder in the cache is complete
     except OSError as err:
         if _complete(folder):  # another process won the race to the same folder
             return folder

@@ -206,12 +206,13 @@ def staged_folder(path: Path, last: str) -> Iterator[Path]:
             described.replace(path / last)
 
 
-def remove_abandoned_staging(path: Path) -> list[Path]:
-    """Remove the staging folders in ``path`` that killed saves left (:func:`staged_folder`): those no save holds,
-    unchanged for :data:`ABANDONED_AFTER` seconds. Where locks do not work (Windows, some network mounts) none can be
-    told abandoned and all are kept. Returns the folders removed."""
+def remove_abandoned_staging(path: Path, prefix: str = STAGING_PREFIX) -> list[Path]:
+    """Remove the staging folders in ``path`` (named ``prefix...``) that killed saves left (:func:`staged_folder`, a
+    GGUF conversion): those no save holds (:func:`~hf_lsad.core.locking.marked_in_use`), unchanged for
+    :data:`ABANDONED_AFTER` seconds. Where locks do not work (Windows, some network mounts) none can be told
+    abandoned and all are kept. Returns the folders removed."""
     removed = []
-    for folder in path.glob(f"{STAGING_PREFIX}*"):
+    for folder in path.glob(f"{prefix}*"):
         try:
             if not folder.is_dir() or time.time() - folder.stat().st_mtime < ABANDONED_AFTER or not abandoned(folder):
                 continue

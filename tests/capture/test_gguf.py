@@ -160,6 +160,26 @@ def test_two_processes_converting_at_once_share_one_complete_conversion(gguf: Pa
     assert_same_model(load_model(str(gguf)), load_model(str(gguf), gguf_cache=False))
 
 
+def test_a_killed_conversions_folder_is_removed_by_the_next(gguf: Path):
+    """A first load killed outright (SIGKILL, the OOM killer) left its staging folder, for the bundled model 540 MB,
+    in the cache for good; one that another conversion still holds is kept."""
+    from hf_lsad.core.locking import marked_in_use
+    from hf_lsad.core.serialization import ABANDONED_AFTER
+
+    folder = converted_folder(gguf)
+    folder.parent.mkdir(parents=True)
+    killed, running = folder.parent / f".{folder.name}-dead0000", folder.parent / f".{folder.name}-busy0000"
+    for staging in (killed, running):
+        staging.mkdir()
+        (staging / "model.safetensors").write_bytes(b"partial")
+        past = staging.stat().st_mtime - ABANDONED_AFTER - 1
+        os.utime(staging, (past, past))
+    with marked_in_use(running):
+        load_model(str(gguf))
+    assert not killed.exists() and running.exists()
+    assert cached_conversion(gguf) == folder
+
+
 def test_a_gguf_file_in_a_hub_repo_loads_as_transformers_reads_it(gguf: Path, hub_server, hub_cache):
     """Only a GGUF file on disk is converted; ``load_model(repo, gguf_file=...)`` downloads it as before."""
     repo_id = f"hf-lsad-org/gguf-{uuid.uuid4().hex[:8]}"
