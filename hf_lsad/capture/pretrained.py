@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,13 +65,14 @@ def model_location(name_or_path: str, **kwargs: Any) -> tuple[str, dict[str, Any
     return name_or_path, dict(kwargs)
 
 
-def check_model_path(name_or_path: str, **kwargs: Any) -> None:
+def check_model_path(name_or_path: str | os.PathLike[str], **kwargs: Any) -> None:
     """Raise ``FileNotFoundError`` when ``name_or_path`` is a path (it exists, or it can only be one) that holds no
     model: no ``config.json`` (in ``kwargs``' ``subfolder`` if given), no ``adapter_config.json``, and neither a
     ``.gguf`` file nor a folder holding ``kwargs``' ``gguf_file``. transformers would read such a name as a Hub
     repo id, after seconds of loading, and say only that it is not a valid one. Hub ids pass unchecked."""
     from ..core.hub import looks_like_path
 
+    name_or_path = os.fspath(name_or_path)  # a Path too, as transformers takes one
     if name_or_path in DEFAULT_MODEL_ALIASES:
         return
     path = Path(name_or_path).expanduser()

@@ -53,6 +53,8 @@ def test_a_path_that_holds_no_model_is_named_before_any_load(load, tmp_path: Pat
         FileNotFoundError, match=r"no model folder, peft adapter folder or \.gguf file at '/no/such/path'"
     ):
         load("/no/such/path")
+    with pytest.raises(FileNotFoundError, match="no model folder, peft adapter folder"):
+        load(Path("/no/such/path"))  # a Path as transformers takes one (an AttributeError before)
     with pytest.raises(FileNotFoundError, match=r"is not a model folder \(no config.json in it\)"):
         load(str(tmp_path))
     (tmp_path / "notes.txt").write_text("not a model")
