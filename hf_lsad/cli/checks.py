@@ -190,12 +190,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.command == "push" and args.guard_dir not in ("default", "paper"):
         if not (Path(args.guard_dir) / "config.json").is_file():
             parser.error(f"argument guard_dir: {args.guard_dir!r} is not a guard folder (no config.json)")
-    if (
-        args.command == "pull"
-        and Path(args.out).exists()
-        and (not Path(args.out).is_dir() or any(Path(args.out).iterdir()))
-    ):
-        parser.error(f"argument out: {args.out!r} exists and is not an empty folder")
+    if args.command == "pull" and Path(args.out).exists():
+        from ..core.serialization import STAGING_PREFIX
+
+        # what a killed pull left (a staging folder) is no reason to refuse the pull that follows it
+        held = [] if not Path(args.out).is_dir() else list(Path(args.out).iterdir())
+        if not Path(args.out).is_dir() or any(not entry.name.startswith(STAGING_PREFIX) for entry in held):
+            parser.error(f"argument out: {args.out!r} exists and is not an empty folder")
     if args.command in OUT_FOLDERS and getattr(args, "out", None):
         from ..guard.files import check_guard_destination
         from ..sae.model import check_sae_destination

@@ -827,14 +827,17 @@ def run_pull(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from ..core.hub import resolve_pretrained_dir
+    from ..core.serialization import staged_folder
+    from ..guard.files import GUARD_CONFIG
     from ..guard.guard import SafetyGuard
 
     location = {"revision": args.revision, "subfolder": args.subfolder, "token": args.token}
     folder = resolve_pretrained_dir(args.repo_id, **location)
     SafetyGuard.from_pretrained(folder)  # every check of loading, before anything is written
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(folder, out, dirs_exist_ok=True)  # copies what the cache links point to
+    # staged as a save is: a pull that fails or is killed leaves no half of a guard in out, and is run again
+    with staged_folder(out, GUARD_CONFIG) as staging:
+        shutil.copytree(folder, staging, dirs_exist_ok=True)  # copies what the cache links point to
     parts = folder.parts
     commit = parts[parts.index("snapshots") + 1] if "snapshots" in parts else None
     print(f"pulled {args.repo_id}{f' at {commit}' if commit else ''} to {out}")

@@ -10,6 +10,7 @@ import pytest
 from tiny import two_headed_guard
 
 from hf_lsad.cli.main import entry
+from hf_lsad.guard import SafetyGuard
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>' to upload raw bytes:DeprecationWarning")
 
@@ -30,6 +31,41 @@ def test_push_then_pull_gives_the_same_files_at_the_pinned_commit(hub_server, tm
     entry(["pull", repo_id, str(tmp_path / "pulled"), "--revision", sha])
     assert f"pulled {repo_id} at {sha}" in capsys.readouterr().out
     assert files_of(tmp_path / "pulled") == files_of(guard_dir)
+
+
+def test_a_pull_that_fails_leaves_no_half_guard_and_can_be_run_again(hub_server, tmp_path, capsys, monkeypatch):
+    """A pull copied straight into its folder: one that failed or was killed midway left half a guard there, which
+    the next pull refused as a folder that is not empty."""
+    import shutil
+
+    repo_id = f"hf-lsad-org/cli-{uuid.uuid4().hex[:8]}"
+    two_headed_guard().push_to_hub(repo_id)
+    out = tmp_path / "pulled"
+    copytree = shutil.copytree
+
+    copied = []
+
+    def disk_full(src, dst):  # the second tensor file does not fit
+        if str(dst).endswith(".safetensors"):
+            if copied:
+                raise OSError(28, "No space left on device")
+            copied.append(dst)
+        return shutil.copy2(src, dst)
+
+    def copytree_disk_full(src, dst, symlinks=False, ignore=None, copy_function=None, *args, **kwargs):
+        return copytree(src, dst, symlinks, ignore, disk_full, *args, **kwargs)  # its subfolders too
+
+    monkeypatch.setattr(shutil, "copytree", copytree_disk_full)
+    with pytest.raises(SystemExit):
+        entry(["pull", repo_id, str(out)])
+    monkeypatch.undo()
+    assert "No space left on device" in capsys.readouterr().err
+    assert not [p for p in out.rglob("*") if p.is_file()], list(out.rglob("*"))  # no half of a guard
+    (out / ".hf-lsad-saving-killed").mkdir()  # what a pull killed outright leaves
+    (out / ".hf-lsad-saving-killed" / "config.json").write_text("{}")
+    entry(["pull", repo_id, str(out)])
+    assert f"pulled {repo_id}" in capsys.readouterr().out
+    assert SafetyGuard.from_pretrained(out).head_names == two_headed_guard().head_names
 
 
 @pytest.mark.parametrize(
