@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..core.batching import length_batches
 from ..core.prompt_inputs import InputProfile, chat_turns, check_system_turn
 from ..core.text import unencodable
+from ..data.tables import chat_role
 from .adapters import adapter_digest
 from .recorder import PROMPT_POSITIONS, PromptPrefix, generate_with_activations, prompt_features, read_after_prefix
 
@@ -168,13 +169,14 @@ def conversation_token_ids(
     """Each conversation's token ids as a chat server reads it for its next answer: all its ``{"role", "content"}``
     turns under the chat template, with the generation prompt (a one-turn conversation reads as
     :func:`prompt_token_ids` reads its prompt). ``system`` goes before a conversation that has no system turn of its
-    own; a conversation's own system turn is kept."""
+    own; a conversation's own system turn is kept. A ``developer`` turn is read as the system turn
+    (:func:`~hf_lsad.data.tables.chat_role`)."""
     check_system_turn(system)
     if not tokenizer.chat_template:
         raise ValueError("reading conversations needs the tokenizer's chat template")
     texts = []
     for conversation in conversations:
-        turns = [dict(turn) for turn in conversation]
+        turns = [{**turn, "role": chat_role(turn["role"])} for turn in conversation]
         if system is not None and not any(turn.get("role") == "system" for turn in turns):
             turns.insert(0, {"role": "system", "content": system})
         texts.append(str(tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)))

@@ -43,8 +43,14 @@ class PromptRow:
     ``conversation=True`` (``None`` otherwise): what a chat server reads for its next answer."""
 
 
-CONVERSATION_ROLES = ("system", "user", "assistant")
-"""The roles a conversation's turns may have."""
+CONVERSATION_ROLES = ("system", "developer", "user", "assistant")
+"""The roles a conversation's turns may have (``developer``: the OpenAI API's newer name for the system turn, in
+the chat logs it exports)."""
+
+
+def chat_role(role: str) -> str:
+    """The role a chat template knows for a turn's ``role``: ``developer`` is the system turn."""
+    return "system" if role == "developer" else role
 
 
 def conversation_problem(turns: object) -> str | None:

@@ -185,7 +185,7 @@ def create_app(guarded: GuardedModelForCausalLM, config: ServeConfig) -> FastAPI
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Any:
-        messages = [{"role": _role(m.role), "content": m.text()} for m in body.messages]
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:  # read as screen(conversations) and hf-lsad screen --conversation read a conversation
             (ids,) = conversation_token_ids(tokenizer, [messages])
         except Exception as err:
@@ -337,10 +337,6 @@ def gated(gate: threading.BoundedSemaphore, work: Callable[[], Any]) -> Any:
     """``work()`` once a generation slot is free."""
     with gate:
         return work()
-
-
-def _role(role: str) -> str:
-    return "system" if role == "developer" else role  # the OpenAI API's newer name for the system turn
 
 
 class BodyLimit:

@@ -152,7 +152,8 @@ def test_whole_conversations_with_each_malformed_one_its_rows_error(tmp_path):
     assert rows[6] == PromptRow("6", "first", None, (turns[1],))
     assert [row.error for row in rows[1:6]] == [
         "'messages': the conversation does not end with a user turn that holds text",
-        "'messages': turn 0 is not a {'role', 'content'} turn of a role in ('system', 'user', 'assistant')",
+        "'messages': turn 0 is not a {'role', 'content'} turn of a role in "
+        "('system', 'developer', 'user', 'assistant')",
         "'messages': turn 0 (user) has no text content",
         "'messages': not a non-empty list of turns",
         "'messages' is not a list of turns (not JSON)",
@@ -169,6 +170,10 @@ def test_whole_conversations_with_each_malformed_one_its_rows_error(tmp_path):
     assert read_prompt_table(tmp_path / "t.jsonl", conversation=True)[0].error == (
         "'messages': turn 1 (assistant) is not Unicode text: a lone surrogate (U+DFFF) at character 0"
     )
+    developer = [{"role": "developer", "content": "be kind"}, *turns[1:]]  # an OpenAI chat log's system turn
+    assert read_prompt_table(write_jsonl(tmp_path / "d.jsonl", [{"messages": developer}]), conversation=True) == [
+        PromptRow("0", "second", None, tuple(developer))
+    ]
     other = write_jsonl(tmp_path / "c.jsonl", [{"chat": turns}])
     assert read_prompt_table(other, column="chat", conversation=True)[0].conversation == tuple(turns)
     (tmp_path / "p.txt").write_text("hello\n")

@@ -295,6 +295,15 @@ def test_screen_reads_conversations_whole_as_a_chat_server_does(batching):
     assert got[1].score == pytest.approx(alone.score, abs=1e-5)
 
 
+def test_a_developer_turn_is_read_as_the_system_turn():
+    """The OpenAI API's newer name for the system turn, in the chat logs it exports; the server read it so, while
+    screen() and hf-lsad screen --conversation refused such a conversation."""
+    _model, _tokenizer, guarded, _inputs, _ = screening_setup()
+    developer = [{**turn, "role": "developer"} if turn["role"] == "system" else turn for turn in CONVERSATIONS[2]]
+    got, want = guarded.screen([developer, CONVERSATIONS[2]])
+    assert got.score == want.score and got.flagged == want.flagged
+
+
 @pytest.mark.parametrize(
     ("conversations", "kwargs", "message"),
     [

@@ -518,6 +518,16 @@ def test_a_server_that_explains_names_the_words_behind_each_flag():
         ServeConfig(model_name="tiny-llama", explain=-1)
 
 
+def test_a_developer_turn_is_the_system_turn(server):
+    """The OpenAI API's newer name for the system turn: read as screen() reads it, one home for both."""
+    port, guarded = server
+    turns = [{"role": "system", "content": "You are a support bot."}, {"role": "user", "content": BENIGN}]
+    developer = [{"role": "developer", "content": "You are a support bot."}, turns[1]]
+    status, body = request(port, "POST", "/v1/chat/completions", {"messages": developer, "max_tokens": 1})
+    assert status == 200, body
+    assert_same_report(body["choices"][0]["safety"]["prompt"], guarded.screen([turns])[0].to_json())
+
+
 def test_models_and_health(server, client):
     port, _ = server
     assert [m.id for m in client.models.list()] == ["tiny-llama"]
