@@ -194,8 +194,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         from ..core.serialization import STAGING_PREFIX
 
         # what a killed pull left (a staging folder) is no reason to refuse the pull that follows it
-        held = [] if not Path(args.out).is_dir() else list(Path(args.out).iterdir())
-        if not Path(args.out).is_dir() or any(not entry.name.startswith(STAGING_PREFIX) for entry in held):
+        out = Path(args.out)
+        if not out.is_dir() or any(not entry.name.startswith(STAGING_PREFIX) for entry in out.iterdir()):
             parser.error(f"argument out: {args.out!r} exists and is not an empty folder")
     if args.command in OUT_FOLDERS and getattr(args, "out", None):
         from ..guard.files import check_guard_destination

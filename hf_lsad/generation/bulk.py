@@ -250,8 +250,14 @@ def verdict_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     first line that is not a verdict line (a JSON object with ``id`` and ``flagged``), or a last line that does not
     begin as one: such a file is not a screening run's, and resuming into it would destroy what it holds. The file
     is read, never changed."""
+    return _read_verdicts(path)[0]
+
+
+def _read_verdicts(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+    """:func:`verdict_lines` of ``path``, and the length in bytes of its whole lines (a kill's unfinished line
+    after them)."""
     if not path.is_file():
-        return []
+        return [], 0
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     records = []
@@ -268,7 +274,7 @@ def verdict_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     unfinished = data[end:]
     if unfinished and not (VERDICT_LINE_START.startswith(unfinished) or unfinished.startswith(VERDICT_LINE_START)):
         raise ValueError(f"{path}:{len(records) + 1}: not a verdict line of hf-lsad screen; choose another --out")
-    return records
+    return records, end
 
 
 def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any], with_prompt: bool) -> set[str]:
@@ -279,7 +285,8 @@ def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]
     writes none or the other way round, is an error: resuming would leave its verdicts beside this run's, and skip
     its rows."""
     done = set()
-    for number, record in verdict_lines(path):
+    records, complete = _read_verdicts(path)  # one read: the file may hold a long run's verdicts
+    for number, record in records:
         try:
             done.add(str(record["id"]))
             written = {name: head["threshold"] for name, head in record.get("heads", {}).items()}
@@ -317,9 +324,7 @@ def _finished_ids(path: Path, thresholds: dict[str, float], read: dict[str, Any]
                 "verdicts of two readings and skip these rows. Choose another --out, or delete this one to screen "
                 "every row again"
             )
-    data = path.read_bytes() if path.is_file() else b""
-    complete = data.rfind(b"\n") + 1
-    if complete != len(data):
+    if path.is_file() and complete != path.stat().st_size:
         with path.open("r+b") as handle:
             handle.truncate(complete)
     return done
