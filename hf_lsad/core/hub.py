@@ -33,7 +33,7 @@ from huggingface_hub.utils import filter_repo_objects
 
 from ..errors import GuardFormatError, UnsafeGuardFileError
 from .integrity import PICKLE_SUFFIXES, bounding_folder, check_guard_tree
-from .serialization import STAGING_PREFIX
+from .serialization import STAGING_PREFIX, folder_path
 
 __all__ = ["PICKLE_SUFFIXES", "find_pickle_files", "resolve_pretrained_dir", "upload_pretrained_dir"]
 
@@ -143,7 +143,7 @@ def resolve_pretrained_dir(
     sub = _normalize_subfolder(subfolder)
     extra_allow_patterns = tuple(extra_allow_patterns)
     _refuse_pickles(extra_allow_patterns, "extra_allow_patterns")
-    path = Path(name_or_path).expanduser()
+    path = folder_path(name_or_path, "name_or_path").expanduser()
     name = os.fspath(name_or_path)
     if path.is_dir():
         folder = path / sub if sub else path
@@ -159,7 +159,7 @@ def resolve_pretrained_dir(
         raise FileNotFoundError(f"{what_dir} '{name}' does not exist (or is not a directory)")
 
     repo_id, where = name, f"'{name}'" + (f", subfolder '{sub}'" if sub else "")
-    cache = None if cache_dir is None else Path(cache_dir)
+    cache = None if cache_dir is None else folder_path(cache_dir, "cache_dir")
     allow_patterns = _allow_patterns(sub, extra_allow_patterns)
     if local_files_only or hf_constants.is_offline_mode():
         try:

@@ -37,6 +37,7 @@ __all__ = [
     "check_readable",
     "config_from_dict",
     "config_to_dict",
+    "folder_path",
     "load_module",
     "new_file_modes",
     "read_json",
@@ -49,6 +50,20 @@ FORMAT_VERSION = 1
 """Version of the on-disk layout; bumped when a file or key changes meaning."""
 
 C = TypeVar("C")
+
+
+def folder_path(value: str | os.PathLike[str], argument: str) -> Path:
+    """``value``, the folder a save writes or a load reads, as a ``Path``. A name that is empty or blank is refused
+    (``ValueError``): as a path ``""`` is the current folder, which a save would fill and a load would read without a
+    word, and it is what an unset variable gives (``f"{out_dir}"``); ``"."`` names the current folder."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{argument} must be a path (a str or os.PathLike), not {type(value).__name__}")
+    name = os.fspath(value)
+    if not isinstance(name, str):
+        raise TypeError(f"{argument} must be a path as text, not {type(name).__name__}")
+    if not name.strip():
+        raise ValueError(f"{argument} is empty ({name!r}): name a folder ('.' for the current one)")
+    return Path(name)
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from ..core.serialization import (
     config_from_dict,
     config_to_dict,
     config_to_replace,
+    folder_path,
     read_json,
     staged_folder,
     write_json,
@@ -109,7 +110,7 @@ def save_activations(
         raise ValueError(f"{len(records)} records for {len(activations)} activation rows")
     if not all(isinstance(record, dict) for record in records):
         raise TypeError("each record must be a dict (a JSON object)")
-    path = Path(directory)
+    path = folder_path(directory, "directory")
     check_store_destination(path)
     with staged_folder(path, last=INDEX) as staging:  # a failed save leaves the store that was there
         shards = []
@@ -135,7 +136,7 @@ def save_activations(
 
 def load_activations(directory: str | os.PathLike) -> ActivationSet:
     """Read a store folder written by :func:`save_activations` (activations as float32)."""
-    path = Path(directory)
+    path = folder_path(directory, "directory")
     index = _read_index(path)
     hook = index.hook
     parts = []
@@ -234,7 +235,7 @@ class ActivationStore:
     """
 
     def __init__(self, directory: str | os.PathLike) -> None:
-        self.path = Path(directory)
+        self.path = folder_path(directory, "directory")
         index = _read_index(self.path)
         self.hook, self.inputs = index.hook, index.inputs
         self.records: list[dict[str, Any]] = index.records

@@ -21,7 +21,7 @@ from huggingface_hub import CommitInfo
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..core.hub import resolve_pretrained_dir, upload_pretrained_dir
-from ..core.serialization import FORMAT_VERSION, config_from_dict, config_to_dict, read_json, write_json
+from ..core.serialization import FORMAT_VERSION, config_from_dict, config_to_dict, folder_path, read_json, write_json
 from ..core.validation import check_format_version
 from ..guard.files import MODEL_CARD
 from ..guard.guard import SafetyGuard
@@ -105,7 +105,7 @@ def load_guarded_folder(
     ``hub_kwargs`` say where to read the folder (:func:`hf_lsad.core.hub.resolve_pretrained_dir`);
     the base model is loaded with ``model_kwargs`` (:func:`load_base_model`, which says when there is a tokenizer).
     """
-    local = Path(name_or_path).expanduser() / hub_kwargs.get("subfolder", "")
+    local = folder_path(name_or_path, "pretrained_model_name_or_path").expanduser() / hub_kwargs.get("subfolder", "")
     path = local if local.is_dir() and not (local / GUARDED_CONFIG).is_file() else None
     if path is None:  # a saved guarded model (local or on the Hub): the strict resolver
         path = resolve_pretrained_dir(name_or_path, root_file=GUARDED_CONFIG, what="guarded model", **hub_kwargs)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal, cast, overload
 
 import torch
@@ -36,6 +35,7 @@ from ..capture.recorder import PROMPT_POSITIONS, read_prompts
 from ..core.batching import check_batching, length_batches
 from ..core.prompt_inputs import InputWarner
 from ..core.prompt_tokens import check_explain
+from ..core.serialization import folder_path
 from ..data.tables import conversation_problem
 from ..guard.fingerprint import check_fingerprint
 from ..guard.guard import SafetyGuard, SafetyReport
@@ -229,7 +229,9 @@ class GuardedModelForCausalLM(nn.Module):
         ``base_model`` defaults to ``model.config.name_or_path`` (a Hub id, or the local folder
         the model was loaded from); :meth:`from_pretrained` loads it from there.
         """
-        write_guarded_folder(Path(save_directory), self.model, self.guard, base_model, base_model_revision)
+        write_guarded_folder(
+            folder_path(save_directory, "save_directory"), self.model, self.guard, base_model, base_model_revision
+        )
 
     def push_to_hub(
         self,

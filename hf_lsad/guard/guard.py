@@ -29,6 +29,7 @@ from ..core.hook_point import Read
 from ..core.hub import resolve_pretrained_dir
 from ..core.prompt_inputs import InputProfile
 from ..core.prompt_tokens import PromptTokens, check_explain, check_top_k
+from ..core.serialization import folder_path
 from ..detectors import Detector
 from ..errors import GuardFormatError, warn
 from ..sae.model import SparseAutoencoder
@@ -489,7 +490,7 @@ class SafetyGuard(nn.Module):
         go to the card metadata. A ``README.md`` hf-lsad did not write (a project's own) is not overwritten: the
         save is refused before anything is written (``FileExistsError``).
         """
-        path = Path(save_directory)
+        path = folder_path(save_directory, "save_directory")
         with_card = metrics is not None or data is not None
         if with_card:  # before any file is written
             check_guard_destination(path, with_card=True)

@@ -34,6 +34,7 @@ from ..core.serialization import (
     config_from_dict,
     config_to_dict,
     config_to_replace,
+    folder_path,
     load_module,
     read_json,
     save_module,
@@ -178,7 +179,7 @@ class SparseAutoencoder(nn.Module):
         ``config.json`` (a model's, a guard's) is refused before anything is written (``FileExistsError``). Saved
         over an SAE, a save that fails while writing leaves that SAE as it was
         (:func:`~hf_lsad.core.serialization.staged_folder`)."""
-        path = Path(save_directory)
+        path = folder_path(save_directory, "save_directory")
         check_sae_destination(path)
         record: dict[str, object] = {"format_version": FORMAT_VERSION, "sae": config_to_dict(self.config)}
         if self.layer is not None:
@@ -191,7 +192,7 @@ class SparseAutoencoder(nn.Module):
     def from_pretrained(cls, directory: str | os.PathLike) -> SparseAutoencoder:
         """Load an SAE written by :meth:`save_pretrained`; strict about keys and shapes. ``layer``, when the folder
         records it, must be a decoder block index (a folder without it loads with ``layer=None``)."""
-        path = Path(directory)
+        path = folder_path(directory, "directory")
         raw = read_json(path / SAE_CONFIG)
         check_format_version(raw.get("format_version"), FORMAT_VERSION, source=str(path / SAE_CONFIG))
         require_keys(raw, {"format_version", "sae"}, {"layer"}, source=str(path / SAE_CONFIG))

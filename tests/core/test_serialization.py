@@ -12,8 +12,10 @@ import torch
 from tiny import two_headed_guard
 
 from hf_lsad.core.hook_point import HookPoint
-from hf_lsad.data.store import load_activations, save_activations
+from hf_lsad.core.serialization import folder_path
+from hf_lsad.data.store import ActivationStore, load_activations, save_activations
 from hf_lsad.guard import SafetyGuard
+from hf_lsad.sae.model import SparseAutoencoder
 
 HOOK = HookPoint("tiny/model", "llama", 4, 4, 1, "model.layers.1", "prompt_last")
 
@@ -130,3 +132,50 @@ def test_a_folder_a_save_holds_is_kept_however_old(tmp_path: Path):
     with marked_in_use(held):
         assert remove_abandoned_staging(tmp_path) == [old]
     assert held.exists() and not old.exists()
+
+
+def _save_guarded_model(folder: str) -> None:
+    from hf_lsad import GuardedModelForCausalLM
+    from hf_lsad.testing import tiny_model
+
+    model, tokenizer = tiny_model("llama", seed=0)
+    GuardedModelForCausalLM(model, two_headed_guard(), tokenizer=tokenizer).save_pretrained(folder)
+
+
+def _load_guarded_model(folder: str) -> None:
+    from hf_lsad import GuardedModelForCausalLM
+
+    GuardedModelForCausalLM.from_pretrained(folder)
+
+
+EMPTY_FOLDER_CALLS = {
+    "guard.save_pretrained": lambda folder: two_headed_guard().save_pretrained(folder),
+    "SafetyGuard.from_pretrained": SafetyGuard.from_pretrained,
+    "sae.save_pretrained": lambda folder: two_headed_guard().parts().sae.save_pretrained(folder),
+    "SparseAutoencoder.from_pretrained": lambda folder: SparseAutoencoder.from_pretrained(folder),
+    "save_activations": lambda folder: save_activations(
+        folder, torch.randn(1, 4), [{"id": "0", "text": "a", "category": "safe"}], HOOK
+    ),
+    "load_activations": load_activations,
+    "ActivationStore": ActivationStore,
+    "GuardedModelForCausalLM.save_pretrained": _save_guarded_model,
+    "GuardedModelForCausalLM.from_pretrained": _load_guarded_model,
+}
+
+
+@pytest.mark.parametrize("folder", ["", "  "], ids=["empty", "blank"])
+@pytest.mark.parametrize("call", list(EMPTY_FOLDER_CALLS), ids=str)
+def test_an_empty_folder_name_is_refused_not_read_as_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str, folder: str
+):
+    # Path("") is the current folder: a save filled it (an unset variable in f"{out}"), a load read it
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="is empty"):
+        EMPTY_FOLDER_CALLS[call](folder)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", [None, 3, b"guard"], ids=["None", "int", "bytes"])
+def test_a_folder_that_is_not_a_path_is_a_type_error(value: object):
+    with pytest.raises(TypeError, match="must be a path"):
+        folder_path(value, "save_directory")  # type: ignore[arg-type]

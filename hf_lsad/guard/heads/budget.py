@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -18,13 +17,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ...capture.adapters import adapter_label
 from ...capture.collect import check_prompts, collect_prompt_features
 from ...core.batching import BATCH_TOKENS
+from ...core.serialization import folder_path
 from ...data import Prompt
 from ...data.pools import KEEPABLE_POOLS
 from ...errors import ThresholdsResetWarning, warn
 from ..fingerprint import record_fingerprint
 from ..threshold import allowed_flags
 from ..types import BudgetConfig
-from .bundled import KEPT_CACHE, bundled_features, release_rows
+from .bundled import KEPT_CACHE, bundled_features, check_cache_turn, release_rows
 
 THRESHOLD_POOL = "chat"
 """The pool whose validation rows set every head's threshold again: the traffic a deployed guard mostly sees."""
@@ -139,6 +139,8 @@ def fit_budget_on_prompts(
         The guard's new :class:`~hf_lsad.guard.types.BudgetConfig`.
     """
     kept = check_keep_bundled(keep_bundled, own_prompts=prompts is not None)
+    if cache_dir is not None:  # before any forward pass: an empty name, a cache kept under another turn
+        check_cache_turn(cache_dir, system)
     taught = taught_budget_warning(guard.budget, own_prompts=prompts is not None)
     if taught and (rows is None or TAUGHT_LABEL not in rows):  # not teach_traffic setting its own thresholds
         warn(taught, ThresholdsResetWarning)
@@ -168,7 +170,7 @@ def fit_budget_on_prompts(
     )
     groups = torch.zeros(len(prompts), dtype=torch.long)  # [n]: the prompts are group 0, each kept pool one more
     for group, (pool, pool_rows) in enumerate(kept_rows.items(), start=1):
-        folder = None if cache_dir is None else Path(cache_dir) / KEPT_CACHE / pool
+        folder = None if cache_dir is None else folder_path(cache_dir, "cache_dir") / KEPT_CACHE / pool
         pool_features = bundled_features(
             model,
             tokenizer,

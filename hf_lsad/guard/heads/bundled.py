@@ -32,6 +32,7 @@ from ...capture.resumable import (
 from ...core.batching import BATCH_TOKENS
 from ...core.hook_point import HookPoint, Read
 from ...core.locking import held_alone
+from ...core.serialization import folder_path
 from ...core.splits import split_of
 from ...data import Prompt, is_reserved, load_pool
 from ...data.store import INDEX, ActivationStore, save_activations
@@ -129,7 +130,7 @@ def bundled_features(
     if checkpoint_batches < 1:
         raise ValueError(f"checkpoint_batches must be a positive integer, got {checkpoint_batches}")
     digests = [prompt_digest(p.text) for p in prompts]
-    cache = None if cache_dir is None else Path(cache_dir)
+    cache = None if cache_dir is None else folder_path(cache_dir, "cache_dir")
     with contextlib.nullcontext() if cache is None else held_cache(cache):
         if cache is not None:
             _drop_finished_parts(cache)
@@ -248,7 +249,7 @@ def check_cache_turn(cache_dir: str | os.PathLike, system: str | None) -> None:
     """Refuse (``ValueError``) a :func:`bundled_features` cache whose stores, or whose interrupted collection's
     parts, hold the bundled prompts under another system turn than ``system``, from their indexes alone: the CLI
     checks a ``--cache`` so before it loads a model. The stores are checked in full as they are read."""
-    cache = Path(cache_dir)
+    cache = folder_path(cache_dir, "cache_dir")
     # the fit rows' stores at the top, each check's draw in a folder of its own; each with an interrupted part
     folders = [cache, *(folder for check in CHECK_CACHES for folder in sorted(cache.glob(f"{check}/*")))]
     indexes = [

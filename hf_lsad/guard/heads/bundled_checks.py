@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...core.batching import BATCH_TOKENS
+from ...core.serialization import folder_path
 from ...data import GUARD_POOLS, Prompt, is_unsafe_pool
 from ...data.pools import (
     CHAT_CHECK_ROWS,
@@ -62,7 +63,7 @@ def bundled_chat_flag_rates(
     """
     _check_rows(rows, "rows")
     prompts = sample_rows(release_rows("chat", "validation"), rows, seed)
-    folder = None if cache_dir is None else Path(cache_dir) / CHAT_CACHE / f"{len(prompts)}-rows-seed-{seed}"
+    folder = _cache_folder(cache_dir, CHAT_CACHE, f"{len(prompts)}-rows-seed-{seed}")
     rates = _group_flag_rates(
         model,
         tokenizer,
@@ -120,7 +121,7 @@ def bundled_harm_catch_rates(
     groups |= {pool: by_pool[pool] for pool in HARM_CHECK_POOLS}
     drawn = {group: sample_rows(rows, rows_per_source, seed) for group, rows in groups.items()}
     draw = "all" if rows_per_source is None else str(rows_per_source)
-    folder = None if cache_dir is None else Path(cache_dir) / HARM_CACHE / f"{draw}-per-group-seed-{seed}"
+    folder = _cache_folder(cache_dir, HARM_CACHE, f"{draw}-per-group-seed-{seed}")
     return _group_flag_rates(
         model,
         tokenizer,
@@ -173,7 +174,7 @@ def bundled_domain_flag_rates(
     _check_rows(rows_per_domain, "rows_per_domain")
     by_pool = {pool: sample_rows(release_rows(pool, "validation"), rows_per_domain, seed) for pool in CHECK_DOMAINS}
     draw = "all" if rows_per_domain is None else str(rows_per_domain)
-    folder = None if cache_dir is None else Path(cache_dir) / DOMAIN_CACHE / f"{draw}-per-domain-seed-{seed}"
+    folder = _cache_folder(cache_dir, DOMAIN_CACHE, f"{draw}-per-domain-seed-{seed}")
     return _group_flag_rates(
         model,
         tokenizer,
@@ -186,6 +187,11 @@ def bundled_domain_flag_rates(
         progress=progress,
         system=system,
     )
+
+
+def _cache_folder(cache_dir: str | os.PathLike | None, kind: str, draw: str) -> Path | None:
+    """The folder under ``cache_dir`` that keeps one check's draw of rows, or ``None`` without a cache."""
+    return None if cache_dir is None else folder_path(cache_dir, "cache_dir") / kind / draw
 
 
 def _check_rows(rows: int | None, name: str) -> None:

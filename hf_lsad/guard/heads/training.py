@@ -47,7 +47,7 @@ from .budget import (
     kept_pool_rows,
     was_taught,
 )
-from .bundled import bundled_features, drawn_fit_rows, release_rows, sample_rows
+from .bundled import bundled_features, check_cache_turn, drawn_fit_rows, release_rows, sample_rows
 from .probe import (
     ProbeConfig,
     SupervisedHead,
@@ -193,6 +193,8 @@ def add_head(
     """
     check_head_name(name)
     check_system_turn(system)
+    if cache_dir is not None:  # before any forward pass: an empty name, a cache kept under another turn
+        check_cache_turn(cache_dir, system)
     check_prompts(unsafe)
     if safe:
         check_prompts(safe)
@@ -476,6 +478,8 @@ def teach_traffic(
     check_prompts(prompts)
     check_reads_prompt(guard)
     check_system_turn(system)
+    if cache_dir is not None:  # before any forward pass: an empty name, a cache kept under another turn
+        check_cache_turn(cache_dir, system)
     kept = check_keep_bundled(keep_bundled, own_prompts=True)
     if head not in guard.heads:
         raise ValueError(f"the guard has no supervised head named {head!r}; it has {guard.head_names}")

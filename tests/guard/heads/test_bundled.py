@@ -182,3 +182,25 @@ def test_the_parts_of_an_interrupted_collection_keep_their_system_turn(tmp_path)
     alone = bundled_features(model, tokenizer, prompts, reads, system=SHOP_TURN, progress=False)
     assert all(torch.allclose(resumed[read], alone[read], atol=1e-5) for read in reads)
     assert load_activations(tmp_path / "turned" / read_folder(reads[0])).inputs.system == SHOP_TURN
+
+
+@pytest.mark.parametrize("kind", ["add_head", "teach_traffic", "fit_budget_on_prompts"])
+def test_an_empty_cache_name_is_refused_before_any_forward_pass(tmp_path, monkeypatch, kind):
+    # Path("") is the current folder: the bundled rows' stores were written there, after the user's own prompts ran
+    from hf_lsad.guard.heads.budget import fit_budget_on_prompts
+    from hf_lsad.guard.heads.training import add_head, teach_traffic
+
+    monkeypatch.chdir(tmp_path)
+    model, tokenizer, _ = tiny_guard("prompt_last")
+    guard = two_headed_guard()  # fitted before the passes are counted
+    prompts = [f"what is on the menu today, number {i}?" for i in range(200)]
+    calls = {
+        "add_head": lambda: add_head(model, tokenizer, guard, "secrets", prompts[:12], cache_dir=""),
+        "teach_traffic": lambda: teach_traffic(model, tokenizer, guard, prompts, cache_dir=""),
+        "fit_budget_on_prompts": lambda: fit_budget_on_prompts(
+            model, tokenizer, guard, prompts, keep_bundled=["chat"], cache_dir=""
+        ),
+    }
+    with forward_passes(model) as passes, pytest.raises(ValueError, match="cache_dir is empty"):
+        calls[kind]()
+    assert passes == [] and list(tmp_path.iterdir()) == []
