@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..core.validation import HALF_OPEN_UNIT, NON_NEGATIVE, OPEN_UNIT, POSITIVE, Range
 
@@ -94,6 +96,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     from ..core.validation import field_range
 
     _check_not_empty(parser, args)
+    _check_not_a_stream(parser, args)
     for name, rule in _flag_rules().items():
         bounds = field_range(*rule) if isinstance(rule, tuple) else rule
         value = getattr(args, name, None)
@@ -255,6 +258,41 @@ def _check_not_empty(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error(f"argument {name}: empty")
 
 
+PATH_ARGUMENTS = (
+    "activations",
+    "benign",
+    "benign_ood",
+    "benign_prompts",
+    "cache",
+    "grid",
+    "guard",
+    "guard_dir",
+    "input",
+    "model",
+    "out",
+    "safe",
+    "sae",
+    "unsafe",
+    "unsafe_prompts",
+)
+"""The arguments that name a file, a folder or a Hub repo."""
+
+
+def _check_not_a_stream(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``-``, the usual name of standard input or output, is refused where a file is named: ``screen --out -``
+    wrote a file called ``-`` (a resumable file of verdicts, not a stream), and ``screen -`` loaded the model, then
+    failed on ``-`` as a dataset name."""
+    for dest in PATH_ARGUMENTS:
+        value = getattr(args, dest, None)
+        values = value if isinstance(value, list) else [value]
+        if any(item == "-" or (isinstance(item, str) and item.endswith("=-")) for item in values):
+            action = next(action for action in parser._actions if action.dest == dest)
+            name = "/".join(action.option_strings) or dest
+            parser.error(
+                f"argument {name}: '-' (standard input or output) is not read or written here: name a file or folder"
+            )
+
+
 def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A bundled pool takes no dataset flags; a dataset pool needs ``--category``."""
     from ..data import POOL_CATEGORY, POOLS
@@ -403,9 +441,12 @@ def run(main: Callable[[Sequence[str]], None], argv: Sequence[str] | None = None
         main(argv)
         return
     try:
-        with warnings.catch_warnings():
-            warnings.showwarning = _show_warning
-            main(argv)
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_warning
+                main(argv)
+        finally:
+            sys.stdout.flush()  # what is still buffered (--help into a pipe) fails here, not as Python exits
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
@@ -414,10 +455,31 @@ def run(main: Callable[[Sequence[str]], None], argv: Sequence[str] | None = None
             print(f"{PROG}: error: {_one_line(exit_)}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
-    except Exception as err:  # the one place that turns any failure into a one-line error
-        name = type(err).__name__
-        print(f"{PROG}: error: {name}: {_one_line(err)} (run with --debug for the traceback)", file=sys.stderr)
+    except BrokenPipeError as err:
+        if not _stdout_closed():  # a connection's, not the reader of our output's
+            _fail(err)
+        # the reader of the output went away (| head): stop quietly, as Python's documentation advises
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(1) from None
+    except Exception as err:  # the one place that turns any failure into a one-line error
+        _fail(err)
+
+
+def _fail(err: Exception) -> NoReturn:
+    """Say ``err`` in one line and exit 1."""
+    name = type(err).__name__
+    print(f"{PROG}: error: {name}: {_one_line(err)} (run with --debug for the traceback)", file=sys.stderr)
+    raise SystemExit(1) from None
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone: polling its write end reports an error."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or no file behind sys.stdout
+        return False
+    return any(event & select.POLLERR for _, event in poller.poll(0))
 
 
 def _check_not_held(parser: argparse.ArgumentParser, flag: str, path: Path, busy: str) -> None:

@@ -729,6 +729,15 @@ def test_cli_reads_the_models_depth_once_for_all_its_layers(capsys, weightless_m
             ["evaluate", "--guard", "default", "--benign-prompts", "chat=c.txt", "", "--out", "r"],
             "argument --benign-prompts: empty",
         ),
+        # '-', standard input or output elsewhere: screen --out - wrote a file called '-', screen - loaded the model
+        (["screen", "in.txt", "--out", "-"], "argument --out: '-' (standard input or output) is not read or written"),
+        (["screen", "-", "--out", "v.jsonl"], "argument input: '-' (standard input or output)"),
+        (["add-head", "--guard", "default", "--name", "x", "--unsafe", "-", "--out", "g"], "argument --unsafe: '-'"),
+        (["generate", "--guard", "-", "hi"], "argument --guard: '-' (standard input or output)"),
+        (
+            ["evaluate", "--guard", "default", "--unsafe-prompts", "harm=-", "--out", "r"],
+            "argument --unsafe-prompts: '-' (standard input or output)",
+        ),
         (  # a byte that is not UTF-8 in an argument (Python reads it as a lone surrogate)
             ["generate", "--model", "no-such-org/no-such-model", "caf\udce9"],
             "argument prompts: prompt 0 is not Unicode text: a lone surrogate (U+DCE9) at character 3",
@@ -747,6 +756,36 @@ def test_cli_usage_errors_are_one_line_with_exit_code_2(capsys, argv, message):
     code, err = cli(capsys, *argv)
     prog = "hf-lsad" if argv[0].startswith("-") else f"hf-lsad {argv[0]}"  # a command's usage errors name it
     assert code == 2 and err.strip().splitlines()[-1].startswith(f"{prog}: error: {message}")
+
+
+def test_cli_output_into_a_pipe_its_reader_closed_ends_quietly(monkeypatch):
+    # hf-lsad generate ... | head -2: head went away, and a one-line BrokenPipeError error followed the output
+    import io
+    import os
+    import sys
+
+    from hf_lsad.cli.checks import run
+
+    read, write = os.pipe()
+    os.close(read)
+    stderr = io.StringIO()
+    with os.fdopen(write, "w") as closed_pipe:
+        monkeypatch.setattr(sys, "stdout", closed_pipe)
+        monkeypatch.setattr(sys, "stderr", stderr)
+        with pytest.raises(SystemExit) as info:
+            run(lambda argv: print("a verdict"), [])
+    assert info.value.code == 1 and stderr.getvalue() == ""
+
+
+def test_cli_a_broken_pipe_of_a_connection_is_still_an_error(capsys):
+    from hf_lsad.cli.checks import run
+
+    def upload(argv):
+        raise BrokenPipeError(32, "Broken pipe")  # a server that went away mid-upload; stdout is fine
+
+    with pytest.raises(SystemExit) as info:
+        run(upload, [])
+    assert info.value.code == 1 and "error: BrokenPipeError: [Errno 32] Broken pipe" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["fit", "add-head", "set-budget", "train-sae"])
