@@ -254,8 +254,7 @@ def _check_not_empty(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             continue
         value = getattr(args, action.dest, None)
         if any(isinstance(item, str) and not item.strip() for item in (value if isinstance(value, list) else [value])):
-            name = "/".join(action.option_strings) or action.dest
-            parser.error(f"argument {name}: empty")
+            parser.error(f"argument {_shown(action)}: empty")
 
 
 PATH_ARGUMENTS = (
@@ -282,15 +281,19 @@ def _check_not_a_stream(parser: argparse.ArgumentParser, args: argparse.Namespac
     """``-``, the usual name of standard input or output, is refused where a file is named: ``screen --out -``
     wrote a file called ``-`` (a resumable file of verdicts, not a stream), and ``screen -`` loaded the model, then
     failed on ``-`` as a dataset name."""
-    for dest in PATH_ARGUMENTS:
-        value = getattr(args, dest, None)
+    for action in parser._actions:
+        value = getattr(args, action.dest, None) if action.dest in PATH_ARGUMENTS else None
         values = value if isinstance(value, list) else [value]
         if any(item == "-" or (isinstance(item, str) and item.endswith("=-")) for item in values):
-            action = next(action for action in parser._actions if action.dest == dest)
-            name = "/".join(action.option_strings) or dest
             parser.error(
-                f"argument {name}: '-' (standard input or output) is not read or written here: name a file or folder"
+                f"argument {_shown(action)}: '-' (standard input or output) is not read or written here: name a file "
+                "or folder"
             )
+
+
+def _shown(action: argparse.Action) -> str:
+    """An argument as its usage errors name it: its flags, or a positional argument's name."""
+    return "/".join(action.option_strings) or action.dest
 
 
 def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
